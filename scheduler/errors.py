@@ -1,0 +1,147 @@
+"""The scheduler's exception hierarchy: one root, translated at the boundary.
+
+Every error the scheduler raises on purpose derives from :class:`SchedulerError`. Each
+class carries a machine-readable ``reason`` (sent to clients in the gRPC error details)
+and a ``retryable`` flag that drives retry logic. Driver errors (psycopg, etcd, grpc) are
+mapped to these once, at the module that talks to the driver, and chained ``from exc``.
+The servicer alone chooses gRPC status codes (see ``grpc_code`` below, the one table).
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import ClassVar
+
+
+class SchedulerError(Exception):
+    """Root of every error the scheduler raises on purpose."""
+
+    reason: ClassVar[str] = "INTERNAL"
+    retryable: ClassVar[bool] = False
+    grpc_code_name: ClassVar[str] = "INTERNAL"
+
+
+class InvalidArgument(SchedulerError):
+    """Raised when a request field is invalid; ``field`` names it. Nothing was written."""
+
+    reason = "INVALID_ARGUMENT"
+    grpc_code_name = "INVALID_ARGUMENT"
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.message = message
+
+
+class PayloadTooLarge(InvalidArgument):
+    """Raised when a payload exceeds the configured limit. Nothing was written."""
+
+    reason = "PAYLOAD_TOO_LARGE"
+
+    def __init__(self, field: str, size_bytes: int, limit_bytes: int) -> None:
+        super().__init__(field, f"{size_bytes} bytes is over the limit of {limit_bytes} bytes")
+        self.size_bytes = size_bytes
+        self.limit_bytes = limit_bytes
+
+
+class TenantNotFound(SchedulerError):
+    """Raised when a write names a tenant that does not exist. Nothing was written."""
+
+    reason = "TENANT_NOT_FOUND"
+    grpc_code_name = "NOT_FOUND"
+
+    def __init__(self, tenant_id: uuid.UUID | str) -> None:
+        super().__init__(f"tenant {tenant_id} does not exist")
+        self.tenant_id = tenant_id
+
+
+class TaskNotFound(SchedulerError):
+    """Raised when a task does not exist or belongs to another tenant (never an oracle)."""
+
+    reason = "TASK_NOT_FOUND"
+    grpc_code_name = "NOT_FOUND"
+
+    def __init__(self, task_id: uuid.UUID | str) -> None:
+        super().__init__(f"task {task_id} not found")
+        self.task_id = task_id
+
+
+class IdempotencyConflict(SchedulerError):
+    """Raised when an idempotency key is reused with a different request.
+
+    A repeat of the *same* request is not an error: it returns the original task.
+    """
+
+    reason = "IDEMPOTENCY_KEY_REUSED"
+    grpc_code_name = "ALREADY_EXISTS"
+
+    def __init__(self, key: str, original_task_id: uuid.UUID) -> None:
+        super().__init__(
+            f"idempotency key {key!r} was already used by task {original_task_id} "
+            "with a different request"
+        )
+        self.key = key
+        self.original_task_id = original_task_id
+
+
+class InvalidTransition(SchedulerError):
+    """Raised by the state machine when an event is not allowed from the current state."""
+
+    reason = "INVALID_TRANSITION"
+    grpc_code_name = "FAILED_PRECONDITION"
+
+    def __init__(self, current: str, event: str) -> None:
+        super().__init__(f"event {event} is not allowed in state {current}")
+        self.current = current
+        self.event = event
+
+
+class StaleFencingToken(SchedulerError):
+    """Raised when a worker presents a fencing token that is no longer the task's."""
+
+    reason = "STALE_FENCING_TOKEN"
+    grpc_code_name = "FAILED_PRECONDITION"
+
+    def __init__(self, task_id: uuid.UUID | str, token: int) -> None:
+        super().__init__(f"fencing token {token} is stale for task {task_id}")
+        self.task_id = task_id
+        self.token = token
+
+
+class ShardEpochLost(SchedulerError):
+    """Raised when a shard write finds that another owner raised the shard's epoch.
+
+    The node must stop the shard: it no longer owns it.
+    """
+
+    reason = "SHARD_EPOCH_LOST"
+    grpc_code_name = "UNAVAILABLE"
+
+    def __init__(self, shard: int, epoch: int) -> None:
+        super().__init__(f"shard {shard}: epoch {epoch} has been superseded")
+        self.shard = shard
+        self.epoch = epoch
+
+
+class CompareAndSetLost(SchedulerError):
+    """Raised when a conditional write changed nothing because the row moved on."""
+
+    reason = "COMPARE_AND_SET_LOST"
+    retryable = True
+    grpc_code_name = "ABORTED"
+
+
+class QuotaExceeded(SchedulerError):
+    """Raised when a tenant is over its rate or concurrency quota."""
+
+    reason = "QUOTA_EXCEEDED"
+    retryable = True
+    grpc_code_name = "RESOURCE_EXHAUSTED"
+
+
+class StoreUnavailable(SchedulerError):
+    """Raised when PostgreSQL cannot be reached or a statement failed transiently."""
+
+    reason = "STORE_UNAVAILABLE"
+    retryable = True
+    grpc_code_name = "UNAVAILABLE"

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# The whole test suite, from a fresh clone on a machine that has only Python 3.11+:
+# installs the project and its dev extra into .venv, then runs ruff, mypy and pytest.
+# Extra arguments go to pytest (e.g. scripts/test.sh tests/unit -x).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+python=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+    "$python" -m venv .venv
+fi
+.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[dev]'
+
+echo "== ruff"
+.venv/bin/ruff check .
+echo "== mypy"
+scripts/typecheck.sh
+echo "== pytest"
+# Not `python -m pytest`: that puts the repo root on sys.path, where ./chronoshard (the
+# root package alone) would shadow the installed mapping of chronoshard.scheduler etc.
+exec .venv/bin/pytest "$@"

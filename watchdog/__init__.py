@@ -1,0 +1,2 @@
+"""The Chronoshard watchdog: a separate dead man's switch process. Imports nothing from
+``chronoshard.scheduler``."""

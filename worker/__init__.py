@@ -1,0 +1,3 @@
+"""The Chronoshard worker SDK."""
+
+__all__: list[str] = []
