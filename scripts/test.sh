@@ -3,13 +3,7 @@
 # installs the project and its dev extra into .venv, then runs ruff, mypy and pytest.
 # Extra arguments go to pytest (e.g. scripts/test.sh tests/unit -x).
 set -euo pipefail
-cd "$(dirname "$0")/.."
-
-python=${PYTHON:-python3}
-if [ ! -x .venv/bin/python ]; then
-    "$python" -m venv .venv
-fi
-.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[dev]'
+. "$(dirname "$0")/_venv.sh"
 
 echo "== ruff"
 .venv/bin/ruff check .

@@ -1,0 +1,8 @@
+# Sourced by the scripts in this folder: make .venv and install the project with its dev
+# extra, so a fresh clone on a machine with only Python 3.11+ needs nothing else.
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+python=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+    "$python" -m venv .venv
+fi
+.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[dev]'
