@@ -14,6 +14,9 @@ import shutil
 from pathlib import Path
 
 import pytest
+from google.protobuf import json_format
+
+from chronoshard import protogen
 from chronoshard.v1 import (
     admin_service_pb2,
     admin_service_pb2_grpc,
@@ -23,9 +26,6 @@ from chronoshard.v1 import (
     worker_service_pb2,
     worker_service_pb2_grpc,
 )
-from google.protobuf import json_format
-
-from chronoshard import protogen
 
 SCHEDULED_AT = datetime.datetime(2030, 1, 2, 3, 4, 5, 678901, tzinfo=datetime.UTC)
 
