@@ -145,3 +145,12 @@ class StoreUnavailable(SchedulerError):
     reason = "STORE_UNAVAILABLE"
     retryable = True
     grpc_code_name = "UNAVAILABLE"
+
+
+class MigrationError(SchedulerError):
+    """Raised by ``chronoshard migrate`` when the schema cannot be brought up to date:
+    an applied migration's file changed, migrations are missing or out of order, or a
+    migration failed (its transaction was rolled back; nothing of it was applied)."""
+
+    reason = "MIGRATION_FAILED"
+    grpc_code_name = "FAILED_PRECONDITION"

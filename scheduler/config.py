@@ -1,0 +1,214 @@
+"""The scheduler node's configuration: one frozen object, validated at start.
+
+Built by :func:`chronoshard.settings.load` from defaults, a TOML file
+(``--config`` / ``CHRONOSHARD_CONFIG``) and ``CHRONOSHARD_*`` variables; sections map to
+TOML tables and to ``__`` in env names (``[etcd] lease_ttl_s`` is
+``CHRONOSHARD_ETCD__LEASE_TTL_S``). Units are in the names. The defaults are the
+failure-detection defaults of DESIGN §12: explicit gRPC keepalives, deadlines on every
+call, a pool that checks its connections.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass, field
+
+from chronoshard.settings import require
+
+DEFAULT_SHARD_COUNT = 64
+DEFAULT_NODE_LEASE_TTL_S = 10.0
+DEFAULT_LOOKAHEAD_S = 3600.0
+DEFAULT_TASK_LEASE_S = 30.0
+DEFAULT_HEARTBEAT_INTERVAL_S = 5.0
+DEFAULT_PAYLOAD_LIMIT_BYTES = 256 * 1024
+DEFAULT_JITTER_WINDOW_S = 240.0
+DEFAULT_LEAD_DISPATCH_S = 0.1
+
+
+def default_node_id() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+@dataclass(frozen=True)
+class EtcdConfig:
+    endpoints: tuple[str, ...] = ("127.0.0.1:2379",)
+    # Keys live under /{cluster}/: several clusters can share one etcd.
+    cluster: str = "chronoshard"
+    lease_ttl_s: float = DEFAULT_NODE_LEASE_TTL_S
+    # A node stops dispatching once last keep-alive + TTL - margin has passed (DESIGN §5).
+    self_fence_margin_s: float = 2.0
+    call_timeout_s: float = 3.0
+    username: str | None = None
+    password: str | None = None
+    ca_cert: str | None = None
+    cert_key: str | None = None
+    cert_cert: str | None = None
+
+    def validate(self) -> None:
+        require(len(self.endpoints) > 0, "etcd.endpoints", "at least one endpoint is needed")
+        require(self.lease_ttl_s >= 2, "etcd.lease_ttl_s", "must be at least 2 seconds")
+        require(
+            0 <= self.self_fence_margin_s < self.lease_ttl_s,
+            "etcd.self_fence_margin_s",
+            "must be between 0 and etcd.lease_ttl_s",
+        )
+        require(self.call_timeout_s > 0, "etcd.call_timeout_s", "must be positive")
+        require(
+            "/" not in self.cluster and self.cluster != "",
+            "etcd.cluster",
+            "a non-empty name without '/'",
+        )
+
+
+@dataclass(frozen=True)
+class DatabaseConfig:
+    dsn: str = "postgresql://postgres@127.0.0.1:5432/chronoshard"
+    pool_min_size: int = 2
+    pool_max_size: int = 16
+    # Longest any one statement may run before PostgreSQL cancels it.
+    statement_timeout_s: float = 30.0
+
+    def validate(self) -> None:
+        require(self.pool_min_size >= 1, "database.pool_min_size", "must be at least 1")
+        require(
+            self.pool_max_size >= self.pool_min_size,
+            "database.pool_max_size",
+            "must be at least database.pool_min_size",
+        )
+        require(self.statement_timeout_s > 0, "database.statement_timeout_s", "must be positive")
+
+
+@dataclass(frozen=True)
+class GrpcConfig:
+    listen: str = "127.0.0.1:7070"
+    # What other nodes and workers dial; defaults to `listen`.
+    advertise: str | None = None
+    max_message_bytes: int = 4 * 1024 * 1024
+    # Server pings an idle client this often and drops it if the ack is late (DESIGN §12).
+    keepalive_time_s: float = 10.0
+    keepalive_timeout_s: float = 5.0
+    # The fastest client ping rate the server tolerates before sending GOAWAY.
+    min_client_ping_interval_s: float = 1.0
+    # Bounded per-worker send queue: a stalled worker never blocks others.
+    worker_send_queue: int = 256
+    stream_write_timeout_s: float = 5.0
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    tls_client_ca: str | None = None
+
+    def validate(self) -> None:
+        require(":" in self.listen, "grpc.listen", "expected host:port")
+        require(self.max_message_bytes >= 64 * 1024, "grpc.max_message_bytes", "at least 64 KiB")
+        require(self.keepalive_time_s > 0, "grpc.keepalive_time_s", "must be positive")
+        require(self.keepalive_timeout_s > 0, "grpc.keepalive_timeout_s", "must be positive")
+        require(self.worker_send_queue >= 1, "grpc.worker_send_queue", "must be at least 1")
+        require(
+            (self.tls_cert is None) == (self.tls_key is None),
+            "grpc.tls_cert",
+            "tls_cert and tls_key go together",
+        )
+
+
+@dataclass(frozen=True)
+class SchedulingConfig:
+    # Fixed when the cluster is created (stored in etcd); a node with another value refuses
+    # to start rather than hash tasks to different shards.
+    shard_count: int = DEFAULT_SHARD_COUNT
+    lookahead_s: float = DEFAULT_LOOKAHEAD_S
+    preload_interval_s: float = 1.0
+    preload_batch: int = 5000
+    # Memory cap: the preloader stops pulling once this many tasks wait in the wheel.
+    max_preloaded: int = 1_000_000
+    wheel_tick_s: float = 0.01
+    wheel_slots: int = 512
+    lead_dispatch_s: float = DEFAULT_LEAD_DISPATCH_S
+    dispatch_batch_max: int = 1000
+    jitter_window_s: float = DEFAULT_JITTER_WINDOW_S
+
+    def validate(self) -> None:
+        require(1 <= self.shard_count <= 32767, "scheduling.shard_count", "between 1 and 32767")
+        require(self.lookahead_s >= 1, "scheduling.lookahead_s", "must be at least 1 second")
+        require(self.preload_interval_s > 0, "scheduling.preload_interval_s", "must be positive")
+        require(self.preload_batch >= 1, "scheduling.preload_batch", "must be at least 1")
+        require(self.max_preloaded >= 1, "scheduling.max_preloaded", "must be at least 1")
+        require(self.wheel_tick_s > 0, "scheduling.wheel_tick_s", "must be positive")
+        require(
+            self.wheel_slots >= 2 and self.wheel_slots & (self.wheel_slots - 1) == 0,
+            "scheduling.wheel_slots",
+            "must be a power of two",
+        )
+        require(0 <= self.lead_dispatch_s <= 5, "scheduling.lead_dispatch_s", "between 0 and 5")
+        require(self.dispatch_batch_max >= 1, "scheduling.dispatch_batch_max", "at least 1")
+        require(self.jitter_window_s >= 0, "scheduling.jitter_window_s", "must not be negative")
+
+
+@dataclass(frozen=True)
+class WorkersConfig:
+    task_lease_s: float = DEFAULT_TASK_LEASE_S
+    heartbeat_interval_s: float = DEFAULT_HEARTBEAT_INTERVAL_S
+    # A DISPATCHED task not acknowledged within this is checked by the reconciler.
+    ack_timeout_s: float = 10.0
+    # A worker whose stream closed and did not come back within this is gone.
+    session_timeout_s: float = 15.0
+    # Acks, heartbeats and settlements are committed together at most this often.
+    group_commit_interval_s: float = 0.002
+
+    def validate(self) -> None:
+        require(self.task_lease_s >= 1, "workers.task_lease_s", "must be at least 1 second")
+        require(
+            0 < self.heartbeat_interval_s < self.task_lease_s,
+            "workers.heartbeat_interval_s",
+            "must be positive and shorter than workers.task_lease_s",
+        )
+        require(self.ack_timeout_s > 0, "workers.ack_timeout_s", "must be positive")
+        require(self.session_timeout_s > 0, "workers.session_timeout_s", "must be positive")
+        require(
+            0 <= self.group_commit_interval_s <= 1,
+            "workers.group_commit_interval_s",
+            "between 0 and 1 second",
+        )
+
+
+@dataclass(frozen=True)
+class LimitsConfig:
+    payload_limit_bytes: int = DEFAULT_PAYLOAD_LIMIT_BYTES
+    max_batch_tasks: int = 10_000
+    default_max_retries: int = 3
+    max_retries_limit: int = 100
+    default_timeout_s: float = 3600.0
+    max_list_page_size: int = 1000
+
+    def validate(self) -> None:
+        require(self.payload_limit_bytes >= 1024, "limits.payload_limit_bytes", "at least 1 KiB")
+        require(self.max_batch_tasks >= 1, "limits.max_batch_tasks", "must be at least 1")
+        require(self.default_max_retries >= 0, "limits.default_max_retries", "must be >= 0")
+        require(self.default_timeout_s > 0, "limits.default_timeout_s", "must be positive")
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    node_id: str = field(default_factory=default_node_id)
+    metrics_listen: str = "127.0.0.1:9464"
+    log_level: str = "INFO"
+    # "json" (one object per line) or "text".
+    log_format: str = "json"
+    etcd: EtcdConfig = field(default_factory=EtcdConfig)
+    database: DatabaseConfig = field(default_factory=DatabaseConfig)
+    grpc: GrpcConfig = field(default_factory=GrpcConfig)
+    scheduling: SchedulingConfig = field(default_factory=SchedulingConfig)
+    workers: WorkersConfig = field(default_factory=WorkersConfig)
+    limits: LimitsConfig = field(default_factory=LimitsConfig)
+
+    def validate(self) -> None:
+        require(self.node_id != "" and "/" not in self.node_id, "node_id", "non-empty, no '/'")
+        require(self.log_format in {"json", "text"}, "log_format", "either 'json' or 'text'")
+        require(
+            self.log_level.upper() in {"DEBUG", "INFO", "WARNING", "ERROR"},
+            "log_level",
+            "one of DEBUG, INFO, WARNING, ERROR",
+        )
+
+    @property
+    def advertise_address(self) -> str:
+        return self.grpc.advertise or self.grpc.listen
