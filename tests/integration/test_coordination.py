@@ -1,0 +1,142 @@
+"""The etcd coordinator against a real etcd: lease, membership, claims and epochs."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+import pytest
+
+from chronoshard.clock import SystemClock
+from chronoshard.scheduler.config import EtcdConfig
+from chronoshard.scheduler.coordination import (
+    CoordinationError,
+    EtcdCoordinator,
+    NodeInfo,
+    ShardCountMismatch,
+)
+from chronoshard.services import EtcdProcess
+
+
+def _config(etcd: EtcdProcess, cluster: str, ttl_s: float = 3.0) -> EtcdConfig:
+    return EtcdConfig(
+        endpoints=(etcd.endpoint,), cluster=cluster, lease_ttl_s=ttl_s, self_fence_margin_s=0.5
+    )
+
+
+def _info(node_id: str) -> NodeInfo:
+    return NodeInfo(node_id, f"127.0.0.1:{len(node_id)}", "", "2026-01-01T00:00:00Z")
+
+
+@pytest.fixture
+def cluster() -> str:
+    return f"test-{uuid.uuid4().hex[:12]}"
+
+
+async def _started(etcd: EtcdProcess, cluster: str, node_id: str) -> EtcdCoordinator:
+    coordinator = EtcdCoordinator(_config(etcd, cluster), node_id, SystemClock())
+    await coordinator.connect()
+    await coordinator.start_lease()
+    return coordinator
+
+
+async def test_claims_are_exclusive_and_epochs_grow(etcd: EtcdProcess, cluster: str) -> None:
+    a = await _started(etcd, cluster, "node-a")
+    b = await _started(etcd, cluster, "node-b")
+    try:
+        first = await a.claim_shard(7)
+        assert first is not None and first.node_id == "node-a"
+        assert await b.claim_shard(7) is None
+        # A repeated claim by the holder (lost answer) returns the same epoch.
+        again = await a.claim_shard(7)
+        assert again == first
+        assert await a.release_shard(7, first.epoch)
+        second = await b.claim_shard(7)
+        assert second is not None and second.epoch > first.epoch
+        # A release under a superseded epoch deletes nothing.
+        assert not await a.release_shard(7, first.epoch)
+        claims = await a.shard_claims()
+        assert claims[7].node_id == "node-b" and claims[7].epoch == second.epoch
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def test_revoked_lease_frees_its_shards_and_registration(
+    etcd: EtcdProcess, cluster: str
+) -> None:
+    a = await _started(etcd, cluster, "node-a")
+    b = await _started(etcd, cluster, "node-b")
+    try:
+        await a.register_node(_info("node-a"))
+        await b.register_node(_info("node-b"))
+        assert await a.claim_shard(1) is not None
+        nodes, _ = await b.live_nodes()
+        assert set(nodes) == {"node-a", "node-b"}
+        await a.close(revoke=True)
+        nodes, _ = await b.live_nodes()
+        assert set(nodes) == {"node-b"}
+        assert await b.claim_shard(1) is not None
+    finally:
+        await b.close()
+
+
+async def test_shard_count_is_fixed_at_creation(etcd: EtcdProcess, cluster: str) -> None:
+    a = await _started(etcd, cluster, "node-a")
+    try:
+        assert await a.ensure_shard_count(16) == 16
+        assert await a.ensure_shard_count(16) == 16
+        with pytest.raises(ShardCountMismatch):
+            await a.ensure_shard_count(32)
+    finally:
+        await a.close()
+
+
+async def test_watch_sees_joins_and_leaves(etcd: EtcdProcess, cluster: str) -> None:
+    a = await _started(etcd, cluster, "node-a")
+    b = await _started(etcd, cluster, "node-b")
+    try:
+        await a.register_node(_info("node-a"))
+        seen: list[set[str]] = []
+        watch = a.watch_nodes()
+
+        async def next_view() -> set[str]:
+            view = set(await asyncio.wait_for(anext(watch), timeout=10))
+            seen.append(view)
+            return view
+
+        assert await next_view() == {"node-a"}
+        await b.register_node(_info("node-b"))
+        assert await next_view() == {"node-a", "node-b"}
+        await b.close(revoke=True)
+        assert await next_view() == {"node-a"}
+        await watch.aclose()
+    finally:
+        await a.close()
+
+
+async def test_lease_renews_while_etcd_is_up(etcd: EtcdProcess, cluster: str) -> None:
+    a = EtcdCoordinator(_config(etcd, cluster, ttl_s=2.0), "node-a", SystemClock())
+    await a.connect()
+    await a.start_lease()
+    try:
+        first_deadline = a.lease_deadline()
+        # Renewals come every TTL/3: after two TTLs the deadline must have moved on, and
+        # the lease would long be gone without them.
+        await asyncio.sleep(2 * a.ttl_s)
+        assert a.lease_deadline() > first_deadline + a.ttl_s
+        assert a.lease_valid(SystemClock().monotonic())
+        assert not a.lease_lost.is_set()
+    finally:
+        await a.close()
+
+
+async def test_unreachable_etcd_is_a_coordination_error(cluster: str) -> None:
+    config = EtcdConfig(endpoints=("127.0.0.1:1",), cluster=cluster, call_timeout_s=0.5)
+    coordinator = EtcdCoordinator(config, "node-a", SystemClock())
+    await coordinator.connect()
+    try:
+        with pytest.raises(CoordinationError):
+            await coordinator.start_lease()
+    finally:
+        await coordinator.close(revoke=False)
