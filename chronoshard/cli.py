@@ -1,0 +1,204 @@
+"""The ``chronoshard`` command: operator tasks, one small function per subcommand.
+
+Each subcommand is a pair registered in :data:`COMMANDS`: a function that adds its
+arguments to an ``argparse`` parser, and a function that runs it and returns the exit
+code. Adding a subcommand means writing those two functions and one line in the table;
+``main`` never changes. Subcommands with their own subcommands (``partitions ensure``)
+register them the same way, one level down.
+
+Expected failures (cannot reach PostgreSQL, a refused migration) are printed as one
+readable line on stderr with exit code 1; no traceback. Environment variables are read
+here, in the entry point, and nowhere else.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TextIO
+
+DSN_ENV = "CHRONOSHARD_DSN"
+
+EXIT_OK = 0
+EXIT_FAILURE = 1
+EXIT_USAGE = 2
+
+
+@dataclass(frozen=True)
+class Command:
+    """One subcommand: its help line, how it declares arguments, and what it runs.
+
+    A group of subcommands (``partitions``) has no ``run``: its ``configure`` registers
+    the children, and the chosen child's ``run`` is what ``main`` calls.
+    """
+
+    help: str
+    configure: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace, TextIO], int] | None = None
+
+
+def _add_dsn(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--dsn",
+        default=os.environ.get(DSN_ENV),
+        help=f"PostgreSQL connection string (default: ${DSN_ENV})",
+    )
+
+
+def _require_dsn(args: argparse.Namespace) -> str:
+    dsn: str | None = args.dsn
+    if not dsn:
+        raise _UsageError(f"no database given: pass --dsn or set {DSN_ENV}")
+    return dsn
+
+
+class _UsageError(Exception):
+    """A command was called without something it needs; exit code 2."""
+
+
+# --- migrate ---------------------------------------------------------------------------
+
+
+def _configure_migrate(parser: argparse.ArgumentParser) -> None:
+    _add_dsn(parser)
+
+
+def _run_migrate(args: argparse.Namespace, out: TextIO) -> int:
+    from chronoshard.scheduler.migrate import apply_migrations
+
+    applied = apply_migrations(_require_dsn(args))
+    if applied:
+        for name in applied:
+            print(f"applied {name}", file=out)
+    else:
+        print("schema is up to date", file=out)
+    return EXIT_OK
+
+
+# --- partitions ------------------------------------------------------------------------
+
+
+def _configure_partitions_ensure(parser: argparse.ArgumentParser) -> None:
+    from chronoshard.scheduler.migrate import DEFAULT_DAYS_AHEAD
+
+    _add_dsn(parser)
+    parser.add_argument(
+        "--days-ahead",
+        type=_non_negative_int,
+        default=DEFAULT_DAYS_AHEAD,
+        help="create day partitions from today (UTC) through this many days ahead "
+        f"(default {DEFAULT_DAYS_AHEAD})",
+    )
+
+
+def _run_partitions_ensure(args: argparse.Namespace, out: TextIO) -> int:
+    from chronoshard.scheduler.migrate import ensure_partitions
+
+    created = ensure_partitions(_require_dsn(args), days_ahead=args.days_ahead)
+    print(f"created {', '.join(created)}" if created else "all partitions exist", file=out)
+    return EXIT_OK
+
+
+def _configure_partitions_detach(parser: argparse.ArgumentParser) -> None:
+    from chronoshard.scheduler.migrate import DEFAULT_RETENTION_DAYS
+
+    _add_dsn(parser)
+    parser.add_argument(
+        "--retention-days",
+        type=_non_negative_int,
+        default=DEFAULT_RETENTION_DAYS,
+        help="drop day partitions that ended more than this many days ago, unless they "
+        f"still hold an unfinished or dead-lettered task (default {DEFAULT_RETENTION_DAYS})",
+    )
+
+
+def _run_partitions_detach(args: argparse.Namespace, out: TextIO) -> int:
+    from chronoshard.scheduler.migrate import detach_old_partitions
+
+    dropped = detach_old_partitions(_require_dsn(args), retention_days=args.retention_days)
+    print(f"dropped {', '.join(dropped)}" if dropped else "nothing to drop", file=out)
+    return EXIT_OK
+
+
+PARTITION_COMMANDS: dict[str, Command] = {
+    "ensure": Command(
+        "create the day partitions of tasks ahead of time",
+        _configure_partitions_ensure,
+        _run_partitions_ensure,
+    ),
+    "detach": Command(
+        "drop day partitions older than the retention",
+        _configure_partitions_detach,
+        _run_partitions_detach,
+    ),
+}
+
+
+def _configure_partitions(parser: argparse.ArgumentParser) -> None:
+    _add_subcommands(parser, PARTITION_COMMANDS, dest="partitions_command")
+
+
+# --- the table -------------------------------------------------------------------------
+
+COMMANDS: dict[str, Command] = {
+    "migrate": Command(
+        "apply pending schema migrations (idempotent)", _configure_migrate, _run_migrate
+    ),
+    "partitions": Command(
+        "maintain the day partitions of the tasks table",
+        _configure_partitions,
+    ),
+}
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def _add_subcommands(
+    parser: argparse.ArgumentParser, commands: dict[str, Command], *, dest: str
+) -> None:
+    sub = parser.add_subparsers(dest=dest, metavar="COMMAND", required=True)
+    for name, command in commands.items():
+        child = sub.add_parser(name, help=command.help, description=command.help)
+        command.configure(child)
+        if command.run is not None:
+            child.set_defaults(run_command=command.run)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="chronoshard", description="Chronoshard operator commands."
+    )
+    _add_subcommands(parser, COMMANDS, dest="command")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None) -> int:
+    """Run the command line ``argv`` (default: ``sys.argv[1:]``); the exit code."""
+    from chronoshard.scheduler.errors import SchedulerError
+
+    stdout = sys.stdout if out is None else out
+    args = build_parser().parse_args(argv)
+    run: Callable[[argparse.Namespace, TextIO], int] = args.run_command
+    try:
+        return run(args, stdout)
+    except _UsageError as exc:
+        print(f"chronoshard: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except SchedulerError as exc:
+        print(f"chronoshard {args.command}: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

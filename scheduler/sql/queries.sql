@@ -1,0 +1,130 @@
+-- The statements of chronoshard.scheduler.store.Store, one named block each.
+--
+-- Rules every statement here follows:
+-- * a statement that changes a task names its row by (scheduled_at, id), so PostgreSQL
+--   prunes to one partition, and names the states it may start from, so a stale or
+--   invalid move changes 0 rows;
+-- * a statement for a shard runs inside Store.shard_tx, after lock_shard_epoch;
+-- * predicates that must match a partial index are spelled literally (a bound parameter
+--   cannot prove the index predicate, and the planner would not use the index).
+
+-- name: insert_tenant
+INSERT INTO tenants (name, tier, rate_limit_rps, max_concurrent_workers, home_region, api_key_hash)
+VALUES (%(name)s, %(tier)s, %(rate_limit_rps)s, %(max_concurrent_workers)s, %(home_region)s,
+        %(api_key_hash)s)
+RETURNING id, name, tier, rate_limit_rps, max_concurrent_workers, home_region, api_key_hash,
+          created_at;
+
+-- name: get_tenant
+SELECT id, name, tier, rate_limit_rps, max_concurrent_workers, home_region, api_key_hash,
+       created_at
+FROM tenants
+WHERE id = %(tenant_id)s;
+
+-- name: tenant_exists
+SELECT EXISTS (SELECT 1 FROM tenants WHERE id = %(tenant_id)s);
+
+-- name: claim_idempotency_keys
+-- One statement for the whole batch, in key order, so two batches sharing keys lock them
+-- in the same order (no deadlock). ON CONFLICT DO NOTHING waits for a concurrent insert
+-- of the same key to commit or abort, then skips: whoever committed first owns the key.
+-- A key repeated inside one batch is claimed by its first occurrence.
+INSERT INTO idempotency_keys (tenant_id, key, task_id, scheduled_at, request_fingerprint)
+SELECT %(tenant_id)s, k.key, k.task_id, k.scheduled_at, k.fingerprint
+FROM unnest(%(keys)s::text[], %(task_ids)s::uuid[], %(scheduled_ats)s::timestamptz[],
+            %(fingerprints)s::text[]) WITH ORDINALITY AS k(key, task_id, scheduled_at, fingerprint, ord)
+ORDER BY k.ord
+ON CONFLICT (tenant_id, key) DO NOTHING;
+
+-- name: get_idempotency_keys
+SELECT key, task_id, scheduled_at, request_fingerprint
+FROM idempotency_keys
+WHERE tenant_id = %(tenant_id)s AND key = ANY(%(keys)s::text[]);
+
+-- name: insert_task
+INSERT INTO tasks (
+    id, tenant_id, type, scheduled_at, due_at, status, idempotency_key, max_retries,
+    backoff_initial_s, backoff_max_s, backoff_multiplier, jitter_mode, payload, shard,
+    priority, queue, strict_timing, idempotent, timeout_s, job_id, workflow_id,
+    unresolved_dependencies, schedule_id, logical_date, trace_context, submitted_by
+) VALUES (
+    %(id)s, %(tenant_id)s, %(type)s, %(scheduled_at)s, %(due_at)s, 'SCHEDULED',
+    %(idempotency_key)s, %(max_retries)s, %(backoff_initial_s)s, %(backoff_max_s)s,
+    %(backoff_multiplier)s, %(jitter_mode)s, %(payload)s::jsonb, %(shard)s, %(priority)s,
+    %(queue)s, %(strict_timing)s, %(idempotent)s, %(timeout_s)s, %(job_id)s, %(workflow_id)s,
+    %(unresolved_dependencies)s, %(schedule_id)s, %(logical_date)s, %(trace_context)s::jsonb,
+    %(submitted_by)s
+)
+RETURNING *;
+
+-- name: get_tasks_by_ref
+-- Originals of idempotent repeats: scheduled_at = ANY prunes to their partitions.
+SELECT *
+FROM tasks
+WHERE tenant_id = %(tenant_id)s
+  AND scheduled_at = ANY(%(scheduled_ats)s::timestamptz[])
+  AND id = ANY(%(ids)s::uuid[]);
+
+-- name: get_task
+-- By id alone (GetTask): probes the id index of every partition. The tenant is part of
+-- the predicate, so another tenant's task is simply not found.
+SELECT *
+FROM tasks
+WHERE id = %(id)s AND tenant_id = %(tenant_id)s;
+
+-- name: get_attempts
+SELECT task_id, attempt, scheduled_at, fencing_token, state, worker_id, entered_at,
+       finished_at, error
+FROM task_attempts
+WHERE task_id = %(task_id)s
+ORDER BY attempt;
+
+-- name: claim_shard_epoch
+-- Only forward: a lower or equal epoch from another node changes nothing. The same node
+-- repeating its own claim (a retry after a lost commit acknowledgement) is answered yes.
+INSERT INTO shard_owners (shard, epoch, node_id, claimed_at)
+VALUES (%(shard)s, %(epoch)s, %(node_id)s, now())
+ON CONFLICT (shard) DO UPDATE
+    SET epoch = EXCLUDED.epoch, node_id = EXCLUDED.node_id, claimed_at = EXCLUDED.claimed_at
+    WHERE shard_owners.epoch < EXCLUDED.epoch
+       OR (shard_owners.epoch = EXCLUDED.epoch AND shard_owners.node_id = EXCLUDED.node_id)
+RETURNING epoch;
+
+-- name: lock_shard_epoch
+-- FOR SHARE: many writes of the owner run at once, but a new owner's claim (an UPDATE of
+-- this row) waits until they commit, and every later write sees the new epoch.
+SELECT epoch FROM shard_owners WHERE shard = %(shard)s FOR SHARE;
+
+-- name: load_due
+-- Preloader: SCHEDULED/RETRYING rows of one shard due before the horizon become
+-- PRELOADED, earliest first. SKIP LOCKED leaves rows another transaction is changing
+-- (a cancel, say) for the next pass instead of waiting on them.
+UPDATE tasks AS t
+SET status = 'PRELOADED', updated_at = now()
+FROM (
+    SELECT scheduled_at, id
+    FROM tasks
+    WHERE shard = %(shard)s
+      AND status IN ('SCHEDULED', 'RETRYING')
+      AND unresolved_dependencies = 0
+      AND due_at < %(horizon)s
+    ORDER BY due_at
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+) AS due
+WHERE t.scheduled_at = due.scheduled_at AND t.id = due.id
+RETURNING t.*;
+
+-- name: update_status
+-- One row of a batch: moves only from an expected state (%(targets)s maps each expected
+-- state to where the event leads from it) and only a row of the guarded shard.
+UPDATE tasks
+SET status = %(targets)s::jsonb ->> status,
+    updated_at = now(),
+    finished_at = CASE WHEN (%(targets)s::jsonb ->> status) = ANY(%(terminal)s::text[])
+                       THEN now() END
+WHERE scheduled_at = %(scheduled_at)s
+  AND id = %(id)s
+  AND shard = %(shard)s
+  AND status = ANY(%(sources)s::text[])
+RETURNING scheduled_at, id;

@@ -1,0 +1,484 @@
+"""The store: every statement the scheduler sends PostgreSQL, issued by one class.
+
+:class:`Store` owns an ``AsyncConnectionPool`` (with ``check=``, so a server restart
+fails no request, DESIGN §12) and runs the named statements of ``sql/queries.sql``. It
+holds no policy: callers pass fully decided rows (:class:`~.models.NewTask`) and the
+state machine (``states``) says which moves a write may make. What it does own:
+
+* **All or nothing.** ``insert_tasks`` validates every task before the first write and
+  writes a batch in one transaction.
+* **Idempotent submits.** A key is claimed in ``idempotency_keys`` (``ON CONFLICT DO
+  NOTHING``) in the same transaction as its task, so of two concurrent submits of one key
+  exactly one commits a task; the other waits for it, then answers with that task (same
+  request fingerprint) or :class:`~.errors.IdempotencyConflict` (different request).
+* **The shard fence.** Every write for a shard runs in :meth:`Store.shard_tx`, which
+  first reads ``shard_owners`` ``FOR SHARE`` and raises :class:`~.errors.ShardEpochLost`
+  unless the epoch is the caller's. A new owner's claim updates that row, so it waits
+  for the old owner's in-flight writes and every later write sees the new epoch.
+* **One error boundary.** psycopg's ``OperationalError`` (lost connection, pool timeout,
+  serialization failure, deadlock, lock timeout) becomes
+  :class:`~.errors.StoreUnavailable` (retryable), chained ``from exc``.
+
+Timestamps are sent and returned timezone-aware; sessions run with ``TimeZone=UTC`` so
+returned datetimes are in UTC whatever the server's default.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from contextlib import asynccontextmanager
+from datetime import datetime
+from typing import Any, Self, TypeVar
+
+import psycopg
+from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
+from psycopg_pool import AsyncConnectionPool
+
+from chronoshard.scheduler import queries, states
+from chronoshard.scheduler.errors import (
+    IdempotencyConflict,
+    InvalidArgument,
+    ShardEpochLost,
+    StoreUnavailable,
+    TaskNotFound,
+    TenantNotFound,
+)
+from chronoshard.scheduler.jitter import JitterMode
+from chronoshard.scheduler.models import (
+    DEFAULT_PAYLOAD_LIMIT_BYTES,
+    NewTask,
+    PreparedTask,
+    Priority,
+    SubmitResult,
+    Task,
+    TaskAttempt,
+    TaskRef,
+    Tenant,
+    prepare,
+)
+from chronoshard.scheduler.states import AttemptState, TaskEvent, TaskStatus
+
+DEFAULT_POOL_MIN_SIZE = 1
+DEFAULT_POOL_MAX_SIZE = 10
+DEFAULT_OPEN_TIMEOUT_S = 30.0
+
+Connection = psycopg.AsyncConnection[Any]
+_R = TypeVar("_R")
+_T = TypeVar("_T")
+
+_TASK_FIELDS = frozenset(Task.__dataclass_fields__)
+_TERMINAL = sorted(str(s) for s in states.TERMINAL)
+
+
+def _task(row: Mapping[str, Any]) -> Task:
+    """A ``tasks`` row (``SELECT *``) as a Task; columns a later migration adds are ignored
+    until Task grows a field for them."""
+    fields = {name: row[name] for name in _TASK_FIELDS}
+    fields["status"] = TaskStatus(row["status"])
+    fields["priority"] = Priority(row["priority"])
+    fields["jitter_mode"] = JitterMode(row["jitter_mode"])
+    return Task(**fields)
+
+
+def _attempt(row: Mapping[str, Any]) -> TaskAttempt:
+    return TaskAttempt(**{**row, "state": AttemptState(row["state"])})
+
+
+def _require_aware(field: str, value: datetime) -> None:
+    if value.tzinfo is None or value.utcoffset() is None:
+        raise InvalidArgument(field, "must be timezone-aware")
+
+
+async def _configure(conn: Connection) -> None:
+    # Returned timestamptz values take the session's zone; pin it so every datetime the
+    # store hands out is UTC regardless of the server's or the DSN's default.
+    await conn.execute("SET TIME ZONE 'UTC'")
+
+
+class Store:
+    """The scheduler's PostgreSQL access. Create with :meth:`open`; ``close`` when done."""
+
+    def __init__(
+        self,
+        pool: AsyncConnectionPool[Connection],
+        *,
+        payload_limit_bytes: int = DEFAULT_PAYLOAD_LIMIT_BYTES,
+    ) -> None:
+        self._pool = pool
+        self._q = queries.load("queries.sql")
+        self.payload_limit_bytes = payload_limit_bytes
+
+    @classmethod
+    async def open(
+        cls,
+        dsn: str,
+        min_size: int = DEFAULT_POOL_MIN_SIZE,
+        max_size: int = DEFAULT_POOL_MAX_SIZE,
+        *,
+        payload_limit_bytes: int = DEFAULT_PAYLOAD_LIMIT_BYTES,
+        open_timeout_s: float = DEFAULT_OPEN_TIMEOUT_S,
+    ) -> Self:
+        """A store with an open pool of ``min_size``..``max_size`` connections.
+
+        Raises:
+            StoreUnavailable: ``min_size`` connections could not be made in
+                ``open_timeout_s``.
+        """
+        pool: AsyncConnectionPool[Connection] = AsyncConnectionPool(
+            dsn,
+            min_size=min_size,
+            max_size=max_size,
+            open=False,
+            check=AsyncConnectionPool.check_connection,
+            configure=_configure,
+            kwargs={"autocommit": True},
+            name="chronoshard-store",
+        )
+        try:
+            await pool.open(wait=True, timeout=open_timeout_s)
+        except psycopg.OperationalError as exc:
+            await pool.close()
+            raise StoreUnavailable(f"cannot connect to PostgreSQL: {exc}") from exc
+        return cls(pool, payload_limit_bytes=payload_limit_bytes)
+
+    async def close(self) -> None:
+        await self._pool.close()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    # --- connections and transactions -------------------------------------------------
+
+    @asynccontextmanager
+    async def _connection(self) -> AsyncIterator[Connection]:
+        """A pooled connection; driver failures inside the block become StoreUnavailable."""
+        try:
+            async with self._pool.connection() as conn:
+                yield conn
+        except psycopg.OperationalError as exc:
+            raise StoreUnavailable(str(exc)) from exc
+
+    @asynccontextmanager
+    async def _transaction(self) -> AsyncIterator[Connection]:
+        async with self._connection() as conn, conn.transaction():
+            yield conn
+
+    @asynccontextmanager
+    async def shard_tx(self, shard: int, epoch: int) -> AsyncIterator[Connection]:
+        """A transaction for writes of ``shard``, fenced by ``epoch``.
+
+        Raises:
+            ShardEpochLost: the shard's recorded epoch is not ``epoch`` (a newer owner
+                claimed it, or nobody did); nothing in the block ran.
+        """
+        async with self._transaction() as conn:
+            cur = await conn.execute(self._q["lock_shard_epoch"], {"shard": shard})
+            row = await cur.fetchone()
+            if row is None or row[0] != epoch:
+                raise ShardEpochLost(shard, epoch)
+            yield conn
+
+    # --- tenants ----------------------------------------------------------------------
+
+    async def create_tenant(
+        self,
+        name: str,
+        tier: str,
+        rate_limit_rps: float,
+        max_concurrent_workers: int,
+        home_region: str,
+        api_key_hash: str,
+    ) -> Tenant:
+        """Insert a tenant (its id is generated by the database).
+
+        Raises:
+            InvalidArgument: a field is out of range, or ``name`` or ``api_key_hash`` is
+                already used by another tenant.
+        """
+        params = {
+            "name": name,
+            "tier": tier,
+            "rate_limit_rps": rate_limit_rps,
+            "max_concurrent_workers": max_concurrent_workers,
+            "home_region": home_region,
+            "api_key_hash": api_key_hash,
+        }
+        for field in ("name", "tier", "home_region", "api_key_hash"):
+            if not isinstance(params[field], str) or not str(params[field]).strip():
+                raise InvalidArgument(field, "must be a non-blank string")
+        if not rate_limit_rps > 0:
+            raise InvalidArgument("rate_limit_rps", "must be positive")
+        if max_concurrent_workers < 1:
+            raise InvalidArgument("max_concurrent_workers", "must be at least 1")
+        try:
+            async with self._connection() as conn:
+                cur = conn.cursor(row_factory=dict_row)
+                await cur.execute(self._q["insert_tenant"], params)
+                row = await cur.fetchone()
+        except psycopg.errors.UniqueViolation as exc:
+            field = "name" if "name" in (exc.diag.constraint_name or "") else "api_key_hash"
+            raise InvalidArgument(field, "is already used by another tenant") from exc
+        except psycopg.errors.CheckViolation as exc:
+            raise InvalidArgument(exc.diag.constraint_name or "tenant", str(exc)) from exc
+        assert row is not None
+        return Tenant(**row)
+
+    async def get_tenant(self, tenant_id: uuid.UUID) -> Tenant | None:
+        async with self._connection() as conn:
+            cur = conn.cursor(row_factory=dict_row)
+            await cur.execute(self._q["get_tenant"], {"tenant_id": tenant_id})
+            row = await cur.fetchone()
+        return None if row is None else Tenant(**row)
+
+    # --- submit -----------------------------------------------------------------------
+
+    async def insert_tasks(
+        self, tenant_id: uuid.UUID, tasks: Sequence[NewTask]
+    ) -> list[SubmitResult]:
+        """Insert ``tasks`` for ``tenant_id`` in one transaction; one result per task, in
+        order.
+
+        A task whose idempotency key was used before by the same request is not inserted:
+        its result is the original task with ``created=False``.
+
+        Raises:
+            InvalidArgument: a task is invalid (``field`` names what); or two tasks share
+                an id.
+            PayloadTooLarge: a payload is over ``payload_limit_bytes``.
+            TenantNotFound: ``tenant_id`` does not exist.
+            IdempotencyConflict: a key was used before with a different request.
+            StoreUnavailable: PostgreSQL failed; the batch may be retried as a whole.
+        Nothing is written when any of these is raised.
+        """
+        prepared = [prepare(t, payload_limit_bytes=self.payload_limit_bytes) for t in tasks]
+        if len({p.new.id for p in prepared}) != len(prepared):
+            raise InvalidArgument("id", "two tasks in one batch share an id")
+        if not prepared:
+            return []
+        async with self._transaction() as conn:
+            cur = await conn.execute(self._q["tenant_exists"], {"tenant_id": tenant_id})
+            exists = await cur.fetchone()
+            if exists is None or not exists[0]:
+                raise TenantNotFound(tenant_id)
+            originals = await self._claim_keys(conn, tenant_id, prepared)
+            inserted = await self._insert_new(
+                conn, tenant_id, [p for p in prepared if p.new.id not in originals]
+            )
+            repeated = await self._fetch_originals(conn, tenant_id, originals.values())
+        results: list[SubmitResult] = []
+        for p in prepared:
+            original = originals.get(p.new.id)
+            if original is None:
+                results.append(SubmitResult(inserted[p.new.id], created=True))
+            else:
+                results.append(SubmitResult(repeated[original.id], created=False))
+        return results
+
+    async def _claim_keys(
+        self, conn: Connection, tenant_id: uuid.UUID, prepared: Sequence[PreparedTask]
+    ) -> dict[uuid.UUID, TaskRef]:
+        """Claim the batch's idempotency keys; for each task that repeats an earlier
+        request, the ref of the original task, keyed by the repeat's id.
+
+        Raises:
+            IdempotencyConflict: a key is owned by a different request.
+        """
+        keyed = sorted(
+            (p for p in prepared if p.new.idempotency_key is not None),
+            key=lambda p: str(p.new.idempotency_key),
+        )
+        if not keyed:
+            return {}
+        keys = [str(p.new.idempotency_key) for p in keyed]
+        await conn.execute(
+            self._q["claim_idempotency_keys"],
+            {
+                "tenant_id": tenant_id,
+                "keys": keys,
+                "task_ids": [p.new.id for p in keyed],
+                "scheduled_ats": [p.new.scheduled_at for p in keyed],
+                "fingerprints": [p.fingerprint for p in keyed],
+            },
+        )
+        cur = await conn.execute(
+            self._q["get_idempotency_keys"], {"tenant_id": tenant_id, "keys": keys}
+        )
+        owners = {str(key): (task_id, at, fp) for key, task_id, at, fp in await cur.fetchall()}
+        originals: dict[uuid.UUID, TaskRef] = {}
+        for p in keyed:
+            key = str(p.new.idempotency_key)
+            owner_id, owner_at, owner_fp = owners[key]
+            if owner_id == p.new.id:
+                continue
+            if owner_fp != p.fingerprint:
+                raise IdempotencyConflict(key, owner_id)
+            originals[p.new.id] = TaskRef(owner_at, owner_id)
+        return originals
+
+    async def _insert_new(
+        self, conn: Connection, tenant_id: uuid.UUID, prepared: Sequence[PreparedTask]
+    ) -> dict[uuid.UUID, Task]:
+        if not prepared:
+            return {}
+        cur = conn.cursor(row_factory=dict_row)
+        # executemany runs in pipeline mode: one round trip for the batch, one result
+        # set per row.
+        await cur.executemany(
+            self._q["insert_task"],
+            [_insert_params(tenant_id, p) for p in prepared],
+            returning=True,
+        )
+        return {task.id: task for task in await _all_results(cur, _task)}
+
+    async def _fetch_originals(
+        self, conn: Connection, tenant_id: uuid.UUID, refs: Iterable[TaskRef]
+    ) -> dict[uuid.UUID, Task]:
+        wanted = list(refs)
+        if not wanted:
+            return {}
+        cur = conn.cursor(row_factory=dict_row)
+        await cur.execute(
+            self._q["get_tasks_by_ref"],
+            {
+                "tenant_id": tenant_id,
+                "scheduled_ats": [r.scheduled_at for r in wanted],
+                "ids": [r.id for r in wanted],
+            },
+        )
+        found = {task.id: task for task in map(_task, await cur.fetchall())}
+        for ref in wanted:
+            if ref.id not in found:
+                # Retention deletes a task's key with its partition, so a key always has
+                # its task; reaching this means the two were separated by hand.
+                raise TaskNotFound(ref.id)
+        return found
+
+    # --- reads ------------------------------------------------------------------------
+
+    async def get_task(self, tenant_id: uuid.UUID, task_id: uuid.UUID) -> Task | None:
+        """The task, or None if it does not exist *or belongs to another tenant*."""
+        async with self._connection() as conn:
+            cur = conn.cursor(row_factory=dict_row)
+            await cur.execute(self._q["get_task"], {"id": task_id, "tenant_id": tenant_id})
+            row = await cur.fetchone()
+        return None if row is None else _task(row)
+
+    async def get_attempts(self, task_id: uuid.UUID) -> list[TaskAttempt]:
+        """The task's attempts, oldest first (empty before its first dispatch)."""
+        async with self._connection() as conn:
+            cur = conn.cursor(row_factory=dict_row)
+            await cur.execute(self._q["get_attempts"], {"task_id": task_id})
+            return [_attempt(row) for row in await cur.fetchall()]
+
+    # --- shards -----------------------------------------------------------------------
+
+    async def claim_shard_epoch(self, shard: int, epoch: int, node_id: str) -> bool:
+        """Raise ``shard``'s epoch to ``epoch`` for ``node_id``; whether this claim holds.
+
+        False when the recorded epoch is already higher (or equal, for another node):
+        epochs only move forward. The same node repeating its claim gets True again.
+        """
+        async with self._connection() as conn:
+            cur = await conn.execute(
+                self._q["claim_shard_epoch"],
+                {"shard": shard, "epoch": epoch, "node_id": node_id},
+            )
+            return await cur.fetchone() is not None
+
+    async def load_due(self, shard: int, epoch: int, horizon: datetime, limit: int) -> list[Task]:
+        """Move up to ``limit`` SCHEDULED/RETRYING tasks of ``shard`` due before
+        ``horizon`` to PRELOADED, earliest first, and return them (as now stored).
+
+        Raises:
+            ShardEpochLost: ``epoch`` is no longer the shard's; nothing moved.
+            InvalidArgument: ``horizon`` is naive or ``limit`` is below 1.
+        """
+        _require_aware("horizon", horizon)
+        if limit < 1:
+            raise InvalidArgument("limit", "must be at least 1")
+        async with self.shard_tx(shard, epoch) as conn:
+            cur = conn.cursor(row_factory=dict_row)
+            await cur.execute(
+                self._q["load_due"], {"shard": shard, "horizon": horizon, "limit": limit}
+            )
+            rows = await cur.fetchall()
+        return sorted(map(_task, rows), key=lambda t: t.due_at)
+
+    async def update_status(
+        self,
+        shard: int,
+        epoch: int,
+        refs: Sequence[TaskRef | tuple[datetime, uuid.UUID]],
+        event: TaskEvent,
+    ) -> list[TaskRef]:
+        """Apply ``event`` to the tasks ``refs`` of ``shard``; the refs that moved.
+
+        Each row moves only from a state in ``states.sources(event)`` to the state
+        ``states.transition`` gives; a row in any other state, or of another shard, is
+        left alone and missing from the result (a stale move changes nothing).
+
+        Raises:
+            ShardEpochLost: ``epoch`` is no longer the shard's; nothing moved.
+        """
+        if not refs:
+            return []
+        targets = {str(s): str(states.transition(s, event)) for s in states.sources(event)}
+        common = {
+            "shard": shard,
+            "targets": Jsonb(targets),
+            "sources": sorted(targets),
+            "terminal": _TERMINAL,
+        }
+        async with self.shard_tx(shard, epoch) as conn:
+            cur = conn.cursor()
+            await cur.executemany(
+                self._q["update_status"],
+                [{**common, "scheduled_at": at, "id": task_id} for at, task_id in refs],
+                returning=True,
+            )
+            return await _all_results(cur, lambda row: TaskRef(row[0], row[1]))
+
+
+def _insert_params(tenant_id: uuid.UUID, p: PreparedTask) -> dict[str, Any]:
+    new = p.new
+    return {
+        "id": new.id,
+        "tenant_id": tenant_id,
+        "type": new.type,
+        "scheduled_at": new.scheduled_at,
+        "due_at": new.due_at,
+        "idempotency_key": new.idempotency_key,
+        "max_retries": new.max_retries,
+        "backoff_initial_s": float(new.backoff_initial_s),
+        "backoff_max_s": float(new.backoff_max_s),
+        "backoff_multiplier": float(new.backoff_multiplier),
+        "jitter_mode": str(new.jitter_mode),
+        "payload": p.payload_json,
+        "shard": new.shard,
+        "priority": str(new.priority),
+        "queue": new.queue,
+        "strict_timing": new.strict_timing,
+        "idempotent": new.idempotent,
+        "timeout_s": None if new.timeout_s is None else float(new.timeout_s),
+        "job_id": new.job_id,
+        "workflow_id": new.workflow_id,
+        "unresolved_dependencies": new.unresolved_dependencies,
+        "schedule_id": new.schedule_id,
+        "logical_date": new.logical_date,
+        "trace_context": None if new.trace_context is None else Jsonb(new.trace_context),
+        "submitted_by": new.submitted_by,
+    }
+
+
+async def _all_results(cur: psycopg.AsyncCursor[_R], build: Callable[[_R], _T]) -> list[_T]:
+    """Every row of every result set that ``executemany(..., returning=True)`` produced."""
+    built: list[_T] = []
+    while True:
+        built.extend(build(row) for row in await cur.fetchall())
+        if not cur.nextset():
+            return built
