@@ -1,0 +1,92 @@
+"""Group commit batches concurrent callers and answers each with its own result."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+import pytest
+
+from chronoshard.scheduler.group_commit import GroupCommitter
+
+
+async def _one_loop_turn() -> None:
+    """Let every task that is ready run once (no timers involved)."""
+    loop = asyncio.get_running_loop()
+    turned: asyncio.Future[None] = loop.create_future()
+    loop.call_soon(turned.set_result, None)
+    await turned
+
+
+async def test_concurrent_submits_share_batches_and_get_their_own_answers() -> None:
+    batches: list[list[int]] = []
+    entered = asyncio.Event()
+    release = asyncio.Event()
+
+    async def flush(requests: Sequence[int]) -> list[int]:
+        batches.append(list(requests))
+        entered.set()
+        await release.wait()
+        return [r * 10 for r in requests]
+
+    committer: GroupCommitter[int, int] = GroupCommitter("t", flush, linger_s=0)
+    committer.start()
+    first = asyncio.create_task(committer.submit(1))
+    # The first flush blocks; everything submitted meanwhile must form one next batch.
+    await entered.wait()
+    rest = [asyncio.create_task(committer.submit(n)) for n in range(2, 52)]
+    await _one_loop_turn()
+    release.set()
+    assert await first == 10
+    assert [await t for t in rest] == [n * 10 for n in range(2, 52)]
+    assert batches == [[1], list(range(2, 52))]
+    await committer.stop()
+
+
+async def test_batches_respect_max_batch() -> None:
+    sizes: list[int] = []
+
+    async def flush(requests: Sequence[int]) -> list[int]:
+        sizes.append(len(requests))
+        return list(requests)
+
+    committer: GroupCommitter[int, int] = GroupCommitter("t", flush, max_batch=7, linger_s=0)
+    committer.start()
+    assert await committer.submit_many(list(range(30))) == list(range(30))
+    assert max(sizes) <= 7 and sum(sizes) == 30
+    await committer.stop()
+
+
+async def test_a_failed_flush_fails_its_callers_and_the_loop_survives() -> None:
+    calls = 0
+
+    async def flush(requests: Sequence[int]) -> list[int]:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise ConnectionError("database went away")
+        return list(requests)
+
+    committer: GroupCommitter[int, int] = GroupCommitter("t", flush, linger_s=0)
+    committer.start()
+    with pytest.raises(ConnectionError):
+        await committer.submit(1)
+    assert await committer.submit(2) == 2
+    assert committer.failures == 1
+    await committer.stop()
+
+
+async def test_stop_flushes_what_is_queued() -> None:
+    seen: list[int] = []
+
+    async def flush(requests: Sequence[int]) -> list[int]:
+        seen.extend(requests)
+        return list(requests)
+
+    committer: GroupCommitter[int, int] = GroupCommitter("t", flush, linger_s=10)
+    committer.start()
+    pending = asyncio.create_task(committer.submit(5))
+    await _one_loop_turn()
+    await committer.stop()
+    assert await pending == 5
+    assert seen == [5]
