@@ -72,7 +72,7 @@ _TASK_FIELDS = frozenset(Task.__dataclass_fields__)
 _TERMINAL = sorted(str(s) for s in states.TERMINAL)
 
 
-def _task(row: Mapping[str, Any]) -> Task:
+def task_from_row(row: Mapping[str, Any]) -> Task:
     """A ``tasks`` row (``SELECT *``) as a Task; columns a later migration adds are ignored
     until Task grows a field for them."""
     fields = {name: row[name] for name in _TASK_FIELDS}
@@ -155,8 +155,9 @@ class Store:
     # --- connections and transactions -------------------------------------------------
 
     @asynccontextmanager
-    async def _connection(self) -> AsyncIterator[Connection]:
-        """A pooled connection; driver failures inside the block become StoreUnavailable."""
+    async def connection(self) -> AsyncIterator[Connection]:
+        """A pooled (autocommit) connection; driver failures inside the block become
+        StoreUnavailable. For statements that need no shard fence."""
         try:
             async with self._pool.connection() as conn:
                 yield conn
@@ -164,8 +165,9 @@ class Store:
             raise StoreUnavailable(str(exc)) from exc
 
     @asynccontextmanager
-    async def _transaction(self) -> AsyncIterator[Connection]:
-        async with self._connection() as conn, conn.transaction():
+    async def transaction(self) -> AsyncIterator[Connection]:
+        """A transaction on a pooled connection, committed when the block exits cleanly."""
+        async with self.connection() as conn, conn.transaction():
             yield conn
 
     @asynccontextmanager
@@ -176,7 +178,7 @@ class Store:
             ShardEpochLost: the shard's recorded epoch is not ``epoch`` (a newer owner
                 claimed it, or nobody did); nothing in the block ran.
         """
-        async with self._transaction() as conn:
+        async with self.transaction() as conn:
             cur = await conn.execute(self._q["lock_shard_epoch"], {"shard": shard})
             row = await cur.fetchone()
             if row is None or row[0] != epoch:
@@ -216,7 +218,7 @@ class Store:
         if max_concurrent_workers < 1:
             raise InvalidArgument("max_concurrent_workers", "must be at least 1")
         try:
-            async with self._connection() as conn:
+            async with self.connection() as conn:
                 cur = conn.cursor(row_factory=dict_row)
                 await cur.execute(self._q["insert_tenant"], params)
                 row = await cur.fetchone()
@@ -229,7 +231,7 @@ class Store:
         return Tenant(**row)
 
     async def get_tenant(self, tenant_id: uuid.UUID) -> Tenant | None:
-        async with self._connection() as conn:
+        async with self.connection() as conn:
             cur = conn.cursor(row_factory=dict_row)
             await cur.execute(self._q["get_tenant"], {"tenant_id": tenant_id})
             row = await cur.fetchone()
@@ -260,7 +262,7 @@ class Store:
             raise InvalidArgument("id", "two tasks in one batch share an id")
         if not prepared:
             return []
-        async with self._transaction() as conn:
+        async with self.transaction() as conn:
             cur = await conn.execute(self._q["tenant_exists"], {"tenant_id": tenant_id})
             exists = await cur.fetchone()
             if exists is None or not exists[0]:
@@ -333,7 +335,7 @@ class Store:
             [_insert_params(tenant_id, p) for p in prepared],
             returning=True,
         )
-        return {task.id: task for task in await _all_results(cur, _task)}
+        return {task.id: task for task in await _all_results(cur, task_from_row)}
 
     async def _fetch_originals(
         self, conn: Connection, tenant_id: uuid.UUID, refs: Iterable[TaskRef]
@@ -350,7 +352,7 @@ class Store:
                 "ids": [r.id for r in wanted],
             },
         )
-        found = {task.id: task for task in map(_task, await cur.fetchall())}
+        found = {task.id: task for task in map(task_from_row, await cur.fetchall())}
         for ref in wanted:
             if ref.id not in found:
                 # Retention deletes a task's key with its partition, so a key always has
@@ -362,15 +364,15 @@ class Store:
 
     async def get_task(self, tenant_id: uuid.UUID, task_id: uuid.UUID) -> Task | None:
         """The task, or None if it does not exist *or belongs to another tenant*."""
-        async with self._connection() as conn:
+        async with self.connection() as conn:
             cur = conn.cursor(row_factory=dict_row)
             await cur.execute(self._q["get_task"], {"id": task_id, "tenant_id": tenant_id})
             row = await cur.fetchone()
-        return None if row is None else _task(row)
+        return None if row is None else task_from_row(row)
 
     async def get_attempts(self, task_id: uuid.UUID) -> list[TaskAttempt]:
         """The task's attempts, oldest first (empty before its first dispatch)."""
-        async with self._connection() as conn:
+        async with self.connection() as conn:
             cur = conn.cursor(row_factory=dict_row)
             await cur.execute(self._q["get_attempts"], {"task_id": task_id})
             return [_attempt(row) for row in await cur.fetchall()]
@@ -383,7 +385,7 @@ class Store:
         False when the recorded epoch is already higher (or equal, for another node):
         epochs only move forward. The same node repeating its claim gets True again.
         """
-        async with self._connection() as conn:
+        async with self.connection() as conn:
             cur = await conn.execute(
                 self._q["claim_shard_epoch"],
                 {"shard": shard, "epoch": epoch, "node_id": node_id},
@@ -407,7 +409,7 @@ class Store:
                 self._q["load_due"], {"shard": shard, "horizon": horizon, "limit": limit}
             )
             rows = await cur.fetchall()
-        return sorted(map(_task, rows), key=lambda t: t.due_at)
+        return sorted(map(task_from_row, rows), key=lambda t: t.due_at)
 
     async def update_status(
         self,

@@ -1,0 +1,588 @@
+"""The store against a real PostgreSQL: submit (validation, atomicity, idempotency under
+concurrency), reads, and the shard epoch fence."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import math
+import uuid
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import psycopg
+import pytest
+
+from chronoshard.scheduler import states
+from chronoshard.scheduler.errors import (
+    IdempotencyConflict,
+    InvalidArgument,
+    PayloadTooLarge,
+    ShardEpochLost,
+    StoreUnavailable,
+    TenantNotFound,
+)
+from chronoshard.scheduler.ids import new_task_id
+from chronoshard.scheduler.jitter import JitterMode
+from chronoshard.scheduler.models import NewTask, Priority, Task, TaskRef, Tenant
+from chronoshard.scheduler.sharding import shard_of
+from chronoshard.scheduler.states import AttemptState, TaskEvent, TaskStatus
+from chronoshard.scheduler.store import Store
+
+SHARDS = 64
+NOW = datetime.now(UTC).replace(microsecond=123456)
+
+
+@pytest.fixture
+async def store(db_dsn: str) -> AsyncIterator[Store]:
+    async with await Store.open(db_dsn, min_size=1, max_size=4) as opened:
+        yield opened
+
+
+@pytest.fixture
+async def tenant(store: Store) -> Tenant:
+    return await _new_tenant(store)
+
+
+async def _new_tenant(store: Store) -> Tenant:
+    suffix = uuid.uuid4().hex
+    return await store.create_tenant(
+        name=f"tenant-{suffix}",
+        tier="standard",
+        rate_limit_rps=100.0,
+        max_concurrent_workers=10,
+        home_region="eu-west",
+        api_key_hash=f"hash-{suffix}",
+    )
+
+
+def make_task(**overrides: Any) -> NewTask:
+    task_id = new_task_id()
+    fields: dict[str, Any] = {
+        "id": task_id,
+        "type": "send_report",
+        "scheduled_at": NOW,
+        "due_at": NOW,
+        "shard": shard_of(task_id, SHARDS),
+        "payload": {"to": "ops@example.com", "n": 3},
+        "jitter_mode": JitterMode.NONE,
+    }
+    fields.update(overrides)
+    return NewTask(**fields)
+
+
+async def _counts(dsn: str, tenant_id: uuid.UUID) -> tuple[int, int]:
+    async with await psycopg.AsyncConnection.connect(dsn) as conn:
+        cur = await conn.execute(
+            "SELECT (SELECT count(*) FROM tasks WHERE tenant_id = %(t)s),"
+            " (SELECT count(*) FROM idempotency_keys WHERE tenant_id = %(t)s)",
+            {"t": tenant_id},
+        )
+        row = await cur.fetchone()
+    assert row is not None
+    return int(row[0]), int(row[1])
+
+
+# --- submit and read --------------------------------------------------------------------
+
+
+async def test_insert_then_get_returns_the_row_as_submitted(store: Store, tenant: Tenant) -> None:
+    first = make_task(
+        priority=Priority.CRITICAL,
+        queue="reports.eu",
+        max_retries=5,
+        timeout_s=30.0,
+        idempotent=True,
+        job_id="nightly-report",
+        trace_context={"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"},
+        due_at=NOW + timedelta(seconds=17),
+    )
+    second = make_task(scheduled_at=NOW + timedelta(days=3), payload={})
+
+    results = await store.insert_tasks(tenant.id, [first, second])
+
+    assert [r.created for r in results] == [True, True]
+    assert [r.task.id for r in results] == [first.id, second.id]
+    got = await store.get_task(tenant.id, first.id)
+    assert got == results[0].task
+    assert got is not None
+    assert got.tenant_id == tenant.id
+    assert got.status is TaskStatus.SCHEDULED
+    assert (got.scheduled_at, got.due_at) == (first.scheduled_at, first.due_at)
+    assert got.payload == first.payload
+    assert got.priority is Priority.CRITICAL
+    assert (got.queue, got.max_retries, got.timeout_s) == ("reports.eu", 5, 30.0)
+    assert (got.idempotent, got.job_id, got.trace_context) == (
+        True,
+        "nightly-report",
+        first.trace_context,
+    )
+    assert (got.attempt, got.fencing_token, got.retry_count) == (0, 0, 0)
+    assert got.scheduled_at.utcoffset() == timedelta(0)
+    assert await store.get_task(tenant.id, second.id) == results[1].task
+
+
+async def test_another_tenants_task_is_not_found(store: Store, tenant: Tenant) -> None:
+    other = await _new_tenant(store)
+    task = make_task()
+    await store.insert_tasks(tenant.id, [task])
+
+    assert await store.get_task(other.id, task.id) is None
+    assert await store.get_task(tenant.id, new_task_id()) is None
+
+
+async def test_get_attempts_in_order(store: Store, tenant: Tenant, db_dsn: str) -> None:
+    task = make_task()
+    await store.insert_tasks(tenant.id, [task])
+    assert await store.get_attempts(task.id) == []
+    async with await psycopg.AsyncConnection.connect(db_dsn, autocommit=True) as conn:
+        for attempt, state in ((2, "RUNNING"), (1, "ABANDONED")):
+            await conn.execute(
+                "INSERT INTO task_attempts (task_id, attempt, scheduled_at, fencing_token,"
+                " state, worker_id) VALUES (%s, %s, %s, %s, %s, 'w1')",
+                (task.id, attempt, task.scheduled_at, attempt, state),
+            )
+
+    attempts = await store.get_attempts(task.id)
+
+    assert [(a.attempt, a.state) for a in attempts] == [
+        (1, AttemptState.ABANDONED),
+        (2, AttemptState.RUNNING),
+    ]
+
+
+# --- bad input: typed error, nothing written --------------------------------------------
+
+_BAD_FIELDS: list[tuple[str, dict[str, Any]]] = [
+    ("payload", {"payload": ["not", "an", "object"]}),
+    ("payload", {"payload": "{}"}),
+    ("payload", {"payload": {"x": math.nan}}),
+    ("payload", {"payload": {"x": object()}}),
+    ("scheduled_at", {"scheduled_at": datetime(2030, 1, 1, 12)}),
+    ("due_at", {"due_at": datetime(2030, 1, 1, 12)}),
+    ("type", {"type": ""}),
+    ("type", {"type": "   "}),
+    ("type", {"type": "x" * 201}),
+    ("priority", {"priority": "urgent"}),
+    ("queue", {"queue": ""}),
+    ("queue", {"queue": "has space"}),
+    ("queue", {"queue": "q" * 101}),
+    ("max_retries", {"max_retries": -1}),
+    ("max_retries", {"max_retries": True}),
+    ("timeout_s", {"timeout_s": 0}),
+    ("timeout_s", {"timeout_s": -5.0}),
+    ("timeout_s", {"timeout_s": math.inf}),
+    ("shard", {"shard": -1}),
+    ("shard", {"shard": 40000}),
+    ("jitter_mode", {"jitter_mode": "SOMETIMES"}),
+    ("idempotency_key", {"idempotency_key": ""}),
+    ("idempotency_key", {"idempotency_key": "k" * 201}),
+    ("job_id", {"job_id": ""}),
+    ("backoff_initial_s", {"backoff_initial_s": 0}),
+    ("backoff_max_s", {"backoff_initial_s": 10.0, "backoff_max_s": 5.0}),
+    ("backoff_multiplier", {"backoff_multiplier": 0.5}),
+    ("strict_timing", {"strict_timing": "yes"}),
+    ("unresolved_dependencies", {"unresolved_dependencies": -1}),
+    ("logical_date", {"logical_date": datetime(2030, 1, 1)}),
+    ("trace_context", {"trace_context": {"traceparent": 1}}),
+    ("id", {"id": "not-a-uuid", "shard": 0}),
+]
+
+
+@pytest.mark.parametrize(("field", "bad"), _BAD_FIELDS, ids=[f for f, _ in _BAD_FIELDS])
+async def test_invalid_field_raises_and_writes_nothing(
+    store: Store, tenant: Tenant, db_dsn: str, field: str, bad: dict[str, Any]
+) -> None:
+    before = await _counts(db_dsn, tenant.id)
+    batch = [make_task(idempotency_key=f"ok-{uuid.uuid4()}"), make_task(), make_task(**bad)]
+
+    with pytest.raises(InvalidArgument) as caught:
+        await store.insert_tasks(tenant.id, batch)
+
+    assert caught.value.field == field
+    assert type(caught.value) is InvalidArgument
+    assert await _counts(db_dsn, tenant.id) == before
+
+
+async def test_payload_over_the_limit(db_dsn: str) -> None:
+    async with await Store.open(db_dsn, 1, 1, payload_limit_bytes=64) as small:
+        tenant = await _new_tenant(small)
+        fits = make_task(payload={"x": "a" * 50})  # {"x":"aaa..."} is 58 bytes
+        assert (await small.insert_tasks(tenant.id, [fits]))[0].created
+        before = await _counts(db_dsn, tenant.id)
+
+        with pytest.raises(PayloadTooLarge) as caught:
+            await small.insert_tasks(tenant.id, [make_task(), make_task(payload={"x": "é" * 30})])
+
+        assert caught.value.field == "payload"
+        assert (caught.value.size_bytes, caught.value.limit_bytes) == (68, 64)
+        assert await _counts(db_dsn, tenant.id) == before
+
+
+async def test_default_payload_limit_is_256_kib(store: Store, tenant: Tenant) -> None:
+    assert store.payload_limit_bytes == 256 * 1024
+    with pytest.raises(PayloadTooLarge):
+        await store.insert_tasks(tenant.id, [make_task(payload={"x": "a" * 256 * 1024})])
+
+
+async def test_unknown_tenant_raises_and_writes_nothing(store: Store, db_dsn: str) -> None:
+    ghost = uuid.uuid4()
+    with pytest.raises(TenantNotFound):
+        await store.insert_tasks(ghost, [make_task(idempotency_key="k"), make_task()])
+    assert await _counts(db_dsn, ghost) == (0, 0)
+
+
+async def test_duplicate_ids_in_one_batch_are_refused(store: Store, tenant: Tenant) -> None:
+    task = make_task()
+    with pytest.raises(InvalidArgument) as caught:
+        await store.insert_tasks(tenant.id, [task, task])
+    assert caught.value.field == "id"
+
+
+async def test_conflict_on_the_last_item_rolls_back_the_whole_batch(
+    store: Store, tenant: Tenant, db_dsn: str
+) -> None:
+    original = make_task(idempotency_key="report-42")
+    await store.insert_tasks(tenant.id, [original])
+    before = await _counts(db_dsn, tenant.id)
+    batch = [
+        make_task(idempotency_key="fresh-1"),
+        make_task(),
+        make_task(idempotency_key="report-42", payload={"different": True}),
+    ]
+
+    with pytest.raises(IdempotencyConflict):
+        await store.insert_tasks(tenant.id, batch)
+
+    assert await _counts(db_dsn, tenant.id) == before
+    assert await store.get_task(tenant.id, batch[0].id) is None
+
+
+# --- idempotency ------------------------------------------------------------------------
+
+
+async def test_repeat_with_the_same_request_returns_the_original(
+    store: Store, tenant: Tenant, db_dsn: str
+) -> None:
+    original = make_task(idempotency_key="nightly:2026-01-01")
+    [first] = await store.insert_tasks(tenant.id, [original])
+    # The server gives a repeat a new id, hence a new shard: still the same request.
+    repeat = make_task(idempotency_key="nightly:2026-01-01")
+    assert repeat.id != original.id
+
+    [again] = await store.insert_tasks(tenant.id, [repeat])
+
+    assert first.created and not again.created
+    assert again.task == first.task
+    assert await store.get_task(tenant.id, repeat.id) is None
+    assert await _counts(db_dsn, tenant.id) == (1, 1)
+
+
+async def test_repeat_inside_one_batch_returns_the_first(store: Store, tenant: Tenant) -> None:
+    a = make_task(idempotency_key="dup")
+    b = make_task(idempotency_key="dup")
+    other = make_task(idempotency_key="other")
+
+    results = await store.insert_tasks(tenant.id, [a, other, b])
+
+    assert [r.created for r in results] == [True, True, False]
+    assert results[2].task.id == a.id
+
+
+async def test_same_key_for_a_different_request_names_the_original(
+    store: Store, tenant: Tenant
+) -> None:
+    original = make_task(idempotency_key="k1")
+    await store.insert_tasks(tenant.id, [original])
+
+    with pytest.raises(IdempotencyConflict) as caught:
+        await store.insert_tasks(
+            tenant.id, [make_task(idempotency_key="k1", scheduled_at=NOW + timedelta(hours=1))]
+        )
+
+    assert caught.value.original_task_id == original.id
+    assert caught.value.key == "k1"
+
+
+async def test_keys_are_per_tenant(store: Store, tenant: Tenant) -> None:
+    other = await _new_tenant(store)
+    mine = await store.insert_tasks(tenant.id, [make_task(idempotency_key="shared")])
+    theirs = await store.insert_tasks(other.id, [make_task(idempotency_key="shared")])
+    assert mine[0].created and theirs[0].created
+    assert mine[0].task.id != theirs[0].task.id
+
+
+async def test_concurrent_double_submit_creates_exactly_one_task(
+    db_dsn: str, tenant: Tenant
+) -> None:
+    async with (
+        await Store.open(db_dsn, 1, 2) as left,
+        await Store.open(db_dsn, 1, 2) as right,
+    ):
+        for round_ in range(8):
+            key = f"race-{round_}"
+            a, b = make_task(idempotency_key=key), make_task(idempotency_key=key)
+
+            ra, rb = await asyncio.gather(
+                left.insert_tasks(tenant.id, [a]), right.insert_tasks(tenant.id, [b])
+            )
+
+            assert sorted([ra[0].created, rb[0].created]) == [False, True]
+            assert ra[0].task.id == rb[0].task.id
+            assert ra[0].task.id in (a.id, b.id)
+            async with await psycopg.AsyncConnection.connect(db_dsn) as conn:
+                cur = await conn.execute(
+                    "SELECT count(*) FROM tasks WHERE tenant_id = %s AND idempotency_key = %s",
+                    (tenant.id, key),
+                )
+                assert await cur.fetchone() == (1,)
+
+
+async def test_concurrent_conflicting_submits_one_wins_one_is_refused(
+    db_dsn: str, tenant: Tenant
+) -> None:
+    async with (
+        await Store.open(db_dsn, 1, 2) as left,
+        await Store.open(db_dsn, 1, 2) as right,
+    ):
+        for round_ in range(4):
+            key = f"conflict-{round_}"
+            a = make_task(idempotency_key=key, payload={"side": "a"})
+            b = make_task(idempotency_key=key, payload={"side": "b"})
+
+            outcomes = await asyncio.gather(
+                left.insert_tasks(tenant.id, [a]),
+                right.insert_tasks(tenant.id, [b]),
+                return_exceptions=True,
+            )
+
+            won = [o for o in outcomes if isinstance(o, list)]
+            lost = [o for o in outcomes if isinstance(o, IdempotencyConflict)]
+            assert len(won) == 1 and len(lost) == 1, outcomes
+            assert lost[0].original_task_id == won[0][0].task.id
+
+
+# --- shards: epochs, preload, status moves -----------------------------------------------
+
+
+async def _shard_row(dsn: str, shard: int) -> tuple[int, str] | None:
+    async with await psycopg.AsyncConnection.connect(dsn) as conn:
+        cur = await conn.execute(
+            "SELECT epoch, node_id FROM shard_owners WHERE shard = %s", (shard,)
+        )
+        row = await cur.fetchone()
+    return None if row is None else (int(row[0]), str(row[1]))
+
+
+async def test_claim_shard_epoch_only_moves_forward(store: Store, db_dsn: str) -> None:
+    shard = 901
+    assert await store.claim_shard_epoch(shard, 5, "node-a")
+    assert not await store.claim_shard_epoch(shard, 4, "node-b")
+    assert not await store.claim_shard_epoch(shard, 5, "node-b")
+    assert await _shard_row(db_dsn, shard) == (5, "node-a")
+    # The same claim again (a retry after an unknown commit outcome) still holds.
+    assert await store.claim_shard_epoch(shard, 5, "node-a")
+    assert await store.claim_shard_epoch(shard, 6, "node-b")
+    assert await _shard_row(db_dsn, shard) == (6, "node-b")
+    assert not await store.claim_shard_epoch(shard, 5, "node-a")
+
+
+def test_preload_sql_matches_the_state_machine() -> None:
+    # load_due spells its source states literally (to match the partial index); they
+    # must be exactly the states the machine lets the preloader move to PRELOADED.
+    moves = {TaskEvent.PRELOAD, TaskEvent.BACKOFF_ELAPSED}
+    sources = set().union(*(states.sources(e) for e in moves))
+    assert sources == {TaskStatus.SCHEDULED, TaskStatus.RETRYING}
+    assert {states.transition(s, e) for e in moves for s in states.sources(e)} == {
+        TaskStatus.PRELOADED
+    }
+
+
+async def _set_status(dsn: str, task: NewTask, status: TaskStatus) -> None:
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        await conn.execute(
+            "UPDATE tasks SET status = %s WHERE scheduled_at = %s AND id = %s",
+            (status.value, task.scheduled_at, task.id),
+        )
+
+
+async def _status(store: Store, tenant: Tenant, task: NewTask) -> TaskStatus:
+    found = await store.get_task(tenant.id, task.id)
+    assert found is not None
+    return found.status
+
+
+async def test_load_due_moves_only_due_rows_of_the_shard(
+    store: Store, tenant: Tenant, db_dsn: str
+) -> None:
+    shard, epoch = 902, 7
+    horizon = NOW + timedelta(minutes=60)
+
+    def on_shard(**kw: Any) -> NewTask:
+        return make_task(shard=shard, **kw)
+
+    due = on_shard(due_at=NOW - timedelta(seconds=5))
+    retrying = on_shard(due_at=NOW + timedelta(minutes=10))
+    later = on_shard(due_at=horizon + timedelta(seconds=1))
+    other_shard = make_task(shard=903, due_at=NOW)
+    running = on_shard(due_at=NOW)
+    blocked = on_shard(due_at=NOW, unresolved_dependencies=1)
+    # Scheduled in a later partition but due now (a retry moved due_at): still found.
+    future_partition = on_shard(scheduled_at=NOW + timedelta(days=2), due_at=NOW)
+    everything = [due, retrying, later, other_shard, running, blocked, future_partition]
+    await store.insert_tasks(tenant.id, everything)
+    await _set_status(db_dsn, retrying, TaskStatus.RETRYING)
+    await _set_status(db_dsn, running, TaskStatus.RUNNING)
+    assert await store.claim_shard_epoch(shard, epoch, "node-a")
+
+    loaded = await store.load_due(shard, epoch, horizon, limit=100)
+
+    assert {t.id for t in loaded} == {due.id, retrying.id, future_partition.id}
+    assert all(t.status is TaskStatus.PRELOADED for t in loaded)
+    assert [t.due_at for t in loaded] == sorted(t.due_at for t in loaded)
+    expected = {
+        due.id: TaskStatus.PRELOADED,
+        retrying.id: TaskStatus.PRELOADED,
+        future_partition.id: TaskStatus.PRELOADED,
+        later.id: TaskStatus.SCHEDULED,
+        other_shard.id: TaskStatus.SCHEDULED,
+        running.id: TaskStatus.RUNNING,
+        blocked.id: TaskStatus.SCHEDULED,
+    }
+    assert {t.id: await _status(store, tenant, t) for t in everything} == expected
+    assert await store.load_due(shard, epoch, horizon, limit=100) == []
+
+
+async def test_load_due_takes_the_earliest_up_to_the_limit(store: Store, tenant: Tenant) -> None:
+    shard, epoch = 904, 1
+    tasks = [make_task(shard=shard, due_at=NOW - timedelta(seconds=s)) for s in range(5)]
+    await store.insert_tasks(tenant.id, tasks)
+    await store.claim_shard_epoch(shard, epoch, "node-a")
+
+    first = await store.load_due(shard, epoch, NOW + timedelta(seconds=1), limit=2)
+
+    assert [t.id for t in first] == [tasks[4].id, tasks[3].id]
+
+
+async def test_stale_epoch_raises_and_changes_nothing(store: Store, tenant: Tenant) -> None:
+    shard = 905
+    task = make_task(shard=shard, due_at=NOW - timedelta(seconds=1))
+    await store.insert_tasks(tenant.id, [task])
+    horizon = NOW + timedelta(minutes=1)
+
+    with pytest.raises(ShardEpochLost):  # nobody ever claimed it
+        await store.load_due(shard, 1, horizon, limit=10)
+    await store.claim_shard_epoch(shard, 1, "node-a")
+    await store.claim_shard_epoch(shard, 2, "node-b")
+    with pytest.raises(ShardEpochLost) as caught:
+        await store.load_due(shard, 1, horizon, limit=10)
+
+    assert (caught.value.shard, caught.value.epoch) == (shard, 1)
+    assert await _status(store, tenant, task) is TaskStatus.SCHEDULED
+    assert [t.id for t in await store.load_due(shard, 2, horizon, limit=10)] == [task.id]
+
+
+async def test_load_due_rejects_a_naive_horizon(store: Store) -> None:
+    with pytest.raises(InvalidArgument) as caught:
+        await store.load_due(906, 1, datetime(2030, 1, 1), limit=10)
+    assert caught.value.field == "horizon"
+
+
+async def test_update_status_moves_only_from_the_expected_states(
+    store: Store, tenant: Tenant, db_dsn: str
+) -> None:
+    shard, epoch = 907, 3
+    preloaded = make_task(shard=shard)
+    running = make_task(shard=shard)
+    foreign = make_task(shard=908)
+    await store.insert_tasks(tenant.id, [preloaded, running, foreign])
+    await store.claim_shard_epoch(shard, epoch, "node-a")
+    await store.load_due(shard, epoch, NOW + timedelta(seconds=1), limit=10)
+    await _set_status(db_dsn, running, TaskStatus.RUNNING)
+    await _set_status(db_dsn, foreign, TaskStatus.PRELOADED)
+
+    moved = await store.update_status(
+        shard, epoch, [preloaded.ref, running.ref, foreign.ref], TaskEvent.HANDOFF
+    )
+
+    assert moved == [TaskRef(preloaded.scheduled_at, preloaded.id)]
+    assert await _status(store, tenant, preloaded) is TaskStatus.SCHEDULED
+    assert await _status(store, tenant, running) is TaskStatus.RUNNING
+    assert await _status(store, tenant, foreign) is TaskStatus.PRELOADED
+
+
+async def test_update_status_to_terminal_sets_finished_at(store: Store, tenant: Tenant) -> None:
+    shard, epoch = 909, 1
+    task = make_task(shard=shard)
+    await store.insert_tasks(tenant.id, [task])
+    await store.claim_shard_epoch(shard, epoch, "node-a")
+
+    assert await store.update_status(shard, epoch, [task.ref], TaskEvent.CANCEL) == [task.ref]
+
+    found = await store.get_task(tenant.id, task.id)
+    assert found is not None
+    assert found.status is TaskStatus.CANCELLED
+    assert found.finished_at is not None
+
+
+async def test_update_status_under_a_stale_epoch_raises(store: Store, tenant: Tenant) -> None:
+    shard = 910
+    task = make_task(shard=shard)
+    await store.insert_tasks(tenant.id, [task])
+    await store.claim_shard_epoch(shard, 1, "node-a")
+    await store.claim_shard_epoch(shard, 2, "node-b")
+
+    with pytest.raises(ShardEpochLost):
+        await store.update_status(shard, 1, [task.ref], TaskEvent.CANCEL)
+    assert await _status(store, tenant, task) is TaskStatus.SCHEDULED
+
+
+async def _wait_for_lock_waiter(dsn: str, deadline_s: float = 10.0) -> None:
+    """Poll until some session of this database waits on a heavyweight lock."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + deadline_s
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        while loop.time() < end:
+            cur = await conn.execute(
+                "SELECT count(*) FROM pg_stat_activity"
+                " WHERE datname = current_database() AND wait_event_type = 'Lock'"
+            )
+            row = await cur.fetchone()
+            if row is not None and row[0] > 0:
+                return
+            await asyncio.sleep(0.02)
+    raise AssertionError("no session ever waited on a lock")
+
+
+async def test_a_new_claim_waits_for_the_old_owners_open_write(store: Store, db_dsn: str) -> None:
+    # The fence of DESIGN §5: the claim cannot commit while a write of the old epoch is
+    # in flight, so no write of the old owner can land after the new owner took over.
+    shard = 911
+    await store.claim_shard_epoch(shard, 1, "node-a")
+    async with await Store.open(db_dsn, 1, 1) as newcomer:
+        async with store.shard_tx(shard, 1):
+            claim = asyncio.create_task(newcomer.claim_shard_epoch(shard, 2, "node-b"))
+            await _wait_for_lock_waiter(db_dsn)
+            assert not claim.done()
+        assert await claim
+    with pytest.raises(ShardEpochLost):
+        async with store.shard_tx(shard, 1):
+            pass
+
+
+async def test_open_against_an_unreachable_server_is_store_unavailable() -> None:
+    with pytest.raises(StoreUnavailable):
+        await Store.open("postgresql://postgres@127.0.0.1:1/x", 1, 1, open_timeout_s=1.0)
+
+
+async def test_task_has_a_field_for_every_tasks_column(db_dsn: str) -> None:
+    # Rows are read with SELECT * and picked by Task's fields: a column without a field
+    # would silently never reach callers, a field without a column fails every read.
+    async with await psycopg.AsyncConnection.connect(db_dsn) as conn:
+        cur = await conn.execute(
+            "SELECT column_name FROM information_schema.columns"
+            " WHERE table_schema = 'public' AND table_name = 'tasks'"
+        )
+        columns = {str(row[0]) for row in await cur.fetchall()}
+    assert {f.name for f in dataclasses.fields(Task)} == columns

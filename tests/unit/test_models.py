@@ -1,0 +1,78 @@
+"""Submit validation and the request fingerprint (pure; the store's use of them is
+tested against PostgreSQL in tests/integration/test_store.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from datetime import UTC, datetime, timedelta, timezone
+
+import pytest
+
+from chronoshard.scheduler.errors import InvalidArgument, PayloadTooLarge
+from chronoshard.scheduler.models import NewTask, Priority, prepare
+
+AT = datetime(2026, 3, 1, 9, 30, tzinfo=UTC)
+
+
+def _task(**overrides: object) -> NewTask:
+    base = NewTask(
+        id=uuid.UUID(int=1),
+        type="t",
+        scheduled_at=AT,
+        due_at=AT,
+        shard=0,
+        payload={"a": [1, 2], "b": 0},
+    )
+    return dataclasses.replace(base, **overrides)  # type: ignore[arg-type]
+
+
+def _fingerprint(task: NewTask) -> str:
+    return prepare(task, payload_limit_bytes=1024).fingerprint
+
+
+def test_a_repeat_with_server_chosen_fields_changed_has_the_same_fingerprint() -> None:
+    original = _task()
+    repeat = _task(
+        id=uuid.UUID(int=2),
+        shard=17,
+        due_at=AT + timedelta(seconds=40),
+        trace_context={"traceparent": "other"},
+        submitted_by="another-key",
+        # The same instant written in another zone, and the same object in another order.
+        scheduled_at=AT.astimezone(timezone(timedelta(hours=5))),
+        payload={"b": 0, "a": [1, 2]},
+    )
+    assert _fingerprint(repeat) == _fingerprint(original)
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"payload": {"a": [2, 1], "b": 0}},
+        {"type": "u"},
+        {"scheduled_at": AT + timedelta(microseconds=1)},
+        {"priority": Priority.BULK},
+        {"queue": "other"},
+        {"max_retries": 4},
+        {"timeout_s": 5.0},
+        {"idempotent": True},
+        {"job_id": "job"},
+    ],
+)
+def test_a_different_request_has_a_different_fingerprint(change: dict[str, object]) -> None:
+    assert _fingerprint(_task(**change)) != _fingerprint(_task())
+
+
+def test_payload_text_is_canonical_and_bounded_in_bytes() -> None:
+    prepared = prepare(_task(payload={"b": 1, "a": "é"}), payload_limit_bytes=1024)
+    assert prepared.payload_json == '{"a":"é","b":1}'
+    with pytest.raises(PayloadTooLarge) as caught:
+        prepare(_task(payload={"a": "é"}), payload_limit_bytes=9)  # {"a":"é"} is 10 bytes
+    assert caught.value.size_bytes == 10
+
+
+def test_plain_strings_for_enums_are_accepted() -> None:
+    prepare(_task(priority="critical", jitter_mode="DELAY_ONLY"), payload_limit_bytes=1024)
+    with pytest.raises(InvalidArgument):
+        prepare(_task(priority="CRITICAL"), payload_limit_bytes=1024)
