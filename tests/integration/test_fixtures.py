@@ -22,7 +22,7 @@ import uvloop
 from etcd3aio import Etcd3Client
 from fixtures.etcd import EtcdFactory
 
-from chronoshard.services import EtcdProcess, PostgresServer, find_etcd_binary
+from chronoshard.services import EtcdProcess, PostgresServer, ServiceError, find_etcd_binary
 
 CALL_TIMEOUT_S = 5.0
 CONFTEST = Path(__file__).resolve().parents[1] / "conftest.py"
@@ -153,6 +153,22 @@ def test_etcd_close_ends_a_paused_member_and_deletes_its_temp_dir() -> None:
     assert not data_dir.exists()
 
 
+def test_etcd_never_mistakes_another_server_on_its_port_for_itself(
+    etcd_factory: EtcdFactory,
+) -> None:
+    holder = etcd_factory()
+    intruder = EtcdProcess(client_port=holder.client_port, peer_port=holder.client_port + 1)
+
+    try:
+        with pytest.raises(ServiceError, match="in use"):
+            intruder.start()
+        assert not intruder.running
+    finally:
+        intruder.close()
+
+    assert holder.running and _health(holder, CALL_TIMEOUT_S)
+
+
 # --- PostgreSQL ------------------------------------------------------------------
 
 
@@ -244,6 +260,15 @@ def test_embedded_postgres_runs_unprivileged_and_stops_completely() -> None:
             (max_connections,) = conn.execute("SHOW max_connections").fetchone() or (None,)
         assert (fsync, max_connections) == ("off", "200")
         base_dir = server.base_dir
+
+        # A second server on the same port must fail, not take the first one for itself.
+        intruder = PostgresServer(port=server.port, fsync=False)
+        try:
+            with pytest.raises(ServiceError, match="in use"):
+                intruder.start()
+            assert intruder.pid is not None and _gone(intruder.pid)
+        finally:
+            intruder.close()
     finally:
         server.close()
 
