@@ -1,0 +1,361 @@
+"""Run state in PostgreSQL: preload, dispatch intent, and what workers report back.
+
+The hot path of the scheduler, as batches: each method takes many tasks and issues one
+statement for them (``sql/dispatch.sql``), so the callers can group-commit acks,
+heartbeats and settlements arriving from many workers (DESIGN §7).
+
+Shard writes (preload, intent, unload) run in one transaction that first locks every
+touched shard's ``shard_owners`` row ``FOR SHARE`` and drops the shards whose epoch is
+not the caller's (DESIGN §5): a node that lost a shard writes nothing for it, and learns
+which shards it lost from the result.
+
+Worker settlements are conditional on the fencing token and need no epoch: any node may
+accept them (DESIGN §5). When a settlement changes nothing, :meth:`_classify` reads the
+row back to tell an idempotent repeat (same token, the step already taken: answer OK)
+from a stale token (another attempt owns the task).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from enum import StrEnum
+from typing import Any
+
+from psycopg.rows import dict_row
+
+from chronoshard.scheduler import queries
+from chronoshard.scheduler.failures import FailureReport, RetryBudget, decide
+from chronoshard.scheduler.models import Priority, Task, TaskRef
+from chronoshard.scheduler.states import AttemptState, TaskStatus
+from chronoshard.scheduler.store import Connection, Store, task_from_row
+
+
+@dataclass(frozen=True, slots=True)
+class TimerTask:
+    """What the wheel and the ready queues hold for a PRELOADED task: enough to choose a
+    worker, not the payload (fetched by the intent write)."""
+
+    id: uuid.UUID
+    scheduled_at: datetime
+    shard: int
+    tenant_id: uuid.UUID
+    priority: Priority
+    queue: str
+    type: str
+    due_at: datetime
+    strict_timing: bool
+
+    @property
+    def ref(self) -> TaskRef:
+        return TaskRef(self.scheduled_at, self.id)
+
+
+@dataclass(frozen=True, slots=True)
+class Intent:
+    task: TimerTask
+    worker_id: str
+
+
+class Outcome(StrEnum):
+    """What became of one settlement."""
+
+    OK = "OK"
+    STALE_FENCING_TOKEN = "STALE_FENCING_TOKEN"
+    TASK_CANCELLED = "TASK_CANCELLED"
+    TASK_NOT_FOUND = "TASK_NOT_FOUND"
+
+
+@dataclass(frozen=True, slots=True)
+class Settle:
+    """A worker message about one attempt: the row and the token it holds."""
+
+    ref: TaskRef
+    token: int
+
+
+@dataclass(frozen=True, slots=True)
+class Completion(Settle):
+    result_json: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Failure(Settle):
+    error: str
+    report: FailureReport
+
+
+@dataclass(frozen=True, slots=True)
+class Release(Settle):
+    checkpoint: bytes | None
+    attempt_state: AttemptState
+    detail: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Beat(Settle):
+    checkpoint: bytes | None
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseUpdate:
+    extended: frozenset[uuid.UUID]
+    cancel_requested: Mapping[uuid.UUID, str]
+    """Extended tasks whose cancel was requested, with the reason: the node tells the
+    worker to stop them cooperatively."""
+
+
+@dataclass(frozen=True, slots=True)
+class FailureResult:
+    outcomes: dict[uuid.UUID, Outcome]
+    retrying: list[tuple[int, datetime]]
+    """(shard, due_at) of tasks that went to RETRYING: the preloader must see them."""
+
+
+@dataclass(frozen=True, slots=True)
+class IntentResult:
+    dispatched: list[Task]
+    lost_shards: frozenset[int]
+
+
+# What a repeated settlement may find when the step was already taken by the same token.
+_ALREADY = {
+    "ack": {TaskStatus.RUNNING, TaskStatus.COMPLETED, TaskStatus.RETRYING, TaskStatus.DEAD_LETTER},
+    "complete": {TaskStatus.COMPLETED},
+    "fail": {TaskStatus.RETRYING, TaskStatus.DEAD_LETTER, TaskStatus.CANCELLED},
+    "release": {TaskStatus.PRELOADED, TaskStatus.SCHEDULED},
+}
+
+
+def _timer(row: Mapping[str, Any]) -> TimerTask:
+    return TimerTask(
+        id=row["id"],
+        scheduled_at=row["scheduled_at"],
+        shard=row["shard"],
+        tenant_id=row["tenant_id"],
+        priority=Priority(row["priority"]),
+        queue=row["queue"],
+        type=row["type"],
+        due_at=row["due_at"],
+        strict_timing=row["strict_timing"],
+    )
+
+
+def _refs(items: Iterable[Settle]) -> dict[str, list[Any]]:
+    items = list(items)
+    return {
+        "scheduled_ats": [i.ref.scheduled_at for i in items],
+        "ids": [i.ref.id for i in items],
+        "tokens": [i.token for i in items],
+    }
+
+
+class DispatchStore:
+    """Batch run-state statements over the :class:`Store`'s pool."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+        self._q = queries.load("dispatch.sql")
+
+    # ---- shard-fenced writes ------------------------------------------------------------
+
+    async def _owned(self, conn: Connection, epochs: Mapping[int, int]) -> set[int]:
+        """Lock the shards' owner rows; the shards whose epoch is still ours."""
+        cur = await conn.execute(self._q["lock_shard_epochs"], {"shards": sorted(epochs)})
+        current = dict(await cur.fetchall())
+        return {shard for shard, epoch in epochs.items() if current.get(shard) == epoch}
+
+    async def load_due(
+        self, epochs: Mapping[int, int], horizon: datetime, limit: int
+    ) -> tuple[list[TimerTask], frozenset[int]]:
+        """Move due SCHEDULED/RETRYING tasks of the shards to PRELOADED, earliest first.
+
+        Returns the moved tasks and the shards whose epoch was lost (nothing moved there).
+        """
+        async with self._store.transaction() as conn:
+            owned = await self._owned(conn, epochs)
+            if not owned:
+                return [], frozenset(epochs)
+            cur = conn.cursor(row_factory=dict_row)
+            await cur.execute(
+                self._q["load_due"],
+                {"shards": sorted(owned), "horizon": horizon, "limit": limit},
+            )
+            rows = await cur.fetchall()
+        return [_timer(r) for r in rows], frozenset(epochs.keys() - owned)
+
+    async def load_preloaded(self, epochs: Mapping[int, int]) -> list[TimerTask]:
+        """The PRELOADED tasks of shards just claimed (left by a previous owner)."""
+        async with self._store.transaction() as conn:
+            owned = await self._owned(conn, epochs)
+            if not owned:
+                return []
+            cur = conn.cursor(row_factory=dict_row)
+            await cur.execute(self._q["load_preloaded"], {"shards": sorted(owned)})
+            return [_timer(r) for r in await cur.fetchall()]
+
+    async def unload_preloaded(self, epochs: Mapping[int, int]) -> int:
+        """Hand-off: PRELOADED rows of the shards back to SCHEDULED; how many moved."""
+        async with self._store.transaction() as conn:
+            owned = await self._owned(conn, epochs)
+            if not owned:
+                return 0
+            cur = await conn.execute(self._q["unload_preloaded"], {"shards": sorted(owned)})
+            return cur.rowcount
+
+    async def write_intents(
+        self, epochs: Mapping[int, int], intents: Sequence[Intent], lease_s: float
+    ) -> IntentResult:
+        """PRELOADED -> DISPATCHED (token+1, attempt+1, attempt row) for every intent whose
+        shard is still ours and whose row is still PRELOADED, in one transaction.
+
+        Only after this returns may the assignments be sent (intent before action).
+        """
+        shards = {i.task.shard: epochs[i.task.shard] for i in intents if i.task.shard in epochs}
+        async with self._store.transaction() as conn:
+            owned = await self._owned(conn, shards)
+            mine = [i for i in intents if i.task.shard in owned]
+            if not mine:
+                return IntentResult([], frozenset(shards.keys() - owned))
+            cur = conn.cursor(row_factory=dict_row)
+            await cur.execute(
+                self._q["write_intents"],
+                {
+                    "scheduled_ats": [i.task.scheduled_at for i in mine],
+                    "ids": [i.task.id for i in mine],
+                    "worker_ids": [i.worker_id for i in mine],
+                    "lease_s": lease_s,
+                    "shards": sorted(owned),
+                },
+            )
+            dispatched = [task_from_row(r) for r in await cur.fetchall()]
+        return IntentResult(dispatched, frozenset(shards.keys() - owned))
+
+    # ---- worker settlements (token-fenced, any node) ----------------------------------
+
+    async def ack(self, acks: Sequence[Settle]) -> dict[uuid.UUID, Outcome]:
+        if not acks:
+            return {}
+        async with self._store.transaction() as conn:
+            cur = await conn.execute(self._q["ack"], _refs(acks))
+            moved = {row[0] for row in await cur.fetchall()}
+            return await self._classify(conn, acks, moved, "ack")
+
+    async def extend_leases(self, beats: Sequence[Beat], lease_s: float) -> LeaseUpdate:
+        if not beats:
+            return LeaseUpdate(frozenset(), {})
+        async with self._store.connection() as conn:
+            cur = await conn.execute(
+                self._q["extend_leases"],
+                {**_refs(beats), "checkpoints": [b.checkpoint for b in beats], "lease_s": lease_s},
+            )
+            rows = await cur.fetchall()
+        return LeaseUpdate(
+            frozenset(row[0] for row in rows),
+            {row[0]: row[2] or "" for row in rows if row[1]},
+        )
+
+    async def complete(self, completions: Sequence[Completion]) -> dict[uuid.UUID, Outcome]:
+        if not completions:
+            return {}
+        async with self._store.transaction() as conn:
+            cur = await conn.execute(
+                self._q["complete"],
+                {**_refs(completions), "results": [c.result_json for c in completions]},
+            )
+            moved = {row[0] for row in await cur.fetchall()}
+            return await self._classify(conn, completions, moved, "complete")
+
+    async def fail(self, failures: Sequence[Failure], now: datetime) -> FailureResult:
+        if not failures:
+            return FailureResult({}, [])
+        by_id = {f.ref.id: f for f in failures}
+        async with self._store.transaction() as conn:
+            cur = conn.cursor(row_factory=dict_row)
+            await cur.execute(self._q["lock_for_failure"], _refs(failures))
+            rows = await cur.fetchall()
+            decided = []
+            for row in rows:
+                failure = by_id[row["id"]]
+                budget = RetryBudget(
+                    task_id=row["id"],
+                    retry_count=row["retry_count"],
+                    max_retries=row["max_retries"],
+                    backoff_initial_s=row["backoff_initial_s"],
+                    backoff_max_s=row["backoff_max_s"],
+                    backoff_multiplier=row["backoff_multiplier"],
+                    cancel_requested=row["cancel_requested"],
+                )
+                decided.append((failure, decide(budget, failure.report, now)))
+            retrying: list[tuple[int, datetime]] = []
+            moved: set[uuid.UUID] = set()
+            if decided:
+                applied = await conn.execute(
+                    self._q["apply_failures"],
+                    {
+                        **_refs(f for f, _ in decided),
+                        "statuses": [str(d.status) for _, d in decided],
+                        "due_ats": [d.due_at for _, d in decided],
+                        "errors": [f.error for f, _ in decided],
+                        "attempt_states": [str(d.attempt_state) for _, d in decided],
+                        "retry_counts": [d.retry_count for _, d in decided],
+                    },
+                )
+                for task_id, shard, status, due_at in await applied.fetchall():
+                    moved.add(task_id)
+                    if status == TaskStatus.RETRYING:
+                        retrying.append((shard, due_at))
+            outcomes = await self._classify(conn, failures, moved, "fail")
+        return FailureResult(outcomes, retrying)
+
+    async def release(
+        self, releases: Sequence[Release]
+    ) -> tuple[dict[uuid.UUID, Outcome], list[TimerTask]]:
+        """Give tasks back (PRELOADED again); the outcomes and the tasks now ready again."""
+        if not releases:
+            return {}, []
+        async with self._store.transaction() as conn:
+            cur = conn.cursor(row_factory=dict_row)
+            await cur.execute(
+                self._q["release"],
+                {
+                    **_refs(releases),
+                    "checkpoints": [r.checkpoint for r in releases],
+                    "attempt_states": [str(r.attempt_state) for r in releases],
+                    "details": [r.detail for r in releases],
+                },
+            )
+            ready = [_timer(r) for r in await cur.fetchall()]
+            outcomes = await self._classify(conn, releases, {t.id for t in ready}, "release")
+        return outcomes, ready
+
+    async def _classify(
+        self, conn: Connection, items: Sequence[Settle], moved: set[uuid.UUID], kind: str
+    ) -> dict[uuid.UUID, Outcome]:
+        outcomes = {i.ref.id: Outcome.OK for i in items if i.ref.id in moved}
+        unmoved = [i for i in items if i.ref.id not in moved]
+        if not unmoved:
+            return outcomes
+        cur = await conn.execute(
+            self._q["settlement_state"],
+            {
+                "scheduled_ats": [i.ref.scheduled_at for i in unmoved],
+                "ids": [i.ref.id for i in unmoved],
+            },
+        )
+        found = {row[0]: (row[1], TaskStatus(row[2])) for row in await cur.fetchall()}
+        for item in unmoved:
+            current = found.get(item.ref.id)
+            if current is None:
+                outcomes[item.ref.id] = Outcome.TASK_NOT_FOUND
+                continue
+            token, status = current
+            if token == item.token and status in _ALREADY[kind]:
+                outcomes[item.ref.id] = Outcome.OK
+            elif token == item.token and status is TaskStatus.CANCELLED:
+                outcomes[item.ref.id] = Outcome.TASK_CANCELLED
+            else:
+                outcomes[item.ref.id] = Outcome.STALE_FENCING_TOKEN
+        return outcomes

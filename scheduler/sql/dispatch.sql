@@ -1,0 +1,242 @@
+-- The run-state statements of chronoshard.scheduler.dispatch_store.DispatchStore: the
+-- preloader, the dispatch intent, and what workers send back (ack, heartbeat, complete,
+-- fail, release). Each takes a whole batch (arrays bound as parameters, unnest()ed), so a
+-- group commit is one statement per kind, not one per message.
+--
+-- Rules (as in queries.sql): a task row is named by (scheduled_at, id); a write names the
+-- states it may start from and, for worker messages, the fencing token of the attempt,
+-- so a stale write changes 0 rows. Shard writes (preload, intent, release back into the
+-- wheel) run after lock_shard_epochs in the same transaction.
+
+-- name: lock_shard_epochs
+-- FOR SHARE on the owner rows of every shard the transaction writes for, in shard order
+-- (a fixed lock order: two transactions never deadlock on these rows).
+SELECT shard, epoch
+FROM shard_owners
+WHERE shard = ANY(%(shards)s::smallint[])
+ORDER BY shard
+FOR SHARE;
+
+-- name: load_due
+-- Preloader, all owned shards at once: due SCHEDULED/RETRYING rows become PRELOADED,
+-- earliest first. The partial index tasks_preload_idx serves each shard's range.
+UPDATE tasks AS t
+SET status = 'PRELOADED', updated_at = now()
+FROM (
+    SELECT scheduled_at, id
+    FROM tasks
+    WHERE shard = ANY(%(shards)s::smallint[])
+      AND status IN ('SCHEDULED', 'RETRYING')
+      AND unresolved_dependencies = 0
+      AND due_at < %(horizon)s
+    ORDER BY due_at
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+) AS due
+WHERE t.scheduled_at = due.scheduled_at AND t.id = due.id
+RETURNING t.id, t.scheduled_at, t.shard, t.tenant_id, t.priority, t.queue, t.type, t.due_at,
+          t.strict_timing;
+
+-- name: load_preloaded
+-- A new owner (or a restarted node) reloads what the previous owner had preloaded.
+SELECT id, scheduled_at, shard, tenant_id, priority, queue, type, due_at, strict_timing
+FROM tasks
+WHERE shard = ANY(%(shards)s::smallint[])
+  AND status = 'PRELOADED';
+
+-- name: unload_preloaded
+-- Handing a shard over: its PRELOADED rows go back to SCHEDULED for the next owner.
+UPDATE tasks
+SET status = 'SCHEDULED', updated_at = now()
+WHERE shard = ANY(%(shards)s::smallint[])
+  AND status = 'PRELOADED';
+
+-- name: write_intents
+-- The dispatch intent (DESIGN §6): PRELOADED -> DISPATCHED with token+1 and attempt+1,
+-- the worker and the lease, plus one task_attempts row each, in one statement. Rows that
+-- are no longer PRELOADED (cancelled meanwhile) are simply not returned.
+WITH chosen AS (
+    SELECT *
+    FROM unnest(%(scheduled_ats)s::timestamptz[], %(ids)s::uuid[], %(worker_ids)s::text[])
+         AS c(scheduled_at, id, worker_id)
+), moved AS (
+    UPDATE tasks AS t
+    SET status = 'DISPATCHED',
+        fencing_token = t.fencing_token + 1,
+        attempt = t.attempt + 1,
+        worker_id = c.worker_id,
+        lease_expires_at = now() + make_interval(secs => %(lease_s)s),
+        updated_at = now()
+    FROM chosen AS c
+    WHERE t.scheduled_at = c.scheduled_at
+      AND t.id = c.id
+      AND t.status = 'PRELOADED'
+      AND t.shard = ANY(%(shards)s::smallint[])
+    RETURNING t.*
+), attempts AS (
+    INSERT INTO task_attempts (task_id, attempt, scheduled_at, fencing_token, state, worker_id)
+    SELECT id, attempt, scheduled_at, fencing_token, 'DISPATCHED', worker_id
+    FROM moved
+)
+SELECT * FROM moved;
+
+-- name: ack
+-- DISPATCHED -> RUNNING for the attempt holding the token.
+WITH acked AS (
+    SELECT *
+    FROM unnest(%(scheduled_ats)s::timestamptz[], %(ids)s::uuid[], %(tokens)s::bigint[])
+         AS a(scheduled_at, id, token)
+), moved AS (
+    UPDATE tasks AS t
+    SET status = 'RUNNING', started_at = now(), updated_at = now()
+    FROM acked AS a
+    WHERE t.scheduled_at = a.scheduled_at
+      AND t.id = a.id
+      AND t.fencing_token = a.token
+      AND t.status = 'DISPATCHED'
+    RETURNING t.id, t.attempt
+), attempts AS (
+    UPDATE task_attempts AS ta
+    SET state = 'RUNNING'
+    FROM moved
+    WHERE ta.task_id = moved.id AND ta.attempt = moved.attempt AND ta.state = 'DISPATCHED'
+)
+SELECT id FROM moved;
+
+-- name: extend_leases
+-- Heartbeat: extend every listed lease still held by its token; store new checkpoints.
+-- Returns the rows extended and whether a cancel was requested for them.
+WITH beats AS (
+    SELECT *
+    FROM unnest(%(scheduled_ats)s::timestamptz[], %(ids)s::uuid[], %(tokens)s::bigint[],
+                %(checkpoints)s::bytea[])
+         AS h(scheduled_at, id, token, checkpoint)
+)
+UPDATE tasks AS t
+SET lease_expires_at = now() + make_interval(secs => %(lease_s)s),
+    checkpoint = COALESCE(h.checkpoint, t.checkpoint),
+    updated_at = now()
+FROM beats AS h
+WHERE t.scheduled_at = h.scheduled_at
+  AND t.id = h.id
+  AND t.fencing_token = h.token
+  AND t.status IN ('DISPATCHED', 'RUNNING')
+RETURNING t.id, t.cancel_requested_at IS NOT NULL AS cancel_requested, t.cancel_reason;
+
+-- name: complete
+-- DISPATCHED/RUNNING -> COMPLETED for the token's attempt (DESIGN §5; DISPATCHED too: a
+-- completion may overtake its group-committed ack). Appends the watchdog's ledger.
+WITH done AS (
+    SELECT *
+    FROM unnest(%(scheduled_ats)s::timestamptz[], %(ids)s::uuid[], %(tokens)s::bigint[],
+                %(results)s::text[])
+         AS c(scheduled_at, id, token, result)
+), moved AS (
+    UPDATE tasks AS t
+    SET status = 'COMPLETED',
+        result_payload = c.result::jsonb,
+        lease_expires_at = NULL,
+        started_at = COALESCE(t.started_at, now()),
+        finished_at = now(),
+        updated_at = now()
+    FROM done AS c
+    WHERE t.scheduled_at = c.scheduled_at
+      AND t.id = c.id
+      AND t.fencing_token = c.token
+      AND t.status IN ('DISPATCHED', 'RUNNING')
+    RETURNING t.id, t.attempt, t.job_id, t.tenant_id, t.finished_at, t.shard
+), attempts AS (
+    UPDATE task_attempts AS ta
+    SET state = 'SUCCEEDED', finished_at = now()
+    FROM moved
+    WHERE ta.task_id = moved.id AND ta.attempt = moved.attempt
+), ledger AS (
+    INSERT INTO task_completions (job_id, task_id, tenant_id, completed_at)
+    SELECT job_id, id, tenant_id, finished_at
+    FROM moved
+    WHERE job_id IS NOT NULL
+)
+SELECT id, shard FROM moved;
+
+-- name: lock_for_failure
+-- Failure needs the row's retry budget and backoff to decide RETRYING or DEAD_LETTER:
+-- lock the rows whose token still holds, decide in Python, then apply_failures.
+SELECT t.id, t.scheduled_at, t.fencing_token, t.attempt, t.retry_count, t.max_retries,
+       t.backoff_initial_s, t.backoff_max_s, t.backoff_multiplier, t.shard,
+       t.cancel_requested_at IS NOT NULL AS cancel_requested
+FROM tasks AS t
+JOIN unnest(%(scheduled_ats)s::timestamptz[], %(ids)s::uuid[], %(tokens)s::bigint[])
+     AS f(scheduled_at, id, token)
+  ON t.scheduled_at = f.scheduled_at AND t.id = f.id AND t.fencing_token = f.token
+WHERE t.status IN ('DISPATCHED', 'RUNNING')
+FOR UPDATE OF t;
+
+-- name: apply_failures
+WITH decided AS (
+    SELECT *
+    FROM unnest(%(scheduled_ats)s::timestamptz[], %(ids)s::uuid[], %(tokens)s::bigint[],
+                %(statuses)s::text[], %(due_ats)s::timestamptz[], %(errors)s::text[],
+                %(attempt_states)s::text[], %(retry_counts)s::integer[])
+         AS d(scheduled_at, id, token, status, due_at, error, attempt_state, retry_count)
+), moved AS (
+    UPDATE tasks AS t
+    SET status = d.status,
+        due_at = COALESCE(d.due_at, t.due_at),
+        retry_count = d.retry_count,
+        last_error = d.error,
+        worker_id = NULL,
+        lease_expires_at = NULL,
+        finished_at = CASE WHEN d.status IN ('DEAD_LETTER', 'CANCELLED') THEN now() END,
+        updated_at = now()
+    FROM decided AS d
+    WHERE t.scheduled_at = d.scheduled_at
+      AND t.id = d.id
+      AND t.fencing_token = d.token
+      AND t.status IN ('DISPATCHED', 'RUNNING')
+    RETURNING t.id, t.attempt, t.shard, t.status, t.due_at, d.attempt_state, d.error
+)
+UPDATE task_attempts AS ta
+SET state = moved.attempt_state, finished_at = now(), error = moved.error
+FROM moved
+WHERE ta.task_id = moved.id AND ta.attempt = moved.attempt
+RETURNING moved.id, moved.shard, moved.status, moved.due_at;
+
+-- name: release
+-- The worker gives the task back (drain with checkpoint, cannot run it, or the node
+-- could not deliver the assignment): back to PRELOADED for another dispatch. The retry
+-- budget is untouched; the attempt row records why.
+WITH released AS (
+    SELECT *
+    FROM unnest(%(scheduled_ats)s::timestamptz[], %(ids)s::uuid[], %(tokens)s::bigint[],
+                %(checkpoints)s::bytea[], %(attempt_states)s::text[], %(details)s::text[])
+         AS r(scheduled_at, id, token, checkpoint, attempt_state, detail)
+), moved AS (
+    UPDATE tasks AS t
+    SET status = 'PRELOADED',
+        checkpoint = COALESCE(r.checkpoint, t.checkpoint),
+        worker_id = NULL,
+        lease_expires_at = NULL,
+        updated_at = now()
+    FROM released AS r
+    WHERE t.scheduled_at = r.scheduled_at
+      AND t.id = r.id
+      AND t.fencing_token = r.token
+      AND t.status IN ('DISPATCHED', 'RUNNING')
+    RETURNING t.id, t.scheduled_at, t.shard, t.tenant_id, t.priority, t.queue, t.type,
+              t.due_at, t.strict_timing, t.attempt, r.attempt_state, r.detail
+), attempts AS (
+    UPDATE task_attempts AS ta
+    SET state = moved.attempt_state, finished_at = now(), error = NULLIF(moved.detail, '')
+    FROM moved
+    WHERE ta.task_id = moved.id AND ta.attempt = moved.attempt
+)
+SELECT id, scheduled_at, shard, tenant_id, priority, queue, type, due_at, strict_timing
+FROM moved;
+
+-- name: settlement_state
+-- What became of tasks whose settlement changed nothing: tells an idempotent repeat
+-- (same token, already past that step) from a stale token.
+SELECT t.id, t.fencing_token, t.status
+FROM tasks AS t
+JOIN unnest(%(scheduled_ats)s::timestamptz[], %(ids)s::uuid[]) AS s(scheduled_at, id)
+  ON t.scheduled_at = s.scheduled_at AND t.id = s.id;

@@ -1,0 +1,241 @@
+"""Run-state statements against a real PostgreSQL: preload, intent, and every worker
+report, with their fencing (epochs for shard writes, tokens for settlements)."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import psycopg
+import pytest
+
+from chronoshard.scheduler.dispatch_store import (
+    Beat,
+    Completion,
+    DispatchStore,
+    Failure,
+    Intent,
+    Outcome,
+    Release,
+    Settle,
+    TimerTask,
+)
+from chronoshard.scheduler.failures import FailureReport
+from chronoshard.scheduler.ids import new_task_id
+from chronoshard.scheduler.jitter import JitterMode
+from chronoshard.scheduler.models import NewTask, TaskRef, Tenant
+from chronoshard.scheduler.states import AttemptState, TaskStatus
+from chronoshard.scheduler.store import Store
+
+SHARD = 3
+EPOCH = 100
+ERROR = FailureReport(retryable=True, timed_out=False, cancelled=False)
+
+
+@pytest.fixture
+async def store(fresh_db_dsn: str) -> AsyncIterator[Store]:
+    async with await Store.open(fresh_db_dsn, min_size=1, max_size=4) as opened:
+        assert await opened.claim_shard_epoch(SHARD, EPOCH, "node-a")
+        yield opened
+
+
+@pytest.fixture
+def runs(store: Store) -> DispatchStore:
+    return DispatchStore(store)
+
+
+@pytest.fixture
+async def tenant(store: Store) -> Tenant:
+    suffix = uuid.uuid4().hex
+    return await store.create_tenant(f"t-{suffix}", "standard", 100.0, 10, "local", f"h-{suffix}")
+
+
+async def _submit(store: Store, tenant: Tenant, due_in_s: float = 0, **fields: Any) -> NewTask:
+    now = datetime.now(UTC)
+    new = NewTask(
+        id=new_task_id(),
+        type="t",
+        scheduled_at=now + timedelta(seconds=due_in_s),
+        due_at=now + timedelta(seconds=due_in_s),
+        shard=SHARD,
+        payload={"n": 1},
+        jitter_mode=JitterMode.NONE,
+        **fields,
+    )
+    await store.insert_tasks(tenant.id, [new])
+    return new
+
+
+async def _dispatch(runs: DispatchStore, worker: str = "w1") -> list[Any]:
+    horizon = datetime.now(UTC) + timedelta(seconds=60)
+    timers, lost = await runs.load_due({SHARD: EPOCH}, horizon, 100)
+    assert not lost
+    result = await runs.write_intents(
+        {SHARD: EPOCH}, [Intent(t, worker) for t in timers], lease_s=30
+    )
+    return result.dispatched
+
+
+async def _row(store: Store, task_id: uuid.UUID) -> dict[str, Any]:
+    async with store.connection() as conn:
+        cur = conn.cursor(row_factory=psycopg.rows.dict_row)
+        await cur.execute("SELECT * FROM tasks WHERE id = %s", (task_id,))
+        row = await cur.fetchone()
+    assert row is not None
+    return row
+
+
+async def test_preload_moves_only_due_rows_of_owned_shards(
+    store: Store, runs: DispatchStore, tenant: Tenant
+) -> None:
+    due = await _submit(store, tenant, due_in_s=1)
+    later = await _submit(store, tenant, due_in_s=3600)
+    horizon = datetime.now(UTC) + timedelta(seconds=60)
+    timers, lost = await runs.load_due({SHARD: EPOCH}, horizon, 100)
+    assert [t.id for t in timers] == [due.id]
+    assert (await _row(store, later.id))["status"] == "SCHEDULED"
+    # A stale epoch preloads nothing and reports the shard lost.
+    await _submit(store, tenant, due_in_s=2)
+    timers, lost = await runs.load_due({SHARD: EPOCH - 1}, horizon, 100)
+    assert timers == [] and lost == {SHARD}
+    # Reloading after a restart finds what is PRELOADED.
+    reloaded = await runs.load_preloaded({SHARD: EPOCH})
+    assert {t.id for t in reloaded} == {due.id}
+
+
+async def test_intent_bumps_token_and_attempt_and_records_the_attempt(
+    store: Store, runs: DispatchStore, tenant: Tenant
+) -> None:
+    new = await _submit(store, tenant)
+    [task] = await _dispatch(runs)
+    assert task.id == new.id
+    assert task.status is TaskStatus.DISPATCHED
+    assert (task.fencing_token, task.attempt, task.worker_id) == (1, 1, "w1")
+    assert task.lease_expires_at is not None
+    [attempt] = await store.get_attempts(new.id)
+    assert (attempt.attempt, attempt.fencing_token, attempt.state) == (
+        1,
+        1,
+        AttemptState.DISPATCHED,
+    )
+
+
+async def test_intent_under_a_lost_epoch_writes_nothing(
+    store: Store, runs: DispatchStore, tenant: Tenant
+) -> None:
+    new = await _submit(store, tenant)
+    horizon = datetime.now(UTC) + timedelta(seconds=60)
+    timers, _ = await runs.load_due({SHARD: EPOCH}, horizon, 100)
+    # Another node takes the shard over.
+    assert await store.claim_shard_epoch(SHARD, EPOCH + 1, "node-b")
+    result = await runs.write_intents({SHARD: EPOCH}, [Intent(t, "w1") for t in timers], 30)
+    assert result.dispatched == [] and result.lost_shards == {SHARD}
+    row = await _row(store, new.id)
+    assert (row["status"], row["fencing_token"]) == ("PRELOADED", 0)
+
+
+async def test_ack_heartbeat_complete_and_the_ledger(
+    store: Store, runs: DispatchStore, tenant: Tenant
+) -> None:
+    new = await _submit(store, tenant, job_id="nightly-report")
+    [task] = await _dispatch(runs)
+    assert await runs.ack([Settle(task.ref, 1)]) == {new.id: Outcome.OK}
+    # A repeated ack is answered OK; an ack with another token is stale.
+    assert await runs.ack([Settle(task.ref, 1)]) == {new.id: Outcome.OK}
+    assert await runs.ack([Settle(task.ref, 2)]) == {new.id: Outcome.STALE_FENCING_TOKEN}
+    update = await runs.extend_leases([Beat(task.ref, 1, b'{"row": 7}')], lease_s=60)
+    assert update.extended == {new.id}
+    stale = await runs.extend_leases([Beat(task.ref, 9, None)], lease_s=60)
+    assert stale.extended == frozenset()
+    row = await _row(store, new.id)
+    assert row["status"] == "RUNNING" and bytes(row["checkpoint"]) == b'{"row": 7}'
+    outcome = await runs.complete([Completion(task.ref, 1, '{"sent": true}')])
+    assert outcome == {new.id: Outcome.OK}
+    row = await _row(store, new.id)
+    assert row["status"] == "COMPLETED" and row["result_payload"] == {"sent": True}
+    # Completion is idempotent for the winning token, refused for any other.
+    assert await runs.complete([Completion(task.ref, 1, None)]) == {new.id: Outcome.OK}
+    assert await runs.complete([Completion(task.ref, 0, None)]) == {
+        new.id: Outcome.STALE_FENCING_TOKEN
+    }
+    async with store.connection() as conn:
+        cur = await conn.execute(
+            "SELECT job_id, count(*) FROM task_completions WHERE task_id = %s GROUP BY job_id",
+            (new.id,),
+        )
+        assert await cur.fetchall() == [("nightly-report", 1)]
+    [attempt] = await store.get_attempts(new.id)
+    assert attempt.state is AttemptState.SUCCEEDED and attempt.finished_at is not None
+
+
+async def test_a_stale_completion_changes_nothing(
+    store: Store, runs: DispatchStore, tenant: Tenant
+) -> None:
+    new = await _submit(store, tenant)
+    [first] = await _dispatch(runs, "zombie")
+    # The first attempt is given back and dispatched again: token 2 owns the task now.
+    outcomes, ready = await runs.release(
+        [Release(first.ref, 1, None, AttemptState.ABANDONED, "lease expired")]
+    )
+    assert outcomes == {new.id: Outcome.OK} and [t.id for t in ready] == [new.id]
+    result = await runs.write_intents({SHARD: EPOCH}, [Intent(ready[0], "w2")], 30)
+    [second] = result.dispatched
+    assert second.fencing_token == 2
+    before = await _row(store, new.id)
+    assert await runs.complete([Completion(first.ref, 1, '{"zombie": 1}')]) == {
+        new.id: Outcome.STALE_FENCING_TOKEN
+    }
+    assert await _row(store, new.id) == before
+
+
+async def test_failures_retry_with_backoff_then_dead_letter(
+    store: Store, runs: DispatchStore, tenant: Tenant
+) -> None:
+    new = await _submit(store, tenant, max_retries=1, backoff_initial_s=0.01, backoff_max_s=0.02)
+    [task] = await _dispatch(runs)
+    result = await runs.fail([Failure(task.ref, 1, "boom", ERROR)], datetime.now(UTC))
+    assert result.outcomes == {new.id: Outcome.OK}
+    assert [shard for shard, _ in result.retrying] == [SHARD]
+    row = await _row(store, new.id)
+    assert (row["status"], row["retry_count"], row["last_error"]) == ("RETRYING", 1, "boom")
+    assert row["scheduled_at"] == new.scheduled_at and row["due_at"] > new.due_at
+    [task] = await _dispatch(runs)
+    assert task.attempt == 2 and task.fencing_token == 2
+    result = await runs.fail([Failure(task.ref, 2, "boom again", ERROR)], datetime.now(UTC))
+    assert result.retrying == []
+    row = await _row(store, new.id)
+    assert row["status"] == "DEAD_LETTER" and row["finished_at"] is not None
+    states = [a.state for a in await store.get_attempts(new.id)]
+    assert states == [AttemptState.FAILED, AttemptState.FAILED]
+    # A repeat of the same failure report is OK; an old token's is stale.
+    again = await runs.fail([Failure(task.ref, 2, "boom again", ERROR)], datetime.now(UTC))
+    assert again.outcomes == {new.id: Outcome.OK}
+
+
+async def test_release_keeps_the_retry_budget_and_stores_the_checkpoint(
+    store: Store, runs: DispatchStore, tenant: Tenant
+) -> None:
+    new = await _submit(store, tenant)
+    [task] = await _dispatch(runs)
+    await runs.ack([Settle(task.ref, 1)])
+    outcomes, ready = await runs.release(
+        [Release(task.ref, 1, b'{"offset": 500}', AttemptState.RELEASED, "draining")]
+    )
+    assert outcomes == {new.id: Outcome.OK}
+    assert isinstance(ready[0], TimerTask) and ready[0].id == new.id
+    row = await _row(store, new.id)
+    assert row["status"] == "PRELOADED" and row["retry_count"] == 0
+    assert bytes(row["checkpoint"]) == b'{"offset": 500}'
+    [redispatched] = (
+        await runs.write_intents({SHARD: EPOCH}, [Intent(ready[0], "w2")], 30)
+    ).dispatched
+    assert bytes(redispatched.checkpoint or b"") == b'{"offset": 500}'
+    states = [a.state for a in await store.get_attempts(new.id)]
+    assert states == [AttemptState.RELEASED, AttemptState.DISPATCHED]
+
+
+async def test_unknown_task_is_not_found(runs: DispatchStore) -> None:
+    ghost = Settle(TaskRef(datetime.now(UTC), uuid.uuid4()), 1)
+    assert await runs.ack([ghost]) == {ghost.ref.id: Outcome.TASK_NOT_FOUND}
