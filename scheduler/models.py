@@ -149,6 +149,8 @@ class Task:
     updated_at: datetime
     started_at: datetime | None
     finished_at: datetime | None
+    cancel_requested_at: datetime | None
+    cancel_reason: str | None
 
     @property
     def ref(self) -> TaskRef:
