@@ -1,0 +1,562 @@
+"""The worker gateway: ``WorkerService`` sessions, credits, and group-committed reports.
+
+Each ``Connect`` stream is a :class:`WorkerSession`: what the worker serves (queues,
+types), the credits it granted (the node never sends more assignments than that), the
+tasks this node assigned to it, and a bounded outbox. A reader task consumes the
+worker's messages; the servicer's response generator drains the outbox, so a stalled
+worker fills only its own outbox and is then dropped, never blocking other sessions
+(DESIGN §12).
+
+Acks, heartbeats and settlements from all sessions (and the unary ``Complete``, ``Fail``,
+``Release`` RPCs, which any node accepts) go through one :class:`GroupCommitter` per kind,
+so the database sees one statement per few milliseconds per kind, not one per message
+(DESIGN §7). Every answer is sent after its batch committed. What the dispatcher needs to
+know (new credits, tasks released back, retries scheduled, tasks that ended) it learns
+through the :class:`GatewayListener` it registers; the gateway knows nothing of wheels.
+
+The protocol is written down in ``docs/worker-protocol.md``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Protocol
+
+import grpc
+
+from chronoshard.clock import Clock
+from chronoshard.scheduler import convert
+from chronoshard.scheduler.config import SchedulerConfig
+from chronoshard.scheduler.dispatch_store import (
+    Beat,
+    Completion,
+    DispatchStore,
+    Failure,
+    FailureResult,
+    LeaseUpdate,
+    Outcome,
+    Release,
+    Settle,
+    TimerTask,
+)
+from chronoshard.scheduler.errors import InvalidArgument, SchedulerError, StoreUnavailable
+from chronoshard.scheduler.failures import FailureReport
+from chronoshard.scheduler.fairness import WorkerOffer
+from chronoshard.scheduler.group_commit import GroupCommitter
+from chronoshard.scheduler.models import Task, TaskRef
+from chronoshard.scheduler.states import AttemptState
+from chronoshard.v1 import common_pb2, worker_service_pb2, worker_service_pb2_grpc
+from chronoshard.wire import error_info_metadata
+
+log = logging.getLogger(__name__)
+
+HELLO_TIMEOUT_S = 10.0
+MAX_ERROR_CHARS = 8192
+
+_OUTCOME_CODES = {
+    Outcome.STALE_FENCING_TOKEN: "FAILED_PRECONDITION",
+    Outcome.TASK_CANCELLED: "FAILED_PRECONDITION",
+    Outcome.TASK_NOT_FOUND: "NOT_FOUND",
+}
+
+
+class GatewayListener(Protocol):
+    """What the dispatcher hears from the gateway."""
+
+    def credits_available(self) -> None: ...
+
+    def tasks_ready_again(self, tasks: Sequence[TimerTask]) -> None: ...
+
+    def retry_scheduled(self, shard: int, due_at: datetime) -> None: ...
+
+    def task_ended(self, task: TimerTask) -> None: ...
+
+
+@dataclass(eq=False)
+class WorkerSession:
+    session_id: str
+    worker_id: str
+    queues: frozenset[str]
+    types: frozenset[str]
+    slots: int
+    outbox: asyncio.Queue[worker_service_pb2.SchedulerMessage]
+    credits: int = 0
+    draining: bool = False
+    closed: bool = False
+    # Tasks this node assigned and the worker has not settled: id -> (task, token).
+    assigned: dict[uuid.UUID, tuple[TimerTask, int]] = field(default_factory=dict)
+
+    @property
+    def offer(self) -> WorkerOffer:
+        return WorkerOffer(queues=self.queues, types=self.types, session_id=self.session_id)
+
+    def send(self, message: worker_service_pb2.SchedulerMessage) -> bool:
+        """Queue a message; False (and the session is closed) if the outbox is full."""
+        if self.closed:
+            return False
+        try:
+            self.outbox.put_nowait(message)
+        except asyncio.QueueFull:
+            log.warning(
+                "worker outbox full; dropping the session",
+                extra={"worker_id": self.worker_id, "session_id": self.session_id},
+            )
+            self.closed = True
+            return False
+        return True
+
+
+class Gateway(worker_service_pb2_grpc.WorkerServiceServicer):
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        store: DispatchStore,
+        clock: Clock,
+    ) -> None:
+        self._config = config
+        self._store = store
+        self._clock = clock
+        self._listener: GatewayListener | None = None
+        self._sessions: dict[str, WorkerSession] = {}
+        self._by_worker: dict[str, WorkerSession] = {}
+        self._session_ids = itertools.count(1)
+        self._background: set[asyncio.Task[Any]] = set()
+        linger = config.workers.group_commit_interval_s
+        self._acks = GroupCommitter("ack", self._ack_batch, linger_s=linger)
+        self._beats = GroupCommitter("heartbeat", self._beat_batch, linger_s=linger)
+        self._completions = GroupCommitter("complete", self._complete_batch, linger_s=linger)
+        self._failures = GroupCommitter("fail", self._fail_batch, linger_s=linger)
+        self._releases = GroupCommitter("release", self._release_batch, linger_s=linger)
+        self._committers: list[GroupCommitter[Any, Any]] = [
+            self._acks,
+            self._beats,
+            self._completions,
+            self._failures,
+            self._releases,
+        ]
+        self.stats: dict[str, int] = {
+            "sessions_opened": 0,
+            "sessions_rejected": 0,
+            "assignments_sent": 0,
+            "stale_settlements": 0,
+            "revoked_in_heartbeats": 0,
+        }
+
+    # ---- lifecycle ----------------------------------------------------------------------
+
+    def set_listener(self, listener: GatewayListener) -> None:
+        self._listener = listener
+
+    def start(self) -> None:
+        for committer in self._committers:
+            committer.start()
+
+    async def stop(self) -> None:
+        """Tell every worker to go elsewhere, then flush what is queued."""
+        self.drain_all("scheduler node shutting down")
+        for committer in self._committers:
+            await committer.stop()
+        for task in list(self._background):
+            task.cancel()
+
+    def drain_all(self, reason: str) -> None:
+        for session in list(self._sessions.values()):
+            session.send(
+                worker_service_pb2.SchedulerMessage(drain=worker_service_pb2.Drain(reason=reason))
+            )
+            session.credits = 0
+
+    # ---- what the dispatcher uses --------------------------------------------------------
+
+    def sessions_with_credit(self) -> list[WorkerSession]:
+        return [
+            s for s in self._sessions.values() if s.credits > 0 and not s.closed and not s.draining
+        ]
+
+    def sessions(self) -> list[WorkerSession]:
+        return [s for s in self._sessions.values() if not s.closed]
+
+    def total_slots(self) -> int:
+        return sum(s.slots for s in self._sessions.values() if not s.closed)
+
+    def session(self, session_id: str) -> WorkerSession | None:
+        return self._sessions.get(session_id)
+
+    def send_assignment(self, session: WorkerSession, task: Task, timer: TimerTask) -> bool:
+        """Send a committed intent to its worker; False if the session is gone."""
+        if session.closed or session.session_id not in self._sessions:
+            return False
+        assignment = worker_service_pb2.Assignment(
+            task=convert.ref_to_pb(task.ref),
+            type=task.type,
+            payload_json=convert.json_bytes(task.payload),
+            fencing_token=task.fencing_token,
+            attempt=task.attempt,
+            max_retries=task.max_retries,
+            due_at=convert.ts_to_pb(task.due_at),
+            checkpoint=bytes(task.checkpoint or b""),
+            trace_context=task.trace_context or {},
+            queue=task.queue,
+            priority=convert.priority_to_pb(task.priority),
+            idempotent=task.idempotent,
+        )
+        if task.lease_expires_at is not None:
+            assignment.lease_expires_at.CopyFrom(convert.ts_to_pb(task.lease_expires_at))
+        if task.timeout_s is not None:
+            assignment.timeout.CopyFrom(convert.duration_to_pb(task.timeout_s))
+        if not session.send(worker_service_pb2.SchedulerMessage(assignment=assignment)):
+            return False
+        session.assigned[task.id] = (timer, task.fencing_token)
+        self.stats["assignments_sent"] += 1
+        return True
+
+    def send_cancel(self, task_id: uuid.UUID, reason: str) -> bool:
+        """Ask the worker running ``task_id`` (if its session is here) to stop it."""
+        for session in self._sessions.values():
+            held = session.assigned.get(task_id)
+            if held is not None:
+                timer, token = held
+                return session.send(
+                    worker_service_pb2.SchedulerMessage(
+                        cancel=worker_service_pb2.Cancel(
+                            task=convert.ref_to_pb(timer.ref), fencing_token=token, reason=reason
+                        )
+                    )
+                )
+        return False
+
+    def send_backlog(self, session: WorkerSession, ready: int) -> None:
+        session.send(
+            worker_service_pb2.SchedulerMessage(backlog=worker_service_pb2.Backlog(ready=ready))
+        )
+
+    # ---- Connect ------------------------------------------------------------------------
+
+    async def Connect(
+        self,
+        request_iterator: AsyncIterator[worker_service_pb2.WorkerMessage],
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> AsyncIterator[worker_service_pb2.SchedulerMessage]:
+        try:
+            first = await asyncio.wait_for(anext(request_iterator), HELLO_TIMEOUT_S)
+        except (TimeoutError, StopAsyncIteration):
+            self.stats["sessions_rejected"] += 1
+            return
+        try:
+            session = self._open_session(first)
+        except InvalidArgument as exc:
+            self.stats["sessions_rejected"] += 1
+            yield worker_service_pb2.SchedulerMessage(
+                reject=worker_service_pb2.Reject(error=convert.error_info(exc))
+            )
+            return
+        reader = asyncio.create_task(
+            self._read(session, request_iterator), name=f"worker-reader-{session.session_id}"
+        )
+        try:
+            yield worker_service_pb2.SchedulerMessage(
+                welcome=worker_service_pb2.Welcome(
+                    node_id=self._config.node_id,
+                    session_id=session.session_id,
+                    heartbeat_interval=convert.duration_to_pb(
+                        self._config.workers.heartbeat_interval_s
+                    ),
+                    lease_duration=convert.duration_to_pb(self._config.workers.task_lease_s),
+                )
+            )
+            while not session.closed:
+                get = asyncio.ensure_future(session.outbox.get())
+                done, _ = await asyncio.wait({get, reader}, return_when=asyncio.FIRST_COMPLETED)
+                if get not in done:
+                    get.cancel()
+                    break
+                yield get.result()
+        finally:
+            reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await reader
+            self._close_session(session)
+
+    def _open_session(self, message: worker_service_pb2.WorkerMessage) -> WorkerSession:
+        if message.WhichOneof("message") != "hello":
+            raise InvalidArgument("hello", "the first message on a stream must be Hello")
+        hello = message.hello
+        if not hello.worker_id or len(hello.worker_id) > 200:
+            raise InvalidArgument("hello.worker_id", "required, at most 200 characters")
+        if hello.slots < 1:
+            raise InvalidArgument("hello.slots", "must be at least 1")
+        if not hello.task_types:
+            raise InvalidArgument("hello.task_types", "a worker must serve at least one type")
+        previous = self._by_worker.get(hello.worker_id)
+        if previous is not None:
+            # A reconnect: the new stream replaces the old one, which may be half-dead.
+            previous.closed = True
+            self._close_session(previous)
+        session = WorkerSession(
+            session_id=f"{self._config.node_id}/{next(self._session_ids)}",
+            worker_id=hello.worker_id,
+            queues=frozenset(hello.queues) or frozenset({"default"}),
+            types=frozenset(hello.task_types),
+            slots=hello.slots,
+            outbox=asyncio.Queue(maxsize=self._config.grpc.worker_send_queue),
+        )
+        self._sessions[session.session_id] = session
+        self._by_worker[session.worker_id] = session
+        self.stats["sessions_opened"] += 1
+        log.info(
+            "worker connected",
+            extra={
+                "worker_id": session.worker_id,
+                "session_id": session.session_id,
+                "slots": session.slots,
+                "queues": sorted(session.queues),
+                "types": sorted(session.types),
+            },
+        )
+        return session
+
+    def _close_session(self, session: WorkerSession) -> None:
+        session.closed = True
+        if self._sessions.get(session.session_id) is session:
+            del self._sessions[session.session_id]
+        if self._by_worker.get(session.worker_id) is session:
+            del self._by_worker[session.worker_id]
+        # Its unsettled tasks stay DISPATCHED/RUNNING in the database: the worker may
+        # still be running them and settle through another node; the lease decides.
+        if self._listener is not None:
+            for timer, _ in session.assigned.values():
+                self._listener.task_ended(timer)
+        session.assigned.clear()
+        log.info(
+            "worker disconnected",
+            extra={"worker_id": session.worker_id, "session_id": session.session_id},
+        )
+
+    async def _read(
+        self,
+        session: WorkerSession,
+        request_iterator: AsyncIterator[worker_service_pb2.WorkerMessage],
+    ) -> None:
+        async for message in request_iterator:
+            kind = message.WhichOneof("message")
+            if kind == "credit_grant":
+                if not session.draining:
+                    # Never more outstanding credits than slots, whatever the worker says.
+                    session.credits = min(
+                        session.slots, session.credits + message.credit_grant.credits
+                    )
+                    if self._listener is not None:
+                        self._listener.credits_available()
+            elif kind == "drain_started":
+                session.draining = True
+                session.credits = 0
+            elif kind in ("ack", "heartbeat", "complete", "fail", "release"):
+                self._spawn(self._handle(session, kind, message))
+            else:
+                log.warning(
+                    "unexpected worker message",
+                    extra={"worker_id": session.worker_id, "kind": kind},
+                )
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _handle(
+        self, session: WorkerSession, kind: str, message: worker_service_pb2.WorkerMessage
+    ) -> None:
+        try:
+            if kind == "heartbeat":
+                await self._heartbeat(session, message.heartbeat)
+                return
+            body = getattr(message, kind)
+            ref = convert.ref_from_pb(body.task, f"{kind}.task")
+            token = int(body.fencing_token)
+            outcome = await self._settle(kind, body, ref, token, session.worker_id)
+        except InvalidArgument as exc:
+            log.warning(
+                "bad worker message", extra={"worker_id": session.worker_id, "error": str(exc)}
+            )
+            body = getattr(message, kind, None)
+            session.send(self._receipt(kind, body, exc))
+            return
+        except StoreUnavailable as exc:
+            # No receipt: the worker resends (stream or unary) until one arrives.
+            log.warning("settlement not committed", extra={"kind": kind, "error": str(exc)})
+            return
+        if kind != "ack" and outcome in (
+            Outcome.OK,
+            Outcome.STALE_FENCING_TOKEN,
+            Outcome.TASK_CANCELLED,
+        ):
+            held = session.assigned.pop(ref.id, None)
+            if held is not None and self._listener is not None:
+                self._listener.task_ended(held[0])
+        session.send(self._receipt(kind, body, outcome))
+
+    async def _settle(
+        self, kind: str, body: Any, ref: TaskRef, token: int, worker_id: str
+    ) -> Outcome:
+        if kind == "ack":
+            return await self._acks.submit(Settle(ref, token))
+        if kind == "complete":
+            result = body.result_json.decode() if body.result_json else None
+            return await self._completions.submit(Completion(ref, token, result))
+        if kind == "fail":
+            report = FailureReport(
+                retryable=body.retryable, timed_out=body.timed_out, cancelled=body.cancelled
+            )
+            error = body.error_message[:MAX_ERROR_CHARS]
+            if body.error_type:
+                error = f"{body.error_type}: {error}"
+            return await self._failures.submit(Failure(ref, token, error, report))
+        assert kind == "release"
+        cannot_run = body.reason == worker_service_pb2.RELEASE_REASON_CANNOT_RUN
+        state = AttemptState.ABANDONED if cannot_run else AttemptState.RELEASED
+        checkpoint = body.checkpoint if body.HasField("checkpoint") else None
+        return await self._releases.submit(
+            Release(ref, token, checkpoint, state, body.detail[:MAX_ERROR_CHARS])
+        )
+
+    def _receipt(
+        self, kind: str, body: Any, result: Outcome | SchedulerError
+    ) -> worker_service_pb2.SchedulerMessage:
+        receipt = worker_service_pb2.Receipt(
+            kind=getattr(worker_service_pb2, f"SETTLEMENT_KIND_{kind.upper()}"),
+        )
+        if body is not None:
+            receipt.task.CopyFrom(body.task)
+            receipt.fencing_token = body.fencing_token
+        if isinstance(result, SchedulerError):
+            receipt.error.CopyFrom(convert.error_info(result))
+        elif result is not Outcome.OK:
+            self.stats["stale_settlements"] += 1
+            receipt.error.CopyFrom(_outcome_error(result))
+        return worker_service_pb2.SchedulerMessage(receipt=receipt)
+
+    async def _heartbeat(
+        self, session: WorkerSession, heartbeat: worker_service_pb2.Heartbeat
+    ) -> None:
+        beats = []
+        for i, running in enumerate(heartbeat.running):
+            ref = convert.ref_from_pb(running.task, f"heartbeat.running[{i}].task")
+            checkpoint = running.checkpoint if running.HasField("checkpoint") else None
+            beats.append(Beat(ref, int(running.fencing_token), checkpoint))
+        update: LeaseUpdate = await self._beats.submit(beats)
+        reply = worker_service_pb2.HeartbeatReply()
+        for beat in beats:
+            if beat.ref.id not in update.extended:
+                reply.revoked.append(
+                    worker_service_pb2.RevokedTask(
+                        task=convert.ref_to_pb(beat.ref),
+                        fencing_token=beat.token,
+                        reason=Outcome.STALE_FENCING_TOKEN.value,
+                    )
+                )
+                self.stats["revoked_in_heartbeats"] += 1
+        session.send(worker_service_pb2.SchedulerMessage(heartbeat_reply=reply))
+        for beat in beats:
+            reason = update.cancel_requested.get(beat.ref.id)
+            if reason is not None:
+                session.send(
+                    worker_service_pb2.SchedulerMessage(
+                        cancel=worker_service_pb2.Cancel(
+                            task=convert.ref_to_pb(beat.ref),
+                            fencing_token=beat.token,
+                            reason=reason,
+                        )
+                    )
+                )
+
+    # ---- group-commit flushes -------------------------------------------------------------
+
+    async def _ack_batch(self, acks: Sequence[Settle]) -> list[Outcome]:
+        outcomes = await self._store.ack(acks)
+        return [outcomes[a.ref.id] for a in acks]
+
+    async def _complete_batch(self, completions: Sequence[Completion]) -> list[Outcome]:
+        outcomes = await self._store.complete(completions)
+        return [outcomes[c.ref.id] for c in completions]
+
+    async def _beat_batch(self, batches: Sequence[Sequence[Beat]]) -> list[LeaseUpdate]:
+        flat = [beat for batch in batches for beat in batch]
+        update = await self._store.extend_leases(flat, self._config.workers.task_lease_s)
+        # Every heartbeat in the batch gets the same answer: it filters by its own ids.
+        return [update] * len(batches)
+
+    async def _fail_batch(self, failures: Sequence[Failure]) -> list[Outcome]:
+        result: FailureResult = await self._store.fail(failures, self._clock.now())
+        if self._listener is not None:
+            for shard, due_at in result.retrying:
+                self._listener.retry_scheduled(shard, due_at)
+        return [result.outcomes[f.ref.id] for f in failures]
+
+    async def _release_batch(self, releases: Sequence[Release]) -> list[Outcome]:
+        outcomes, ready = await self._store.release(releases)
+        if ready and self._listener is not None:
+            self._listener.tasks_ready_again(ready)
+        return [outcomes[r.ref.id] for r in releases]
+
+    # ---- unary settlement (any node) --------------------------------------------------------
+
+    async def Complete(
+        self,
+        request: worker_service_pb2.CompleteRequest,
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> worker_service_pb2.CompleteResponse:
+        await self._unary("complete", request.complete, context)
+        return worker_service_pb2.CompleteResponse()
+
+    async def Fail(
+        self,
+        request: worker_service_pb2.FailRequest,
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> worker_service_pb2.FailResponse:
+        await self._unary("fail", request.fail, context)
+        return worker_service_pb2.FailResponse()
+
+    async def Release(
+        self,
+        request: worker_service_pb2.ReleaseRequest,
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> worker_service_pb2.ReleaseResponse:
+        await self._unary("release", request.release, context)
+        return worker_service_pb2.ReleaseResponse()
+
+    async def _unary(
+        self, kind: str, body: Any, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> None:
+        try:
+            ref = convert.ref_from_pb(body.task, f"{kind}.task")
+            outcome = await self._settle(kind, body, ref, int(body.fencing_token), "")
+        except SchedulerError as exc:
+            await _abort(context, convert.error_info(exc))
+            return
+        if outcome is not Outcome.OK:
+            self.stats["stale_settlements"] += 1
+            await _abort(context, _outcome_error(outcome))
+
+
+def _outcome_error(outcome: Outcome) -> common_pb2.ErrorInfo:
+    messages = {
+        Outcome.STALE_FENCING_TOKEN: "the fencing token is no longer current: another "
+        "attempt owns the task; abort this one",
+        Outcome.TASK_CANCELLED: "the task was cancelled",
+        Outcome.TASK_NOT_FOUND: "no such task",
+    }
+    return common_pb2.ErrorInfo(
+        code=_OUTCOME_CODES[outcome], reason=outcome.value, message=messages[outcome]
+    )
+
+
+async def _abort(context: grpc.aio.ServicerContext[Any, Any], info: common_pb2.ErrorInfo) -> None:
+    context.set_trailing_metadata(error_info_metadata(info))
+    await context.abort(getattr(grpc.StatusCode, info.code), info.message)

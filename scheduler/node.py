@@ -1,0 +1,350 @@
+"""A scheduler node: the pieces wired together, supervised, and shut down in order.
+
+Start-up order: store pool → etcd (lease, cluster shard count) → gateway, dispatcher,
+preloader, shard manager → gRPC server (TaskService, WorkerService, AdminService,
+health, reflection) → node registered in etcd (only now can peers assign it shards and
+workers find it) → metrics endpoint → the supervised loops.
+
+The loops (shard manager, dispatcher, preloader, tenant refresher) are named tasks; the
+node waits on them with FIRST_EXCEPTION, so a crashed loop stops the node loudly rather
+than leaving it half alive. Shutdown (SIGTERM) runs in this order (STYLE #4):
+
+1. health NOT_SERVING (load balancers stop sending);
+2. workers told to reconnect elsewhere (``Drain``);
+3. every shard released — nothing more is dispatched, PRELOADED rows go back to
+   SCHEDULED, etcd keys deleted — so peers claim them within a second;
+4. loops stopped; queued acks/settlements flushed;
+5. gRPC server stopped with a grace period for in-flight calls;
+6. etcd lease revoked; database pool closed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1.health import aio as health_aio
+from grpc_reflection.v1alpha import reflection
+from prometheus_client import start_http_server
+
+from chronoshard.clock import Clock, SystemClock
+from chronoshard.scheduler.admin import AdminServicer
+from chronoshard.scheduler.config import SchedulerConfig
+from chronoshard.scheduler.coordination import EtcdCoordinator, NodeInfo
+from chronoshard.scheduler.dispatch_store import DispatchStore, TimerTask
+from chronoshard.scheduler.dispatcher import Dispatcher
+from chronoshard.scheduler.fairness import UNLIMITED, TenantLimits
+from chronoshard.scheduler.gateway import Gateway
+from chronoshard.scheduler.metrics import NodeCollector, SchedulerMetrics
+from chronoshard.scheduler.models import Task
+from chronoshard.scheduler.preloader import Preloader
+from chronoshard.scheduler.shards import ShardManager
+from chronoshard.scheduler.store import Store
+from chronoshard.v1 import (
+    admin_service_pb2,
+    admin_service_pb2_grpc,
+    task_service_pb2,
+    worker_service_pb2,
+    worker_service_pb2_grpc,
+)
+
+log = logging.getLogger(__name__)
+
+SERVER_GRACE_S = 5.0
+TENANT_REFRESH_S = 10.0
+BACKLOG_REPORT_S = 1.0
+
+
+def server_options(config: SchedulerConfig) -> list[tuple[str, Any]]:
+    """gRPC server settings of DESIGN §12: explicit keepalives and a ping policy that
+    allows the clients' rate, so a stopped peer is detected in seconds, not minutes."""
+    grpc_config = config.grpc
+    return [
+        ("grpc.keepalive_time_ms", int(grpc_config.keepalive_time_s * 1000)),
+        ("grpc.keepalive_timeout_ms", int(grpc_config.keepalive_timeout_s * 1000)),
+        ("grpc.http2.ping_timeout_ms", int(grpc_config.keepalive_timeout_s * 1000)),
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.max_pings_without_data", 0),
+        (
+            "grpc.http2.min_recv_ping_interval_without_data_ms",
+            int(grpc_config.min_client_ping_interval_s * 1000),
+        ),
+        (
+            "grpc.http2.min_ping_interval_without_data_ms",
+            int(grpc_config.min_client_ping_interval_s * 1000),
+        ),
+        ("grpc.http2.max_ping_strikes", 0),
+        ("grpc.max_receive_message_length", grpc_config.max_message_bytes),
+        ("grpc.max_send_message_length", grpc_config.max_message_bytes),
+    ]
+
+
+@dataclass(frozen=True)
+class NodeAddresses:
+    grpc: str
+    metrics: str
+
+
+class TenantLimitsCache:
+    """Per-tenant fairness limits, refreshed from the tenants table every few seconds."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+        self._limits: dict[uuid.UUID, TenantLimits] = {}
+
+    def __call__(self, tenant_id: uuid.UUID) -> TenantLimits:
+        return self._limits.get(tenant_id, UNLIMITED)
+
+    async def refresh(self) -> None:
+        list_tenants: Callable[[], Awaitable[Sequence[Any]]] | None = getattr(
+            self._store, "list_tenants", None
+        )
+        if list_tenants is None:
+            return
+        tenants = await list_tenants()
+        self._limits = {
+            t.id: TenantLimits(
+                max_concurrent=t.max_concurrent_workers, rate_limit_rps=t.rate_limit_rps
+            )
+            for t in tenants
+        }
+
+
+class SchedulerNode:
+    def __init__(self, config: SchedulerConfig, clock: Clock | None = None) -> None:
+        self.config = config
+        self.clock = clock or SystemClock()
+        self.metrics = SchedulerMetrics(config.node_id)
+        self._tasks: list[asyncio.Task[None]] = []
+        self._server: grpc.aio.Server | None = None
+        self._health = health_aio.HealthServicer()
+        self._metrics_server: Any = None
+        self._draining = False
+        self.addresses: NodeAddresses | None = None
+        self.stopped = asyncio.Event()
+
+    # ---- start ------------------------------------------------------------------------------
+
+    async def start(self) -> NodeAddresses:
+        config = self.config
+        self.store = await Store.open(
+            config.database.dsn,
+            config.database.pool_min_size,
+            config.database.pool_max_size,
+            payload_limit_bytes=config.limits.payload_limit_bytes,
+        )
+        self.runs = DispatchStore(self.store)
+        self.coordinator = EtcdCoordinator(config.etcd, config.node_id, self.clock)
+        await self.coordinator.connect()
+        await self.coordinator.start_lease()
+        shard_count = await self.coordinator.ensure_shard_count(config.scheduling.shard_count)
+
+        self.tenant_limits = TenantLimitsCache(self.store)
+        await self.tenant_limits.refresh()
+        self.gateway = Gateway(config, self.runs, self.clock)
+        self._server = grpc.aio.server(options=server_options(config))
+        port = self._bind(self._server)
+        host = config.grpc.listen.rsplit(":", 1)[0]
+        grpc_address = config.grpc.advertise or f"{host}:{port}"
+        metrics_address = self._start_metrics()
+        self.info = NodeInfo(
+            node_id=config.node_id,
+            address=grpc_address,
+            metrics_address=metrics_address,
+            started_at=datetime.now(UTC).isoformat().replace("+00:00", "Z"),
+        )
+        self.shards = ShardManager(
+            self.info, shard_count, self.clock, self.coordinator, self.store, self.runs
+        )
+        self.dispatcher = Dispatcher(
+            config,
+            self.clock,
+            self.runs,
+            self.gateway,
+            self.shards,
+            self.tenant_limits,
+            on_dispatched=self._on_dispatched,
+        )
+        self.preloader = Preloader(config, self.clock, self.runs, self.dispatcher, self.shards)
+        self.shards.attach(self.dispatcher, self.preloader)
+        self._add_services(self._server, shard_count)
+        self.metrics.register(NodeCollector(config.node_id, self._counters, self._gauges))
+
+        self.gateway.start()
+        await self._server.start()
+        await self.coordinator.register_node(self.info)
+        self._supervise("shards", self.shards.run())
+        self._supervise("dispatcher", self.dispatcher.run())
+        self._supervise("preloader", self.preloader.run())
+        self._supervise("tenant-refresh", self._refresh_tenants())
+        self._supervise("backlog-report", self._report_backlog())
+        self.addresses = NodeAddresses(grpc_address, metrics_address)
+        log.info(
+            "scheduler node started",
+            extra={"node_id": config.node_id, "grpc": grpc_address, "metrics": metrics_address},
+        )
+        return self.addresses
+
+    def _bind(self, server: grpc.aio.Server) -> int:
+        grpc_config = self.config.grpc
+        if grpc_config.tls_cert and grpc_config.tls_key:
+            with open(grpc_config.tls_key, "rb") as key, open(grpc_config.tls_cert, "rb") as cert:
+                pair = [(key.read(), cert.read())]
+            client_ca = None
+            if grpc_config.tls_client_ca:
+                with open(grpc_config.tls_client_ca, "rb") as ca:
+                    client_ca = ca.read()
+            credentials = grpc.ssl_server_credentials(
+                pair, root_certificates=client_ca, require_client_auth=client_ca is not None
+            )
+            return int(server.add_secure_port(grpc_config.listen, credentials))
+        return int(server.add_insecure_port(grpc_config.listen))
+
+    def _start_metrics(self) -> str:
+        host, _, port = self.config.metrics_listen.rpartition(":")
+        httpd, _thread = start_http_server(int(port), addr=host, registry=self.metrics.registry)
+        self._metrics_server = httpd
+        return f"{host}:{httpd.server_port}"
+
+    def _add_services(self, server: grpc.aio.Server, shard_count: int) -> None:
+        worker_service_pb2_grpc.add_WorkerServiceServicer_to_server(self.gateway, server)
+        admin = AdminServicer(
+            self.config.node_id,
+            shard_count,
+            self.coordinator,
+            self.shards,
+            drain=self.drain,
+            is_draining=lambda: self._draining,
+        )
+        admin_service_pb2_grpc.add_AdminServiceServicer_to_server(admin, server)
+        names = [
+            admin_service_pb2.DESCRIPTOR.services_by_name["AdminService"].full_name,
+            worker_service_pb2.DESCRIPTOR.services_by_name["WorkerService"].full_name,
+        ]
+        api = self._task_service()
+        if api is not None:
+            from chronoshard.v1 import task_service_pb2_grpc
+
+            task_service_pb2_grpc.add_TaskServiceServicer_to_server(api, server)
+            names.append(task_service_pb2.DESCRIPTOR.services_by_name["TaskService"].full_name)
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
+        names.append(health_pb2.DESCRIPTOR.services_by_name["Health"].full_name)
+        reflection.enable_server_reflection([*names, reflection.SERVICE_NAME], server)
+
+    def _task_service(self) -> Any:
+        """The TaskService servicer, wired to this node's wheel and preloader."""
+        try:
+            from chronoshard.scheduler.api import TaskServiceServicer
+            from chronoshard.scheduler.auth import Authenticator
+        except ImportError:  # pragma: no cover - during the API's construction only
+            return None
+        return TaskServiceServicer(
+            config=self.config,
+            store=self.store,
+            authenticator=Authenticator(self.store),
+            clock=self.clock,
+            listener=self,
+        )
+
+    # ---- what the API tells the node -------------------------------------------------------
+
+    def tasks_submitted(self, tasks: Sequence[Task]) -> None:
+        """New tasks: wake the preloader if one of ours is due within the lookahead."""
+        for task in tasks:
+            if self.shards.owns(task.shard):
+                self.preloader.wake_if_due_soon(task.due_at)
+
+    def cancel_requested(self, task: Task, reason: str) -> None:
+        self.dispatcher.forget(task.id)
+        self.gateway.send_cancel(task.id, reason)
+
+    # ---- loops ------------------------------------------------------------------------------
+
+    def _supervise(self, name: str, coro: Awaitable[None]) -> None:
+        async def run() -> None:
+            await coro
+
+        self._tasks.append(asyncio.create_task(run(), name=name))
+
+    async def _refresh_tenants(self) -> None:
+        while True:
+            await asyncio.sleep(TENANT_REFRESH_S)
+            try:
+                await self.tenant_limits.refresh()
+            except Exception as exc:  # a failed refresh keeps the previous limits
+                log.warning("tenant refresh failed", extra={"error": str(exc)})
+
+    async def _report_backlog(self) -> None:
+        """Tell each worker how much waits for it here, to guide its credits (§7)."""
+        while True:
+            await asyncio.sleep(BACKLOG_REPORT_S)
+            for session in list(self.gateway.sessions()):
+                self.gateway.send_backlog(session, self.dispatcher.backlog_for(session))
+
+    def _on_dispatched(self, timer: TimerTask, lateness_s: float) -> None:
+        self.metrics.observe_dispatch(lateness_s)
+
+    async def wait(self) -> None:
+        """Until a supervised loop fails (raises its error) or :meth:`stop` is called."""
+        stop = asyncio.create_task(self.stopped.wait(), name="stop-signal")
+        done, _ = await asyncio.wait([*self._tasks, stop], return_when=asyncio.FIRST_COMPLETED)
+        stop.cancel()
+        for task in done:
+            if task is not stop and not task.cancelled() and task.exception() is not None:
+                log.error("supervised loop failed", extra={"loop": task.get_name()})
+                raise task.exception()  # type: ignore[misc]
+
+    # ---- drain and stop ----------------------------------------------------------------------
+
+    async def drain(self) -> None:
+        """Give up every shard and send workers elsewhere, but keep serving the API."""
+        self._draining = True
+        self.gateway.drain_all("scheduler node draining")
+        await self.shards.release_all()
+
+    async def stop(self) -> None:
+        log.info("scheduler node stopping", extra={"node_id": self.config.node_id})
+        await self._health.enter_graceful_shutdown()
+        await self.drain()
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        await self.gateway.stop()
+        if self._server is not None:
+            await self._server.stop(SERVER_GRACE_S)
+        await self.coordinator.close(revoke=True)
+        await self.store.close()
+        if self._metrics_server is not None:
+            self._metrics_server.shutdown()
+            self._metrics_server.server_close()
+        self.stopped.set()
+        log.info("scheduler node stopped", extra={"node_id": self.config.node_id})
+
+    # ---- metrics ------------------------------------------------------------------------------
+
+    def _counters(self) -> dict[str, dict[str, int]]:
+        return {
+            "dispatcher": dict(self.dispatcher.stats),
+            "gateway": dict(self.gateway.stats),
+            "preloader": dict(self.preloader.stats),
+            "shards": dict(self.shards.stats),
+        }
+
+    def _gauges(self) -> dict[str, float]:
+        return {
+            "wheel_timers": self.dispatcher.wheel_size(),
+            "ready_tasks": self.dispatcher.ready_size(),
+            "shards_owned": len(self.shards.epochs()),
+            "worker_sessions": len(list(self.gateway.sessions())),
+            "self_fenced": 0 if self.shards.dispatch_allowed() else 1,
+        }

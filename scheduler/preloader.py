@@ -1,0 +1,84 @@
+"""The preloader: due tasks of owned shards move from PostgreSQL into the wheel.
+
+Every ``preload_interval_s`` (and at once when woken: a submit or a retry due within the
+lookahead, a shard just claimed) it moves SCHEDULED/RETRYING tasks of every owned shard
+with ``due_at < now + lookahead`` to PRELOADED, in batches, under the shards' epochs
+(one statement for all shards), and hands them to the dispatcher's wheel. The memory cap
+(``max_preloaded``) bounds how many tasks wait in memory: past it, the preloader waits
+for the wheel to drain; far-future tasks simply stay in the database until they come
+within reach.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from datetime import datetime, timedelta
+
+from chronoshard.clock import Clock
+from chronoshard.scheduler.config import SchedulerConfig
+from chronoshard.scheduler.dispatch_store import DispatchStore
+from chronoshard.scheduler.dispatcher import Dispatcher, ShardView
+from chronoshard.scheduler.errors import StoreUnavailable
+
+log = logging.getLogger(__name__)
+
+
+class Preloader:
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        clock: Clock,
+        runs: DispatchStore,
+        dispatcher: Dispatcher,
+        shards: ShardView,
+    ) -> None:
+        self._scheduling = config.scheduling
+        self._clock = clock
+        self._runs = runs
+        self._dispatcher = dispatcher
+        self._shards = shards
+        self._wake = asyncio.Event()
+        self.stats: dict[str, int] = {"passes": 0, "preloaded": 0, "store_errors": 0}
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def wake_if_due_soon(self, due_at: datetime) -> None:
+        """A task of an owned shard became due at ``due_at``: pull it now if in reach."""
+        if due_at < self._clock.now() + timedelta(seconds=self._scheduling.lookahead_s):
+            self._wake.set()
+
+    async def run(self) -> None:
+        while True:
+            self._wake.clear()
+            full_batch = await self.preload_once()
+            if full_batch:
+                continue  # more due work than one batch: keep going
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self._scheduling.preload_interval_s)
+
+    async def preload_once(self) -> bool:
+        """One pass; True when it filled a whole batch (more may be waiting)."""
+        epochs = dict(self._shards.epochs())
+        if not epochs or not self._shards.dispatch_allowed():
+            return False
+        room = self._scheduling.max_preloaded - self._dispatcher.pending()
+        if room <= 0:
+            return False
+        limit = min(self._scheduling.preload_batch, room)
+        horizon = self._clock.now() + timedelta(seconds=self._scheduling.lookahead_s)
+        self.stats["passes"] += 1
+        try:
+            timers, lost = await self._runs.load_due(epochs, horizon, limit)
+        except StoreUnavailable as exc:
+            self.stats["store_errors"] += 1
+            log.warning("preload failed; retrying next pass", extra={"error": str(exc)})
+            return False
+        if lost:
+            self._shards.epochs_lost(lost)
+        if timers:
+            self.stats["preloaded"] += len(timers)
+            self._dispatcher.schedule(timers)
+        return len(timers) == limit

@@ -1,0 +1,232 @@
+"""Shard ownership: which shards this node runs, claimed through etcd, fenced by epochs.
+
+Every node watches the live membership (``/nodes/``) and computes the same target map
+with rendezvous hashing (:mod:`.rendezvous`). A reconcile pass, on every membership
+change and every second, releases the shards this node should no longer own and claims
+the ones it should (DESIGN §5):
+
+* **claim**: an etcd transaction ``create_revision == 0 → put(node_id, lease)``; the
+  revision is the shard's epoch, written to ``shard_owners`` (only forward). The new
+  owner reloads the shard's PRELOADED tasks into its wheel and wakes the preloader.
+  A shard still held by its old owner (which has not released it yet, or whose lease has
+  not expired yet) is simply retried on the next pass.
+* **release**: the shard leaves :meth:`ShardManager.epochs` first (nothing more is
+  dispatched for it), its wheel entries are dropped, its PRELOADED rows go back to
+  SCHEDULED under the old epoch, and the etcd key is deleted under a compare on that
+  epoch, so the next owner can claim it at once.
+
+A write that finds another epoch in ``shard_owners`` reports the shard lost
+(:meth:`ShardManager.epochs_lost`) and the node stops it without touching anything.
+The node also fences itself: :meth:`ShardManager.dispatch_allowed` is false once the
+etcd lease may have lapsed (last renewal + TTL − margin). If etcd says the lease is gone,
+every shard is dropped and the node re-registers under a new lease; it resumes only
+after re-claiming, under new epochs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Iterable, Mapping
+from datetime import datetime
+from types import MappingProxyType
+from typing import TYPE_CHECKING
+
+from chronoshard.clock import Clock
+from chronoshard.scheduler import rendezvous
+from chronoshard.scheduler.coordination import CoordinationError, EtcdCoordinator, NodeInfo
+from chronoshard.scheduler.dispatch_store import DispatchStore
+from chronoshard.scheduler.errors import StoreUnavailable
+from chronoshard.scheduler.store import Store
+
+if TYPE_CHECKING:
+    from chronoshard.scheduler.dispatcher import Dispatcher
+    from chronoshard.scheduler.preloader import Preloader
+
+log = logging.getLogger(__name__)
+
+RECONCILE_INTERVAL_S = 1.0
+CLAIM_CONCURRENCY = 16
+
+
+class ShardManager:
+    def __init__(
+        self,
+        node: NodeInfo,
+        shard_count: int,
+        clock: Clock,
+        coordinator: EtcdCoordinator,
+        store: Store,
+        runs: DispatchStore,
+    ) -> None:
+        self._node = node
+        self._shard_count = shard_count
+        self._clock = clock
+        self._coordinator = coordinator
+        self._store = store
+        self._runs = runs
+        self._owned: dict[int, int] = {}
+        self._members: dict[str, NodeInfo] = {}
+        self._kick = asyncio.Event()
+        self._dispatcher: Dispatcher | None = None
+        self._preloader: Preloader | None = None
+        self._stopping = False
+        self.handoffs: list[tuple[str, int, int]] = []
+        self.stats: dict[str, int] = {
+            "claims": 0,
+            "releases": 0,
+            "epochs_lost": 0,
+            "lease_losses": 0,
+        }
+
+    def attach(self, dispatcher: Dispatcher, preloader: Preloader) -> None:
+        self._dispatcher = dispatcher
+        self._preloader = preloader
+
+    # ---- ShardView ----------------------------------------------------------------------
+
+    def epochs(self) -> Mapping[int, int]:
+        return MappingProxyType(self._owned)
+
+    def dispatch_allowed(self) -> bool:
+        return not self._stopping and self._coordinator.lease_valid(self._clock.monotonic())
+
+    def epochs_lost(self, shards: Iterable[int]) -> None:
+        lost = [s for s in shards if s in self._owned]
+        for shard in lost:
+            epoch = self._owned.pop(shard)
+            self.stats["epochs_lost"] += 1
+            log.warning("shard epoch superseded; stopped", extra={"shard": shard, "epoch": epoch})
+        if lost and self._dispatcher is not None:
+            self._dispatcher.drop_shards(lost)
+        self._kick.set()
+
+    def retry_due(self, shard: int, due_at: datetime) -> None:
+        if shard in self._owned and self._preloader is not None:
+            self._preloader.wake_if_due_soon(due_at)
+
+    def owns(self, shard: int) -> bool:
+        return shard in self._owned
+
+    @property
+    def members(self) -> Mapping[str, NodeInfo]:
+        return MappingProxyType(self._members)
+
+    def target_map(self) -> dict[int, str]:
+        return rendezvous.assign(self._members, self._shard_count)
+
+    # ---- loops --------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Follow membership and keep ownership equal to the target; never returns."""
+        watcher = asyncio.create_task(self._watch_members(), name="shards-watch-members")
+        try:
+            while True:
+                self._kick.clear()
+                if self._coordinator.lease_lost.is_set():
+                    await self._recover_lease()
+                try:
+                    await self.reconcile()
+                except (CoordinationError, StoreUnavailable) as exc:
+                    log.warning("shard reconcile failed; retrying", extra={"error": str(exc)})
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._kick.wait(), RECONCILE_INTERVAL_S)
+        finally:
+            watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await watcher
+
+    async def _watch_members(self) -> None:
+        while True:
+            try:
+                async for members in self._coordinator.watch_nodes():
+                    self._members = dict(members)
+                    self._kick.set()
+            except (CoordinationError, Exception) as exc:  # the watch must never die
+                log.warning("membership watch failed; restarting", extra={"error": str(exc)})
+                await asyncio.sleep(RECONCILE_INTERVAL_S)
+
+    async def reconcile(self) -> None:
+        if self._stopping:
+            return
+        if not self._members:
+            self._members, _ = await self._coordinator.live_nodes()
+        target = rendezvous.shards_of(self.target_map(), self._node.node_id)
+        for shard in sorted(set(self._owned) - target):
+            await self._release(shard, reason="rebalance")
+        missing = sorted(target - set(self._owned))
+        if missing:
+            limit = asyncio.Semaphore(CLAIM_CONCURRENCY)
+
+            async def claim(shard: int) -> None:
+                async with limit:
+                    await self._claim(shard)
+
+            await asyncio.gather(*(claim(s) for s in missing))
+
+    async def _claim(self, shard: int) -> None:
+        claim = await self._coordinator.claim_shard(shard)
+        if claim is None:
+            return  # still held by its previous owner: next pass
+        if not await self._store.claim_shard_epoch(shard, claim.epoch, self._node.node_id):
+            # A higher epoch is recorded: etcd revisions went backwards (a snapshot restored
+            # without --bump-revision). Refuse the shard rather than write under it.
+            log.error(
+                "shard epoch would go backwards; not taking the shard",
+                extra={"shard": shard, "epoch": claim.epoch},
+            )
+            await self._coordinator.release_shard(shard, claim.epoch)
+            return
+        timers = await self._runs.load_preloaded({shard: claim.epoch})
+        self._owned[shard] = claim.epoch
+        self.stats["claims"] += 1
+        self.handoffs.append(("claimed", shard, claim.epoch))
+        log.info(
+            "shard claimed",
+            extra={"shard": shard, "epoch": claim.epoch, "reloaded": len(timers)},
+        )
+        if self._dispatcher is not None:
+            self._dispatcher.schedule(timers)
+        if self._preloader is not None:
+            self._preloader.wake()
+
+    async def _release(self, shard: int, *, reason: str) -> None:
+        epoch = self._owned.pop(shard, None)
+        if epoch is None:
+            return
+        if self._dispatcher is not None:
+            self._dispatcher.drop_shards([shard])
+        try:
+            await self._runs.unload_preloaded({shard: epoch})
+        except StoreUnavailable as exc:
+            # The next owner reloads PRELOADED rows anyway; only the wheel's hint is lost.
+            log.warning("could not unload shard", extra={"shard": shard, "error": str(exc)})
+        with contextlib.suppress(CoordinationError):
+            await self._coordinator.release_shard(shard, epoch)
+        self.stats["releases"] += 1
+        self.handoffs.append(("released", shard, epoch))
+        log.info("shard released", extra={"shard": shard, "epoch": epoch, "reason": reason})
+
+    async def _recover_lease(self) -> None:
+        """etcd dropped our lease: every claim went with it. Start over under a new one."""
+        self.stats["lease_losses"] += 1
+        lost = list(self._owned)
+        self._owned.clear()
+        if lost and self._dispatcher is not None:
+            self._dispatcher.drop_shards(lost)
+        log.error("etcd lease lost; dropped all shards", extra={"shards": len(lost)})
+        while True:
+            try:
+                await self._coordinator.start_lease()
+                await self._coordinator.register_node(self._node)
+                return
+            except CoordinationError as exc:
+                log.warning("cannot renew etcd lease yet", extra={"error": str(exc)})
+                await asyncio.sleep(RECONCILE_INTERVAL_S)
+
+    async def release_all(self) -> None:
+        """Graceful shutdown: give every shard back so peers take them at once."""
+        self._stopping = True
+        for shard in sorted(self._owned):
+            await self._release(shard, reason="shutdown")
