@@ -3,6 +3,133 @@
 The root package holds what every process shares (the clock, the CLI, the client); the
 scheduler daemon lives in ``chronoshard.scheduler``, the worker SDK in
 ``chronoshard.worker`` and the dead man's switch in ``chronoshard.watchdog``.
+
+The client API is re-exported here (``from chronoshard import Client, Task,
+NotFoundError``) but imported lazily, on first access: every Chronoshard process imports
+this package, and most of them (the CLI's ``migrate``, the watchdog's store) should not pay
+for grpc and protobuf just to start.
 """
 
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 __version__ = "0.1.0"
+
+if TYPE_CHECKING:
+    from chronoshard.client import Client, SyncClient, TLSConfig
+    from chronoshard.errors import (
+        AbortedError,
+        AlreadyExistsError,
+        ChronoshardError,
+        DeadlineExceededError,
+        FailedPreconditionError,
+        InternalError,
+        InvalidArgumentError,
+        NotFoundError,
+        NotSentError,
+        PermissionDeniedError,
+        ProtocolError,
+        ResourceExhaustedError,
+        StaleFencingTokenError,
+        UnauthenticatedError,
+        UnavailableError,
+    )
+    from chronoshard.types import (
+        AttemptState,
+        JitterMode,
+        Priority,
+        RetryPolicy,
+        SubmitResult,
+        Task,
+        TaskAttempt,
+        TaskPage,
+        TaskSpec,
+        TaskStatus,
+    )
+
+# public name -> module that defines it
+_LAZY: dict[str, str] = {
+    **dict.fromkeys(("Client", "SyncClient", "TLSConfig"), "chronoshard.client"),
+    **dict.fromkeys(
+        (
+            "AbortedError",
+            "AlreadyExistsError",
+            "ChronoshardError",
+            "DeadlineExceededError",
+            "FailedPreconditionError",
+            "InternalError",
+            "InvalidArgumentError",
+            "NotFoundError",
+            "NotSentError",
+            "PermissionDeniedError",
+            "ProtocolError",
+            "ResourceExhaustedError",
+            "StaleFencingTokenError",
+            "UnauthenticatedError",
+            "UnavailableError",
+        ),
+        "chronoshard.errors",
+    ),
+    **dict.fromkeys(
+        (
+            "AttemptState",
+            "JitterMode",
+            "Priority",
+            "RetryPolicy",
+            "SubmitResult",
+            "Task",
+            "TaskAttempt",
+            "TaskPage",
+            "TaskSpec",
+            "TaskStatus",
+        ),
+        "chronoshard.types",
+    ),
+}
+
+__all__ = [
+    "AbortedError",
+    "AlreadyExistsError",
+    "AttemptState",
+    "ChronoshardError",
+    "Client",
+    "DeadlineExceededError",
+    "FailedPreconditionError",
+    "InternalError",
+    "InvalidArgumentError",
+    "JitterMode",
+    "NotFoundError",
+    "NotSentError",
+    "PermissionDeniedError",
+    "Priority",
+    "ProtocolError",
+    "ResourceExhaustedError",
+    "RetryPolicy",
+    "StaleFencingTokenError",
+    "SubmitResult",
+    "SyncClient",
+    "TLSConfig",
+    "Task",
+    "TaskAttempt",
+    "TaskPage",
+    "TaskSpec",
+    "TaskStatus",
+    "UnauthenticatedError",
+    "UnavailableError",
+    "__version__",
+]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'chronoshard' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))

@@ -1,0 +1,457 @@
+"""The client's protobuf adapter: chronoshard.v1 messages <-> the types of ``chronoshard.types``.
+
+This is the only module of the client that builds or reads generated messages (STYLE #7).
+The mapping follows the proto's conventions one field at a time: a proto enum value is the
+enum's prefix plus the DESIGN name (``TASK_STATUS_DEAD_LETTER`` <-> ``TaskStatus.DEAD_LETTER``,
+``PRIORITY_BULK`` <-> ``Priority.BULK``); an unset Timestamp/Duration and an empty string or
+``bytes`` become ``None``; Timestamps become aware UTC datetimes (microsecond precision, as
+PostgreSQL stores them) and Durations float seconds; ``*_json`` bytes are decoded with
+:mod:`json`. Anything the server sends that this client cannot read raises
+:class:`~chronoshard.errors.ProtocolError` instead of a bare ValueError deep inside a call.
+
+Payloads are encoded compactly (``separators=(",", ":")``, UTF-8, no NaN/Infinity since
+neither is JSON nor storable in JSONB), because the server bounds payloads by their size.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Any, TypeVar
+
+import grpc
+from google.protobuf import duration_pb2, timestamp_pb2
+
+from chronoshard.errors import ChronoshardError, ProtocolError, error_for, status_code_from_name
+from chronoshard.types import (
+    AttemptState,
+    JitterMode,
+    Priority,
+    RetryPolicy,
+    SubmitResult,
+    Task,
+    TaskAttempt,
+    TaskPage,
+    TaskSpec,
+    TaskStatus,
+    coerce_enum,
+    require_aware,
+)
+from chronoshard.v1 import common_pb2, task_service_pb2
+
+_E = TypeVar("_E", bound=StrEnum)
+
+_STATUS_PREFIX = "TASK_STATUS_"
+_PRIORITY_PREFIX = "PRIORITY_"
+_JITTER_PREFIX = "JITTER_MODE_"
+_ATTEMPT_PREFIX = "ATTEMPT_STATE_"
+
+
+# --- scalars -----------------------------------------------------------------------------
+
+
+def encode_payload(payload: Mapping[str, Any] | None) -> bytes:
+    """A JSON object as compact UTF-8; None is ``b""`` (the server reads it as ``{}``).
+
+    Raises TypeError for anything that is not a JSON-serialisable object, before any call.
+    """
+    if payload is None:
+        return b""
+    if not isinstance(payload, Mapping):
+        raise TypeError(f"payload must be a dict (a JSON object), got {type(payload).__name__}")
+    try:
+        text = json.dumps(dict(payload), separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+        return text.encode("utf-8")
+    except (TypeError, ValueError) as exc:  # ValueError: NaN, cycles, lone surrogates
+        raise TypeError(f"payload is not JSON-serialisable: {exc}") from exc
+
+
+def decode_json(data: bytes, what: str) -> Any:
+    """Decode a ``*_json`` field; empty bytes (not sent) are None."""
+    if not data:
+        return None
+    try:
+        return json.loads(data)
+    except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise ProtocolError(
+            f"server sent {what} that is not UTF-8 JSON: {exc}", reason="PROTOCOL_ERROR"
+        ) from exc
+
+
+def timestamp(value: datetime, argument: str) -> timestamp_pb2.Timestamp:
+    """An aware datetime as a Timestamp; a naive one is a ValueError naming ``argument``."""
+    msg = timestamp_pb2.Timestamp()
+    msg.FromDatetime(require_aware(value, argument).astimezone(UTC))
+    return msg
+
+
+def duration(seconds: float, argument: str) -> duration_pb2.Duration:
+    """Float seconds as a Duration, exact to the nanosecond."""
+    if isinstance(seconds, bool) or not isinstance(seconds, int | float):
+        raise TypeError(f"{argument} must be a number of seconds, got {type(seconds).__name__}")
+    if not math.isfinite(seconds):
+        raise ValueError(f"{argument} must be finite, got {seconds}")
+    msg = duration_pb2.Duration()
+    msg.FromNanoseconds(round(seconds * 1_000_000_000))
+    return msg
+
+
+def _datetime(msg: Any, field: str) -> datetime | None:
+    if not msg.HasField(field):
+        return None
+    value: datetime = getattr(msg, field).ToDatetime(tzinfo=UTC)
+    return value
+
+
+def _seconds(msg: Any, field: str) -> float | None:
+    if not msg.HasField(field):
+        return None
+    return float(getattr(msg, field).ToNanoseconds()) / 1e9
+
+
+def _text(value: str) -> str | None:
+    return value or None
+
+
+def _enum_from_pb(enum: type[_E], pb_enum: Any, prefix: str, value: int, *, lower: bool) -> _E:
+    try:
+        name = pb_enum.Name(value)
+        if not name.startswith(prefix) or name.endswith("_UNSPECIFIED"):
+            raise ValueError(name)
+        suffix = name.removeprefix(prefix)
+        return enum(suffix.lower() if lower else suffix)
+    except ValueError as exc:
+        raise ProtocolError(
+            f"server sent {enum.__name__} value {value}, which this client does not know "
+            "(is the client older than the server?)",
+            reason="PROTOCOL_ERROR",
+        ) from exc
+
+
+def _enum_to_pb(pb_enum: Any, prefix: str, member: StrEnum) -> Any:
+    return pb_enum.Value(prefix + member.value.upper())
+
+
+def status_to_pb(status: TaskStatus) -> common_pb2.TaskStatus:
+    value: common_pb2.TaskStatus = _enum_to_pb(common_pb2.TaskStatus, _STATUS_PREFIX, status)
+    return value
+
+
+def priority_to_pb(priority: Priority | None) -> common_pb2.Priority:
+    if priority is None:
+        return common_pb2.PRIORITY_UNSPECIFIED
+    value: common_pb2.Priority = _enum_to_pb(common_pb2.Priority, _PRIORITY_PREFIX, priority)
+    return value
+
+
+def jitter_to_pb(mode: JitterMode | None) -> common_pb2.JitterMode:
+    if mode is None:
+        return common_pb2.JITTER_MODE_UNSPECIFIED
+    value: common_pb2.JitterMode = _enum_to_pb(common_pb2.JitterMode, _JITTER_PREFIX, mode)
+    return value
+
+
+# --- messages -> types -------------------------------------------------------------------
+
+
+def attempt_from_pb(msg: common_pb2.TaskAttempt) -> TaskAttempt:
+    return TaskAttempt(
+        attempt=msg.attempt,
+        fencing_token=msg.fencing_token,
+        state=_enum_from_pb(
+            AttemptState, common_pb2.AttemptState, _ATTEMPT_PREFIX, msg.state, lower=False
+        ),
+        worker_id=_text(msg.worker_id),
+        entered_at=_datetime(msg, "entered_at"),
+        finished_at=_datetime(msg, "finished_at"),
+        error=_text(msg.error),
+    )
+
+
+def task_from_pb(msg: common_pb2.Task, attempts: Iterable[common_pb2.TaskAttempt] = ()) -> Task:
+    backoff = msg.retry_backoff
+    return Task(
+        id=msg.id,
+        tenant_id=msg.tenant_id,
+        type=msg.type,
+        status=_enum_from_pb(
+            TaskStatus, common_pb2.TaskStatus, _STATUS_PREFIX, msg.status, lower=False
+        ),
+        scheduled_at=_datetime(msg, "scheduled_at"),
+        due_at=_datetime(msg, "due_at"),
+        # The proto documents UNSPECIFIED as "the server applies STANDARD".
+        priority=(
+            Priority.STANDARD
+            if msg.priority == common_pb2.PRIORITY_UNSPECIFIED
+            else _enum_from_pb(
+                Priority, common_pb2.Priority, _PRIORITY_PREFIX, msg.priority, lower=True
+            )
+        ),
+        queue=msg.queue,
+        payload=decode_json(msg.payload_json, "payload_json"),
+        result=decode_json(msg.result_json, "result_json"),
+        last_error=_text(msg.last_error),
+        attempt=msg.attempt,
+        fencing_token=msg.fencing_token,
+        retry_count=msg.retry_count,
+        retry_policy=RetryPolicy(
+            max_retries=msg.max_retries,
+            initial_backoff_s=_seconds(backoff, "initial"),
+            max_backoff_s=_seconds(backoff, "max"),
+            multiplier=backoff.multiplier or None,
+        ),
+        timeout_s=_seconds(msg, "timeout"),
+        strict_timing=msg.strict_timing,
+        idempotent=msg.idempotent,
+        idempotency_key=_text(msg.idempotency_key),
+        job_id=_text(msg.job_id),
+        worker_id=_text(msg.worker_id),
+        lease_expires_at=_datetime(msg, "lease_expires_at"),
+        checkpoint=msg.checkpoint or None,
+        shard=msg.shard,
+        trace_context=dict(msg.trace_context),
+        created_at=_datetime(msg, "created_at"),
+        updated_at=_datetime(msg, "updated_at"),
+        finished_at=_datetime(msg, "finished_at"),
+        workflow_id=_text(msg.workflow_id),
+        unresolved_dependencies=msg.unresolved_dependencies,
+        schedule_id=_text(msg.schedule_id),
+        logical_date=_datetime(msg, "logical_date"),
+        attempts=tuple(attempt_from_pb(a) for a in attempts),
+    )
+
+
+def submit_result_from_pb(msg: task_service_pb2.SubmitTaskResponse) -> SubmitResult:
+    return SubmitResult(task=task_from_pb(msg.task), created=msg.created)
+
+
+def error_from_info(info: common_pb2.ErrorInfo) -> ChronoshardError:
+    """The exception (not raised) for an ErrorInfo carried inside a response."""
+    return error_for(
+        status_code_from_name(info.code),
+        info.message or info.reason or info.code,
+        reason=info.reason or None,
+        field=info.field or None,
+        retryable=info.retryable,
+    )
+
+
+def batch_results_from_pb(
+    msg: task_service_pb2.SubmitBatchResponse, expected: int
+) -> list[SubmitResult | ChronoshardError]:
+    if len(msg.results) != expected:
+        raise ProtocolError(
+            f"SubmitBatch answered {len(msg.results)} results for {expected} items",
+            reason="PROTOCOL_ERROR",
+        )
+    out: list[SubmitResult | ChronoshardError] = []
+    for item in msg.results:
+        outcome = item.WhichOneof("outcome")
+        if outcome == "submitted":
+            out.append(submit_result_from_pb(item.submitted))
+        elif outcome == "error":
+            out.append(error_from_info(item.error))
+        else:
+            out.append(
+                ProtocolError(
+                    "SubmitBatch result with neither task nor error",
+                    code=grpc.StatusCode.INTERNAL,
+                    reason="PROTOCOL_ERROR",
+                )
+            )
+    return out
+
+
+def page_from_pb(msg: task_service_pb2.ListTasksResponse) -> TaskPage:
+    return TaskPage(
+        tasks=tuple(task_from_pb(t) for t in msg.tasks),
+        next_page_token=msg.next_page_token or None,
+    )
+
+
+# --- types -> messages -------------------------------------------------------------------
+
+
+def submit_request(spec: TaskSpec) -> task_service_pb2.SubmitTaskRequest:
+    """The request for one spec; raises TypeError/ValueError for what cannot be encoded."""
+    req = task_service_pb2.SubmitTaskRequest(
+        type=spec.type,
+        payload_json=encode_payload(spec.payload),
+        priority=priority_to_pb(spec.priority),
+        queue=spec.queue,
+        strict_timing=spec.strict_timing,
+        jitter_mode=jitter_to_pb(spec.jitter),
+        idempotent=spec.idempotent,
+        idempotency_key=spec.idempotency_key or "",
+        job_id=spec.job_id or "",
+    )
+    if spec.at is not None:
+        req.scheduled_at.CopyFrom(timestamp(spec.at, "at"))
+    elif spec.delay_s is not None:
+        req.delay.CopyFrom(duration(spec.delay_s, "delay_s"))
+    max_retries = spec.effective_max_retries
+    if max_retries is not None:
+        if isinstance(max_retries, bool) or not isinstance(max_retries, int) or max_retries < 0:
+            raise ValueError(f"max_retries must be an int >= 0, got {max_retries!r}")
+        req.max_retries = max_retries
+    if spec.retry is not None:
+        if spec.retry.initial_backoff_s is not None:
+            req.retry_backoff.initial.CopyFrom(
+                duration(spec.retry.initial_backoff_s, "retry.initial_backoff_s")
+            )
+        if spec.retry.max_backoff_s is not None:
+            req.retry_backoff.max.CopyFrom(
+                duration(spec.retry.max_backoff_s, "retry.max_backoff_s")
+            )
+        if spec.retry.multiplier is not None:
+            req.retry_backoff.multiplier = spec.retry.multiplier
+    if spec.timeout_s is not None:
+        req.timeout.CopyFrom(duration(spec.timeout_s, "timeout_s"))
+    if spec.jitter_window_s is not None:
+        req.jitter_window.CopyFrom(duration(spec.jitter_window_s, "jitter_window_s"))
+    return req
+
+
+def list_request(
+    *,
+    statuses: TaskStatus | str | Iterable[TaskStatus | str] | None,
+    type: str | None,
+    queue: str | None,
+    job_id: str | None,
+    scheduled_from: datetime | None,
+    scheduled_before: datetime | None,
+    due_from: datetime | None,
+    due_before: datetime | None,
+    page_size: int,
+    page_token: str | None,
+    include_payloads: bool,
+) -> task_service_pb2.ListTasksRequest:
+    if isinstance(statuses, str):  # a TaskStatus is a str too: one status, not its letters
+        statuses = [statuses]
+    if page_size < 0:
+        raise ValueError(f"page_size must be >= 0 (0: the server default), got {page_size}")
+    req = task_service_pb2.ListTasksRequest(
+        statuses=[status_to_pb(coerce_enum(TaskStatus, s, "statuses")) for s in statuses or ()],
+        type=type or "",
+        queue=queue or "",
+        job_id=job_id or "",
+        page_size=page_size,
+        page_token=page_token or "",
+        include_payloads=include_payloads,
+    )
+    for range_msg, start, end, names in (
+        (
+            req.scheduled_at,
+            scheduled_from,
+            scheduled_before,
+            ("scheduled_from", "scheduled_before"),
+        ),
+        (req.due_at, due_from, due_before, ("due_from", "due_before")),
+    ):
+        if start is not None:
+            range_msg.start.CopyFrom(timestamp(start, names[0]))
+        if end is not None:
+            range_msg.end.CopyFrom(timestamp(end, names[1]))
+    return req
+
+
+def attempt_to_pb(attempt: TaskAttempt) -> common_pb2.TaskAttempt:
+    msg = common_pb2.TaskAttempt(
+        attempt=attempt.attempt,
+        fencing_token=attempt.fencing_token,
+        state=_enum_to_pb(common_pb2.AttemptState, _ATTEMPT_PREFIX, attempt.state),
+        worker_id=attempt.worker_id or "",
+        error=attempt.error or "",
+    )
+    _set_time(msg, "entered_at", attempt.entered_at)
+    _set_time(msg, "finished_at", attempt.finished_at)
+    return msg
+
+
+def task_to_pb(task: Task) -> common_pb2.Task:
+    """The inverse of :func:`task_from_pb` (``attempts`` travel beside the task, not in it).
+
+    The client never sends a Task; this exists for test doubles of the server and for the
+    round-trip tests that pin the mapping of every field.
+    """
+    msg = common_pb2.Task(
+        id=task.id,
+        tenant_id=task.tenant_id,
+        type=task.type,
+        status=status_to_pb(task.status),
+        priority=priority_to_pb(task.priority),
+        queue=task.queue,
+        payload_json=b"" if task.payload is None else _encode_any(task.payload),
+        result_json=b"" if task.result is None else _encode_any(task.result),
+        last_error=task.last_error or "",
+        attempt=task.attempt,
+        fencing_token=task.fencing_token,
+        retry_count=task.retry_count,
+        max_retries=task.retry_policy.max_retries or 0,
+        strict_timing=task.strict_timing,
+        idempotent=task.idempotent,
+        idempotency_key=task.idempotency_key or "",
+        job_id=task.job_id or "",
+        worker_id=task.worker_id or "",
+        checkpoint=task.checkpoint or b"",
+        shard=task.shard,
+        trace_context=dict(task.trace_context),
+        workflow_id=task.workflow_id or "",
+        unresolved_dependencies=task.unresolved_dependencies,
+        schedule_id=task.schedule_id or "",
+    )
+    policy = task.retry_policy
+    if policy.initial_backoff_s is not None:
+        msg.retry_backoff.initial.CopyFrom(duration(policy.initial_backoff_s, "initial_backoff_s"))
+    if policy.max_backoff_s is not None:
+        msg.retry_backoff.max.CopyFrom(duration(policy.max_backoff_s, "max_backoff_s"))
+    if policy.multiplier is not None:
+        msg.retry_backoff.multiplier = policy.multiplier
+    if task.timeout_s is not None:
+        msg.timeout.CopyFrom(duration(task.timeout_s, "timeout_s"))
+    for name in (
+        "scheduled_at",
+        "due_at",
+        "lease_expires_at",
+        "created_at",
+        "updated_at",
+        "finished_at",
+        "logical_date",
+    ):
+        _set_time(msg, name, getattr(task, name))
+    return msg
+
+
+def _set_time(msg: Any, field: str, value: datetime | None) -> None:
+    if value is not None:
+        getattr(msg, field).CopyFrom(timestamp(value, field))
+
+
+def _encode_any(value: Any) -> bytes:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+
+def chunk_requests(
+    requests: Sequence[task_service_pb2.SubmitTaskRequest], *, max_items: int, max_bytes: int
+) -> list[list[task_service_pb2.SubmitTaskRequest]]:
+    """Split batch items into chunks of at most ``max_items`` items and, where possible,
+    ``max_bytes`` serialized bytes (so a chunk of big payloads stays under the server's
+    message limit). An item bigger than ``max_bytes`` goes alone: the server's answer about
+    it is more useful than a client-side guess. Order is preserved."""
+    chunks: list[list[task_service_pb2.SubmitTaskRequest]] = []
+    current: list[task_service_pb2.SubmitTaskRequest] = []
+    size = 0
+    for req in requests:
+        # Each repeated item costs its length plus a tag and a varint length prefix.
+        item = req.ByteSize() + 6
+        if current and (len(current) >= max_items or size + item > max_bytes):
+            chunks.append(current)
+            current, size = [], 0
+        current.append(req)
+        size += item
+    if current:
+        chunks.append(current)
+    return chunks

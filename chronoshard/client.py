@@ -1,0 +1,777 @@
+"""The Python client of ``TaskService``: submit, inspect, cancel and retry tasks.
+
+:class:`Client` is the asyncio client; :class:`SyncClient` offers the same methods as
+blocking calls. Both speak the types of :mod:`chronoshard.types` and raise the exceptions of
+:mod:`chronoshard.errors`; protobuf stays inside :mod:`chronoshard._convert`.
+
+Connection discipline follows DESIGN §12, where each rule answers a failure measured here:
+
+* **Explicit keepalives.** The client pings an idle connection (``keepalive_time``) and
+  drops it when the ack is late (``keepalive_timeout`` and ``http2.ping_timeout`` — the
+  latter is the real ping-ack timeout and defaults to 60 s), even with no call open
+  (``permit_without_calls``), so a server that vanished without a FIN is noticed in seconds.
+  The rate stays well inside the server's ping policy (one per second at most).
+* **A deadline on every call** (``timeout_s``, default 10 s). The time a call waits for a
+  free slot (below) counts against it: a caller who asked for 10 s never waits longer,
+  and a call that timed out while queued was never sent (reason ``CLIENT_QUEUE_TIMEOUT``).
+* **Bounded in-flight calls per channel** (``max_in_flight``, default 64): 2,000
+  concurrent unary calls on one grpcio channel ended CANCELLED, a semaphore of ~64 did
+  not. Bulk submission should use :meth:`Client.submit_batch` anyway: it packs up to 1,000
+  tasks (and at most ~4 MiB) into one call.
+
+With several targets the client opens one channel per target and spreads calls round-robin,
+skipping channels in TRANSIENT_FAILURE while another is usable. Any node accepts every
+TaskService call. The client never retries on its own: whether a write may be repeated
+depends on the caller's idempotency key, so errors carry ``retryable`` and the caller
+decides.
+
+gRPC's asyncio channels belong to the event loop that created them, so a :class:`Client`
+opens its channels on first use and is then bound to that loop (using it from another loop
+raises RuntimeError instead of hanging). :class:`SyncClient` runs one private event loop in
+a daemon thread and hands each call to it with ``run_coroutine_threadsafe``: the same
+implementation serves both APIs (identical deadlines, semaphore, batching and error
+mapping), any number of threads can share one SyncClient, and it also works where the
+calling thread already runs an event loop (a notebook, an async framework calling sync
+code), where ``asyncio.run`` would refuse. grpc's blocking API would have meant a second
+implementation of all of that.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+import contextlib
+import threading
+import uuid
+import weakref
+from collections.abc import AsyncIterator, Coroutine, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any, TypeVar
+
+import grpc
+
+from chronoshard import __version__
+from chronoshard import _convert as convert
+from chronoshard.errors import (
+    ChronoshardError,
+    DeadlineExceededError,
+    NotSentError,
+    from_rpc_error,
+)
+from chronoshard.types import (
+    JitterMode,
+    Priority,
+    RetryPolicy,
+    SubmitResult,
+    Task,
+    TaskPage,
+    TaskSpec,
+    TaskStatus,
+    coerce_enum,
+)
+from chronoshard.v1 import task_service_pb2, task_service_pb2_grpc
+
+__all__ = [
+    "DEFAULT_MAX_IN_FLIGHT",
+    "DEFAULT_TIMEOUT_S",
+    "MAX_BATCH_ITEMS",
+    "Client",
+    "SyncClient",
+    "TLSConfig",
+    "channel_options",
+]
+
+T = TypeVar("T")
+
+DEFAULT_TIMEOUT_S = 10.0
+DEFAULT_MAX_IN_FLIGHT = 64
+# The server's cap on SubmitBatch items.
+MAX_BATCH_ITEMS = 1000
+# The server's default receive limit is 4 MiB; a batch chunk stays under it with headroom
+# for the envelope. Larger answers (a page of tasks with payloads) may come back.
+DEFAULT_MAX_SEND_MESSAGE_BYTES = 4 * 1024 * 1024
+DEFAULT_MAX_RECEIVE_MESSAGE_BYTES = 64 * 1024 * 1024
+DEFAULT_MAX_BATCH_BYTES = 3 * 1024 * 1024 + 512 * 1024
+KEEPALIVE_TIME_S = 20.0
+KEEPALIVE_TIMEOUT_S = 10.0
+# After a node restarts, a channel waits this long at most between reconnect attempts
+# (gRPC's default grows to 120 s, during which every call fails UNAVAILABLE at once).
+MAX_RECONNECT_BACKOFF_S = 5.0
+# How often a SyncClient caller checks that the loop thread is still alive while waiting.
+_WAIT_POLL_S = 1.0
+
+ChannelOption = tuple[str, int | str]
+
+
+@dataclass(frozen=True)
+class TLSConfig:
+    """TLS for the channel: the CA that signed the server's certificate (None: the system
+    roots), and a client certificate and key for mTLS. ``server_name`` overrides the name
+    checked against the certificate (for connecting by IP address)."""
+
+    root_certificates: bytes | None = None
+    client_cert: bytes | None = None
+    client_key: bytes | None = None
+    server_name: str | None = None
+
+    def __post_init__(self) -> None:
+        if (self.client_cert is None) != (self.client_key is None):
+            raise ValueError("TLSConfig: client_cert and client_key go together")
+
+    @classmethod
+    def from_files(
+        cls,
+        *,
+        ca: str | Path | None = None,
+        cert: str | Path | None = None,
+        key: str | Path | None = None,
+        server_name: str | None = None,
+    ) -> TLSConfig:
+        """Read PEM files: ``ca`` for the server's CA, ``cert`` and ``key`` for mTLS."""
+
+        def read(path: str | Path | None) -> bytes | None:
+            return None if path is None else Path(path).read_bytes()
+
+        return cls(read(ca), read(cert), read(key), server_name)
+
+    def credentials(self) -> grpc.ChannelCredentials:
+        return grpc.ssl_channel_credentials(
+            root_certificates=self.root_certificates,
+            private_key=self.client_key,
+            certificate_chain=self.client_cert,
+        )
+
+
+def channel_options(
+    *,
+    max_send_message_bytes: int = DEFAULT_MAX_SEND_MESSAGE_BYTES,
+    max_receive_message_bytes: int = DEFAULT_MAX_RECEIVE_MESSAGE_BYTES,
+    server_name: str | None = None,
+    extra: Mapping[str, int | str] | None = None,
+) -> list[ChannelOption]:
+    """The options of every client channel (DESIGN §12); ``extra`` overrides any of them."""
+    options: dict[str, int | str] = {
+        "grpc.keepalive_time_ms": int(KEEPALIVE_TIME_S * 1000),
+        "grpc.keepalive_timeout_ms": int(KEEPALIVE_TIMEOUT_S * 1000),
+        # The ping-ack timeout that actually closes a dead connection (default 60 s).
+        "grpc.http2.ping_timeout_ms": int(KEEPALIVE_TIMEOUT_S * 1000),
+        "grpc.keepalive_permit_without_calls": 1,
+        # 0 = no limit: without it a client sends two pings on an idle connection and then
+        # stops, and a dead server is never detected between calls.
+        "grpc.http2.max_pings_without_data": 0,
+        "grpc.max_send_message_length": max_send_message_bytes,
+        "grpc.max_receive_message_length": max_receive_message_bytes,
+        "grpc.max_reconnect_backoff_ms": int(MAX_RECONNECT_BACKOFF_S * 1000),
+        "grpc.primary_user_agent": f"chronoshard-python/{__version__}",
+    }
+    if server_name is not None:
+        options["grpc.ssl_target_name_override"] = server_name
+    options.update(extra or {})
+    return list(options.items())
+
+
+class _Endpoint:
+    """One target: its channel, stub, and the semaphore bounding calls in flight on it."""
+
+    def __init__(self, target: str, channel: grpc.aio.Channel, max_in_flight: int) -> None:
+        self.target = target
+        self.channel = channel
+        self.stub = task_service_pb2_grpc.TaskServiceStub(channel)
+        self.slots = asyncio.Semaphore(max_in_flight)
+
+    def usable(self) -> bool:
+        state = self.channel.get_state(try_to_connect=False)
+        return bool(state != grpc.ChannelConnectivity.TRANSIENT_FAILURE)
+
+
+class Client:
+    """Asyncio client of a Chronoshard cluster.
+
+    ``target`` is ``host:port`` of a scheduler node, or several of them. ``api_key`` is sent
+    as ``authorization: Bearer <key>`` on every call (use TLS outside a trusted network).
+    ``tls`` is False (plaintext), True (TLS with the system's roots) or a
+    :class:`TLSConfig`. ``timeout_s`` is the deadline of each call, ``max_in_flight`` the
+    bound on concurrent calls per target. ``extra_channel_options`` overrides gRPC channel
+    arguments (see :func:`channel_options`).
+
+    Use as ``async with Client(...) as client:`` or call :meth:`close`.
+    """
+
+    def __init__(
+        self,
+        target: str | Sequence[str],
+        *,
+        api_key: str | None = None,
+        tls: bool | TLSConfig = False,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
+        max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES,
+        extra_channel_options: Mapping[str, int | str] | None = None,
+    ) -> None:
+        targets = (target,) if isinstance(target, str) else tuple(target)
+        if not targets or not all(isinstance(t, str) and t for t in targets):
+            raise ValueError(f"target must be 'host:port' or a non-empty list of them: {target!r}")
+        if not timeout_s > 0:
+            raise ValueError(f"timeout_s must be positive, got {timeout_s}")
+        if max_in_flight < 1:
+            raise ValueError(f"max_in_flight must be at least 1, got {max_in_flight}")
+        self._targets = targets
+        self._tls: TLSConfig | None = TLSConfig() if tls is True else (tls or None)
+        self._timeout_s = float(timeout_s)
+        self._max_in_flight = max_in_flight
+        self._max_batch_bytes = max_batch_bytes
+        self._options = channel_options(
+            server_name=self._tls.server_name if self._tls else None,
+            extra=extra_channel_options,
+        )
+        self._metadata: tuple[tuple[str, str], ...] = (
+            (("authorization", f"Bearer {api_key}"),) if api_key else ()
+        )
+        self._endpoints: builtins.list[_Endpoint] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._next = 0
+        self._closed = False
+
+    @property
+    def targets(self) -> tuple[str, ...]:
+        return self._targets
+
+    async def __aenter__(self) -> Client:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    async def close(self, grace_s: float | None = None) -> None:
+        """Close every channel. Calls still running are cancelled (after ``grace_s``)."""
+        self._closed = True
+        endpoints, self._endpoints = self._endpoints, []
+        for endpoint in endpoints:
+            await endpoint.channel.close(grace=grace_s)
+
+    # --- calls ---------------------------------------------------------------------------
+
+    async def submit(
+        self,
+        type: str,
+        payload: Mapping[str, Any] | None = None,
+        *,
+        at: datetime | None = None,
+        delay_s: float | None = None,
+        priority: Priority | str | None = None,
+        queue: str = "",
+        max_retries: int | None = None,
+        retry: RetryPolicy | None = None,
+        timeout_s: float | None = None,
+        strict_timing: bool = False,
+        jitter: JitterMode | str | None = None,
+        jitter_window_s: float | None = None,
+        idempotent: bool = False,
+        idempotency_key: str | None = None,
+        job_id: str | None = None,
+    ) -> SubmitResult:
+        """Submit one task of handler ``type`` with a JSON-object ``payload``.
+
+        ``at`` (a timezone-aware datetime) or ``delay_s`` says when; neither means now.
+        ``timeout_s`` bounds each attempt of the handler. Unset options take the server's
+        defaults; :class:`TaskSpec` documents each. With an ``idempotency_key``, repeating
+        the same request returns the original task with ``created=False``.
+
+        Raises ValueError/TypeError at once for arguments that cannot be right (a naive
+        datetime, a payload that is not a JSON object), :class:`ChronoshardError`
+        subclasses for what the server refused.
+        """
+        spec = TaskSpec(
+            type=type,
+            payload=payload,
+            at=at,
+            delay_s=delay_s,
+            priority=None if priority is None else coerce_enum(Priority, priority, "priority"),
+            queue=queue,
+            max_retries=max_retries,
+            retry=retry,
+            timeout_s=timeout_s,
+            strict_timing=strict_timing,
+            jitter=None if jitter is None else coerce_enum(JitterMode, jitter, "jitter"),
+            jitter_window_s=jitter_window_s,
+            idempotent=idempotent,
+            idempotency_key=idempotency_key,
+            job_id=job_id,
+        )
+        response = await self._call("SubmitTask", convert.submit_request(spec))
+        return convert.submit_result_from_pb(response)
+
+    async def submit_batch(
+        self, specs: Iterable[TaskSpec]
+    ) -> builtins.list[SubmitResult | ChronoshardError]:
+        """Submit many tasks; one outcome per spec, in order.
+
+        Each item succeeds (a :class:`SubmitResult`) or fails on its own (a
+        :class:`ChronoshardError`, returned, not raised). Specs are sent in chunks of at
+        most 1,000 items and ~3.5 MiB, one call at a time. If a whole call fails, each of
+        its items gets that error, and the chunks after it are not sent
+        (:class:`NotSentError`): the caller can resubmit exactly the items whose outcome is
+        a retryable error (with idempotency keys, even those of a call that timed out).
+        Every request is built before the first call, so a spec that cannot be encoded
+        raises TypeError/ValueError (naming its index) before anything is sent.
+        """
+        requests = []
+        for index, spec in enumerate(specs):
+            if not isinstance(spec, TaskSpec):
+                raise TypeError(f"specs[{index}] must be a TaskSpec, got {type(spec).__name__}")
+            try:
+                requests.append(convert.submit_request(spec))
+            except (TypeError, ValueError) as exc:
+                raise type(exc)(f"specs[{index}]: {exc}") from exc
+        chunks = convert.chunk_requests(
+            requests, max_items=MAX_BATCH_ITEMS, max_bytes=self._max_batch_bytes
+        )
+        results: builtins.list[SubmitResult | ChronoshardError] = []
+        failure: ChronoshardError | None = None
+        for chunk in chunks:
+            if failure is not None:
+                skipped = NotSentError(
+                    f"not sent: an earlier chunk of this batch failed ({failure})",
+                    code=grpc.StatusCode.CANCELLED,
+                    reason="NOT_SENT",
+                )
+                results.extend([skipped] * len(chunk))
+                continue
+            try:
+                response = await self._call(
+                    "SubmitBatch", task_service_pb2.SubmitBatchRequest(tasks=chunk)
+                )
+                results.extend(convert.batch_results_from_pb(response, len(chunk)))
+            except ChronoshardError as exc:
+                failure = exc
+                results.extend([exc] * len(chunk))
+        return results
+
+    async def get(self, task_id: str | uuid.UUID, *, attempts: bool = False) -> Task:
+        """Read one task; with ``attempts=True`` its attempt history fills ``.attempts``.
+
+        Raises :class:`NotFoundError` for an unknown id (or another tenant's task).
+        """
+        response = await self._call(
+            "GetTask", task_service_pb2.GetTaskRequest(id=str(task_id), include_attempts=attempts)
+        )
+        return convert.task_from_pb(response.task, response.attempts)
+
+    async def list(
+        self,
+        *,
+        statuses: TaskStatus | str | Iterable[TaskStatus | str] | None = None,
+        type: str | None = None,
+        queue: str | None = None,
+        job_id: str | None = None,
+        scheduled_from: datetime | None = None,
+        scheduled_before: datetime | None = None,
+        due_from: datetime | None = None,
+        due_before: datetime | None = None,
+        page_size: int = 0,
+        page_token: str | None = None,
+        include_payloads: bool = False,
+    ) -> TaskPage:
+        """One page of the tenant's tasks matching every given filter, ordered by
+        ``(scheduled_at, id)``. Time ranges are half-open: ``[from, before)``.
+
+        ``page_size`` 0 lets the server choose (100; it caps at 1,000). Pass the page's
+        ``next_page_token`` with the same filters for the next page; it is None on the last.
+        Without ``include_payloads`` the tasks' ``payload``, ``result`` and ``checkpoint``
+        are None, to keep pages small.
+        """
+        request = convert.list_request(
+            statuses=statuses,
+            type=type,
+            queue=queue,
+            job_id=job_id,
+            scheduled_from=scheduled_from,
+            scheduled_before=scheduled_before,
+            due_from=due_from,
+            due_before=due_before,
+            page_size=page_size,
+            page_token=page_token,
+            include_payloads=include_payloads,
+        )
+        return convert.page_from_pb(await self._call("ListTasks", request))
+
+    async def iter_tasks(
+        self,
+        *,
+        statuses: TaskStatus | str | Iterable[TaskStatus | str] | None = None,
+        type: str | None = None,
+        queue: str | None = None,
+        job_id: str | None = None,
+        scheduled_from: datetime | None = None,
+        scheduled_before: datetime | None = None,
+        due_from: datetime | None = None,
+        due_before: datetime | None = None,
+        page_size: int = 0,
+        include_payloads: bool = False,
+    ) -> AsyncIterator[Task]:
+        """Every matching task, following page tokens; one call per page, each with its
+        own deadline."""
+        if statuses is not None and not isinstance(statuses, str):
+            statuses = builtins.list(statuses)  # read once per page: a generator would run dry
+        token: str | None = None
+        while True:
+            page = await self.list(
+                statuses=statuses,
+                type=type,
+                queue=queue,
+                job_id=job_id,
+                scheduled_from=scheduled_from,
+                scheduled_before=scheduled_before,
+                due_from=due_from,
+                due_before=due_before,
+                page_size=page_size,
+                page_token=token,
+                include_payloads=include_payloads,
+            )
+            for task in page.tasks:
+                yield task
+            if page.next_page_token is None:
+                return
+            token = page.next_page_token
+
+    async def cancel(self, task_id: str | uuid.UUID, reason: str = "") -> Task:
+        """Cancel a task that is not terminal. A running task is asked to stop and comes
+        back still RUNNING until its worker confirms. Cancelling a CANCELLED task returns
+        it unchanged; another terminal state raises :class:`FailedPreconditionError`."""
+        response = await self._call(
+            "CancelTask", task_service_pb2.CancelTaskRequest(id=str(task_id), reason=reason)
+        )
+        return convert.task_from_pb(response.task)
+
+    async def retry(self, task_id: str | uuid.UUID, delay_s: float = 0) -> Task:
+        """Send a DEAD_LETTER task back to SCHEDULED for a new attempt after ``delay_s``.
+        Any other state raises :class:`FailedPreconditionError`."""
+        request = task_service_pb2.RetryTaskRequest(id=str(task_id))
+        if delay_s:
+            request.delay.CopyFrom(convert.duration(delay_s, "delay_s"))
+        response = await self._call("RetryTask", request)
+        return convert.task_from_pb(response.task)
+
+    # --- plumbing ------------------------------------------------------------------------
+
+    async def _call(self, method: str, request: Any) -> Any:
+        """One unary call under the client's deadline and the chosen channel's semaphore."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._timeout_s
+        endpoint = self._pick(loop)
+        try:
+            async with asyncio.timeout_at(deadline):
+                await endpoint.slots.acquire()
+        except TimeoutError:
+            raise DeadlineExceededError(
+                f"no free call slot on {endpoint.target} within {self._timeout_s} s "
+                f"(max_in_flight={self._max_in_flight}); the call was not sent",
+                code=grpc.StatusCode.DEADLINE_EXCEEDED,
+                reason="CLIENT_QUEUE_TIMEOUT",
+            ) from None
+        try:
+            # grpc wants a relative timeout; what is left of the deadline, never zero.
+            remaining = max(deadline - loop.time(), 0.001)
+            rpc = getattr(endpoint.stub, method)
+            return await rpc(request, timeout=remaining, metadata=self._metadata)
+        except grpc.RpcError as exc:
+            raise from_rpc_error(exc) from exc
+        except asyncio.CancelledError:
+            # close() cancels the calls in flight on its channels. That is not a
+            # cancellation of the caller's task, and must not look like one to it.
+            task = asyncio.current_task()
+            if self._closed and task is not None and not task.cancelling():
+                raise ChronoshardError(
+                    f"the client was closed while {method} was in flight; "
+                    "it may or may not have been applied",
+                    code=grpc.StatusCode.CANCELLED,
+                    reason="CLIENT_CLOSED",
+                ) from None
+            raise
+        finally:
+            endpoint.slots.release()
+
+    def _pick(self, loop: asyncio.AbstractEventLoop) -> _Endpoint:
+        if self._closed:
+            raise RuntimeError("the Chronoshard client is closed")
+        if self._loop is None:
+            self._open(loop)
+        elif loop is not self._loop:
+            raise RuntimeError(
+                "this Client belongs to another event loop (gRPC channels cannot move "
+                "between loops): create one Client per loop, or use SyncClient"
+            )
+        count = len(self._endpoints)
+        start = self._next
+        self._next = (start + 1) % count
+        for offset in range(count):
+            endpoint = self._endpoints[(start + offset) % count]
+            if endpoint.usable():
+                return endpoint
+        # All failing: try the next anyway; gRPC reports why (UNAVAILABLE) at once.
+        return self._endpoints[start]
+
+    def _open(self, loop: asyncio.AbstractEventLoop) -> None:
+        credentials = self._tls.credentials() if self._tls else None
+        for target in self._targets:
+            if credentials is None:
+                channel = grpc.aio.insecure_channel(target, options=self._options)
+            else:
+                channel = grpc.aio.secure_channel(target, credentials, options=self._options)
+            self._endpoints.append(_Endpoint(target, channel, self._max_in_flight))
+        self._loop = loop
+
+
+class SyncClient:
+    """Blocking client with the methods of :class:`Client` (see there for each).
+
+    Runs a private event loop in a daemon thread; every method submits the async call to it
+    and waits. Safe to share between threads and to use from plain scripts. Use as
+    ``with SyncClient(...) as client:`` or call :meth:`close`; a forgotten client is closed
+    when it is garbage collected or at interpreter exit.
+    """
+
+    def __init__(
+        self,
+        target: str | Sequence[str],
+        *,
+        api_key: str | None = None,
+        tls: bool | TLSConfig = False,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
+        max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES,
+        extra_channel_options: Mapping[str, int | str] | None = None,
+    ) -> None:
+        self._client = Client(
+            target,
+            api_key=api_key,
+            tls=tls,
+            timeout_s=timeout_s,
+            max_in_flight=max_in_flight,
+            max_batch_bytes=max_batch_bytes,
+            extra_channel_options=extra_channel_options,
+        )
+        self._loop = _new_event_loop()
+        running = threading.Event()
+        self._thread = threading.Thread(
+            target=_run_loop,
+            args=(self._loop, running),
+            name="chronoshard-client",
+            daemon=True,
+        )
+        self._thread.start()
+        # Only a running loop can be stopped: a close() right after construction must not
+        # race the thread's start.
+        running.wait()
+        # Holds no reference to self, so it can run when self is collected.
+        self._finalizer = weakref.finalize(self, _shutdown, self._client, self._loop, self._thread)
+
+    def __enter__(self) -> SyncClient:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close the channels and stop the background loop. Idempotent."""
+        self._finalizer()
+
+    def submit(
+        self,
+        type: str,
+        payload: Mapping[str, Any] | None = None,
+        *,
+        at: datetime | None = None,
+        delay_s: float | None = None,
+        priority: Priority | str | None = None,
+        queue: str = "",
+        max_retries: int | None = None,
+        retry: RetryPolicy | None = None,
+        timeout_s: float | None = None,
+        strict_timing: bool = False,
+        jitter: JitterMode | str | None = None,
+        jitter_window_s: float | None = None,
+        idempotent: bool = False,
+        idempotency_key: str | None = None,
+        job_id: str | None = None,
+    ) -> SubmitResult:
+        """Blocking :meth:`Client.submit`."""
+        return self._wait(
+            self._client.submit(
+                type,
+                payload,
+                at=at,
+                delay_s=delay_s,
+                priority=priority,
+                queue=queue,
+                max_retries=max_retries,
+                retry=retry,
+                timeout_s=timeout_s,
+                strict_timing=strict_timing,
+                jitter=jitter,
+                jitter_window_s=jitter_window_s,
+                idempotent=idempotent,
+                idempotency_key=idempotency_key,
+                job_id=job_id,
+            )
+        )
+
+    def submit_batch(
+        self, specs: Iterable[TaskSpec]
+    ) -> builtins.list[SubmitResult | ChronoshardError]:
+        """Blocking :meth:`Client.submit_batch`."""
+        # Materialised here: a lazy iterable would be consumed on the loop's thread.
+        return self._wait(self._client.submit_batch(builtins.list(specs)))
+
+    def get(self, task_id: str | uuid.UUID, *, attempts: bool = False) -> Task:
+        """Blocking :meth:`Client.get`."""
+        return self._wait(self._client.get(task_id, attempts=attempts))
+
+    def list(
+        self,
+        *,
+        statuses: TaskStatus | str | Iterable[TaskStatus | str] | None = None,
+        type: str | None = None,
+        queue: str | None = None,
+        job_id: str | None = None,
+        scheduled_from: datetime | None = None,
+        scheduled_before: datetime | None = None,
+        due_from: datetime | None = None,
+        due_before: datetime | None = None,
+        page_size: int = 0,
+        page_token: str | None = None,
+        include_payloads: bool = False,
+    ) -> TaskPage:
+        """Blocking :meth:`Client.list`."""
+        return self._wait(
+            self._client.list(
+                statuses=statuses,
+                type=type,
+                queue=queue,
+                job_id=job_id,
+                scheduled_from=scheduled_from,
+                scheduled_before=scheduled_before,
+                due_from=due_from,
+                due_before=due_before,
+                page_size=page_size,
+                page_token=page_token,
+                include_payloads=include_payloads,
+            )
+        )
+
+    def iter_tasks(
+        self,
+        *,
+        statuses: TaskStatus | str | Iterable[TaskStatus | str] | None = None,
+        type: str | None = None,
+        queue: str | None = None,
+        job_id: str | None = None,
+        scheduled_from: datetime | None = None,
+        scheduled_before: datetime | None = None,
+        due_from: datetime | None = None,
+        due_before: datetime | None = None,
+        page_size: int = 0,
+        include_payloads: bool = False,
+    ) -> Iterator[Task]:
+        """Blocking :meth:`Client.iter_tasks`: fetches one page per step of the iteration."""
+        if statuses is not None and not isinstance(statuses, str):
+            statuses = builtins.list(statuses)  # read once per page: a generator would run dry
+        token: str | None = None
+        while True:
+            page = self.list(
+                statuses=statuses,
+                type=type,
+                queue=queue,
+                job_id=job_id,
+                scheduled_from=scheduled_from,
+                scheduled_before=scheduled_before,
+                due_from=due_from,
+                due_before=due_before,
+                page_size=page_size,
+                page_token=token,
+                include_payloads=include_payloads,
+            )
+            yield from page.tasks
+            if page.next_page_token is None:
+                return
+            token = page.next_page_token
+
+    def cancel(self, task_id: str | uuid.UUID, reason: str = "") -> Task:
+        """Blocking :meth:`Client.cancel`."""
+        return self._wait(self._client.cancel(task_id, reason))
+
+    def retry(self, task_id: str | uuid.UUID, delay_s: float = 0) -> Task:
+        """Blocking :meth:`Client.retry`."""
+        return self._wait(self._client.retry(task_id, delay_s))
+
+    def _wait(self, call: Coroutine[Any, Any, T]) -> T:
+        if not self._finalizer.alive:
+            call.close()
+            raise RuntimeError("the Chronoshard client is closed")
+        if threading.current_thread() is self._thread:
+            call.close()
+            raise RuntimeError("SyncClient called from its own loop thread would deadlock")
+        try:
+            future = asyncio.run_coroutine_threadsafe(call, self._loop)
+        except RuntimeError:  # the loop closed after the check above (a concurrent close)
+            call.close()
+            raise RuntimeError("the Chronoshard client is closed") from None
+        try:
+            while True:
+                try:
+                    return future.result(timeout=_WAIT_POLL_S)
+                except TimeoutError:
+                    if future.done():
+                        raise  # the call's own outcome, not the poll's
+                    # Every call has a deadline, so this only matters when another thread
+                    # closed the client and the loop stopped before running this call.
+                    if not self._thread.is_alive():
+                        raise RuntimeError("the Chronoshard client was closed") from None
+        except BaseException:
+            # KeyboardInterrupt (or any interruption of the waiting thread) must not leave
+            # the call running unseen in the background. No-op when the call already ended.
+            future.cancel()
+            raise
+
+
+def _new_event_loop() -> asyncio.AbstractEventLoop:
+    # The loop Chronoshard runs on in production (DESIGN §12: grpc.aio on uvloop, checked).
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.new_event_loop()
+    loop: asyncio.AbstractEventLoop = uvloop.new_event_loop()
+    return loop
+
+
+def _run_loop(loop: asyncio.AbstractEventLoop, running: threading.Event) -> None:
+    asyncio.set_event_loop(loop)
+    loop.call_soon(running.set)
+    try:
+        loop.run_forever()
+    finally:
+        # What asyncio.run does on the way out: cancel what is left (callers then see
+        # CancelledError instead of waiting forever), finish async generators, close.
+        pending = asyncio.all_tasks(loop)
+        for task in pending:
+            task.cancel()
+        if pending:
+            loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+        loop.run_until_complete(loop.shutdown_asyncgens())
+        loop.close()
+
+
+def _shutdown(client: Client, loop: asyncio.AbstractEventLoop, thread: threading.Thread) -> None:
+    """Close the channels on their own loop, then stop the loop and wait for its thread."""
+    if loop.is_closed():
+        return
+    future = asyncio.run_coroutine_threadsafe(client.close(), loop)
+    # Best effort: the channels die with the loop anyway.
+    with contextlib.suppress(Exception):  # includes the result() timeout
+        future.result(timeout=5.0)
+    with contextlib.suppress(RuntimeError):  # closed meanwhile
+        loop.call_soon_threadsafe(loop.stop)
+    if thread is not threading.current_thread():
+        thread.join(timeout=5.0)
