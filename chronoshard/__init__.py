@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:
-    from chronoshard.client import Client, SyncClient, TLSConfig
+    from chronoshard.client import Client, TLSConfig
     from chronoshard.errors import (
         AbortedError,
         AlreadyExistsError,
@@ -36,6 +36,7 @@ if TYPE_CHECKING:
         UnauthenticatedError,
         UnavailableError,
     )
+    from chronoshard.sync_client import SyncClient
     from chronoshard.types import (
         AttemptState,
         JitterMode,
@@ -51,7 +52,8 @@ if TYPE_CHECKING:
 
 # public name -> module that defines it
 _LAZY: dict[str, str] = {
-    **dict.fromkeys(("Client", "SyncClient", "TLSConfig"), "chronoshard.client"),
+    **dict.fromkeys(("Client", "TLSConfig"), "chronoshard.client"),
+    "SyncClient": "chronoshard.sync_client",
     **dict.fromkeys(
         (
             "AbortedError",

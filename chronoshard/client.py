@@ -1,8 +1,9 @@
 """The Python client of ``TaskService``: submit, inspect, cancel and retry tasks.
 
-:class:`Client` is the asyncio client; :class:`SyncClient` offers the same methods as
-blocking calls. Both speak the types of :mod:`chronoshard.types` and raise the exceptions of
-:mod:`chronoshard.errors`; protobuf stays inside :mod:`chronoshard._convert`.
+:class:`Client` is the asyncio client; :class:`~chronoshard.sync_client.SyncClient`
+offers the same methods as blocking calls. Both speak the types of
+:mod:`chronoshard.types` and raise the exceptions of :mod:`chronoshard.errors`; protobuf
+stays inside :mod:`chronoshard._convert`.
 
 Connection discipline follows DESIGN §12, where each rule answers a failure measured here:
 
@@ -17,7 +18,7 @@ Connection discipline follows DESIGN §12, where each rule answers a failure mea
 * **Bounded in-flight calls per channel** (``max_in_flight``, default 64): 2,000
   concurrent unary calls on one grpcio channel ended CANCELLED, a semaphore of ~64 did
   not. Bulk submission should use :meth:`Client.submit_batch` anyway: it packs up to 1,000
-  tasks (and at most ~4 MiB) into one call.
+  tasks (and ~3.5 MiB, under the server's 4 MiB limit) into one call.
 
 With several targets the client opens one channel per target and spreads calls round-robin,
 skipping channels in TRANSIENT_FAILURE while another is usable. Any node accepts every
@@ -27,28 +28,20 @@ decides.
 
 gRPC's asyncio channels belong to the event loop that created them, so a :class:`Client`
 opens its channels on first use and is then bound to that loop (using it from another loop
-raises RuntimeError instead of hanging). :class:`SyncClient` runs one private event loop in
-a daemon thread and hands each call to it with ``run_coroutine_threadsafe``: the same
-implementation serves both APIs (identical deadlines, semaphore, batching and error
-mapping), any number of threads can share one SyncClient, and it also works where the
-calling thread already runs an event loop (a notebook, an async framework calling sync
-code), where ``asyncio.run`` would refuse. grpc's blocking API would have meant a second
-implementation of all of that.
+raises RuntimeError instead of hanging). Blocking code uses ``SyncClient``, which drives a
+Client on a private loop (see :mod:`chronoshard.sync_client` for why).
 """
 
 from __future__ import annotations
 
 import asyncio
 import builtins
-import contextlib
-import threading
 import uuid
-import weakref
-from collections.abc import AsyncIterator, Coroutine, Iterable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import grpc
 
@@ -78,12 +71,9 @@ __all__ = [
     "DEFAULT_TIMEOUT_S",
     "MAX_BATCH_ITEMS",
     "Client",
-    "SyncClient",
     "TLSConfig",
     "channel_options",
 ]
-
-T = TypeVar("T")
 
 DEFAULT_TIMEOUT_S = 10.0
 DEFAULT_MAX_IN_FLIGHT = 64
@@ -99,8 +89,6 @@ KEEPALIVE_TIMEOUT_S = 10.0
 # After a node restarts, a channel waits this long at most between reconnect attempts
 # (gRPC's default grows to 120 s, during which every call fails UNAVAILABLE at once).
 MAX_RECONNECT_BACKOFF_S = 5.0
-# How often a SyncClient caller checks that the loop thread is still alive while waiting.
-_WAIT_POLL_S = 1.0
 
 ChannelOption = tuple[str, int | str]
 
@@ -522,256 +510,3 @@ class Client:
                 channel = grpc.aio.secure_channel(target, credentials, options=self._options)
             self._endpoints.append(_Endpoint(target, channel, self._max_in_flight))
         self._loop = loop
-
-
-class SyncClient:
-    """Blocking client with the methods of :class:`Client` (see there for each).
-
-    Runs a private event loop in a daemon thread; every method submits the async call to it
-    and waits. Safe to share between threads and to use from plain scripts. Use as
-    ``with SyncClient(...) as client:`` or call :meth:`close`; a forgotten client is closed
-    when it is garbage collected or at interpreter exit.
-    """
-
-    def __init__(
-        self,
-        target: str | Sequence[str],
-        *,
-        api_key: str | None = None,
-        tls: bool | TLSConfig = False,
-        timeout_s: float = DEFAULT_TIMEOUT_S,
-        max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
-        max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES,
-        extra_channel_options: Mapping[str, int | str] | None = None,
-    ) -> None:
-        self._client = Client(
-            target,
-            api_key=api_key,
-            tls=tls,
-            timeout_s=timeout_s,
-            max_in_flight=max_in_flight,
-            max_batch_bytes=max_batch_bytes,
-            extra_channel_options=extra_channel_options,
-        )
-        self._loop = _new_event_loop()
-        running = threading.Event()
-        self._thread = threading.Thread(
-            target=_run_loop,
-            args=(self._loop, running),
-            name="chronoshard-client",
-            daemon=True,
-        )
-        self._thread.start()
-        # Only a running loop can be stopped: a close() right after construction must not
-        # race the thread's start.
-        running.wait()
-        # Holds no reference to self, so it can run when self is collected.
-        self._finalizer = weakref.finalize(self, _shutdown, self._client, self._loop, self._thread)
-
-    def __enter__(self) -> SyncClient:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
-
-    def close(self) -> None:
-        """Close the channels and stop the background loop. Idempotent."""
-        self._finalizer()
-
-    def submit(
-        self,
-        type: str,
-        payload: Mapping[str, Any] | None = None,
-        *,
-        at: datetime | None = None,
-        delay_s: float | None = None,
-        priority: Priority | str | None = None,
-        queue: str = "",
-        max_retries: int | None = None,
-        retry: RetryPolicy | None = None,
-        timeout_s: float | None = None,
-        strict_timing: bool = False,
-        jitter: JitterMode | str | None = None,
-        jitter_window_s: float | None = None,
-        idempotent: bool = False,
-        idempotency_key: str | None = None,
-        job_id: str | None = None,
-    ) -> SubmitResult:
-        """Blocking :meth:`Client.submit`."""
-        return self._wait(
-            self._client.submit(
-                type,
-                payload,
-                at=at,
-                delay_s=delay_s,
-                priority=priority,
-                queue=queue,
-                max_retries=max_retries,
-                retry=retry,
-                timeout_s=timeout_s,
-                strict_timing=strict_timing,
-                jitter=jitter,
-                jitter_window_s=jitter_window_s,
-                idempotent=idempotent,
-                idempotency_key=idempotency_key,
-                job_id=job_id,
-            )
-        )
-
-    def submit_batch(
-        self, specs: Iterable[TaskSpec]
-    ) -> builtins.list[SubmitResult | ChronoshardError]:
-        """Blocking :meth:`Client.submit_batch`."""
-        # Materialised here: a lazy iterable would be consumed on the loop's thread.
-        return self._wait(self._client.submit_batch(builtins.list(specs)))
-
-    def get(self, task_id: str | uuid.UUID, *, attempts: bool = False) -> Task:
-        """Blocking :meth:`Client.get`."""
-        return self._wait(self._client.get(task_id, attempts=attempts))
-
-    def list(
-        self,
-        *,
-        statuses: TaskStatus | str | Iterable[TaskStatus | str] | None = None,
-        type: str | None = None,
-        queue: str | None = None,
-        job_id: str | None = None,
-        scheduled_from: datetime | None = None,
-        scheduled_before: datetime | None = None,
-        due_from: datetime | None = None,
-        due_before: datetime | None = None,
-        page_size: int = 0,
-        page_token: str | None = None,
-        include_payloads: bool = False,
-    ) -> TaskPage:
-        """Blocking :meth:`Client.list`."""
-        return self._wait(
-            self._client.list(
-                statuses=statuses,
-                type=type,
-                queue=queue,
-                job_id=job_id,
-                scheduled_from=scheduled_from,
-                scheduled_before=scheduled_before,
-                due_from=due_from,
-                due_before=due_before,
-                page_size=page_size,
-                page_token=page_token,
-                include_payloads=include_payloads,
-            )
-        )
-
-    def iter_tasks(
-        self,
-        *,
-        statuses: TaskStatus | str | Iterable[TaskStatus | str] | None = None,
-        type: str | None = None,
-        queue: str | None = None,
-        job_id: str | None = None,
-        scheduled_from: datetime | None = None,
-        scheduled_before: datetime | None = None,
-        due_from: datetime | None = None,
-        due_before: datetime | None = None,
-        page_size: int = 0,
-        include_payloads: bool = False,
-    ) -> Iterator[Task]:
-        """Blocking :meth:`Client.iter_tasks`: fetches one page per step of the iteration."""
-        if statuses is not None and not isinstance(statuses, str):
-            statuses = builtins.list(statuses)  # read once per page: a generator would run dry
-        token: str | None = None
-        while True:
-            page = self.list(
-                statuses=statuses,
-                type=type,
-                queue=queue,
-                job_id=job_id,
-                scheduled_from=scheduled_from,
-                scheduled_before=scheduled_before,
-                due_from=due_from,
-                due_before=due_before,
-                page_size=page_size,
-                page_token=token,
-                include_payloads=include_payloads,
-            )
-            yield from page.tasks
-            if page.next_page_token is None:
-                return
-            token = page.next_page_token
-
-    def cancel(self, task_id: str | uuid.UUID, reason: str = "") -> Task:
-        """Blocking :meth:`Client.cancel`."""
-        return self._wait(self._client.cancel(task_id, reason))
-
-    def retry(self, task_id: str | uuid.UUID, delay_s: float = 0) -> Task:
-        """Blocking :meth:`Client.retry`."""
-        return self._wait(self._client.retry(task_id, delay_s))
-
-    def _wait(self, call: Coroutine[Any, Any, T]) -> T:
-        if not self._finalizer.alive:
-            call.close()
-            raise RuntimeError("the Chronoshard client is closed")
-        if threading.current_thread() is self._thread:
-            call.close()
-            raise RuntimeError("SyncClient called from its own loop thread would deadlock")
-        try:
-            future = asyncio.run_coroutine_threadsafe(call, self._loop)
-        except RuntimeError:  # the loop closed after the check above (a concurrent close)
-            call.close()
-            raise RuntimeError("the Chronoshard client is closed") from None
-        try:
-            while True:
-                try:
-                    return future.result(timeout=_WAIT_POLL_S)
-                except TimeoutError:
-                    if future.done():
-                        raise  # the call's own outcome, not the poll's
-                    # Every call has a deadline, so this only matters when another thread
-                    # closed the client and the loop stopped before running this call.
-                    if not self._thread.is_alive():
-                        raise RuntimeError("the Chronoshard client was closed") from None
-        except BaseException:
-            # KeyboardInterrupt (or any interruption of the waiting thread) must not leave
-            # the call running unseen in the background. No-op when the call already ended.
-            future.cancel()
-            raise
-
-
-def _new_event_loop() -> asyncio.AbstractEventLoop:
-    # The loop Chronoshard runs on in production (DESIGN §12: grpc.aio on uvloop, checked).
-    try:
-        import uvloop
-    except ImportError:
-        return asyncio.new_event_loop()
-    loop: asyncio.AbstractEventLoop = uvloop.new_event_loop()
-    return loop
-
-
-def _run_loop(loop: asyncio.AbstractEventLoop, running: threading.Event) -> None:
-    asyncio.set_event_loop(loop)
-    loop.call_soon(running.set)
-    try:
-        loop.run_forever()
-    finally:
-        # What asyncio.run does on the way out: cancel what is left (callers then see
-        # CancelledError instead of waiting forever), finish async generators, close.
-        pending = asyncio.all_tasks(loop)
-        for task in pending:
-            task.cancel()
-        if pending:
-            loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
-        loop.run_until_complete(loop.shutdown_asyncgens())
-        loop.close()
-
-
-def _shutdown(client: Client, loop: asyncio.AbstractEventLoop, thread: threading.Thread) -> None:
-    """Close the channels on their own loop, then stop the loop and wait for its thread."""
-    if loop.is_closed():
-        return
-    future = asyncio.run_coroutine_threadsafe(client.close(), loop)
-    # Best effort: the channels die with the loop anyway.
-    with contextlib.suppress(Exception):  # includes the result() timeout
-        future.result(timeout=5.0)
-    with contextlib.suppress(RuntimeError):  # closed meanwhile
-        loop.call_soon_threadsafe(loop.stop)
-    if thread is not threading.current_thread():
-        thread.join(timeout=5.0)
