@@ -11,6 +11,7 @@ from datetime import UTC, datetime, timedelta
 
 import grpc
 import pytest
+from fixtures.waiting import eventually
 
 from chronoshard.scheduler.config import (
     DatabaseConfig,
@@ -64,9 +65,9 @@ async def _tenant(store: Store) -> Tenant:
 
 
 async def _wait_for_shards(node: SchedulerNode) -> None:
-    async with asyncio.timeout(10):
-        while len(node.shards.epochs()) < SHARDS:
-            await asyncio.sleep(0.05)
+    await eventually(
+        lambda: len(node.shards.epochs()) == SHARDS, timeout_s=10, what="all shards claimed"
+    )
 
 
 async def test_tasks_fire_and_complete_through_a_raw_worker(node: SchedulerNode) -> None:
