@@ -167,3 +167,46 @@ def require(condition: bool, key: str, message: str) -> None:
     """Validation helper for ``validate()`` methods of config dataclasses."""
     if not condition:
         raise ConfigError(key, message)
+
+
+def describe(cls: type[Any], *, env_prefix: str = ENV_PREFIX) -> list[tuple[str, str, str, str]]:
+    """Every key of a config dataclass as (dotted key, env var, type, default), in order.
+
+    Used to generate the configuration reference, so the docs list exactly what exists.
+    """
+    rows: list[tuple[str, str, str, str]] = []
+    hints = typing.get_type_hints(cls)
+    instance = cls()
+    for f in dataclasses.fields(cls):
+        tp = hints[f.name]
+        value = getattr(instance, f.name)
+        if dataclasses.is_dataclass(tp):
+            for key, env, kind, default in describe(tp, env_prefix=env_prefix):
+                rows.append(
+                    (
+                        f"{f.name}.{key}",
+                        env.replace(env_prefix, f"{env_prefix}{f.name.upper()}__", 1),
+                        kind,
+                        default,
+                    )
+                )
+            continue
+        kind = getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+        if typing.get_origin(tp) in (typing.Union, types.UnionType):
+            inner = [a for a in typing.get_args(tp) if a is not type(None)]
+            kind = f"{getattr(inner[0], '__name__', inner[0])} (optional)"
+        elif typing.get_origin(tp) is tuple:
+            kind = "list of str"
+        default = ", ".join(value) if isinstance(value, tuple) else repr(value)
+        if f.name == "node_id":
+            default = "hostname-pid"
+        rows.append((f.name, f"{env_prefix}{f.name.upper()}", kind, default))
+    return rows
+
+
+def reference_table(cls: type[Any]) -> str:
+    """A Markdown table of :func:`describe`."""
+    lines = ["| key | env var | type | default |", "|---|---|---|---|"]
+    for key, env, kind, default in describe(cls):
+        lines.append(f"| `{key}` | `{env}` | {kind} | `{default}` |")
+    return "\n".join(lines)

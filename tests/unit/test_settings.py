@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -86,3 +88,11 @@ def test_missing_file_and_bad_toml_are_config_errors(tmp_path: Path) -> None:
     broken.write_text("node_id = \n")
     with pytest.raises(ConfigError, match="not valid TOML"):
         load(SampleConfig, path=broken, env={})
+
+
+def test_configuration_reference_is_fresh() -> None:
+    script = Path(__file__).resolve().parents[2] / "scripts" / "gen-config-docs.py"
+    result = subprocess.run(
+        [sys.executable, str(script), "--check"], capture_output=True, text=True, check=False
+    )
+    assert result.returncode == 0, result.stderr
