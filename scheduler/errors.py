@@ -154,3 +154,26 @@ class MigrationError(SchedulerError):
 
     reason = "MIGRATION_FAILED"
     grpc_code_name = "FAILED_PRECONDITION"
+
+
+class Unauthenticated(SchedulerError):
+    """Raised when a call carries no API key, a malformed one, or one no tenant holds.
+
+    The message never says which: a caller learns nothing about which keys exist.
+    """
+
+    reason = "UNAUTHENTICATED"
+    grpc_code_name = "UNAUTHENTICATED"
+
+
+class TaskAlreadyFinished(SchedulerError):
+    """Raised when a cancel names a task that already reached a terminal state other than
+    CANCELLED (cancelling a CANCELLED task returns it unchanged). Nothing was written."""
+
+    reason = "TASK_ALREADY_FINISHED"
+    grpc_code_name = "FAILED_PRECONDITION"
+
+    def __init__(self, task_id: uuid.UUID | str, status: str) -> None:
+        super().__init__(f"task {task_id} is already {status}")
+        self.task_id = task_id
+        self.status = status

@@ -237,6 +237,22 @@ class Store:
             row = await cur.fetchone()
         return None if row is None else Tenant(**row)
 
+    async def get_tenant_by_key_hash(self, api_key_hash: str) -> Tenant | None:
+        """The tenant holding the API key whose hash is ``api_key_hash`` (see
+        ``auth.hash_api_key``), or None; served by the unique index on the hash."""
+        async with self.connection() as conn:
+            cur = conn.cursor(row_factory=dict_row)
+            await cur.execute(self._q["get_tenant_by_key_hash"], {"api_key_hash": api_key_hash})
+            row = await cur.fetchone()
+        return None if row is None else Tenant(**row)
+
+    async def list_tenants(self) -> list[Tenant]:
+        """Every tenant, by name."""
+        async with self.connection() as conn:
+            cur = conn.cursor(row_factory=dict_row)
+            await cur.execute(self._q["list_tenants"])
+            return [Tenant(**row) for row in await cur.fetchall()]
+
     # --- submit -----------------------------------------------------------------------
 
     async def insert_tasks(
@@ -258,6 +274,19 @@ class Store:
         Nothing is written when any of these is raised.
         """
         prepared = [prepare(t, payload_limit_bytes=self.payload_limit_bytes) for t in tasks]
+        return await self.insert_prepared(tenant_id, prepared)
+
+    async def insert_prepared(
+        self, tenant_id: uuid.UUID, prepared: Sequence[PreparedTask]
+    ) -> list[SubmitResult]:
+        """:meth:`insert_tasks` for tasks the caller already ran through
+        :func:`~.models.prepare`, so it may choose the request fingerprint: the API
+        fingerprints the request as sent (a relative ``delay`` rather than the instant
+        it resolved to), which ``prepare`` cannot know.
+
+        Raises what :meth:`insert_tasks` raises, except the validation errors of
+        ``prepare``; nothing is written when it raises.
+        """
         if len({p.new.id for p in prepared}) != len(prepared):
             raise InvalidArgument("id", "two tasks in one batch share an id")
         if not prepared:

@@ -21,6 +21,19 @@ SELECT id, name, tier, rate_limit_rps, max_concurrent_workers, home_region, api_
 FROM tenants
 WHERE id = %(tenant_id)s;
 
+-- name: get_tenant_by_key_hash
+-- Authentication: the unique index on api_key_hash answers it.
+SELECT id, name, tier, rate_limit_rps, max_concurrent_workers, home_region, api_key_hash,
+       created_at
+FROM tenants
+WHERE api_key_hash = %(api_key_hash)s;
+
+-- name: list_tenants
+SELECT id, name, tier, rate_limit_rps, max_concurrent_workers, home_region, api_key_hash,
+       created_at
+FROM tenants
+ORDER BY name;
+
 -- name: tenant_exists
 SELECT EXISTS (SELECT 1 FROM tenants WHERE id = %(tenant_id)s);
 
