@@ -18,6 +18,7 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TextIO
 
 DSN_ENV = "CHRONOSHARD_DSN"
@@ -141,6 +142,136 @@ def _configure_partitions(parser: argparse.ArgumentParser) -> None:
     _add_subcommands(parser, PARTITION_COMMANDS, dest="partitions_command")
 
 
+# --- dev ---------------------------------------------------------------------------------
+
+
+def _configure_dev(parser: argparse.ArgumentParser) -> None:
+    from chronoshard.dev import DEFAULT_DATA_DIR, DEFAULT_GRPC_PORT, DEFAULT_METRICS_PORT
+
+    parser.add_argument(
+        "--nodes", type=_positive_int, default=1, help="scheduler nodes (default 1)"
+    )
+    parser.add_argument(
+        "--data-dir",
+        type=Path,
+        default=DEFAULT_DATA_DIR,
+        help=f"where etcd, PostgreSQL and logs keep their state (default {DEFAULT_DATA_DIR})",
+    )
+    parser.add_argument("--fresh", action="store_true", help="wipe the data dir first")
+    parser.add_argument(
+        "--port",
+        type=_non_negative_int,
+        default=DEFAULT_GRPC_PORT,
+        help=f"gRPC port of the first node, the next ones count up; 0 picks free ports "
+        f"(default {DEFAULT_GRPC_PORT})",
+    )
+    parser.add_argument(
+        "--metrics-port",
+        type=_non_negative_int,
+        default=DEFAULT_METRICS_PORT,
+        help=f"metrics port of the first node (default {DEFAULT_METRICS_PORT}); 0 picks free ports",
+    )
+    parser.add_argument(
+        "--no-worker", action="store_true", help="do not start the demo worker process"
+    )
+    parser.add_argument(
+        "--dsn",
+        default=os.environ.get(DSN_ENV),
+        help=f"use this PostgreSQL instead of the embedded one (default: ${DSN_ENV})",
+    )
+
+
+def _run_dev(args: argparse.Namespace, out: TextIO) -> int:
+    from chronoshard.dev import DevOptions, run
+
+    options = DevOptions(
+        nodes=args.nodes,
+        data_dir=args.data_dir,
+        fresh=args.fresh,
+        grpc_port=args.port,
+        metrics_port=args.metrics_port,
+        worker=not args.no_worker,
+        dsn=args.dsn or None,
+    )
+    return run(options, out)
+
+
+# --- tenants ----------------------------------------------------------------------------
+
+
+def _configure_tenants_create(parser: argparse.ArgumentParser) -> None:
+    from chronoshard.scheduler.tenant_admin import DEFAULT_MAX_CONCURRENT, DEFAULT_RATE_LIMIT_RPS
+
+    _add_dsn(parser)
+    parser.add_argument("name", help="unique tenant name")
+    parser.add_argument("--rate-limit-rps", type=float, default=DEFAULT_RATE_LIMIT_RPS)
+    parser.add_argument("--max-concurrent", type=_positive_int, default=DEFAULT_MAX_CONCURRENT)
+    parser.add_argument(
+        "--rotate", action="store_true", help="if the tenant exists, give it a new API key"
+    )
+
+
+def _run_tenants_create(args: argparse.Namespace, out: TextIO) -> int:
+    from chronoshard.scheduler.tenant_admin import create_tenant
+
+    made = create_tenant(
+        _require_dsn(args),
+        args.name,
+        rate_limit_rps=args.rate_limit_rps,
+        max_concurrent_workers=args.max_concurrent,
+        if_exists="rotate" if args.rotate else "fail",
+    )
+    print(f"tenant {made.tenant.name} ({made.tenant.id})", file=out)
+    print(f"API key: {made.api_key}", file=out)
+    print("(shown once: only its hash is stored)", file=out)
+    return EXIT_OK
+
+
+def _configure_tenants_ls(parser: argparse.ArgumentParser) -> None:
+    _add_dsn(parser)
+
+
+def _run_tenants_ls(args: argparse.Namespace, out: TextIO) -> int:
+    from chronoshard.scheduler.tenant_admin import list_tenants
+
+    for tenant in list_tenants(_require_dsn(args)):
+        print(
+            f"{tenant.id}  {tenant.name:<24} rps={tenant.rate_limit_rps:g} "
+            f"concurrent={tenant.max_concurrent_workers} region={tenant.home_region}",
+            file=out,
+        )
+    return EXIT_OK
+
+
+TENANT_COMMANDS: dict[str, Command] = {
+    "create": Command(
+        "create a tenant and print its API key", _configure_tenants_create, _run_tenants_create
+    ),
+    "ls": Command("list tenants", _configure_tenants_ls, _run_tenants_ls),
+}
+
+
+def _configure_tenants(parser: argparse.ArgumentParser) -> None:
+    _add_subcommands(parser, TENANT_COMMANDS, dest="tenants_command")
+
+
+# --- worker -----------------------------------------------------------------------------
+
+
+def _configure_worker(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("spec", help="the worker to run, as pkg.module:attr")
+    parser.add_argument("--target", action="append", help="scheduler address (repeatable)")
+
+
+def _run_worker(args: argparse.Namespace, out: TextIO) -> int:
+    from chronoshard.worker._runner import main as worker_main
+
+    argv = [args.spec]
+    for target in args.target or []:
+        argv += ["--target", target]
+    return worker_main(argv)
+
+
 # --- the table -------------------------------------------------------------------------
 
 COMMANDS: dict[str, Command] = {
@@ -151,7 +282,23 @@ COMMANDS: dict[str, Command] = {
         "maintain the day partitions of the tasks table",
         _configure_partitions,
     ),
+    "dev": Command(
+        "run a local development cluster (etcd, PostgreSQL, schedulers, a demo worker)",
+        _configure_dev,
+        _run_dev,
+    ),
+    "tenants": Command("create and list tenants (API keys)", _configure_tenants),
+    "worker": Command(
+        "run a worker defined in your code (pkg.module:attr)", _configure_worker, _run_worker
+    ),
 }
+
+
+def _positive_int(text: str) -> int:
+    value = _non_negative_int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
 
 
 def _non_negative_int(text: str) -> int:

@@ -180,7 +180,7 @@ def describe(cls: type[Any], *, env_prefix: str = ENV_PREFIX) -> list[tuple[str,
     for f in dataclasses.fields(cls):
         tp = hints[f.name]
         value = getattr(instance, f.name)
-        if dataclasses.is_dataclass(tp):
+        if dataclasses.is_dataclass(tp) and isinstance(tp, type):
             for key, env, kind, default in describe(tp, env_prefix=env_prefix):
                 rows.append(
                     (

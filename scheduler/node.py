@@ -37,6 +37,8 @@ from prometheus_client import start_http_server
 
 from chronoshard.clock import Clock, SystemClock
 from chronoshard.scheduler.admin import AdminServicer
+from chronoshard.scheduler.api import TaskServiceServicer
+from chronoshard.scheduler.auth import Authenticator
 from chronoshard.scheduler.config import SchedulerConfig
 from chronoshard.scheduler.coordination import EtcdCoordinator, NodeInfo
 from chronoshard.scheduler.dispatch_store import DispatchStore, TimerTask
@@ -52,6 +54,7 @@ from chronoshard.v1 import (
     admin_service_pb2,
     admin_service_pb2_grpc,
     task_service_pb2,
+    task_service_pb2_grpc,
     worker_service_pb2,
     worker_service_pb2_grpc,
 )
@@ -229,30 +232,18 @@ class SchedulerNode:
             admin_service_pb2.DESCRIPTOR.services_by_name["AdminService"].full_name,
             worker_service_pb2.DESCRIPTOR.services_by_name["WorkerService"].full_name,
         ]
-        api = self._task_service()
-        if api is not None:
-            from chronoshard.v1 import task_service_pb2_grpc
-
-            task_service_pb2_grpc.add_TaskServiceServicer_to_server(api, server)
-            names.append(task_service_pb2.DESCRIPTOR.services_by_name["TaskService"].full_name)
-        health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
-        names.append(health_pb2.DESCRIPTOR.services_by_name["Health"].full_name)
-        reflection.enable_server_reflection([*names, reflection.SERVICE_NAME], server)
-
-    def _task_service(self) -> Any:
-        """The TaskService servicer, wired to this node's wheel and preloader."""
-        try:
-            from chronoshard.scheduler.api import TaskServiceServicer
-            from chronoshard.scheduler.auth import Authenticator
-        except ImportError:  # pragma: no cover - during the API's construction only
-            return None
-        return TaskServiceServicer(
+        api = TaskServiceServicer(
             config=self.config,
             store=self.store,
             authenticator=Authenticator(self.store),
             clock=self.clock,
             listener=self,
         )
+        task_service_pb2_grpc.add_TaskServiceServicer_to_server(api, server)
+        names.append(task_service_pb2.DESCRIPTOR.services_by_name["TaskService"].full_name)
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
+        names.append(health_pb2.DESCRIPTOR.services_by_name["Health"].full_name)
+        reflection.enable_server_reflection([*names, reflection.SERVICE_NAME], server)
 
     # ---- what the API tells the node -------------------------------------------------------
 

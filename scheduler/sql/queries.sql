@@ -141,3 +141,11 @@ WHERE scheduled_at = %(scheduled_at)s
   AND shard = %(shard)s
   AND status = ANY(%(sources)s::text[])
 RETURNING scheduled_at, id;
+
+-- name: rotate_tenant_key
+-- A new API key for an existing tenant (by name); the old key stops working once the
+-- nodes' authentication caches expire.
+UPDATE tenants SET api_key_hash = %(api_key_hash)s
+WHERE name = %(name)s
+RETURNING id, name, tier, rate_limit_rps, max_concurrent_workers, home_region, api_key_hash,
+          created_at;

@@ -1,0 +1,1 @@
+"""Test harness for end-to-end and fault tests: real scheduler and worker processes."""

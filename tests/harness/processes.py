@@ -1,0 +1,195 @@
+"""Real scheduler and worker processes for end-to-end tests, with the faults we inject.
+
+Each process is a child in its own process group with its output in a log file (shown
+when a test fails). ``kill`` is SIGKILL, ``pause``/``resume`` are SIGSTOP/SIGCONT, and
+``stop`` is a graceful SIGTERM with a bound. Everything started is ended by
+:meth:`ProcessGroup.close`, and the pids are kept so tests can check nothing survived.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from chronoshard._localproc import free_ports
+
+READY_TIMEOUT_S = 60.0
+
+
+@dataclass
+class ManagedProcess:
+    name: str
+    argv: list[str]
+    env: dict[str, str]
+    log_path: Path
+    proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        with self.log_path.open("ab") as log_file:
+            self.proc = subprocess.Popen(
+                self.argv,
+                env=self.env,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def signal(self, sig: int) -> None:
+        assert self.proc is not None
+        os.killpg(self.proc.pid, sig)
+
+    def kill(self) -> None:
+        if self.alive():
+            self.signal(signal.SIGKILL)
+            assert self.proc is not None
+            self.proc.wait(10)
+
+    def pause(self) -> None:
+        self.signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        self.signal(signal.SIGCONT)
+
+    def stop(self, timeout_s: float = 30.0) -> int:
+        """SIGTERM and wait; the exit code (SIGKILL after the timeout)."""
+        assert self.proc is not None
+        if self.alive():
+            self.signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise
+
+    def log(self, tail_chars: int = 6000) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-tail_chars:]
+        except OSError:
+            return ""
+
+
+def wait_serving(address: str, timeout_s: float, process: ManagedProcess) -> None:
+    deadline = time.monotonic() + timeout_s
+    with grpc.insecure_channel(address) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        while True:
+            if not process.alive():
+                raise RuntimeError(f"{process.name} exited:\n{process.log()}")
+            try:
+                reply = stub.Check(health_pb2.HealthCheckRequest(), timeout=1)
+                if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                    return
+            except grpc.RpcError:
+                pass
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{process.name} at {address} not serving:\n{process.log()}")
+            time.sleep(0.1)
+
+
+@dataclass
+class ProcessGroup:
+    """Scheduler and worker processes of one test; ``close`` ends them all."""
+
+    log_dir: Path
+    dsn: str
+    etcd_endpoint: str
+    cluster: str
+    shard_count: int = 16
+    scheduler_env: Mapping[str, str] = field(default_factory=dict)
+    schedulers: list[tuple[ManagedProcess, str]] = field(default_factory=list)
+    workers: list[ManagedProcess] = field(default_factory=list)
+
+    def start_scheduler(self, node_id: str, **env: str) -> tuple[ManagedProcess, str]:
+        grpc_port, metrics_port = free_ports(2)
+        address = f"127.0.0.1:{grpc_port}"
+        process = ManagedProcess(
+            name=node_id,
+            argv=[sys.executable, "-m", "chronoshard.scheduler"],
+            env={
+                **os.environ,
+                "CHRONOSHARD_NODE_ID": node_id,
+                "CHRONOSHARD_GRPC__LISTEN": address,
+                "CHRONOSHARD_METRICS_LISTEN": f"127.0.0.1:{metrics_port}",
+                "CHRONOSHARD_DATABASE__DSN": self.dsn,
+                "CHRONOSHARD_ETCD__ENDPOINTS": self.etcd_endpoint,
+                "CHRONOSHARD_ETCD__CLUSTER": self.cluster,
+                "CHRONOSHARD_SCHEDULING__SHARD_COUNT": str(self.shard_count),
+                "CHRONOSHARD_LOG_FORMAT": "text",
+                **self.scheduler_env,
+                **env,
+            },
+            log_path=self.log_dir / f"{node_id}.log",
+        )
+        process.start()
+        self.schedulers.append((process, address))
+        wait_serving(address, READY_TIMEOUT_S, process)
+        return process, address
+
+    def start_worker(
+        self, name: str, spec: str, targets: Sequence[str], *, pythonpath: Path, **env: str
+    ) -> ManagedProcess:
+        argv = [sys.executable, "-m", "chronoshard.worker", spec]
+        for target in targets:
+            argv += ["--target", target]
+        path = os.pathsep.join([str(pythonpath), os.environ.get("PYTHONPATH", "")]).strip(
+            os.pathsep
+        )
+        process = ManagedProcess(
+            name=name,
+            argv=argv,
+            env={**os.environ, "PYTHONPATH": path, **env},
+            log_path=self.log_dir / f"{name}.log",
+        )
+        process.start()
+        self.workers.append(process)
+        return process
+
+    def all_pids(self) -> list[int]:
+        return [p.pid for p, _ in self.schedulers] + [w.pid for w in self.workers]
+
+    def logs(self) -> str:
+        parts = [f"==== {p.name}\n{p.log()}" for p, _ in self.schedulers]
+        parts += [f"==== {w.name}\n{w.log()}" for w in self.workers]
+        return "\n".join(parts)
+
+    def close(self) -> None:
+        for process in [*self.workers, *(p for p, _ in self.schedulers)]:
+            if process.alive():
+                try:
+                    process.resume()
+                    process.stop(timeout_s=15)
+                except (subprocess.TimeoutExpired, ProcessLookupError):
+                    process.kill()
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie (exited, not yet reaped) counts as gone.
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().split()[2] != "Z"
+    except OSError:
+        return False
