@@ -199,6 +199,9 @@ class Dispatcher:
                 ready = self._ready.pop_for(session.offer, now)
                 if ready is None:
                     break
+                # Counted at once, not after the commit: otherwise one round could take a
+                # tenant past its concurrency limit by up to the batch size.
+                self._ready.task_started(ready)
                 session.credits -= 1
                 chosen.append((session, ready))
         if not chosen:
@@ -215,6 +218,7 @@ class Dispatcher:
             log.warning("dispatch intent failed; will retry", extra={"error": str(exc)})
             for session, ready in chosen:
                 session.credits += 1
+                self._ready.task_finished(ready.tenant_id, ready.priority)
                 self._ready.push(ready, now)
             await asyncio.sleep(STORE_RETRY_S)
             return 0
@@ -227,7 +231,6 @@ class Dispatcher:
         for task in result.dispatched:
             session, ready = by_id.pop(task.id)
             timer = _timer(ready)
-            self._ready.task_started(ready)
             self._by_shard.get(timer.shard, set()).discard(timer.id)
             if self._gateway.send_assignment(session, task, timer):
                 self.stats["dispatched"] += 1
@@ -236,8 +239,9 @@ class Dispatcher:
             else:
                 undeliverable.append((task, timer))
         # Chosen but not written: the row moved on (cancelled) or the shard was lost.
-        for session, _ in by_id.values():
+        for session, ready in by_id.values():
             session.credits += 1
+            self._ready.task_finished(ready.tenant_id, ready.priority)
             self.stats["intent_rows_skipped"] += 1
         if undeliverable:
             await self._abandon(undeliverable)
