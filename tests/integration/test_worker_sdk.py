@@ -1,0 +1,812 @@
+"""The worker SDK against a scripted scheduler double over real gRPC.
+
+:class:`FakeScheduler` is a small, scripted implementation of ``WorkerService`` and
+``AdminService`` served by a real ``grpc.aio`` server on port 0. It is a test double of the
+scheduler, good for checking what the SDK sends and how it reacts to each message of
+docs/worker-protocol.md; it stores nothing and decides nothing. End-to-end tests against
+the real scheduler (gateway, store, fencing in PostgreSQL) live in ``tests/e2e``.
+
+Tests wait on conditions (the fake notifies on every message it receives, handlers set
+events), never on fixed sleeps.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import threading
+import uuid
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import grpc
+import grpc.aio
+import pytest
+from google.protobuf import duration_pb2, timestamp_pb2
+
+from chronoshard.v1 import (
+    admin_service_pb2,
+    admin_service_pb2_grpc,
+    common_pb2,
+    worker_service_pb2,
+    worker_service_pb2_grpc,
+)
+from chronoshard.wire import error_info_metadata
+from chronoshard.worker import (
+    DrainReport,
+    NonRetryableError,
+    TaskContext,
+    Worker,
+)
+
+pb = worker_service_pb2
+WAIT_S = 5.0
+STALE = common_pb2.ErrorInfo(
+    code="FAILED_PRECONDITION", reason="STALE_FENCING_TOKEN", message="token 1 is stale"
+)
+_KIND = {
+    "ack": pb.SETTLEMENT_KIND_ACK,
+    "complete": pb.SETTLEMENT_KIND_COMPLETE,
+    "fail": pb.SETTLEMENT_KIND_FAIL,
+    "release": pb.SETTLEMENT_KIND_RELEASE,
+}
+
+
+class Notifier:
+    """Wakes waiters whenever something changed; they re-check their condition."""
+
+    def __init__(self) -> None:
+        self._fut: asyncio.Future[None] | None = None
+
+    def notify(self) -> None:
+        if self._fut is not None and not self._fut.done():
+            self._fut.set_result(None)
+        self._fut = None
+
+    async def wait_for(self, condition: Callable[[], Any], timeout_s: float = WAIT_S) -> Any:
+        async with asyncio.timeout(timeout_s):
+            while not (value := condition()):
+                if self._fut is None:
+                    self._fut = asyncio.get_running_loop().create_future()
+                await self._fut
+            return value
+
+
+class FakeSession:
+    """One Connect stream as the fake sees it."""
+
+    def __init__(self, fake: FakeScheduler, metadata: dict[str, str]) -> None:
+        self.fake = fake
+        self.metadata = metadata
+        self.received: list[pb.WorkerMessage] = []
+        self.outgoing: asyncio.Queue[pb.SchedulerMessage | None] = asyncio.Queue()
+        self.credits = 0
+        self.running: set[tuple[str, int]] = set()  # assigned and not settled
+        self.closed = False
+
+    def send(self, **message: Any) -> None:
+        self.outgoing.put_nowait(pb.SchedulerMessage(**message))
+
+    def close(self) -> None:
+        """End the stream from the server side (the worker sees EOF)."""
+        self.outgoing.put_nowait(None)
+
+    def of(self, kind: str) -> list[Any]:
+        return [getattr(m, kind) for m in self.received if m.WhichOneof("message") == kind]
+
+    def assign(
+        self,
+        task_type: str = "echo",
+        payload: Any = None,
+        *,
+        task_id: str | None = None,
+        token: int = 1,
+        due_in_s: float = 0.0,
+        timeout_s: float | None = None,
+        checkpoint: Any = None,
+        force: bool = False,
+    ) -> str:
+        """Send an Assignment against one credit (``force``: even without one)."""
+        assert force or self.credits > 0, "the fake never assigns without a credit"
+        self.credits -= 1
+        task_id = task_id or str(uuid.uuid4())
+        scheduled = timestamp_pb2.Timestamp()
+        scheduled.FromDatetime(datetime(2026, 1, 1, tzinfo=UTC))
+        due = timestamp_pb2.Timestamp()
+        due.FromDatetime(datetime.now(UTC) + timedelta(seconds=due_in_s))
+        assignment = pb.Assignment(
+            task=common_pb2.TaskRef(id=task_id, scheduled_at=scheduled),
+            type=task_type,
+            payload_json=json.dumps(payload if payload is not None else {"x": 1}).encode(),
+            fencing_token=token,
+            attempt=1,
+            max_retries=3,
+            due_at=due,
+            queue="default",
+        )
+        if timeout_s is not None:
+            assignment.timeout.CopyFrom(duration_pb2.Duration(nanos=int(timeout_s * 1e9)))
+        if checkpoint is not None:
+            assignment.checkpoint = json.dumps(checkpoint).encode()
+        self.running.add((task_id, token))
+        if not force:  # a forced assignment is the fake's own violation, on purpose
+            self.fake.check_invariant()
+        self.send(assignment=assignment)
+        return task_id
+
+
+def _task_of(msg: Any) -> tuple[str, int]:
+    return (msg.task.id, msg.fencing_token)
+
+
+class FakeScheduler(
+    worker_service_pb2_grpc.WorkerServiceServicer, admin_service_pb2_grpc.AdminServiceServicer
+):
+    """Scripted scheduler double (see the module docstring: not the real scheduler)."""
+
+    def __init__(self, *, slots: int | None = None, heartbeat_interval_s: float = 0.1) -> None:
+        self.address = ""
+        self.node_id = "fake-node"
+        self.extra_nodes: list[admin_service_pb2.Node] = []
+        self.sessions: list[FakeSession] = []
+        self.unary: list[tuple[str, Any]] = []
+        self.topology_calls = 0
+        self.heartbeat_interval_s = heartbeat_interval_s
+        self.auto_receipts = True
+        self.receipt_errors: dict[tuple[str, str], common_pb2.ErrorInfo] = {}
+        self.unary_errors: dict[tuple[str, str], common_pb2.ErrorInfo] = {}
+        self.revoked: set[tuple[str, int]] = set()
+        self.slots = slots
+        self.violations: list[str] = []
+        self.changed = Notifier()
+
+    # ---- what the tests look at ---------------------------------------------------------
+
+    @property
+    def session(self) -> FakeSession:
+        return self.sessions[-1]
+
+    def all_of(self, kind: str) -> list[Any]:
+        return [m for s in self.sessions for m in s.of(kind)]
+
+    def settlements_for(self, task_id: str) -> list[tuple[str, Any]]:
+        stream = [
+            (kind, m)
+            for s in self.sessions
+            for kind in ("complete", "fail", "release")
+            for m in s.of(kind)
+            if m.task.id == task_id
+        ]
+        return stream + [(k, r) for k, r in self.unary if k != "ack" and _msg(r).task.id == task_id]
+
+    async def wait_for(self, condition: Callable[[], Any], timeout_s: float = WAIT_S) -> Any:
+        return await self.changed.wait_for(condition, timeout_s)
+
+    async def session_with_credit(self, n: int = 1) -> FakeSession:
+        return await self.wait_for(
+            lambda: self.sessions and self.session.credits >= n and self.session
+        )
+
+    def check_invariant(self) -> None:
+        """What the worker promised: outstanding credits + running tasks <= slots."""
+        if self.slots is None:
+            return
+        held = sum(max(0, s.credits) + len(s.running) for s in self.sessions if not s.closed)
+        if held > self.slots:
+            self.violations.append(f"credits + running = {held} > {self.slots} slots")
+
+    # ---- AdminService -------------------------------------------------------------------
+
+    async def GetTopology(
+        self, request: admin_service_pb2.GetTopologyRequest, context: Any
+    ) -> admin_service_pb2.GetTopologyResponse:
+        self.topology_calls += 1
+        nodes = [admin_service_pb2.Node(node_id=self.node_id, address=self.address)]
+        return admin_service_pb2.GetTopologyResponse(
+            nodes=[*nodes, *self.extra_nodes], shard_count=1, node_id=self.node_id
+        )
+
+    # ---- WorkerService ------------------------------------------------------------------
+
+    async def Connect(
+        self, request_iterator: AsyncIterator[pb.WorkerMessage], context: Any
+    ) -> AsyncIterator[pb.SchedulerMessage]:
+        session = FakeSession(self, dict(context.invocation_metadata()))
+        self.sessions.append(session)
+        reader = asyncio.create_task(self._read(request_iterator, session))
+        try:
+            while (msg := await session.outgoing.get()) is not None:
+                yield msg
+        finally:
+            session.closed = True
+            reader.cancel()
+            self.changed.notify()
+
+    async def _read(self, requests: AsyncIterator[pb.WorkerMessage], session: FakeSession) -> None:
+        async for msg in requests:
+            session.received.append(msg)
+            which = msg.WhichOneof("message")
+            if which == "hello":
+                session.send(
+                    welcome=pb.Welcome(
+                        node_id=self.node_id,
+                        session_id=f"session-{len(self.sessions)}",
+                        heartbeat_interval=duration_pb2.Duration(
+                            nanos=int(self.heartbeat_interval_s * 1e9)
+                        ),
+                        lease_duration=duration_pb2.Duration(seconds=30),
+                    )
+                )
+            elif which == "credit_grant":
+                session.credits += msg.credit_grant.credits
+                self.check_invariant()
+            elif which == "drain_started":
+                session.credits = 0
+            elif which == "heartbeat":
+                revoked = [
+                    pb.RevokedTask(task=r.task, fencing_token=r.fencing_token, reason="CANCELLED")
+                    for r in msg.heartbeat.running
+                    if _task_of(r) in self.revoked
+                ]
+                session.send(heartbeat_reply=pb.HeartbeatReply(revoked=revoked))
+            elif which in _KIND:
+                settled = getattr(msg, which)
+                if which != "ack":
+                    session.running.discard(_task_of(settled))
+                error = self.receipt_errors.get((settled.task.id, which))
+                if self.auto_receipts:
+                    session.send(
+                        receipt=pb.Receipt(
+                            task=settled.task,
+                            fencing_token=settled.fencing_token,
+                            kind=_KIND[which],
+                            error=error,
+                        )
+                    )
+            self.changed.notify()
+
+    async def _unary(self, kind: str, request: Any, context: Any) -> None:
+        self.unary.append((kind, request))
+        self.changed.notify()
+        error = self.unary_errors.get((_msg(request).task.id, kind))
+        if error is not None:
+            await context.abort(
+                grpc.StatusCode[error.code], error.message, error_info_metadata(error)
+            )
+
+    async def Complete(self, request: pb.CompleteRequest, context: Any) -> pb.CompleteResponse:
+        await self._unary("complete", request, context)
+        return pb.CompleteResponse()
+
+    async def Fail(self, request: pb.FailRequest, context: Any) -> pb.FailResponse:
+        await self._unary("fail", request, context)
+        return pb.FailResponse()
+
+    async def Release(self, request: pb.ReleaseRequest, context: Any) -> pb.ReleaseResponse:
+        await self._unary("release", request, context)
+        return pb.ReleaseResponse()
+
+
+def _msg(request: Any) -> Any:
+    for field in ("complete", "fail", "release"):
+        if request.HasField(field):
+            return getattr(request, field)
+    raise AssertionError(request)
+
+
+@asynccontextmanager
+async def serve(fake: FakeScheduler) -> AsyncIterator[FakeScheduler]:
+    server = grpc.aio.server()
+    worker_service_pb2_grpc.add_WorkerServiceServicer_to_server(fake, server)
+    admin_service_pb2_grpc.add_AdminServiceServicer_to_server(fake, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    fake.address = f"127.0.0.1:{port}"
+    await server.start()
+    try:
+        yield fake
+    finally:
+        for session in fake.sessions:
+            session.close()
+        await server.stop(None)
+
+
+@pytest.fixture
+async def fake() -> AsyncIterator[FakeScheduler]:
+    async with serve(FakeScheduler()) as f:
+        yield f
+
+
+class LogCapture(logging.Handler):
+    """Records the SDK's log records and wakes the fake's waiters."""
+
+    def __init__(self, notifier: Notifier) -> None:
+        super().__init__(logging.DEBUG)
+        self.records: list[logging.LogRecord] = []
+        self._notifier = notifier
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+        self._notifier.notify()
+
+    def events(self, event: str) -> list[logging.LogRecord]:
+        return [r for r in self.records if getattr(r, "event", None) == event]
+
+
+@pytest.fixture
+def logs(fake: FakeScheduler) -> Any:
+    capture = LogCapture(fake.changed)
+    logger = logging.getLogger("chronoshard.worker")
+    old_level = logger.level
+    logger.setLevel(logging.DEBUG)
+    logger.addHandler(capture)
+    yield capture
+    logger.removeHandler(capture)
+    logger.setLevel(old_level)
+
+
+def make_worker(fake: FakeScheduler, **kwargs: Any) -> Worker:
+    kwargs.setdefault("slots", 2)
+    kwargs.setdefault("drain_grace_s", 1.0)
+    return Worker([fake.address], worker_id="w-test", **kwargs)
+
+
+@asynccontextmanager
+async def running(worker: Worker) -> AsyncIterator[asyncio.Task[DrainReport]]:
+    task = asyncio.create_task(worker.run())
+    try:
+        yield task
+    finally:
+        if not task.done():
+            worker.stop(immediate=True)
+        async with asyncio.timeout(WAIT_S):
+            await task
+
+
+# ---- the happy path ------------------------------------------------------------------
+
+
+async def test_assignment_is_acked_started_at_due_at_and_completed(
+    fake: FakeScheduler,
+) -> None:
+    worker = make_worker(fake, api_key="secret-key")
+    started_at: list[datetime] = []
+    acks_seen_at_start: list[int] = []
+
+    @worker.task("echo")
+    async def echo(ctx: TaskContext) -> dict[str, Any]:
+        started_at.append(datetime.now(UTC))
+        acks_seen_at_start.append(len(fake.all_of("ack")))
+        return {"echo": ctx.payload, "attempt": ctx.attempt, "token": ctx.fencing_token}
+
+    async with running(worker):
+        session = await fake.session_with_credit()
+        hello = session.of("hello")[0]
+        assert (hello.worker_id, list(hello.task_types), hello.slots) == ("w-test", ["echo"], 2)
+        assert list(hello.queues) == ["default"]
+        assert session.metadata["authorization"] == "Bearer secret-key"
+        assert fake.topology_calls >= 1
+
+        task_id = session.assign("echo", {"n": 7}, token=5, due_in_s=0.3)
+        due = datetime.now(UTC) + timedelta(seconds=0.3)
+        complete = await fake.wait_for(lambda: session.of("complete"))
+        assert started_at and started_at[0] >= due - timedelta(milliseconds=5)
+        assert acks_seen_at_start == [1]  # acked before the handler started
+        assert _task_of(session.of("ack")[0]) == (task_id, 5)
+        assert _task_of(complete[0]) == (task_id, 5)
+        assert json.loads(complete[0].result_json) == {"echo": {"n": 7}, "attempt": 1, "token": 5}
+        # The receipt confirms it: nothing is left to resend, the slot is granted again.
+        await fake.wait_for(lambda: worker.stats()["outbox"]["stream"] == 0 and session.credits)
+        assert fake.unary == []
+
+
+async def test_failures_carry_error_type_message_and_retryability(fake: FakeScheduler) -> None:
+    worker = make_worker(fake)
+
+    @worker.task("boom")
+    async def boom(ctx: TaskContext) -> None:
+        if ctx.payload["permanent"]:
+            raise NonRetryableError("bad input")
+        raise ValueError("kaboom")
+
+    @worker.task("weird")
+    async def weird(ctx: TaskContext) -> set[int]:
+        return {1, 2}
+
+    async with running(worker):
+        session = await fake.session_with_credit()
+        a = session.assign("boom", {"permanent": False})
+        session = await fake.session_with_credit()
+        b = session.assign("boom", {"permanent": True})
+        session = await fake.session_with_credit()
+        c = session.assign("weird")
+        fails = await fake.wait_for(lambda: len(fake.all_of("fail")) == 3 and fake.all_of("fail"))
+    by_id = {f.task.id: f for f in fails}
+    assert by_id[a].error_type == "ValueError" and by_id[a].retryable
+    assert by_id[a].error_message.startswith("kaboom")
+    assert "Traceback" in by_id[a].error_message
+    assert by_id[b].error_type == "chronoshard.worker._errors.NonRetryableError"
+    assert not by_id[b].retryable
+    assert by_id[c].error_type == "chronoshard.worker.ResultNotSerializable"
+    assert "not JSON-serialisable" in by_id[c].error_message
+    assert not any(f.timed_out or f.cancelled for f in fails)
+
+
+async def test_timeout_cancels_the_handler_and_fails_timed_out(fake: FakeScheduler) -> None:
+    worker = make_worker(fake)
+    cancelled = asyncio.Event()
+
+    @worker.task("slow")
+    async def slow(ctx: TaskContext) -> None:
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+
+    async with running(worker):
+        session = await fake.session_with_credit()
+        session.assign("slow", timeout_s=0.2)
+        fail = (await fake.wait_for(lambda: session.of("fail")))[0]
+        await asyncio.wait_for(cancelled.wait(), WAIT_S)
+    assert fail.timed_out and fail.retryable and not fail.cancelled
+    assert fail.error_type == "chronoshard.worker.TaskTimedOut"
+
+
+async def test_cancel_is_cooperative_fail_cancelled_or_complete_if_finished(
+    fake: FakeScheduler,
+) -> None:
+    worker = make_worker(fake)
+    waiting = asyncio.Event()
+
+    @worker.task("obedient")
+    async def obedient(ctx: TaskContext) -> None:
+        waiting.set()
+        await ctx.wait_cancelled()
+        ctx.raise_if_cancelled()
+
+    @worker.task("stubborn")
+    async def stubborn(ctx: TaskContext) -> str:
+        await ctx.wait_cancelled()
+        return "done anyway"
+
+    async with running(worker):
+        session = await fake.session_with_credit()
+        a = session.assign("obedient", token=3)
+        await asyncio.wait_for(waiting.wait(), WAIT_S)
+        session = await fake.session_with_credit()
+        b = session.assign("stubborn", token=4)
+        acks = await fake.wait_for(lambda: len(session.of("ack")) == 2 and session.of("ack"))
+        for ack in acks:
+            session.send(cancel=pb.Cancel(task=ack.task, fencing_token=ack.fencing_token))
+        await fake.wait_for(lambda: fake.settlements_for(a) and fake.settlements_for(b))
+    (kind_a, msg_a), (kind_b, msg_b) = fake.settlements_for(a)[0], fake.settlements_for(b)[0]
+    assert kind_a == "fail" and msg_a.cancelled and not msg_a.timed_out
+    assert kind_b == "complete" and json.loads(msg_b.result_json) == "done anyway"
+
+
+async def test_revoked_token_stops_the_handler_and_settles_nothing(
+    fake: FakeScheduler, logs: LogCapture
+) -> None:
+    worker = make_worker(fake)
+    stopped = asyncio.Event()
+    saw_cancelled: list[bool] = []
+
+    @worker.task("long")
+    async def long(ctx: TaskContext) -> None:
+        try:
+            await asyncio.Event().wait()
+        finally:
+            saw_cancelled.append(ctx.cancelled)
+            stopped.set()
+
+    async with running(worker):
+        session = await fake.session_with_credit()
+        task_id = session.assign("long", token=9)
+        # The task shows up in heartbeats while it runs...
+        await fake.wait_for(
+            lambda: any(
+                _task_of(r) == (task_id, 9) for h in session.of("heartbeat") for r in h.running
+            )
+        )
+        fake.revoked.add((task_id, 9))
+        await asyncio.wait_for(stopped.wait(), WAIT_S)
+        zombie = await fake.wait_for(lambda: logs.events("zombie"))
+        # ...and after the revocation it is gone from them, with nothing settled.
+        beats = len(session.of("heartbeat"))
+        await fake.wait_for(lambda: len(session.of("heartbeat")) >= beats + 2)
+        assert all(r.task.id != task_id for r in session.of("heartbeat")[-1].running)
+        assert fake.settlements_for(task_id) == []
+    assert saw_cancelled == [True]
+    assert (zombie[0].task_id, zombie[0].token) == (task_id, 9)
+    assert worker.stats()["outcomes"]["abandoned"] == 1
+
+
+async def test_stale_receipt_is_dropped_with_a_zombie_warning(
+    fake: FakeScheduler, logs: LogCapture
+) -> None:
+    worker = make_worker(fake)
+
+    @worker.task("echo")
+    async def echo(ctx: TaskContext) -> int:
+        return 1
+
+    async with running(worker):
+        session = await fake.session_with_credit()
+        task_id = str(uuid.uuid4())
+        fake.receipt_errors[(task_id, "complete")] = STALE
+        session.assign("echo", task_id=task_id, token=2)
+        zombie = await fake.wait_for(lambda: logs.events("zombie"))
+        assert (zombie[0].task_id, zombie[0].token) == (task_id, 2)
+        await fake.wait_for(lambda: not any(worker.stats()["outbox"].values()))
+        # Refused means refused: no unary retry of a stale settlement.
+        assert fake.unary == []
+        assert len(session.of("complete")) == 1
+
+
+async def test_broken_stream_before_receipt_resends_through_unary(fake: FakeScheduler) -> None:
+    worker = make_worker(fake)
+
+    @worker.task("echo")
+    async def echo(ctx: TaskContext) -> str:
+        return "result"
+
+    async with running(worker):
+        session = await fake.session_with_credit()
+        fake.auto_receipts = False
+        task_id = session.assign("echo", token=4)
+        await fake.wait_for(lambda: session.of("complete"))
+        session.close()  # the stream ends before any Receipt
+        kind, request = await fake.wait_for(lambda: fake.unary and fake.unary[0])
+        assert kind == "complete" and request.worker_id == "w-test"
+        assert _task_of(request.complete) == (task_id, 4)
+        assert json.loads(request.complete.result_json) == "result"
+        await fake.wait_for(lambda: not any(worker.stats()["outbox"].values()))
+        # The worker also came back with a new session.
+        await fake.wait_for(lambda: len(fake.sessions) == 2 and fake.session.of("hello"))
+
+
+async def test_unary_resend_retries_until_accepted_then_stale_is_dropped(
+    fake: FakeScheduler, logs: LogCapture
+) -> None:
+    worker = make_worker(fake)
+
+    @worker.task("echo")
+    async def echo(ctx: TaskContext) -> str:
+        return "r"
+
+    async with running(worker):
+        session = await fake.session_with_credit()
+        fake.auto_receipts = False
+        task_id = str(uuid.uuid4())
+        fake.unary_errors[(task_id, "complete")] = common_pb2.ErrorInfo(
+            code="UNAVAILABLE", reason="SHARD_IN_HANDOFF", retryable=True
+        )
+        session.assign("echo", task_id=task_id)
+        await fake.wait_for(lambda: session.of("complete"))
+        session.close()
+        await fake.wait_for(lambda: len(fake.unary) >= 2)  # retried after UNAVAILABLE
+        fake.unary_errors[(task_id, "complete")] = STALE
+        await fake.wait_for(lambda: logs.events("zombie"))
+        tries = len(fake.unary)
+        await fake.wait_for(lambda: not any(worker.stats()["outbox"].values()))
+    assert len(fake.unary) == tries  # dropped after the refusal, never retried
+
+
+async def test_unknown_type_is_released_cannot_run_and_the_credit_comes_back(
+    fake: FakeScheduler,
+) -> None:
+    worker = make_worker(fake, slots=1)
+
+    @worker.task("echo")
+    async def echo(ctx: TaskContext) -> None:
+        raise AssertionError("must not run")
+
+    async with running(worker):
+        session = await fake.session_with_credit()
+        task_id = session.assign("nobody-handles-this")
+        release = (await fake.wait_for(lambda: session.of("release")))[0]
+        assert release.task.id == task_id and release.reason == pb.RELEASE_REASON_CANNOT_RUN
+        assert "no handler" in release.detail
+        assert session.of("ack") == [] and session.of("fail") == []
+        await fake.wait_for(lambda: session.credits == 1)
+
+
+async def test_credits_never_exceed_free_slots(fake: FakeScheduler) -> None:
+    fake.slots = 3
+    worker = make_worker(fake, slots=3)
+    gates: dict[str, asyncio.Event] = {}
+    started = Notifier()
+
+    @worker.task("gated")
+    async def gated(ctx: TaskContext) -> None:
+        gates[ctx.payload["id"]] = gate = asyncio.Event()
+        started.notify()
+        await gate.wait()
+
+    async with running(worker):
+        session = await fake.session_with_credit()
+        # No backlog reported: one credit at a time.
+        assert session.credits == 1
+        session.send(backlog=pb.Backlog(ready=10))
+        await fake.wait_for(lambda: session.credits == 3)
+        for i in range(3):
+            session.assign("gated", {"id": str(i)})
+        await started.wait_for(lambda: len(gates) == 3)
+        # A fourth assignment without a credit: refused, the running three are untouched.
+        session.assign("gated", {"id": "extra"}, force=True)
+        release = (await fake.wait_for(lambda: session.of("release")))[0]
+        assert release.reason == pb.RELEASE_REASON_CANNOT_RUN and "slot" in release.detail
+        assert session.credits == -1  # the fake sent it without a credit
+        session.credits = 0
+        # Each finished task gives exactly one slot back.
+        gates["0"].set()
+        await fake.wait_for(lambda: session.credits == 1)
+        gates["1"].set()
+        gates["2"].set()
+        await fake.wait_for(lambda: session.credits == 3)
+        assert len(session.of("complete")) == 3
+    assert fake.violations == []
+    granted = sum(g.credits for g in session.of("credit_grant"))
+    assert granted == 1 + 2 + 1 + 2  # initial, backlog top-up, then one per freed slot
+
+
+async def test_sync_handler_runs_in_a_thread_and_checkpoints_with_heartbeats(
+    fake: FakeScheduler,
+) -> None:
+    worker = make_worker(fake)
+    loop_thread = threading.get_ident()
+    threads: list[int] = []
+    release = threading.Event()
+
+    @worker.task("sync")
+    def sync_handler(ctx: TaskContext) -> dict[str, int]:
+        threads.append(threading.get_ident())
+        ctx.heartbeat_sync(checkpoint={"step": 1}, progress=0.5)
+        release.wait(WAIT_S)
+        return {"from": "thread"}
+
+    async with running(worker):
+        session = await fake.session_with_credit()
+        task_id = session.assign("sync")
+        running_items = await fake.wait_for(
+            lambda: [
+                r
+                for h in session.of("heartbeat")
+                for r in h.running
+                if r.task.id == task_id and r.HasField("checkpoint")
+            ]
+        )
+        release.set()
+        complete = (await fake.wait_for(lambda: session.of("complete")))[0]
+    assert threads and threads[0] != loop_thread
+    assert json.loads(running_items[0].checkpoint) == {"step": 1}
+    assert json.loads(complete.result_json) == {"from": "thread"}
+    # Once stored (heartbeat answered) the checkpoint is not sent again.
+    with_checkpoint = [
+        r for h in session.of("heartbeat") for r in h.running if r.HasField("checkpoint")
+    ]
+    assert len(with_checkpoint) == 1
+
+
+async def test_drain_lets_short_tasks_finish_and_releases_long_ones_with_checkpoint(
+    fake: FakeScheduler,
+) -> None:
+    worker = make_worker(fake, slots=2, drain_grace_s=1.0, drain_stop_s=2.0)
+    both_running = Notifier()
+    running_ids: set[str] = set()
+    short_gate = asyncio.Event()
+    flags: list[tuple[bool, bool]] = []
+
+    @worker.task("short")
+    async def short(ctx: TaskContext) -> str:
+        running_ids.add("short")
+        both_running.notify()
+        await short_gate.wait()
+        return "finished in grace"
+
+    @worker.task("long")
+    async def long(ctx: TaskContext) -> None:
+        step = ctx.checkpoint["step"] if ctx.checkpoint else 0
+        running_ids.add("long")
+        both_running.notify()
+        while not ctx.cancelled:
+            step += 1
+            await ctx.heartbeat(checkpoint={"step": step})
+            await asyncio.sleep(0.02)
+        flags.append((ctx.draining, ctx.cancelled))
+        await ctx.heartbeat(checkpoint={"step": step, "final": True})
+        ctx.raise_if_cancelled()
+
+    async with running(worker) as run:
+        session = await fake.session_with_credit()
+        session.send(backlog=pb.Backlog(ready=2))
+        await fake.wait_for(lambda: session.credits == 2)
+        short_id = session.assign("short")
+        long_id = session.assign("long", checkpoint={"step": 100})
+        await both_running.wait_for(lambda: len(running_ids) == 2)
+        worker.stop()
+        short_gate.set()
+        drain_started = await fake.wait_for(lambda: session.of("drain_started"))
+        assert drain_started[0].grace.ToMilliseconds() == 1000
+        report = await asyncio.wait_for(run, WAIT_S)
+    assert report == DrainReport(finished=1, released=1, unsettled=0, stuck=0, forced=False)
+    assert report.clean
+    [(kind, complete)] = fake.settlements_for(short_id)
+    assert kind == "complete" and json.loads(complete.result_json) == "finished in grace"
+    [(kind, release)] = fake.settlements_for(long_id)
+    assert kind == "release" and release.reason == pb.RELEASE_REASON_DRAINING
+    checkpoint = json.loads(release.checkpoint)
+    assert checkpoint["final"] is True and checkpoint["step"] > 100
+    assert flags == [(True, True)]
+    # No credit was granted after DrainStarted.
+    messages = [m.WhichOneof("message") for m in session.received]
+    assert "credit_grant" not in messages[messages.index("drain_started") :]
+
+
+async def test_assignments_during_drain_are_released(fake: FakeScheduler) -> None:
+    worker = make_worker(fake, drain_grace_s=2.0)
+    gate = asyncio.Event()
+
+    @worker.task("echo")
+    async def echo(ctx: TaskContext) -> None:
+        await gate.wait()
+
+    async with running(worker) as run:
+        session = await fake.session_with_credit()
+        session.assign("echo")
+        await fake.wait_for(lambda: session.of("ack"))
+        worker.stop()
+        await fake.wait_for(lambda: session.of("drain_started"))
+        late = session.assign("echo", force=True)  # was in flight when the drain began
+        release = (await fake.wait_for(lambda: session.of("release")))[0]
+        assert release.task.id == late and release.reason == pb.RELEASE_REASON_CANNOT_RUN
+        gate.set()
+        report = await asyncio.wait_for(run, WAIT_S)
+    assert report.clean and report.finished == 1
+
+
+async def test_connects_to_every_node_in_the_topology() -> None:
+    async with serve(FakeScheduler()) as a, serve(FakeScheduler()) as b:
+        b.node_id = "node-b"
+        a.extra_nodes = [admin_service_pb2.Node(node_id="node-b", address=b.address)]
+        worker = make_worker(a)
+
+        @worker.task("echo")
+        async def echo(ctx: TaskContext) -> str:
+            return ctx.queue
+
+        async with running(worker):
+            on_b = await b.session_with_credit()
+            on_b.assign("echo")
+            complete = (await b.wait_for(lambda: on_b.of("complete")))[0]
+            await a.session_with_credit()
+        assert json.loads(complete.result_json) == "default"
+
+
+async def test_node_drain_moves_settlement_to_unary_and_stops_credits(
+    fake: FakeScheduler,
+) -> None:
+    worker = make_worker(fake)
+    gate = asyncio.Event()
+
+    @worker.task("echo")
+    async def echo(ctx: TaskContext) -> str:
+        await gate.wait()
+        return "ok"
+
+    async with running(worker):
+        session = await fake.session_with_credit()
+        task_id = session.assign("echo")
+        await fake.wait_for(lambda: session.of("ack") and session.credits == 1)
+        grants = len(session.of("credit_grant"))
+        session.send(drain=pb.Drain(reason="handing shards over"))
+        topology_calls = fake.topology_calls
+        await fake.wait_for(lambda: fake.topology_calls > topology_calls)
+        gate.set()
+        kind, request = await fake.wait_for(lambda: fake.unary and fake.unary[0])
+        assert kind == "complete" and request.complete.task.id == task_id
+        assert session.of("complete") == []
+        assert len(session.of("credit_grant")) == grants

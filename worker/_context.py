@@ -1,0 +1,336 @@
+"""The task context: what a handler knows about its attempt and how it talks back.
+
+Every handler receives one :class:`TaskContext`. It is read-only data about the attempt
+(ids, attempt number, decoded payload and checkpoint, fencing token, trace context) plus
+three channels back to the SDK:
+
+- ``heartbeat(checkpoint=..., progress=...)`` records a checkpoint (sent with the
+  worker's next heartbeat, token-checked by the node, handed to a later attempt) and a
+  progress value (logged, shown by the testing helper). The worker heartbeats every
+  running task on its own; a handler heartbeats only to save state.
+- ``cancelled`` / ``wait_cancelled()`` / ``raise_if_cancelled()``: the SDK asks the
+  handler to stop (a Cancel, a revoked token, its timeout, the end of a drain's grace);
+  ``cancel_reason`` says which and ``draining`` is set for a drain.
+- ``fencing_token``: hand it to systems the handler writes to, so a late write of a
+  zombie attempt can be refused there too.
+
+Sync handlers run in threads, so the cancellation flag is a ``threading.Event`` and the
+checkpoint sits behind a lock; the asyncio side of the flag (for ``wait_cancelled``) is
+set by the SDK on the event loop, which is the only thread that requests stops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import json
+import threading
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from types import MappingProxyType
+from typing import Any, Final
+
+from chronoshard.worker._errors import TaskCancelled
+from chronoshard.worker._models import Assignment
+
+DEFAULT_QUEUE = "default"
+"""The queue a task is in when it names none."""
+
+
+class _Unset(enum.Enum):
+    UNSET = "UNSET"
+
+
+UNSET: Final = _Unset.UNSET
+"""Default of ``heartbeat(checkpoint=...)``: keep the stored checkpoint."""
+
+
+class StopReason(enum.Enum):
+    """Why the SDK asked a handler to stop."""
+
+    CANCELLED = "cancelled"  # a Cancel from the scheduler (CancelTask)
+    REVOKED = "revoked"  # the fencing token is no longer current: another attempt owns it
+    TIMED_OUT = "timed_out"  # the attempt ran past its timeout
+    DRAINING = "draining"  # the worker is shutting down and the grace period is over
+
+
+@dataclass(frozen=True)
+class HeartbeatRecord:
+    """One ``ctx.heartbeat(...)`` call, as the testing helper reports it."""
+
+    checkpoint: Any  # UNSET when the call carried no checkpoint
+    progress: Any
+    at: datetime
+
+
+def encode_json(value: Any) -> bytes:
+    """Compact UTF-8 JSON; TypeError/ValueError for what JSON cannot hold (NaN too)."""
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
+
+
+def decode_json(data: bytes, *, empty: Any) -> Any:
+    """Decode UTF-8 JSON; ``empty`` when there are no bytes. ValueError when malformed."""
+    if not data:
+        return empty
+    return json.loads(data.decode("utf-8"))
+
+
+@dataclass
+class _CheckpointState:
+    value: bytes | None = None  # latest checkpoint recorded in this attempt
+    seq: int = 0  # bumped on every new checkpoint
+    confirmed_seq: int = 0  # highest seq a heartbeat reply confirmed as stored
+
+
+class TaskContext:
+    """The attempt a handler runs, and its way to checkpoint and to notice a stop."""
+
+    def __init__(
+        self,
+        *,
+        task_id: uuid.UUID,
+        task_type: str,
+        scheduled_at: datetime,
+        due_at: datetime,
+        attempt: int,
+        max_retries: int,
+        payload: Any,
+        fencing_token: int,
+        checkpoint: Any,
+        queue: str,
+        trace_context: Mapping[str, str],
+        worker_id: str,
+        timeout_s: float | None = None,
+        idempotent: bool = False,
+        now: Callable[[], datetime],
+        on_heartbeat: Callable[[HeartbeatRecord], None] | None = None,
+    ) -> None:
+        self._task_id = task_id
+        self._task_type = task_type
+        self._scheduled_at = scheduled_at
+        self._due_at = due_at
+        self._attempt = attempt
+        self._max_retries = max_retries
+        self._payload = payload
+        self._fencing_token = fencing_token
+        self._checkpoint = checkpoint
+        self._queue = queue
+        self._trace_context: Mapping[str, str] = MappingProxyType(dict(trace_context))
+        self._worker_id = worker_id
+        self._timeout_s = timeout_s
+        self._idempotent = idempotent
+        self._now = now
+        self._on_heartbeat = on_heartbeat
+        self._lock = threading.Lock()
+        self._state = _CheckpointState()
+        self._progress: Any = None
+        self._cancel_flag = threading.Event()
+        self._cancel_event = asyncio.Event()
+        self._cancel_reason: StopReason | None = None
+        self._draining = False
+
+    # ---- the attempt -----------------------------------------------------------------
+
+    @property
+    def task_id(self) -> uuid.UUID:
+        return self._task_id
+
+    @property
+    def task_type(self) -> str:
+        return self._task_type
+
+    @property
+    def scheduled_at(self) -> datetime:
+        """The time the client asked for (the task's partition key; never moves)."""
+        return self._scheduled_at
+
+    @property
+    def due_at(self) -> datetime:
+        """When this attempt was due: scheduled_at plus jitter, moved by retries."""
+        return self._due_at
+
+    @property
+    def attempt(self) -> int:
+        """1-based attempt number."""
+        return self._attempt
+
+    @property
+    def max_retries(self) -> int:
+        return self._max_retries
+
+    @property
+    def is_last_attempt(self) -> bool:
+        """True when a failure now goes to DEAD_LETTER instead of a retry."""
+        return self._attempt > self._max_retries
+
+    @property
+    def payload(self) -> Any:
+        """The JSON object given at submit, decoded."""
+        return self._payload
+
+    @property
+    def fencing_token(self) -> int:
+        """The attempt's token: pass it to downstream systems to fence zombie writes."""
+        return self._fencing_token
+
+    @property
+    def checkpoint(self) -> Any:
+        """The checkpoint an earlier attempt stored (decoded JSON), or None."""
+        return self._checkpoint
+
+    @property
+    def queue(self) -> str:
+        return self._queue
+
+    @property
+    def trace_context(self) -> Mapping[str, str]:
+        """W3C trace context captured at submit (``traceparent``, ``tracestate``)."""
+        return self._trace_context
+
+    @property
+    def worker_id(self) -> str:
+        return self._worker_id
+
+    @property
+    def timeout_s(self) -> float | None:
+        """Longest this attempt may run before the SDK stops it; None: no limit."""
+        return self._timeout_s
+
+    @property
+    def idempotent(self) -> bool:
+        return self._idempotent
+
+    # ---- stopping --------------------------------------------------------------------
+
+    @property
+    def cancelled(self) -> bool:
+        """True once the SDK asked the handler to stop (see ``cancel_reason``)."""
+        return self._cancel_flag.is_set()
+
+    @property
+    def cancel_reason(self) -> StopReason | None:
+        return self._cancel_reason
+
+    @property
+    def draining(self) -> bool:
+        """True when the stop request comes from a worker drain: checkpoint and return
+        by raising (``raise_if_cancelled()``); the task resumes on another worker."""
+        return self._draining
+
+    async def wait_cancelled(self) -> StopReason | None:
+        """Return once the handler is asked to stop (async handlers only)."""
+        await self._cancel_event.wait()
+        return self._cancel_reason
+
+    def wait_cancelled_sync(self, timeout_s: float | None = None) -> bool:
+        """Block until asked to stop or ``timeout_s`` passed (sync handlers); True if asked."""
+        return self._cancel_flag.wait(timeout_s)
+
+    def raise_if_cancelled(self) -> None:
+        """Raise :class:`TaskCancelled` if the handler was asked to stop."""
+        if self._cancel_flag.is_set():
+            reason = self._cancel_reason.value if self._cancel_reason else "stop"
+            raise TaskCancelled(f"task {self._task_id} asked to stop: {reason}")
+
+    # ---- heartbeats and checkpoints --------------------------------------------------
+
+    async def heartbeat(self, *, checkpoint: Any = UNSET, progress: Any = None) -> None:
+        """Record a checkpoint and/or progress; sent with the worker's next heartbeat.
+
+        Raises TypeError/ValueError at once if ``checkpoint`` is not JSON-serialisable.
+        """
+        self.heartbeat_sync(checkpoint=checkpoint, progress=progress)
+
+    def heartbeat_sync(self, *, checkpoint: Any = UNSET, progress: Any = None) -> None:
+        """Thread-safe ``heartbeat`` for sync handlers."""
+        encoded = None if checkpoint is UNSET else encode_json(checkpoint)
+        with self._lock:
+            if encoded is not None:
+                self._state.value = encoded
+                self._state.seq += 1
+            if progress is not None:
+                self._progress = progress
+        if self._on_heartbeat is not None:
+            self._on_heartbeat(HeartbeatRecord(checkpoint, progress, self._now()))
+
+    @property
+    def progress(self) -> Any:
+        """The last progress value given to ``heartbeat``."""
+        with self._lock:
+            return self._progress
+
+    # ---- SDK side (event loop only) --------------------------------------------------
+
+    def _request_stop(self, reason: StopReason) -> None:
+        # The first reason wins, except that a revocation overrides everything: once the
+        # token is stale nothing the handler does can be settled.
+        if self._cancel_reason is None or reason is StopReason.REVOKED:
+            self._cancel_reason = reason
+        if reason is StopReason.DRAINING:
+            self._draining = True
+        self._cancel_flag.set()
+        self._cancel_event.set()
+
+    def _pending_checkpoint(self) -> tuple[int, bytes] | None:
+        """The checkpoint to send with the next heartbeat, if one is not yet stored."""
+        with self._lock:
+            state = self._state
+            if state.value is None or state.seq == state.confirmed_seq:
+                return None
+            return state.seq, state.value
+
+    def _checkpoint_stored(self, seq: int) -> None:
+        with self._lock:
+            self._state.confirmed_seq = max(self._state.confirmed_seq, seq)
+
+    def _latest_checkpoint(self) -> bytes | None:
+        """The newest checkpoint of this attempt (stored or not), for a Release."""
+        with self._lock:
+            return self._state.value
+
+
+class BadAttempt(ValueError):
+    """The assignment cannot be handed to a handler (payload or checkpoint not JSON)."""
+
+
+def build_context(
+    info: Assignment,
+    *,
+    worker_id: str,
+    timeout_s: float | None,
+    now: Callable[[], datetime],
+    on_heartbeat: Callable[[HeartbeatRecord], None] | None = None,
+) -> TaskContext:
+    """Decode the attempt's JSON and build its context. Raises BadAttempt."""
+    try:
+        task_id = uuid.UUID(info.task.id)
+    except ValueError as exc:
+        raise BadAttempt(f"task id {info.task.id!r} is not a UUID") from exc
+    try:
+        payload = decode_json(info.payload_json, empty={})
+    except ValueError as exc:
+        raise BadAttempt(f"payload is not valid UTF-8 JSON: {exc}") from exc
+    try:
+        checkpoint = decode_json(info.checkpoint, empty=None)
+    except ValueError as exc:
+        raise BadAttempt(f"stored checkpoint is not valid UTF-8 JSON: {exc}") from exc
+    return TaskContext(
+        task_id=task_id,
+        task_type=info.type,
+        scheduled_at=info.task.scheduled_at,
+        due_at=info.due_at,
+        attempt=info.attempt,
+        max_retries=info.max_retries,
+        payload=payload,
+        fencing_token=info.fencing_token,
+        checkpoint=checkpoint,
+        queue=info.queue or DEFAULT_QUEUE,
+        trace_context=info.trace_context,
+        worker_id=worker_id,
+        timeout_s=timeout_s,
+        idempotent=info.idempotent,
+        now=now,
+        on_heartbeat=on_heartbeat,
+    )

@@ -1,0 +1,270 @@
+"""Translation between the generated protobuf classes and the SDK's dataclasses.
+
+This module and ``_transport.py`` are the only places in the SDK that import ``*_pb2``
+(STYLE #7). Everything here is pure: a message in, a message out. Unset optional fields
+become ``None`` (``timeout``, ``heartbeat_interval``, a refused Receipt's ``error``), enum
+values lose their prefix (``PRIORITY_BULK`` -> ``"BULK"``), and a ``SchedulerMessage``
+whose oneof this SDK does not know yet converts to ``None`` so a newer node can add
+messages without breaking older workers.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from google.protobuf import duration_pb2, timestamp_pb2
+
+from chronoshard.v1 import admin_service_pb2, common_pb2, worker_service_pb2
+from chronoshard.worker._models import (
+    Ack,
+    Assignment,
+    Backlog,
+    Cancel,
+    Complete,
+    CreditGrant,
+    Drain,
+    DrainStarted,
+    ErrorInfo,
+    Fail,
+    Heartbeat,
+    HeartbeatReply,
+    Hello,
+    Inbound,
+    NodeInfo,
+    Outbound,
+    Receipt,
+    Reject,
+    Release,
+    ReleaseReason,
+    RevokedTask,
+    Settlement,
+    SettlementKind,
+    TaskRef,
+    Welcome,
+)
+
+_RELEASE_REASONS = {
+    ReleaseReason.DRAINING: worker_service_pb2.RELEASE_REASON_DRAINING,
+    ReleaseReason.CANNOT_RUN: worker_service_pb2.RELEASE_REASON_CANNOT_RUN,
+}
+_KINDS = {
+    worker_service_pb2.SETTLEMENT_KIND_ACK: SettlementKind.ACK,
+    worker_service_pb2.SETTLEMENT_KIND_COMPLETE: SettlementKind.COMPLETE,
+    worker_service_pb2.SETTLEMENT_KIND_FAIL: SettlementKind.FAIL,
+    worker_service_pb2.SETTLEMENT_KIND_RELEASE: SettlementKind.RELEASE,
+}
+
+
+# ---- scalars -------------------------------------------------------------------------
+
+
+def _timestamp(value: datetime) -> timestamp_pb2.Timestamp:
+    ts = timestamp_pb2.Timestamp()
+    ts.FromDatetime(value)
+    return ts
+
+
+def _datetime(ts: timestamp_pb2.Timestamp) -> datetime:
+    return ts.ToDatetime(tzinfo=UTC)
+
+
+def _duration(seconds: float) -> duration_pb2.Duration:
+    d = duration_pb2.Duration()
+    d.FromNanoseconds(round(seconds * 1e9))
+    return d
+
+
+def _seconds(d: duration_pb2.Duration) -> float:
+    return d.ToNanoseconds() / 1e9
+
+
+def task_ref_to_pb(ref: TaskRef) -> common_pb2.TaskRef:
+    return common_pb2.TaskRef(id=ref.id, scheduled_at=_timestamp(ref.scheduled_at))
+
+
+def task_ref_from_pb(ref: common_pb2.TaskRef) -> TaskRef:
+    return TaskRef(id=ref.id, scheduled_at=_datetime(ref.scheduled_at))
+
+
+def error_info_from_pb(info: common_pb2.ErrorInfo) -> ErrorInfo:
+    return ErrorInfo(
+        code=info.code,
+        reason=info.reason,
+        message=info.message,
+        field=info.field,
+        retryable=info.retryable,
+    )
+
+
+# ---- worker -> scheduler -------------------------------------------------------------
+
+
+def complete_to_pb(msg: Complete) -> worker_service_pb2.Complete:
+    return worker_service_pb2.Complete(
+        task=task_ref_to_pb(msg.task), fencing_token=msg.fencing_token, result_json=msg.result_json
+    )
+
+
+def fail_to_pb(msg: Fail) -> worker_service_pb2.Fail:
+    return worker_service_pb2.Fail(
+        task=task_ref_to_pb(msg.task),
+        fencing_token=msg.fencing_token,
+        error_message=msg.error_message,
+        error_type=msg.error_type,
+        retryable=msg.retryable,
+        timed_out=msg.timed_out,
+        cancelled=msg.cancelled,
+    )
+
+
+def release_to_pb(msg: Release) -> worker_service_pb2.Release:
+    pb = worker_service_pb2.Release(
+        task=task_ref_to_pb(msg.task),
+        fencing_token=msg.fencing_token,
+        reason=_RELEASE_REASONS[msg.reason],
+        detail=msg.detail,
+    )
+    if msg.checkpoint is not None:
+        pb.checkpoint = msg.checkpoint
+    return pb
+
+
+def to_pb(msg: Outbound) -> worker_service_pb2.WorkerMessage:
+    """One outbound message wrapped in the stream's ``WorkerMessage`` envelope."""
+    w = worker_service_pb2
+    match msg:
+        case Hello():
+            return w.WorkerMessage(
+                hello=w.Hello(
+                    worker_id=msg.worker_id,
+                    queues=list(msg.queues),
+                    task_types=list(msg.task_types),
+                    slots=msg.slots,
+                    sdk_version=msg.sdk_version,
+                )
+            )
+        case CreditGrant():
+            return w.WorkerMessage(credit_grant=w.CreditGrant(credits=msg.credits))
+        case Ack():
+            return w.WorkerMessage(
+                ack=w.Ack(task=task_ref_to_pb(msg.task), fencing_token=msg.fencing_token)
+            )
+        case Heartbeat():
+            running = []
+            for item in msg.running:
+                pb = w.RunningTask(task=task_ref_to_pb(item.task), fencing_token=item.fencing_token)
+                if item.checkpoint is not None:
+                    pb.checkpoint = item.checkpoint
+                running.append(pb)
+            return w.WorkerMessage(heartbeat=w.Heartbeat(running=running))
+        case Complete():
+            return w.WorkerMessage(complete=complete_to_pb(msg))
+        case Fail():
+            return w.WorkerMessage(fail=fail_to_pb(msg))
+        case Release():
+            return w.WorkerMessage(release=release_to_pb(msg))
+        case DrainStarted():
+            return w.WorkerMessage(drain_started=w.DrainStarted(grace=_duration(msg.grace_s)))
+
+
+# ---- scheduler -> worker -------------------------------------------------------------
+
+
+def _assignment(pb: worker_service_pb2.Assignment) -> Assignment:
+    priority = common_pb2.Priority.Name(pb.priority).removeprefix("PRIORITY_")
+    return Assignment(
+        task=task_ref_from_pb(pb.task),
+        type=pb.type,
+        payload_json=pb.payload_json,
+        fencing_token=pb.fencing_token,
+        attempt=pb.attempt,
+        max_retries=pb.max_retries,
+        due_at=_datetime(pb.due_at),
+        lease_expires_at=_datetime(pb.lease_expires_at)
+        if pb.HasField("lease_expires_at")
+        else None,
+        timeout_s=_seconds(pb.timeout) if pb.HasField("timeout") else None,
+        checkpoint=pb.checkpoint,
+        trace_context=dict(pb.trace_context),
+        queue=pb.queue,
+        priority="STANDARD" if priority == "UNSPECIFIED" else priority,
+        idempotent=pb.idempotent,
+    )
+
+
+def from_pb(msg: worker_service_pb2.SchedulerMessage) -> Inbound | None:
+    """The message inside the envelope; None for a kind this SDK does not know."""
+    which = msg.WhichOneof("message")
+    if which == "welcome":
+        pb = msg.welcome
+        return Welcome(
+            node_id=pb.node_id,
+            session_id=pb.session_id,
+            heartbeat_interval_s=(
+                _seconds(pb.heartbeat_interval) if pb.HasField("heartbeat_interval") else None
+            ),
+            lease_duration_s=(
+                _seconds(pb.lease_duration) if pb.HasField("lease_duration") else None
+            ),
+        )
+    if which == "assignment":
+        return _assignment(msg.assignment)
+    if which == "heartbeat_reply":
+        return HeartbeatReply(
+            revoked=tuple(
+                RevokedTask(
+                    task=task_ref_from_pb(r.task), fencing_token=r.fencing_token, reason=r.reason
+                )
+                for r in msg.heartbeat_reply.revoked
+            )
+        )
+    if which == "cancel":
+        c = msg.cancel
+        return Cancel(task=task_ref_from_pb(c.task), fencing_token=c.fencing_token, reason=c.reason)
+    if which == "drain":
+        return Drain(reason=msg.drain.reason)
+    if which == "backlog":
+        return Backlog(ready=msg.backlog.ready, ready_by_queue=dict(msg.backlog.ready_by_queue))
+    if which == "receipt":
+        r = msg.receipt
+        kind = _KINDS.get(r.kind)
+        if kind is None:
+            return None
+        return Receipt(
+            task=task_ref_from_pb(r.task),
+            fencing_token=r.fencing_token,
+            kind=kind,
+            error=error_info_from_pb(r.error) if r.HasField("error") else None,
+        )
+    if which == "reject":
+        return Reject(error=error_info_from_pb(msg.reject.error))
+    return None
+
+
+# ---- unary settlement and topology ---------------------------------------------------
+
+
+def settlement_request(
+    worker_id: str, msg: Settlement
+) -> (
+    tuple[str, worker_service_pb2.CompleteRequest]
+    | tuple[str, worker_service_pb2.FailRequest]
+    | tuple[str, worker_service_pb2.ReleaseRequest]
+):
+    """The unary RPC name and request that carry ``msg``; an Ack has none (ValueError)."""
+    w = worker_service_pb2
+    match msg:
+        case Complete():
+            return "Complete", w.CompleteRequest(worker_id=worker_id, complete=complete_to_pb(msg))
+        case Fail():
+            return "Fail", w.FailRequest(worker_id=worker_id, fail=fail_to_pb(msg))
+        case Release():
+            return "Release", w.ReleaseRequest(worker_id=worker_id, release=release_to_pb(msg))
+        case Ack():
+            raise ValueError("an Ack travels only on the stream")
+
+
+def topology_from_pb(resp: admin_service_pb2.GetTopologyResponse) -> tuple[NodeInfo, ...]:
+    return tuple(
+        NodeInfo(node_id=n.node_id, address=n.address, draining=n.draining) for n in resp.nodes
+    )

@@ -1,0 +1,430 @@
+"""The dispatcher: what the worker does with each message a node sends.
+
+It is the sessions' :class:`SessionHost`. Every callback runs on the event loop between
+two awaits and answers by calling the pure parts: the :class:`CreditLedger` (may this
+assignment run, which node gets the freed slot), the outcome table of ``_execution.py``
+(what settles an attempt) and, through :class:`Settlements`, the outbox. An accepted
+assignment becomes a *run*: a task driving one :class:`Execution`, whose outcome is
+settled as soon as it is known and whose slot is given back once the handler really
+stopped. The :class:`Worker` owns the lifecycle (start, drain, close) and reads the
+dispatcher's state to decide when each shutdown phase is over.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Executor
+from dataclasses import dataclass
+from typing import Any
+
+import chronoshard
+from chronoshard.clock import Clock
+from chronoshard.worker._context import (
+    DEFAULT_QUEUE,
+    BadAttempt,
+    StopReason,
+    TaskContext,
+    build_context,
+)
+from chronoshard.worker._credits import CreditLedger
+from chronoshard.worker._execution import (
+    Abandoned,
+    Completed,
+    Execution,
+    Failed,
+    HandlerSpec,
+    Outcome,
+    Released,
+    effective_timeout,
+    failure,
+)
+from chronoshard.worker._models import (
+    Ack,
+    Assignment,
+    Backlog,
+    Cancel,
+    Complete,
+    CreditGrant,
+    Drain,
+    DrainStarted,
+    Fail,
+    Heartbeat,
+    HeartbeatReply,
+    Hello,
+    Inbound,
+    Receipt,
+    Release,
+    ReleaseReason,
+    RunKey,
+    RunningTask,
+    Settlement,
+    Welcome,
+)
+from chronoshard.worker._session import NodeSession
+from chronoshard.worker._settlements import Settlements
+from chronoshard.worker._topology import Topology
+
+logger = logging.getLogger("chronoshard.worker")
+
+OUTCOMES = ("completed", "failed", "timed_out", "cancelled", "released", "abandoned")
+"""The counters of :attr:`Dispatcher.counts` that count ended attempts."""
+
+
+@dataclass
+class _Run:
+    """One accepted assignment on this worker."""
+
+    assignment: Assignment
+    node: str  # address of the session that assigned it
+    execution: Execution
+    task: asyncio.Task[None] | None = None
+    decided: bool = False  # outcome known (settlement queued, or abandoned)
+
+    @property
+    def ctx(self) -> TaskContext:
+        return self.execution.ctx
+
+
+class Dispatcher:
+    def __init__(
+        self,
+        *,
+        worker_id: str,
+        handlers: Mapping[str, HandlerSpec],
+        queues: Sequence[str],
+        slots: int,
+        clock: Clock,
+        drain_grace_s: float,
+        drain_stop_s: float,
+        on_change: Callable[[], None],
+    ) -> None:
+        self.worker_id = worker_id
+        self._handlers = handlers
+        self._queues = tuple(queues)
+        self._slots = slots
+        self._clock = clock
+        self._drain_grace_s = drain_grace_s
+        self._drain_stop_s = drain_stop_s
+        self._changed = on_change
+        self.ledger = CreditLedger(slots)
+        self.runs: dict[RunKey, _Run] = {}
+        self.counts: Counter[str] = Counter()
+        self.draining = False
+        self.executor: Executor | None = None
+        # Wired by bind(): the topology needs the dispatcher as its host first.
+        self._topology: Topology | None = None
+        self._settlements: Settlements | None = None
+
+    def bind(self, topology: Topology, settlements: Settlements) -> None:
+        self._topology = topology
+        self._settlements = settlements
+
+    @property
+    def topology(self) -> Topology:
+        assert self._topology is not None, "bind() first"
+        return self._topology
+
+    @property
+    def settlements(self) -> Settlements:
+        assert self._settlements is not None, "bind() first"
+        return self._settlements
+
+    def _log(self, level: int, msg: str, *args: Any, **fields: Any) -> None:
+        logger.log(level, msg, *args, extra={"worker_id": self.worker_id, **fields})
+
+    def ended(self) -> int:
+        """Attempts that reached an outcome so far."""
+        return sum(self.counts[k] for k in OUTCOMES)
+
+    # ---- drain -----------------------------------------------------------------------
+
+    def start_drain(self) -> None:
+        """Stop intake: no credit from now on, and DrainStarted to every node withdraws
+        the credits they hold; assignments still in flight are released CANNOT_RUN."""
+        self.draining = True
+        self.ledger.stop_granting()
+        for session in self.topology.sessions.values():
+            session.send(DrainStarted(self._drain_grace_s))
+
+    def stop_all(self, reason: StopReason) -> None:
+        for run in list(self.runs.values()):
+            run.execution.request_stop(reason)
+
+    # ---- SessionHost -----------------------------------------------------------------
+
+    def hello(self) -> Hello:
+        return Hello(
+            worker_id=self.worker_id,
+            queues=self._queues,
+            task_types=tuple(sorted(self._handlers)),
+            slots=self._slots,
+            sdk_version=chronoshard.__version__,
+        )
+
+    def session_welcomed(self, session: NodeSession) -> None:
+        self.ledger.open(session.address)
+        if self.draining:
+            session.send(DrainStarted(self._drain_grace_s))
+        self.settlements.on_welcome(session, lambda key: key in self.runs)
+        self._regrant()
+
+    def session_ended(self, session: NodeSession, *, welcomed: bool) -> None:
+        if not welcomed:
+            return
+        self.ledger.close(session.address)
+        self.settlements.on_stream_lost(session)
+        self.topology.request_refresh()
+        self._regrant()
+        self._changed()
+
+    def session_message(self, session: NodeSession, msg: Inbound) -> None:
+        match msg:
+            case Assignment():
+                self._on_assignment(session, msg)
+            case Receipt():
+                self.settlements.on_receipt(session, msg)
+            case Cancel():
+                self._on_cancel(session, msg)
+            case Backlog():
+                self.ledger.set_backlog(session.address, msg.ready)
+                self._regrant()
+            case Drain():
+                self._on_drain(session, msg)
+            case Welcome():
+                self._log(logging.WARNING, "second Welcome ignored", node=session.node_id)
+            case _:
+                pass
+
+    def heartbeat_for(self, session: NodeSession) -> tuple[Heartbeat, Any]:
+        """This node's running tasks, plus those of nodes we have no usable stream to
+        (any node can extend any lease), with checkpoints not yet stored."""
+        running: list[RunningTask] = []
+        sent: list[tuple[RunKey, int | None]] = []
+        for key, run in self.runs.items():
+            if run.decided:
+                continue
+            if run.node != session.address and self.topology.usable(run.node):
+                continue
+            pending = run.ctx._pending_checkpoint()
+            a = run.assignment
+            running.append(RunningTask(a.task, a.fencing_token, pending[1] if pending else None))
+            sent.append((key, pending[0] if pending else None))
+        return Heartbeat(tuple(running)), sent
+
+    def heartbeat_answered(self, session: NodeSession, sent: Any, reply: HeartbeatReply) -> None:
+        revoked = {(r.task.id, r.fencing_token): r for r in reply.revoked}
+        for key, seq in sent or ():
+            run = self.runs.get(key)
+            if run is not None and seq is not None and key not in revoked:
+                run.ctx._checkpoint_stored(seq)
+        for key, item in revoked.items():
+            if self._revoke(key):
+                self._zombie(key, f"heartbeat ({item.reason or 'revoked'})", session.node_id)
+
+    # ---- messages --------------------------------------------------------------------
+
+    def _refusal(self, a: Assignment) -> str | None:
+        """Why this worker cannot take ``a`` (None: it can, and a slot is now taken)."""
+        if self.draining:
+            return "worker is draining"
+        if a.type not in self._handlers:
+            return f"no handler for task type {a.type!r}"
+        if (a.queue or DEFAULT_QUEUE) not in self._queues:
+            return f"worker does not serve queue {a.queue!r}"
+        if not self.ledger.try_occupy():
+            return "no free slot"
+        return None
+
+    def _on_assignment(self, session: NodeSession, a: Assignment) -> None:
+        node = session.address
+        fields = {"task_id": a.task.id, "token": a.fencing_token, "node": session.node_id}
+        if not self.ledger.consume(node):
+            self._log(logging.WARNING, "assignment without a credit", **fields)
+        if a.run_key in self.runs:
+            # Sent again (a node repeating itself after a hiccup): the run goes on.
+            self.settlements.send(node, Ack(a.task, a.fencing_token))
+            self._regrant()
+            return
+        refusal = self._refusal(a)
+        if refusal is not None:
+            self._log(logging.INFO, "releasing: %s", refusal, event="cannot_run", **fields)
+            self.counts["cannot_run"] += 1
+            release = Release(a.task, a.fencing_token, ReleaseReason.CANNOT_RUN, None, refusal)
+            self.settlements.send(node, release)
+            self._regrant()
+            return
+        # Ack at once: the node moves the task to RUNNING while we wait for due_at. The
+        # credit the assignment used is granted again (to whichever node needs it most).
+        self.settlements.send(node, Ack(a.task, a.fencing_token))
+        self._regrant()
+        spec = self._handlers[a.type]
+        timeout_s = effective_timeout(spec.timeout_s, a.timeout_s)
+        try:
+            ctx = build_context(
+                a, worker_id=self.worker_id, timeout_s=timeout_s, now=self._clock.now
+            )
+        except BadAttempt as exc:
+            self._log(logging.ERROR, "cannot start: %s", exc, event="bad_assignment", **fields)
+            self._settle(node, a, Failed(str(exc), "chronoshard.worker.BadAssignment", False))
+            self.ledger.release_slot()
+            self._regrant()
+            return
+        execution = Execution(
+            spec,
+            ctx,
+            now=self._clock.now,
+            timeout_s=timeout_s,
+            executor=self.executor,
+            drain_stop_s=self._drain_stop_s,
+        )
+        run = _Run(a, node, execution)
+        self.runs[a.run_key] = run
+        run.task = asyncio.create_task(self._drive(run), name=f"chronoshard-run {a.task.id}")
+        self._log(
+            logging.DEBUG,
+            "accepted %s attempt %d, due %s",
+            a.type,
+            a.attempt,
+            a.due_at.isoformat(),
+            event="assigned",
+            **fields,
+        )
+
+    def _on_cancel(self, session: NodeSession, msg: Cancel) -> None:
+        run = self.runs.get((msg.task.id, msg.fencing_token))
+        if run is None or run.decided:
+            return  # already settled: the settlement answers the cancel
+        self._log(
+            logging.INFO,
+            "cancel requested: %s",
+            msg.reason or "-",
+            task_id=msg.task.id,
+            token=msg.fencing_token,
+            node=session.node_id,
+            event="cancel",
+        )
+        run.execution.request_stop(StopReason.CANCELLED)
+
+    def _on_drain(self, session: NodeSession, msg: Drain) -> None:
+        self._log(
+            logging.INFO,
+            "node is draining (%s): settling through the others",
+            msg.reason or "-",
+            node=session.node_id,
+            event="node_drain",
+        )
+        session.drained = True
+        self.ledger.stop_node(session.address)
+        self.topology.request_refresh()
+        self._regrant()
+
+    def _regrant(self) -> None:
+        if self.draining:
+            return
+        for node, credits in self.ledger.plan().items():
+            session = self.topology.session(node)
+            # A failed send means the stream is breaking: session_ended clears the credits.
+            if session is not None:
+                session.send(CreditGrant(credits))
+
+    # ---- runs ------------------------------------------------------------------------
+
+    async def _drive(self, run: _Run) -> None:
+        key = run.assignment.run_key
+        try:
+            try:
+                outcome = await run.execution.run()
+            except Exception as exc:  # a bug in the SDK: fail the attempt, keep the worker
+                logger.exception(
+                    "task run crashed",
+                    extra={"worker_id": self.worker_id, "task_id": key[0], "token": key[1]},
+                )
+                outcome = failure(exc)
+            self._conclude(run, outcome)
+            await run.execution.handler_stopped()
+        finally:
+            run.decided = True
+            self.runs.pop(key, None)
+            self.ledger.release_slot()
+            self._regrant()
+            self._changed()
+
+    def _conclude(self, run: _Run, outcome: Outcome) -> None:
+        a = run.assignment
+        run.decided = True
+        counter = type(outcome).__name__.lower()
+        if isinstance(outcome, Failed):
+            counter = (
+                "timed_out" if outcome.timed_out else "cancelled" if outcome.cancelled else counter
+            )
+            self._log(
+                logging.WARNING,
+                "%s attempt %d %s: %s",
+                a.type,
+                a.attempt,
+                counter,
+                outcome.error_message.partition("\n")[0],
+                event="task_failed",
+                task_id=a.task.id,
+                token=a.fencing_token,
+            )
+        self.counts[counter] += 1
+        self._settle(run.node, a, outcome)
+        self._changed()
+
+    def _settle(self, node: str, a: Assignment, outcome: Outcome) -> None:
+        settlement: Settlement
+        match outcome:
+            case Completed():
+                settlement = Complete(a.task, a.fencing_token, outcome.result_json)
+            case Failed():
+                settlement = Fail(
+                    a.task,
+                    a.fencing_token,
+                    outcome.error_message,
+                    outcome.error_type,
+                    outcome.retryable,
+                    outcome.timed_out,
+                    outcome.cancelled,
+                )
+            case Released():
+                settlement = Release(
+                    a.task,
+                    a.fencing_token,
+                    ReleaseReason.DRAINING,
+                    outcome.checkpoint,
+                    outcome.detail,
+                )
+            case Abandoned():
+                self.settlements.discard(a.run_key)
+                return
+        self.settlements.send(node, settlement, on_draining_node=False)
+
+    def _revoke(self, key: RunKey) -> bool:
+        """Stop a run whose token is stale; False if there was nothing left to stop."""
+        run = self.runs.get(key)
+        if run is None or run.decided:
+            return False
+        run.execution.request_stop(StopReason.REVOKED)
+        return True
+
+    def stale(self, key: RunKey, what: str, node: str) -> None:
+        """A settlement came back STALE_FENCING_TOKEN: another attempt owns the task."""
+        self._revoke(key)
+        self._zombie(key, what, node)
+
+    def _zombie(self, key: RunKey, what: str, node: str) -> None:
+        self.counts["zombie"] += 1
+        self._log(
+            logging.WARNING,
+            "zombie attempt: %s refused with a stale fencing token; another attempt owns "
+            "the task, this one is dropped",
+            what,
+            task_id=key[0],
+            token=key[1],
+            node=node,
+            event="zombie",
+        )

@@ -1,0 +1,66 @@
+"""The worker SDK's exceptions: one root for what the SDK raises, two for handlers to raise.
+
+:class:`WorkerError` is the root of every error the SDK raises on purpose; gRPC errors
+never leak through the public API, they are mapped once in ``_transport.py`` and chained
+``from exc``. Handlers may raise :class:`NonRetryableError` (fail without using up the
+task's retries) and :class:`TaskCancelled` (``ctx.raise_if_cancelled()``: acknowledge a
+cancel or a drain request).
+"""
+
+from __future__ import annotations
+
+
+class WorkerError(Exception):
+    """Root of every error the worker SDK raises on purpose."""
+
+
+class ConfigurationError(WorkerError):
+    """Raised when a :class:`Worker` is built or registered wrongly (bad slots, a task type
+    registered twice, ``run()`` with no handler or no scheduler address)."""
+
+
+class LoadError(WorkerError):
+    """Raised by the runner when ``pkg.module:attr`` does not name a Worker (or a
+    zero-argument factory returning one)."""
+
+
+class CallFailed(WorkerError):
+    """Raised by the transport when a unary call (settlement, topology) did not succeed.
+
+    ``code`` is the gRPC status code name, ``reason`` the ErrorInfo reason when the node
+    sent one (``STALE_FENCING_TOKEN`` for a fenced attempt), ``retryable`` whether the same
+    request may succeed later (node down, deadline exceeded, shard in handoff).
+    """
+
+    def __init__(self, code: str, reason: str, message: str, *, retryable: bool) -> None:
+        super().__init__(f"{code}/{reason or '-'}: {message}")
+        self.code = code
+        self.reason = reason
+        self.message = message
+        self.retryable = retryable
+
+    @property
+    def stale(self) -> bool:
+        return self.reason == STALE_FENCING_TOKEN
+
+
+STALE_FENCING_TOKEN = "STALE_FENCING_TOKEN"
+"""ErrorInfo.reason of a settlement whose attempt is no longer current (DESIGN §5)."""
+
+
+class NonRetryableError(Exception):
+    """Raise from a handler to fail the task without retrying it (straight to DEAD_LETTER).
+
+    Any exception with a class attribute ``retryable = False`` is treated the same way.
+    """
+
+    retryable = False
+
+
+class TaskCancelled(Exception):
+    """Raised by ``ctx.raise_if_cancelled()`` once the SDK asked the handler to stop.
+
+    Letting it propagate acknowledges the stop: a cancel ends the task CANCELLED, a drain
+    releases it with its last checkpoint. Catching it and returning a value completes the
+    task instead (the work was done).
+    """

@@ -1,0 +1,388 @@
+"""One attempt of one handler: wait for ``due_at``, run, enforce the timeout, honour stops.
+
+:class:`Execution` is shared by the worker and by ``chronoshard.worker.testing``, so a
+handler behaves the same under test as in production. It answers one question, *how did
+this attempt end?*, as an :data:`Outcome`:
+
+==============================  =============================================
+what happened                   outcome (and the settlement the worker sends)
+==============================  =============================================
+handler returned a value        ``Completed`` (Complete), even after a Cancel
+                                or a drain request: the work was done
+return value not JSON           ``Failed`` non-retryable (Fail)
+handler raised                  ``Failed``; retryable unless the exception says
+                                ``retryable = False`` (NonRetryableError)
+raised after a Cancel           ``Failed(cancelled=True)``: the task ends CANCELLED
+ran past its timeout            ``Failed(timed_out=True, retryable=True)`` at once
+raised or stuck after the       ``Released`` with the attempt's last checkpoint
+drain grace                     (Release DRAINING): resumes on another worker
+token revoked                   ``Abandoned``: nothing is settled, ever
+==============================  =============================================
+
+The outcome is decided as early as it is known (a timeout does not wait for a stuck
+handler), while :meth:`Execution.handler_stopped` tells when the handler really ended:
+an async handler is cancelled, but a thread cannot be killed, so a sync handler that
+ignores ``ctx.cancelled`` keeps its slot (and its thread) until it returns.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import inspect
+import traceback
+from collections.abc import Callable
+from concurrent.futures import Executor
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from chronoshard.worker._context import StopReason, TaskContext, encode_json
+
+Handler = Callable[[TaskContext], Any]
+"""``async def handler(ctx) -> json`` or ``def handler(ctx) -> json`` (runs in a thread)."""
+
+MAX_ERROR_CHARS = 8192
+"""Error text sent with a Fail is cut to this length (head and tail kept)."""
+DRAIN_STOP_S = 5.0
+"""After the drain grace, how long a handler asked to stop may take before it is released."""
+_CANCEL_CLEANUP_S = 1.0
+"""How long a cancelled async handler may run its cleanup (e.g. save a checkpoint)."""
+
+
+@dataclass(frozen=True)
+class HandlerSpec:
+    task_type: str
+    fn: Handler
+    is_async: bool
+    timeout_s: float | None = None
+
+
+def handler_spec(task_type: str, fn: Handler, timeout_s: float | None = None) -> HandlerSpec:
+    """Describe a handler; async when it is a coroutine function (or has an async
+    ``__call__``), sync otherwise."""
+    if timeout_s is not None and timeout_s <= 0:
+        raise ValueError(f"timeout_s must be positive, got {timeout_s}")
+    is_async = inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
+        getattr(fn, "__call__", None)  # noqa: B004 - an async __call__ on an instance
+    )
+    return HandlerSpec(task_type, fn, is_async, timeout_s)
+
+
+def effective_timeout(*timeouts_s: float | None) -> float | None:
+    """The tightest of the given timeouts (handler's registration, task's own)."""
+    given = [t for t in timeouts_s if t is not None and t > 0]
+    return min(given) if given else None
+
+
+# ---- outcomes ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Completed:
+    result_json: bytes
+
+
+@dataclass(frozen=True)
+class Failed:
+    error_message: str
+    error_type: str
+    retryable: bool
+    timed_out: bool = False
+    cancelled: bool = False
+    exception: BaseException | None = field(default=None, compare=False)
+
+
+@dataclass(frozen=True)
+class Released:
+    checkpoint: bytes | None
+    detail: str = "worker draining"
+
+
+@dataclass(frozen=True)
+class Abandoned:
+    reason: str
+
+
+Outcome = Completed | Failed | Released | Abandoned
+
+
+def _type_name(exc: BaseException) -> str:
+    cls = type(exc)
+    return (
+        cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
+    )
+
+
+def _bounded(text: str) -> str:
+    if len(text) <= MAX_ERROR_CHARS:
+        return text
+    half = MAX_ERROR_CHARS // 2
+    return f"{text[:half]}\n... [{len(text) - 2 * half} characters cut] ...\n{text[-half:]}"
+
+
+def failure(
+    exc: BaseException,
+    *,
+    timed_out: bool = False,
+    cancelled: bool = False,
+) -> Failed:
+    """A Failed outcome for ``exc``: ``str(exc)`` first, then the traceback."""
+    summary = str(exc) or _type_name(exc)
+    trace = "".join(traceback.format_exception(exc)).rstrip()
+    if cancelled:
+        retryable = False  # the task ends CANCELLED whatever this says
+    elif timed_out:
+        retryable = True
+    else:
+        retryable = getattr(exc, "retryable", True) is not False
+    return Failed(
+        error_message=_bounded(f"{summary}\n\n{trace}" if trace else summary),
+        error_type=_type_name(exc),
+        retryable=retryable,
+        timed_out=timed_out,
+        cancelled=cancelled,
+        exception=exc,
+    )
+
+
+def _sdk_failure(
+    message: str,
+    error_type: str,
+    *,
+    retryable: bool,
+    timed_out: bool = False,
+    cancelled: bool = False,
+) -> Failed:
+    """A failure the SDK itself diagnosed (no handler exception to describe)."""
+    return Failed(message, f"chronoshard.worker.{error_type}", retryable, timed_out, cancelled)
+
+
+def result_outcome(value: Any, task_type: str) -> Completed | Failed:
+    """Encode a handler's return value; a value JSON cannot hold fails the attempt."""
+    if inspect.isawaitable(value):
+        if inspect.iscoroutine(value):
+            value.close()  # never awaited on purpose: do not let it warn at GC
+        return _sdk_failure(
+            f"handler for {task_type!r} returned an awaitable: register an `async def` "
+            "handler instead of a function that returns a coroutine",
+            "ResultNotSerializable",
+            retryable=False,
+        )
+    try:
+        return Completed(encode_json(value))
+    except (TypeError, ValueError) as exc:
+        return _sdk_failure(
+            f"handler for {task_type!r} returned a value that is not JSON-serialisable "
+            f"({type(value).__name__}): {exc}",
+            "ResultNotSerializable",
+            retryable=False,
+        )
+
+
+def decide(
+    reason: StopReason | None,
+    *,
+    value: Any = None,
+    exc: BaseException | None = None,
+    checkpoint: bytes | None = None,
+    task_type: str = "",
+) -> Outcome:
+    """How an attempt whose handler ended ends, given why (if at all) it was asked to stop."""
+    if reason is StopReason.REVOKED:
+        return Abandoned("fencing token revoked")
+    if exc is None:
+        return result_outcome(value, task_type)
+    if reason is StopReason.CANCELLED:
+        return failure(exc, cancelled=True)
+    if reason is StopReason.DRAINING:
+        return Released(checkpoint)
+    if reason is StopReason.TIMED_OUT:
+        return failure(exc, timed_out=True)
+    return failure(exc)
+
+
+def not_started(reason: StopReason) -> Outcome:
+    """The outcome of an attempt stopped while it waited for ``due_at``."""
+    if reason is StopReason.REVOKED:
+        return Abandoned("fencing token revoked")
+    if reason is StopReason.DRAINING:
+        return Released(None, "worker draining before the task started")
+    return _sdk_failure(
+        "cancelled before the handler started",
+        "TaskCancelled",
+        retryable=False,
+        cancelled=reason is StopReason.CANCELLED,
+        timed_out=reason is StopReason.TIMED_OUT,
+    )
+
+
+# ---- running -------------------------------------------------------------------------
+
+
+def _consume_result(fut: asyncio.Future[Any]) -> None:
+    # Read the exception so asyncio never logs "exception was never retrieved" for a
+    # handler whose outcome was decided before it ended (timeout, revoke).
+    if not fut.cancelled():
+        fut.exception()
+
+
+class Execution:
+    """Runs one attempt; :meth:`run` returns its outcome, :meth:`request_stop` stops it."""
+
+    def __init__(
+        self,
+        spec: HandlerSpec,
+        ctx: TaskContext,
+        *,
+        now: Callable[[], datetime],
+        timeout_s: float | None,
+        executor: Executor | None,
+        drain_stop_s: float = DRAIN_STOP_S,
+    ) -> None:
+        if not spec.is_async and executor is None:
+            raise ValueError("a sync handler needs an executor")
+        self.spec = spec
+        self.ctx = ctx
+        self._now = now
+        self._timeout_s = timeout_s
+        self._executor = executor
+        self._drain_stop_s = drain_stop_s
+        self._handler: asyncio.Future[Any] | None = None
+        self._wakeup: asyncio.Future[None] | None = None
+
+    @property
+    def started(self) -> bool:
+        return self._handler is not None
+
+    @property
+    def handler_running(self) -> bool:
+        return self._handler is not None and not self._handler.done()
+
+    def request_stop(self, reason: StopReason) -> None:
+        """Ask the handler to stop (event loop thread only)."""
+        self.ctx._request_stop(reason)
+        if self._wakeup is not None and not self._wakeup.done():
+            self._wakeup.set_result(None)
+
+    async def handler_stopped(self) -> None:
+        """Return once the handler's coroutine or thread has really ended."""
+        if self._handler is not None:
+            await asyncio.wait({self._handler})
+
+    async def _wait(self, timeout_s: float | None) -> None:
+        """Sleep until a stop request, the handler's end, or ``timeout_s``."""
+        loop = asyncio.get_running_loop()
+        self._wakeup = loop.create_future()
+        waits: set[asyncio.Future[Any]] = {self._wakeup}
+        if self._handler is not None:
+            waits.add(self._handler)
+        try:
+            await asyncio.wait(waits, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            self._wakeup.cancel()
+
+    async def _wait_until_due(self) -> bool:
+        """Sleep until ``due_at`` on the injected clock; False if asked to stop first."""
+        while self.ctx.cancel_reason is None:
+            remaining = (self.ctx.due_at - self._now()).total_seconds()
+            if remaining <= 0:
+                return True
+            # A timer may fire a hair early; the loop re-reads the clock, so the handler
+            # never starts before due_at.
+            await self._wait(remaining)
+        return False
+
+    def _start(self) -> None:
+        loop = asyncio.get_running_loop()
+        if self.spec.is_async:
+            fn, ctx = self.spec.fn, self.ctx
+
+            async def invoke() -> Any:
+                return await fn(ctx)
+
+            self._handler = loop.create_task(
+                invoke(), name=f"chronoshard-handler {self.spec.task_type} {ctx.task_id}"
+            )
+        else:
+            call = contextvars.copy_context().run
+            self._handler = loop.run_in_executor(self._executor, call, self.spec.fn, self.ctx)
+        self._handler.add_done_callback(_consume_result)
+
+    def _hard_stop(self) -> None:
+        # Only an async handler can be interrupted; a thread runs on until it returns.
+        if self.spec.is_async and self._handler is not None:
+            self._handler.cancel()
+
+    def _finished(self, handler: asyncio.Future[Any]) -> Outcome:
+        exc: BaseException | None
+        if handler.cancelled():
+            exc, value = asyncio.CancelledError("handler was cancelled"), None
+        else:
+            exc = handler.exception()
+            value = None if exc is not None else handler.result()
+        return decide(
+            self.ctx.cancel_reason,
+            value=value,
+            exc=exc,
+            checkpoint=self.ctx._latest_checkpoint(),
+            task_type=self.spec.task_type,
+        )
+
+    async def run(self) -> Outcome:
+        """Run the attempt; cancelling this coroutine cancels an async handler too."""
+        try:
+            return await self._run()
+        except asyncio.CancelledError:
+            self._hard_stop()
+            raise
+
+    async def _run(self) -> Outcome:
+        if not await self._wait_until_due():
+            assert self.ctx.cancel_reason is not None
+            return not_started(self.ctx.cancel_reason)
+        self._start()
+        assert self._handler is not None
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._timeout_s if self._timeout_s is not None else None
+        drain_deadline: float | None = None
+        while True:
+            limits = [d for d in (deadline, drain_deadline) if d is not None]
+            await self._wait(max(0.0, min(limits) - loop.time()) if limits else None)
+            if self._handler.done():
+                return self._finished(self._handler)
+            reason, now = self.ctx.cancel_reason, loop.time()
+            if reason is StopReason.REVOKED:
+                self._hard_stop()
+                return Abandoned("fencing token revoked")
+            if deadline is not None and now >= deadline:
+                return await self._timed_out(reason)
+            if reason is StopReason.DRAINING:
+                if drain_deadline is None:
+                    drain_deadline = now + self._drain_stop_s
+                elif now >= drain_deadline:
+                    self._hard_stop()
+                    # Let a cancelled async handler save its checkpoint on the way out.
+                    await asyncio.wait({self._handler}, timeout=_CANCEL_CLEANUP_S)
+                    return Released(self.ctx._latest_checkpoint(), "stopped after drain grace")
+            # CANCELLED is cooperative: keep waiting for the handler (or its timeout).
+
+    async def _timed_out(self, reason: StopReason | None) -> Outcome:
+        if reason is StopReason.CANCELLED:
+            # Asked to cancel and still running at the timeout: the cancel is the story.
+            self._hard_stop()
+            return _sdk_failure(
+                "cancelled; the handler did not stop before its timeout",
+                "TaskCancelled",
+                retryable=False,
+                cancelled=True,
+            )
+        self.request_stop(StopReason.TIMED_OUT)
+        self._hard_stop()
+        return _sdk_failure(
+            f"handler for {self.spec.task_type!r} ran longer than its timeout of "
+            f"{self._timeout_s} s",
+            "TaskTimedOut",
+            retryable=True,
+            timed_out=True,
+        )

@@ -1,0 +1,244 @@
+"""The worker protocol's messages as frozen dataclasses: what the SDK's logic works with.
+
+Only ``_convert.py`` and ``_transport.py`` know the generated protobuf classes (STYLE #7);
+they translate each ``WorkerMessage``/``SchedulerMessage`` to and from the types here at
+the edge. Durations are floats in seconds (``*_s``), instants timezone-aware datetimes,
+JSON documents and checkpoints stay ``bytes`` until the execution layer decodes them.
+``docs/worker-protocol.md`` says what each side does with every message.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import ClassVar
+
+
+@dataclass(frozen=True, slots=True)
+class TaskRef:
+    """Names one task row: the id (canonical UUID text) and its partition key."""
+
+    id: str
+    scheduled_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorInfo:
+    """Machine-readable error detail (``common.proto`` ErrorInfo)."""
+
+    code: str
+    reason: str = ""
+    message: str = ""
+    field: str = ""
+    retryable: bool = False
+
+
+class SettlementKind(enum.Enum):
+    ACK = "ACK"
+    COMPLETE = "COMPLETE"
+    FAIL = "FAIL"
+    RELEASE = "RELEASE"
+
+
+class ReleaseReason(enum.Enum):
+    DRAINING = "DRAINING"
+    CANNOT_RUN = "CANNOT_RUN"
+
+
+RunKey = tuple[str, int]
+"""(task id, fencing token): one attempt of one task, the unit the worker tracks."""
+
+SettlementKey = tuple[str, int, SettlementKind]
+"""What a Receipt names: (task id, fencing token, kind)."""
+
+
+# ---- worker -> scheduler -------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Hello:
+    worker_id: str
+    queues: tuple[str, ...]
+    task_types: tuple[str, ...]
+    slots: int
+    sdk_version: str
+
+
+@dataclass(frozen=True, slots=True)
+class CreditGrant:
+    credits: int
+
+
+@dataclass(frozen=True, slots=True)
+class RunningTask:
+    task: TaskRef
+    fencing_token: int
+    # A checkpoint to store with this heartbeat; None: keep the stored one.
+    checkpoint: bytes | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Heartbeat:
+    running: tuple[RunningTask, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class DrainStarted:
+    grace_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class Ack:
+    kind: ClassVar[SettlementKind] = SettlementKind.ACK
+    task: TaskRef
+    fencing_token: int
+
+    @property
+    def key(self) -> SettlementKey:
+        return (self.task.id, self.fencing_token, self.kind)
+
+
+@dataclass(frozen=True, slots=True)
+class Complete:
+    kind: ClassVar[SettlementKind] = SettlementKind.COMPLETE
+    task: TaskRef
+    fencing_token: int
+    result_json: bytes
+
+    @property
+    def key(self) -> SettlementKey:
+        return (self.task.id, self.fencing_token, self.kind)
+
+
+@dataclass(frozen=True, slots=True)
+class Fail:
+    kind: ClassVar[SettlementKind] = SettlementKind.FAIL
+    task: TaskRef
+    fencing_token: int
+    error_message: str
+    error_type: str
+    retryable: bool
+    timed_out: bool = False
+    cancelled: bool = False
+
+    @property
+    def key(self) -> SettlementKey:
+        return (self.task.id, self.fencing_token, self.kind)
+
+
+@dataclass(frozen=True, slots=True)
+class Release:
+    kind: ClassVar[SettlementKind] = SettlementKind.RELEASE
+    task: TaskRef
+    fencing_token: int
+    reason: ReleaseReason
+    # Stored and handed to the next attempt; None: keep the stored one.
+    checkpoint: bytes | None = None
+    detail: str = ""
+
+    @property
+    def key(self) -> SettlementKey:
+        return (self.task.id, self.fencing_token, self.kind)
+
+
+Settlement = Ack | Complete | Fail | Release
+Outbound = Hello | CreditGrant | Heartbeat | DrainStarted | Settlement
+
+
+# ---- scheduler -> worker -------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Welcome:
+    node_id: str
+    session_id: str
+    # None when the node left it unset: the SDK's default applies.
+    heartbeat_interval_s: float | None
+    lease_duration_s: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class Assignment:
+    task: TaskRef
+    type: str
+    payload_json: bytes
+    fencing_token: int
+    attempt: int
+    max_retries: int
+    due_at: datetime
+    lease_expires_at: datetime | None
+    timeout_s: float | None
+    checkpoint: bytes
+    trace_context: Mapping[str, str] = field(default_factory=dict)
+    queue: str = ""
+    priority: str = "STANDARD"
+    idempotent: bool = False
+
+    @property
+    def run_key(self) -> RunKey:
+        return (self.task.id, self.fencing_token)
+
+
+@dataclass(frozen=True, slots=True)
+class RevokedTask:
+    task: TaskRef
+    fencing_token: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class HeartbeatReply:
+    revoked: tuple[RevokedTask, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Cancel:
+    task: TaskRef
+    fencing_token: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Drain:
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Backlog:
+    ready: int
+    ready_by_queue: Mapping[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Receipt:
+    task: TaskRef
+    fencing_token: int
+    kind: SettlementKind
+    # None: committed. Set: refused.
+    error: ErrorInfo | None
+
+    @property
+    def key(self) -> SettlementKey:
+        return (self.task.id, self.fencing_token, self.kind)
+
+
+@dataclass(frozen=True, slots=True)
+class Reject:
+    error: ErrorInfo
+
+
+Inbound = Welcome | Assignment | HeartbeatReply | Cancel | Drain | Backlog | Receipt | Reject
+
+
+# ---- AdminService --------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class NodeInfo:
+    """A scheduler node the worker should hold a stream to."""
+
+    node_id: str
+    address: str
+    draining: bool = False

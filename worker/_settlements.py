@@ -1,0 +1,216 @@
+"""Getting every settlement confirmed: the async shell around the :class:`Outbox`.
+
+A settlement (Ack, Complete, Fail, Release) goes on the stream of the node that assigned
+the task while that stream is usable, and waits there for its Receipt. Without a usable
+stream (broken, or the node sent ``Drain``) a final settlement goes through the unary
+``Complete``/``Fail``/``Release`` RPC on any node, and so does one whose stream broke
+before its Receipt came: settling is idempotent, so a duplicate is harmless and a loss
+is not. Unary tries rotate over the known addresses with the reconnect backoff until a
+node answers.
+
+Answers are sorted in one place (:meth:`Settlements.on_receipt`, :meth:`_resend`):
+committed -> forget it; ``STALE_FENCING_TOKEN`` -> another attempt owns the task: drop
+it and report a zombie (never retried); a transient error (node down, shard in handoff,
+``ErrorInfo.retryable``) -> try again later; any other refusal -> drop it, logged as an
+error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections.abc import Callable
+from typing import Any
+
+from chronoshard.clock import Clock
+from chronoshard.worker._backoff import backoff_s
+from chronoshard.worker._errors import STALE_FENCING_TOKEN, CallFailed
+from chronoshard.worker._models import Ack, Receipt, RunKey, Settlement
+from chronoshard.worker._outbox import Outbox, OutboxEntry
+from chronoshard.worker._session import NodeSession
+from chronoshard.worker._topology import Topology
+from chronoshard.worker._transport import Transport, is_retryable, wait_event
+
+logger = logging.getLogger("chronoshard.worker")
+
+RESEND_CONCURRENCY = 16
+"""Unary settlements in flight at once (DESIGN §12: bound calls per channel)."""
+MAX_BACKOFF_FAILURES = 16
+
+OnStale = Callable[[RunKey, str, str], None]
+"""Called with (task id, token), what was refused, and the node, for a stale token."""
+
+
+class Settlements:
+    def __init__(
+        self,
+        *,
+        worker_id: str,
+        transport: Transport,
+        topology: Topology,
+        clock: Clock,
+        on_stale: OnStale,
+        on_change: Callable[[], None],
+        rng: random.Random | None = None,
+    ) -> None:
+        self._worker_id = worker_id
+        self._transport = transport
+        self._topology = topology
+        self._clock = clock
+        self._on_stale = on_stale
+        self._on_change = on_change
+        self._rng = rng or random.Random()
+        self._wakeup = asyncio.Event()
+        self.outbox = Outbox()
+
+    def __len__(self) -> int:
+        return len(self.outbox)
+
+    def _log(self, level: int, msg: str, *args: Any, **fields: Any) -> None:
+        logger.log(level, msg, *args, extra={"worker_id": self._worker_id, **fields})
+
+    # ---- sending ---------------------------------------------------------------------
+
+    def send(self, node: str, settlement: Settlement, *, on_draining_node: bool = True) -> None:
+        """Send on ``node``'s stream and await the Receipt, or go unary.
+
+        ``on_draining_node=False`` (final settlements) skips a node that sent Drain: it
+        is handing its shards over, the other nodes settle for it.
+        """
+        session = self._topology.session(node)
+        usable = session is not None and (session.live if on_draining_node else session.usable)
+        now = self._clock.monotonic()
+        if usable and session is not None and session.send(settlement):
+            self.outbox.add_stream(settlement, node, now)
+        elif not isinstance(settlement, Ack):
+            self.outbox.add_unary(settlement, now)
+            self._wakeup.set()
+        # An Ack with no stream is not kept: there is no unary Ack, and the task's final
+        # settlement is accepted from DISPATCHED as well.
+
+    def discard(self, key: RunKey) -> None:
+        """The attempt was revoked: forget what is still pending for it."""
+        self.outbox.discard_task(*key)
+
+    # ---- streams ---------------------------------------------------------------------
+
+    def on_welcome(self, session: NodeSession, still_running: Callable[[RunKey], bool]) -> None:
+        """A session (re)opened: send again the Acks its previous stream lost.
+
+        The node's reconciler asks the worker's session whether it knows an attempt that
+        stays DISPATCHED, so an Ack of a task that still runs is worth repeating.
+        """
+        now = self._clock.monotonic()
+        for ack in self.outbox.parked_for(session.address):
+            if still_running((ack.task.id, ack.fencing_token)) and session.send(ack):
+                self.outbox.add_stream(ack, session.address, now)
+            else:
+                self.outbox.confirm(ack.key)
+
+    def on_stream_lost(self, session: NodeSession) -> None:
+        moved = self.outbox.stream_lost(session.address, self._clock.monotonic())
+        if moved:
+            self._log(
+                logging.INFO,
+                "stream lost with %d settlements unconfirmed; resending them",
+                moved,
+                node=session.node_id,
+                event="settlements_orphaned",
+            )
+            self._wakeup.set()
+
+    def on_receipt(self, session: NodeSession, receipt: Receipt) -> None:
+        entry = self.outbox.confirm(receipt.key)
+        self._on_change()
+        error = receipt.error
+        if error is None:
+            return
+        key = (receipt.task.id, receipt.fencing_token)
+        fields = {"task_id": key[0], "token": key[1], "node": session.node_id}
+        if error.reason == STALE_FENCING_TOKEN:
+            self._on_stale(key, receipt.kind.value, session.node_id)
+        elif entry is not None and is_retryable(error.code, error):
+            if isinstance(entry.settlement, Ack):
+                return  # no unary Ack; heartbeats and the final settlement cover it
+            self._log(
+                logging.WARNING,
+                "%s refused for now (%s); retrying",
+                receipt.kind.value,
+                error.reason or error.code,
+                event="settlement_retry",
+                **fields,
+            )
+            self.outbox.add_unary(entry.settlement, self._clock.monotonic())
+            self._wakeup.set()
+        else:
+            self._log(
+                logging.ERROR,
+                "%s refused: %s %s",
+                receipt.kind.value,
+                error.reason or error.code,
+                error.message,
+                event="settlement_refused",
+                **fields,
+            )
+
+    # ---- unary resends ---------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Send whatever is due through the unary RPCs, forever (cancel to stop)."""
+        while True:
+            due = self.outbox.due_unary(self._clock.monotonic())
+            for start in range(0, len(due), RESEND_CONCURRENCY):
+                batch = due[start : start + RESEND_CONCURRENCY]
+                await asyncio.gather(*(self._resend(entry) for entry in batch))
+            self._on_change()
+            deadline = self.outbox.next_deadline()
+            timeout = None if deadline is None else max(0.0, deadline - self._clock.monotonic())
+            self._wakeup.clear()
+            await wait_event(self._wakeup, timeout)
+
+    async def _resend(self, entry: OutboxEntry) -> None:
+        s = entry.settlement
+        addresses = self._topology.addresses()
+        address = addresses[(entry.unary_attempts - 1) % len(addresses)]
+        fields = {"task_id": s.task.id, "token": s.fencing_token, "node": address}
+        try:
+            await self._transport.settle(address, self._worker_id, s)
+        except CallFailed as exc:
+            if exc.stale:
+                self.outbox.confirm(s.key)
+                self._on_stale((s.task.id, s.fencing_token), s.kind.value, address)
+            elif exc.retryable:
+                failures = min(entry.unary_attempts, MAX_BACKOFF_FAILURES)
+                delay = backoff_s(failures, self._rng.random())
+                self.outbox.unary_failed(s.key, self._clock.monotonic(), delay)
+                self._log(
+                    logging.INFO,
+                    "%s through %s failed (%s); retrying in %.2f s",
+                    s.kind.value,
+                    address,
+                    exc.code,
+                    delay,
+                    event="settlement_retry",
+                    **fields,
+                )
+            else:
+                self.outbox.confirm(s.key)
+                self._log(
+                    logging.ERROR,
+                    "%s refused: %s",
+                    s.kind.value,
+                    exc,
+                    event="settlement_refused",
+                    **fields,
+                )
+        else:
+            self.outbox.confirm(s.key)
+            self._log(
+                logging.INFO,
+                "%s settled through %s",
+                s.kind.value,
+                address,
+                event="settled_unary",
+                **fields,
+            )
