@@ -95,9 +95,6 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    handler = logging.StreamHandler()
-    handler.setFormatter(FieldsFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    logging.basicConfig(level=args.log_level, handlers=[handler])
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
     try:
@@ -115,4 +112,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     api_key = args.api_key or os.environ.get(API_KEY_ENV)
     if api_key:
         worker.set_api_key(api_key)
+    handler = logging.StreamHandler()
+    handler.setFormatter(FieldsFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=args.log_level, handlers=[handler])
     return worker.run_sync()

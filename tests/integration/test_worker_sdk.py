@@ -15,11 +15,14 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import signal
+import sys
 import threading
 import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -185,9 +188,9 @@ class FakeScheduler(
     async def wait_for(self, condition: Callable[[], Any], timeout_s: float = WAIT_S) -> Any:
         return await self.changed.wait_for(condition, timeout_s)
 
-    async def session_with_credit(self, n: int = 1) -> FakeSession:
+    async def session_with_credit(self, n: int = 1, timeout_s: float = WAIT_S) -> FakeSession:
         return await self.wait_for(
-            lambda: self.sessions and self.session.credits >= n and self.session
+            lambda: self.sessions and self.session.credits >= n and self.session, timeout_s
         )
 
     def check_invariant(self) -> None:
@@ -810,3 +813,53 @@ async def test_node_drain_moves_settlement_to_unary_and_stops_credits(
         assert kind == "complete" and request.complete.task.id == task_id
         assert session.of("complete") == []
         assert len(session.of("credit_grant")) == grants
+
+
+# ---- the runner as a process -----------------------------------------------------------
+
+WORKER_MODULE = """
+import asyncio
+from chronoshard.worker import Worker
+
+worker = Worker([], worker_id="proc-worker", drain_grace_s=10.0)
+
+@worker.task("nap")
+async def nap(ctx):
+    await asyncio.sleep(ctx.payload["s"])
+    return "rested"
+"""
+
+
+async def test_sigterm_drains_the_running_task_and_exits_zero(
+    fake: FakeScheduler, tmp_path: Path
+) -> None:
+    (tmp_path / "napper.py").write_text(WORKER_MODULE)
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "chronoshard.worker",
+        "napper:worker",
+        "--target",
+        fake.address,
+        cwd=tmp_path,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        session = await fake.session_with_credit(timeout_s=20)
+        assert session.of("hello")[0].worker_id == "proc-worker"
+        task_id = session.assign("nap", {"s": 0.5})
+        await fake.wait_for(lambda: session.of("ack"))
+        proc.send_signal(signal.SIGTERM)
+        await fake.wait_for(lambda: session.of("drain_started"))
+        async with asyncio.timeout(20):
+            _, stderr = await proc.communicate()
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    assert proc.returncode == 0, stderr.decode()
+    [(kind, complete)] = fake.settlements_for(task_id)
+    assert kind == "complete" and json.loads(complete.result_json) == "rested"
+    log = stderr.decode()
+    assert "SIGTERM received" in log and "event=drain_end" in log
+    assert "worker_id=proc-worker" in log

@@ -1,0 +1,149 @@
+"""Credit accounting and backoff of the worker SDK: pure, no I/O."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from chronoshard.worker._backoff import RECONNECT_MAX_S, backoff_s
+from chronoshard.worker._credits import CreditLedger
+
+
+def test_a_node_without_backlog_gets_one_credit() -> None:
+    ledger = CreditLedger(10)
+    ledger.open("a")
+    ledger.open("b")
+    assert ledger.plan() == {"a": 1, "b": 1}
+    assert ledger.plan() == {}  # both already hold their one credit
+    assert ledger.free == 8
+
+
+def test_largest_backlog_first_up_to_its_ready_count() -> None:
+    ledger = CreditLedger(5)
+    for node in ("a", "b", "c"):
+        ledger.open(node)
+    ledger.set_backlog("a", 1)
+    ledger.set_backlog("b", 3)
+    ledger.set_backlog("c", 10)
+    assert ledger.plan() == {"c": 5}
+    ledger.close("c")  # its stream ended: its credits are gone with it
+    assert ledger.plan() == {"b": 3, "a": 1}
+    assert ledger.free == 1
+
+
+def test_assignment_moves_a_credit_to_a_slot_and_a_freed_slot_is_granted_again() -> None:
+    ledger = CreditLedger(2)
+    ledger.open("a")
+    ledger.set_backlog("a", 5)
+    assert ledger.plan() == {"a": 2}
+    assert ledger.consume("a") and ledger.try_occupy()
+    assert (ledger.occupied, ledger.outstanding) == (1, 1)
+    assert ledger.plan() == {}  # no free slot to grant
+    ledger.release_slot()
+    assert ledger.plan() == {"a": 1}
+
+
+def test_assignment_without_credit_is_refused_when_slots_are_spoken_for() -> None:
+    ledger = CreditLedger(1)
+    ledger.open("a")
+    ledger.open("b")
+    assert ledger.plan() == {"a": 1}
+    assert not ledger.consume("b")
+    assert ledger.unexpected_assignments == 1
+    assert not ledger.try_occupy()  # a's credit still holds the only slot
+    assert ledger.consume("a") and ledger.try_occupy()
+
+
+def test_a_draining_node_keeps_its_credits_counted_but_gets_no_more() -> None:
+    ledger = CreditLedger(4)
+    ledger.open("a")
+    ledger.open("b")
+    ledger.set_backlog("a", 2)
+    assert ledger.plan() == {"a": 2, "b": 1}
+    ledger.stop_node("a")
+    ledger.set_backlog("b", 5)
+    # a still holds 2 that it may use: only 1 slot is free for b.
+    assert ledger.plan() == {"b": 1}
+    assert ledger.outstanding_for("a") == 2
+
+
+def test_worker_drain_withdraws_everything_and_refuses_assignments() -> None:
+    ledger = CreditLedger(3)
+    ledger.open("a")
+    ledger.set_backlog("a", 3)
+    ledger.plan()
+    ledger.stop_granting()
+    assert ledger.outstanding == 0
+    assert ledger.plan() == {}
+    ledger.consume("a")
+    assert not ledger.try_occupy()
+
+
+def test_release_without_a_slot_is_a_bug() -> None:
+    with pytest.raises(RuntimeError):
+        CreditLedger(1).release_slot()
+
+
+_ops = st.lists(
+    st.one_of(
+        st.tuples(st.just("open"), st.sampled_from("abc")),
+        st.tuples(st.just("close"), st.sampled_from("abc")),
+        st.tuples(st.just("drain_node"), st.sampled_from("abc")),
+        st.tuples(st.just("backlog"), st.sampled_from("abc"), st.integers(0, 12)),
+        st.tuples(st.just("assign"), st.sampled_from("abc")),
+        st.tuples(st.just("finish")),
+        st.tuples(st.just("plan")),
+    ),
+    max_size=60,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(slots=st.integers(1, 8), ops=_ops)
+def test_running_plus_outstanding_never_exceeds_slots(slots: int, ops: list[tuple]) -> None:
+    ledger = CreditLedger(slots)
+    # The scheduler side: a node sends an assignment only against a credit it holds.
+    held: dict[str, int] = {}
+    for op in ops:
+        match op:
+            case ("open", node):
+                ledger.open(node)
+                held[node] = 0
+            case ("close", node):
+                ledger.close(node)
+                held.pop(node, None)
+            case ("drain_node", node):
+                ledger.stop_node(node)
+            case ("backlog", node, ready):
+                ledger.set_backlog(node, ready)
+            case ("assign", node) if held.get(node, 0) > 0:
+                held[node] -= 1
+                assert ledger.consume(node)
+                # An assignment sent against a credit always finds a free slot.
+                assert ledger.try_occupy()
+            case ("finish",) if ledger.occupied:
+                ledger.release_slot()
+            case ("plan",):
+                for node, n in ledger.plan().items():
+                    assert n > 0
+                    held[node] += n
+        assert 0 <= ledger.occupied + ledger.outstanding <= slots
+        assert ledger.outstanding == sum(held.values())
+
+
+@given(failures=st.integers(1, 200), unit=st.floats(0, 1, exclude_max=True))
+def test_backoff_is_jittered_within_half_to_full_base_and_capped(
+    failures: int, unit: float
+) -> None:
+    delay = backoff_s(failures, unit)
+    base = min(RECONNECT_MAX_S, 0.1 * 2 ** min(failures - 1, 64))
+    assert base / 2 <= delay <= base
+    assert delay <= RECONNECT_MAX_S
+
+
+def test_backoff_doubles_from_a_tenth_of_a_second() -> None:
+    assert [backoff_s(n, 0.999999) for n in (1, 2, 3)] == pytest.approx([0.1, 0.2, 0.4], 1e-4)
+    assert backoff_s(30, 0.0) == RECONNECT_MAX_S / 2
+    with pytest.raises(ValueError):
+        backoff_s(0, 0.5)
