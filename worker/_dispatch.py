@@ -406,8 +406,8 @@ class Dispatcher:
     def _revoke(self, key: RunKey) -> bool:
         """Stop a run whose token is stale; False if there was nothing left to stop."""
         run = self.runs.get(key)
-        if run is None or run.decided:
-            return False
+        if run is None or run.decided or run.ctx.cancel_reason is StopReason.REVOKED:
+            return False  # gone, settled, or already revoked (several nodes may say so)
         run.execution.request_stop(StopReason.REVOKED)
         return True
 

@@ -41,6 +41,7 @@ DEFAULT_HEARTBEAT_INTERVAL_S = 5.0
 """Used when the node's Welcome leaves heartbeat_interval unset (DESIGN §7)."""
 HELLO_TIMEOUT_S = 10.0
 SEND_QUEUE_MAX = 1024
+PENDING_HEARTBEATS_MAX = 64
 
 
 class SessionHost(Protocol):
@@ -89,7 +90,9 @@ class NodeSession:
         self._retire_event = asyncio.Event()
         self._stream: Stream | None = None
         self._queue: asyncio.Queue[Outbound] | None = None
-        self._pending_heartbeats: deque[Any] = deque()
+        # What each unanswered heartbeat carried, oldest first; bounded in case a node
+        # never answers (then the oldest is forgotten and its checkpoints sent again).
+        self._pending_heartbeats: deque[Any] = deque(maxlen=PENDING_HEARTBEATS_MAX)
         self.task: asyncio.Task[None] | None = None
 
     def __repr__(self) -> str:

@@ -172,6 +172,10 @@ class Settlements:
     async def _resend(self, entry: OutboxEntry) -> None:
         s = entry.settlement
         addresses = self._topology.addresses()
+        if not addresses:  # nowhere to send it yet: try again after the backoff
+            delay = backoff_s(min(entry.unary_attempts, MAX_BACKOFF_FAILURES), self._rng.random())
+            self.outbox.unary_failed(s.key, self._clock.monotonic(), delay)
+            return
         address = addresses[(entry.unary_attempts - 1) % len(addresses)]
         fields = {"task_id": s.task.id, "token": s.fencing_token, "node": address}
         try:

@@ -366,6 +366,8 @@ class Worker:
 
     async def drain(self) -> DrainReport:
         """Stop gracefully and wait until the drain ended (while ``run()`` runs)."""
+        if not self._started:
+            raise ConfigurationError("drain() needs a running worker: call run() first")
         self.stop()
         await self._changed.wait_until(lambda: self._finished, None)
         return self._report

@@ -761,13 +761,15 @@ async def test_assignments_during_drain_are_released(fake: FakeScheduler) -> Non
         session = await fake.session_with_credit()
         session.assign("echo")
         await fake.wait_for(lambda: session.of("ack"))
-        worker.stop()
+        drain = asyncio.create_task(worker.drain())
         await fake.wait_for(lambda: session.of("drain_started"))
         late = session.assign("echo", force=True)  # was in flight when the drain began
         release = (await fake.wait_for(lambda: session.of("release")))[0]
         assert release.task.id == late and release.reason == pb.RELEASE_REASON_CANNOT_RUN
+        assert "draining" in release.detail
         gate.set()
-        report = await asyncio.wait_for(run, WAIT_S)
+        report = await asyncio.wait_for(drain, WAIT_S)
+        assert await run == report
     assert report.clean and report.finished == 1
 
 
