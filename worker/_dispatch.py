@@ -69,6 +69,8 @@ from chronoshard.worker._topology import Topology
 
 logger = logging.getLogger("chronoshard.worker")
 
+SKEW_WARNING_S = 5.0
+"""An assignment due further ahead than this on the worker's clock is logged as skew."""
 OUTCOMES = ("completed", "failed", "timed_out", "cancelled", "released", "abandoned")
 """The counters of :attr:`Dispatcher.counts` that count ended attempts."""
 
@@ -292,6 +294,17 @@ class Dispatcher:
             event="assigned",
             **fields,
         )
+        lead_s = (a.due_at - self._clock.now()).total_seconds()
+        if lead_s > SKEW_WARNING_S:
+            # Lead dispatch is ~100 ms: a task due much later means this host's clock is
+            # behind the scheduler's, and every task here will start that much late.
+            self._log(
+                logging.WARNING,
+                "assignment due %.1f s from now by this clock: is the clock behind?",
+                lead_s,
+                event="clock_skew",
+                **fields,
+            )
 
     def _on_cancel(self, session: NodeSession, msg: Cancel) -> None:
         run = self.runs.get((msg.task.id, msg.fencing_token))

@@ -20,7 +20,7 @@ import sys
 import threading
 import uuid
 from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -865,3 +865,55 @@ async def test_sigterm_drains_the_running_task_and_exits_zero(
     log = stderr.decode()
     assert "SIGTERM received" in log and "event=drain_end" in log
     assert "worker_id=proc-worker" in log
+
+
+async def test_a_lost_node_s_tasks_are_heartbeated_and_settled_through_another() -> None:
+    async with serve(FakeScheduler()) as a:
+        stack = AsyncExitStack()
+        b = await stack.enter_async_context(serve(FakeScheduler()))
+        b.node_id = "node-b"
+        a.extra_nodes = [admin_service_pb2.Node(node_id="node-b", address=b.address)]
+        worker = make_worker(a)
+        gate = asyncio.Event()
+
+        @worker.task("gated")
+        async def gated(ctx: TaskContext) -> str:
+            await gate.wait()
+            return "done"
+
+        async with running(worker):
+            await a.session_with_credit()
+            on_b = await b.session_with_credit()
+            task_id = on_b.assign("gated", token=6)
+            await b.wait_for(lambda: on_b.of("ack"))
+            await stack.aclose()  # node b is gone; the task keeps running
+            await a.wait_for(
+                lambda: any(
+                    _task_of(r) == (task_id, 6)
+                    for h in a.session.of("heartbeat")
+                    for r in h.running
+                )
+            )
+            gate.set()
+            kind, request = await a.wait_for(lambda: a.unary and a.unary[0])
+        assert kind == "complete" and _task_of(request.complete) == (task_id, 6)
+
+
+async def test_an_assignment_due_far_ahead_is_held_and_logged_as_clock_skew(
+    fake: FakeScheduler, logs: LogCapture
+) -> None:
+    worker = make_worker(fake)
+    started: list[str] = []
+
+    @worker.task("echo")
+    async def echo(ctx: TaskContext) -> None:
+        started.append(str(ctx.task_id))
+
+    async with running(worker):
+        session = await fake.session_with_credit()
+        task_id = session.assign("echo", due_in_s=60)
+        skew = await fake.wait_for(lambda: logs.events("clock_skew"))
+        assert skew[0].task_id == task_id
+        await fake.wait_for(lambda: session.of("ack"))
+        assert worker.running == 1  # it holds its slot while it waits
+    assert started == []
