@@ -32,18 +32,10 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from chronoshard.clock import Clock, SystemClock
-from chronoshard.worker._context import (
-    DEFAULT_QUEUE,
-    StopReason,
-    TaskContext,
-)
+from chronoshard.worker._context import DEFAULT_QUEUE, StopReason, TaskContext
 from chronoshard.worker._dispatch import Dispatcher
 from chronoshard.worker._errors import ConfigurationError
-from chronoshard.worker._execution import (
-    DRAIN_STOP_S,
-    HandlerSpec,
-    handler_spec,
-)
+from chronoshard.worker._execution import DRAIN_STOP_S, HandlerSpec, handler_spec
 from chronoshard.worker._settlements import Settlements
 from chronoshard.worker._topology import REFRESH_S, Topology
 from chronoshard.worker._transport import TLSConfig, Transport
@@ -57,7 +49,6 @@ DEFAULT_SLOTS = 10
 DEFAULT_DRAIN_GRACE_S = 30.0
 DRAIN_FLUSH_S = 10.0
 """After the drain, how long to wait for the receipts of the last settlements."""
-_OUTCOMES = ("completed", "failed", "timed_out", "cancelled", "released", "abandoned")
 
 
 @dataclass(frozen=True)
