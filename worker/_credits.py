@@ -5,9 +5,9 @@ where ``occupied`` counts the slots held by accepted tasks (from their Assignmen
 the handler has really stopped) and ``outstanding`` sums the credits granted to all nodes
 and not yet consumed by an Assignment. Every method keeps it:
 
-- :meth:`plan` grants only ``slots - occupied - outstanding``; a node whose backlog is
-  empty gets at most one credit outstanding (so a task that becomes due is sent at once),
-  a node with ``ready`` tasks up to ``ready``, largest backlog first.
+- :meth:`plan` grants only ``slots - occupied - outstanding``: first to the nodes with
+  ``ready`` tasks (up to ``ready``, largest backlog first, at least one each), then the
+  rest spread evenly, so no slot sits idle while a node could send work.
 - An Assignment first consumes its node's credit (:meth:`consume`), then takes a slot
   (:meth:`try_occupy`) only if the sum is still below ``slots``: an Assignment sent
   without a credit, or after the credits were withdrawn, is refused, not run.
@@ -130,6 +130,15 @@ class CreditLedger:
                 state.outstanding += give
                 grants[name] = give
                 free -= give
+        # Then no slot idles: what is left is spread over the nodes, fewest credits first.
+        # Backlog reports lag (a node reports only tasks already due), and a task that
+        # becomes due on a node must not wait for a credit round trip while slots are
+        # free; the backlog pass above steers each freed slot to where work waits.
+        while free > 0 and order:
+            name, state = min(order, key=lambda item: (item[1].outstanding, item[0]))
+            state.outstanding += 1
+            grants[name] = grants.get(name, 0) + 1
+            free -= 1
         return grants
 
     def stats(self) -> dict[str, int]:

@@ -105,6 +105,24 @@ def wait_serving(address: str, timeout_s: float, process: ManagedProcess) -> Non
 
 
 @dataclass
+class SchedulerHandle:
+    process: ManagedProcess
+    address: str
+    metrics_address: str
+
+    def metric(self, name: str) -> float | None:
+        """The value of a (label-less or single-series) metric on the node's /metrics."""
+        import urllib.request
+
+        with urllib.request.urlopen(f"http://{self.metrics_address}/metrics", timeout=5) as r:
+            text = r.read().decode()
+        for line in text.splitlines():
+            if line.startswith(name + "{") or line.startswith(name + " "):
+                return float(line.rsplit(" ", 1)[1])
+        return None
+
+
+@dataclass
 class ProcessGroup:
     """Scheduler and worker processes of one test; ``close`` ends them all."""
 
@@ -114,10 +132,10 @@ class ProcessGroup:
     cluster: str
     shard_count: int = 16
     scheduler_env: Mapping[str, str] = field(default_factory=dict)
-    schedulers: list[tuple[ManagedProcess, str]] = field(default_factory=list)
+    schedulers: list[SchedulerHandle] = field(default_factory=list)
     workers: list[ManagedProcess] = field(default_factory=list)
 
-    def start_scheduler(self, node_id: str, **env: str) -> tuple[ManagedProcess, str]:
+    def start_scheduler(self, node_id: str, **env: str) -> SchedulerHandle:
         grpc_port, metrics_port = free_ports(2)
         address = f"127.0.0.1:{grpc_port}"
         process = ManagedProcess(
@@ -139,9 +157,10 @@ class ProcessGroup:
             log_path=self.log_dir / f"{node_id}.log",
         )
         process.start()
-        self.schedulers.append((process, address))
+        handle = SchedulerHandle(process, address, f"127.0.0.1:{metrics_port}")
+        self.schedulers.append(handle)
         wait_serving(address, READY_TIMEOUT_S, process)
-        return process, address
+        return handle
 
     def start_worker(
         self, name: str, spec: str, targets: Sequence[str], *, pythonpath: Path, **env: str
@@ -163,15 +182,15 @@ class ProcessGroup:
         return process
 
     def all_pids(self) -> list[int]:
-        return [p.pid for p, _ in self.schedulers] + [w.pid for w in self.workers]
+        return [s.process.pid for s in self.schedulers] + [w.pid for w in self.workers]
 
     def logs(self) -> str:
-        parts = [f"==== {p.name}\n{p.log()}" for p, _ in self.schedulers]
+        parts = [f"==== {s.process.name}\n{s.process.log()}" for s in self.schedulers]
         parts += [f"==== {w.name}\n{w.log()}" for w in self.workers]
         return "\n".join(parts)
 
     def close(self) -> None:
-        for process in [*self.workers, *(p for p, _ in self.schedulers)]:
+        for process in [*self.workers, *(s.process for s in self.schedulers)]:
             if process.alive():
                 try:
                     process.resume()

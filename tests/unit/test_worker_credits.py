@@ -10,13 +10,19 @@ from chronoshard.worker._backoff import RECONNECT_MAX_S, backoff_s
 from chronoshard.worker._credits import CreditLedger
 
 
-def test_a_node_without_backlog_gets_one_credit() -> None:
+def test_free_slots_are_spread_over_nodes_without_backlog() -> None:
     ledger = CreditLedger(10)
     ledger.open("a")
     ledger.open("b")
-    assert ledger.plan() == {"a": 1, "b": 1}
-    assert ledger.plan() == {}  # both already hold their one credit
-    assert ledger.free == 8
+    assert ledger.plan() == {"a": 5, "b": 5}
+    assert ledger.plan() == {}  # every slot is spoken for
+    assert ledger.free == 0
+
+
+def test_a_single_node_gets_every_free_slot() -> None:
+    ledger = CreditLedger(7)
+    ledger.open("a")
+    assert ledger.plan() == {"a": 7}
 
 
 def test_largest_backlog_first_up_to_its_ready_count() -> None:
@@ -28,8 +34,9 @@ def test_largest_backlog_first_up_to_its_ready_count() -> None:
     ledger.set_backlog("c", 10)
     assert ledger.plan() == {"c": 5}
     ledger.close("c")  # its stream ended: its credits are gone with it
-    assert ledger.plan() == {"b": 3, "a": 1}
-    assert ledger.free == 1
+    # Backlog first (b's 3, a's 1), then the last free slot to whoever holds fewest.
+    assert ledger.plan() == {"b": 3, "a": 2}
+    assert ledger.free == 0
 
 
 def test_assignment_moves_a_credit_to_a_slot_and_a_freed_slot_is_granted_again() -> None:
@@ -60,10 +67,11 @@ def test_a_draining_node_keeps_its_credits_counted_but_gets_no_more() -> None:
     ledger.open("a")
     ledger.open("b")
     ledger.set_backlog("a", 2)
-    assert ledger.plan() == {"a": 2, "b": 1}
+    assert ledger.plan() == {"a": 2, "b": 2}
     ledger.stop_node("a")
-    ledger.set_backlog("b", 5)
-    # a still holds 2 that it may use: only 1 slot is free for b.
+    assert ledger.consume("b") and ledger.try_occupy()
+    ledger.release_slot()
+    # a still holds 2 that it may use: only the slot b's task freed goes to b.
     assert ledger.plan() == {"b": 1}
     assert ledger.outstanding_for("a") == 2
 

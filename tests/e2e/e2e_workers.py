@@ -1,0 +1,94 @@
+"""Handlers run by the worker processes of the end-to-end tests.
+
+Every handler appends its side effect to the ``effects`` ledger of the test's database
+(no unique constraint, so a task run twice shows twice), recording when the handler
+started by the worker's clock, the attempt and the fencing token it ran under.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from datetime import UTC, datetime
+from typing import Any
+
+import psycopg
+from psycopg_pool import AsyncConnectionPool
+
+from chronoshard.worker import NonRetryableError, TaskContext, Worker
+
+SLOTS = int(os.environ.get("E2E_WORKER_SLOTS", "50"))
+worker = Worker([], slots=SLOTS)
+_pool: AsyncConnectionPool | None = None
+
+
+async def _configure(conn: psycopg.AsyncConnection[Any]) -> None:
+    # The ledger is test bookkeeping: it must not make handlers hold their slots for a
+    # disk flush each, or the ledger, not the scheduler, would set the pace.
+    await conn.execute("SET synchronous_commit = off")
+
+
+async def record(ctx: TaskContext, started_at: datetime, outcome: str) -> None:
+    global _pool
+    if _pool is None:
+        _pool = AsyncConnectionPool(
+            os.environ["E2E_DSN"],
+            min_size=1,
+            max_size=8,
+            kwargs={"autocommit": True},
+            configure=_configure,
+            open=False,
+        )
+        await _pool.open()
+    async with _pool.connection() as conn:
+        await conn.execute(
+            "INSERT INTO effects (task_id, attempt, token, worker_id, started_at, due_at, outcome)"
+            " VALUES (%s, %s, %s, %s, %s, %s, %s)",
+            (
+                ctx.task_id,
+                ctx.attempt,
+                ctx.fencing_token,
+                ctx.worker_id,
+                started_at,
+                ctx.due_at,
+                outcome,
+            ),
+        )
+
+
+@worker.task("e2e.record")
+async def record_task(ctx: TaskContext) -> dict[str, int]:
+    started_at = datetime.now(UTC)
+    await record(ctx, started_at, "ok")
+    return {"attempt": ctx.attempt}
+
+
+@worker.task("e2e.flaky")
+async def flaky(ctx: TaskContext) -> dict[str, int]:
+    started_at = datetime.now(UTC)
+    failures = int(ctx.payload.get("failures", 2))
+    if ctx.attempt <= failures:
+        await record(ctx, started_at, "failed")
+        raise RuntimeError(f"attempt {ctx.attempt} fails on purpose")
+    await record(ctx, started_at, "ok")
+    return {"attempt": ctx.attempt}
+
+
+@worker.task("e2e.always_fail")
+async def always_fail(ctx: TaskContext) -> None:
+    await record(ctx, datetime.now(UTC), "failed")
+    raise RuntimeError("always fails")
+
+
+@worker.task("e2e.fatal")
+async def fatal(ctx: TaskContext) -> None:
+    await record(ctx, datetime.now(UTC), "failed")
+    raise NonRetryableError("not worth retrying")
+
+
+@worker.task("e2e.sleep")
+async def sleep(ctx: TaskContext) -> dict[str, float]:
+    await record(ctx, datetime.now(UTC), "started")
+    seconds = float(ctx.payload.get("seconds", 1))
+    await asyncio.sleep(seconds)
+    return {"slept": seconds}

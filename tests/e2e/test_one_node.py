@@ -1,0 +1,270 @@
+"""End to end on one node: a real scheduler process, real worker processes, real
+PostgreSQL and etcd. Tasks are submitted through the public client; what the handlers did
+is read back from the effects ledger and the database."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import grpc
+import psycopg
+import pytest
+from fixtures.waiting import eventually
+from harness.processes import ProcessGroup, SchedulerHandle
+
+from chronoshard import Client, RetryPolicy, SubmitResult, Task, TaskSpec
+from chronoshard.scheduler.tenant_admin import create_tenant
+from chronoshard.services import EtcdProcess
+from chronoshard.v1 import common_pb2, worker_service_pb2, worker_service_pb2_grpc
+from chronoshard.wire import error_info_from_metadata
+
+E2E_DIR = Path(__file__).resolve().parent
+
+TASKS = 2000
+SPREAD_S = 10.0
+# Strict tasks start (handler entry, worker clock) within this of their due time at this
+# load. Lead dispatch makes it the worker's timer precision plus scheduling noise.
+STRICT_START_BOUND_S = 0.100
+# A SIGSTOPped worker's stream is dropped within keepalive time + timeout + this slack.
+KEEPALIVE_TIME_S = 1.0
+KEEPALIVE_TIMEOUT_S = 1.0
+STOPPED_WORKER_DETECTION_BOUND_S = KEEPALIVE_TIME_S + KEEPALIVE_TIMEOUT_S + 3.0
+
+EFFECTS_DDL = """
+CREATE TABLE IF NOT EXISTS effects (
+    task_id uuid NOT NULL,
+    attempt integer NOT NULL,
+    token bigint NOT NULL,
+    worker_id text NOT NULL,
+    started_at timestamptz NOT NULL,
+    due_at timestamptz NOT NULL,
+    outcome text NOT NULL
+)
+"""
+
+
+@dataclass
+class OneNode:
+    group: ProcessGroup
+    node: SchedulerHandle
+    dsn: str
+    api_key: str
+
+
+@pytest.fixture(scope="module")
+def one_node(
+    db_dsn: str, etcd: EtcdProcess, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[OneNode]:
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        conn.execute(EFFECTS_DDL)
+    api_key = create_tenant(db_dsn, f"e2e-{uuid.uuid4().hex[:8]}").api_key
+    group = ProcessGroup(
+        log_dir=tmp_path_factory.mktemp("one-node-logs"),
+        dsn=db_dsn,
+        etcd_endpoint=etcd.endpoint,
+        cluster=f"e2e-{uuid.uuid4().hex[:8]}",
+        scheduler_env={
+            "CHRONOSHARD_GRPC__KEEPALIVE_TIME_S": str(KEEPALIVE_TIME_S),
+            "CHRONOSHARD_GRPC__KEEPALIVE_TIMEOUT_S": str(KEEPALIVE_TIMEOUT_S),
+            "CHRONOSHARD_WORKERS__HEARTBEAT_INTERVAL_S": "1",
+        },
+    )
+    try:
+        node = group.start_scheduler("node-1")
+        for i in range(2):
+            group.start_worker(
+                f"worker-{i + 1}",
+                "e2e_workers:worker",
+                [node.address],
+                pythonpath=E2E_DIR,
+                E2E_DSN=db_dsn,
+                CHRONOSHARD_API_KEY=api_key,
+            )
+        yield OneNode(group, node, db_dsn, api_key)
+    finally:
+        group.close()
+
+
+@pytest.fixture
+async def client(one_node: OneNode) -> AsyncIterator[Client]:
+    async with Client(one_node.node.address, api_key=one_node.api_key) as opened:
+        yield opened
+
+
+async def _statuses(dsn: str, ids: list[uuid.UUID]) -> dict[str, int]:
+    async with await psycopg.AsyncConnection.connect(dsn) as conn:
+        cur = await conn.execute(
+            "SELECT status, count(*) FROM tasks WHERE id = ANY(%s) GROUP BY status", (ids,)
+        )
+        return {status: n for status, n in await cur.fetchall()}
+
+
+async def test_two_thousand_tasks_complete_once_each_and_on_time(
+    one_node: OneNode, client: Client
+) -> None:
+    start = datetime.now(UTC) + timedelta(seconds=5)
+    specs = []
+    for i in range(TASKS):
+        strict = i % 2 == 0
+        specs.append(
+            TaskSpec(
+                type="e2e.record",
+                payload={"i": i},
+                at=start + timedelta(seconds=SPREAD_S * i / TASKS),
+                strict_timing=strict,
+                jitter_window_s=None if strict else 2.0,
+            )
+        )
+    results = await client.submit_batch(specs)
+    ids = [uuid.UUID(r.task.id) for r in results if isinstance(r, SubmitResult)]
+    assert len(set(ids)) == TASKS
+
+    async def all_completed() -> bool:
+        return (await _statuses(one_node.dsn, ids)).get("COMPLETED", 0) == TASKS
+
+    try:
+        await eventually(all_completed, timeout_s=SPREAD_S + 60, what="all tasks COMPLETED")
+    except AssertionError:
+        print(one_node.group.logs())
+        raise
+
+    async with await psycopg.AsyncConnection.connect(one_node.dsn) as conn:
+        cur = await conn.execute(
+            "SELECT count(*) FROM task_attempts WHERE task_id = ANY(%s) AND state = 'SUCCEEDED'",
+            (ids,),
+        )
+        assert (await cur.fetchone()) == (TASKS,)
+        cur = await conn.execute(
+            "SELECT task_id, count(*) FROM effects WHERE task_id = ANY(%s) GROUP BY task_id"
+            " HAVING count(*) <> 1",
+            (ids,),
+        )
+        assert await cur.fetchall() == [], "a handler ran more than once"
+        cur = await conn.execute(
+            "SELECT t.strict_timing, e.started_at, t.due_at, a.entered_at FROM effects e"
+            " JOIN tasks t ON t.id = e.task_id"
+            " JOIN task_attempts a ON a.task_id = e.task_id AND a.attempt = e.attempt"
+            " WHERE e.task_id = ANY(%s)",
+            (ids,),
+        )
+        rows = await cur.fetchall()
+    assert len(rows) == TASKS
+    early = [(s, d) for _, s, d, _ in rows if s < d]
+    assert early == [], f"{len(early)} handlers started before their due time"
+    strict = sorted(
+        ((s - d).total_seconds(), (i - d).total_seconds(), d) for st, s, d, i in rows if st
+    )
+    assert len(strict) == TASKS // 2
+    late = [row for row in strict if row[0] > STRICT_START_BOUND_S]
+    assert not late, (
+        f"{len(late)} strict tasks started more than {STRICT_START_BOUND_S}s late; "
+        f"p50={strict[len(strict) // 2][0]:.4f}s p99={strict[int(len(strict) * 0.99)][0]:.4f}s; "
+        "worst (start lateness, intent lateness, due): "
+        + ", ".join(f"({a:.3f}, {b:.3f}, {c:%H:%M:%S.%f})" for a, b, c in late[-5:])
+    )
+
+
+async def test_retries_then_success_and_dead_letter_and_timeout(
+    one_node: OneNode, client: Client
+) -> None:
+    flaky = await client.submit("e2e.flaky", {"failures": 2}, max_retries=3, retry=_fast_retry())
+    doomed = await client.submit("e2e.always_fail", {}, max_retries=2, retry=_fast_retry())
+    slow = await client.submit(
+        "e2e.sleep", {"seconds": 30}, timeout_s=0.5, max_retries=1, retry=_fast_retry()
+    )
+    fatal = await client.submit("e2e.fatal", {}, max_retries=5, retry=_fast_retry())
+
+    async def finished(task_id: str) -> Task | None:
+        task = await client.get(task_id, attempts=True)
+        return task if task.status.is_terminal else None
+
+    done = await eventually(lambda: finished(flaky.task.id), timeout_s=60, what="flaky done")
+    assert done.status.value == "COMPLETED"
+    assert [a.state.value for a in done.attempts] == ["FAILED", "FAILED", "SUCCEEDED"]
+
+    dead = await eventually(lambda: finished(doomed.task.id), timeout_s=60, what="doomed done")
+    assert dead.status.value == "DEAD_LETTER"
+    assert [a.state.value for a in dead.attempts] == ["FAILED"] * 3
+
+    timed = await eventually(lambda: finished(slow.task.id), timeout_s=60, what="slow done")
+    assert timed.status.value == "DEAD_LETTER"
+    assert [a.state.value for a in timed.attempts] == ["TIMED_OUT"] * 2
+
+    not_retried = await eventually(lambda: finished(fatal.task.id), timeout_s=60, what="fatal")
+    assert not_retried.status.value == "DEAD_LETTER"
+    assert len(not_retried.attempts) == 1
+
+
+async def test_stale_token_completion_is_refused_and_changes_nothing(
+    one_node: OneNode, client: Client
+) -> None:
+    submitted = await client.submit("e2e.record", {"stale": True}, strict_timing=True)
+
+    async def completed() -> Task | None:
+        task = await client.get(submitted.task.id)
+        return task if task.status.value == "COMPLETED" else None
+
+    before = await eventually(completed, timeout_s=30, what="task completed")
+    ref = common_pb2.TaskRef(id=str(before.id))
+    ref.scheduled_at.FromDatetime(before.scheduled_at)
+    async with grpc.aio.insecure_channel(one_node.node.address) as channel:
+        stub = worker_service_pb2_grpc.WorkerServiceStub(channel)
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await stub.Complete(
+                worker_service_pb2.CompleteRequest(
+                    worker_id="zombie",
+                    complete=worker_service_pb2.Complete(
+                        task=ref,
+                        fencing_token=before.fencing_token + 1,
+                        result_json=b'{"zombie": true}',
+                    ),
+                ),
+                timeout=5,
+            )
+    assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    error = error_info_from_metadata(info.value.trailing_metadata())
+    assert error is not None and error.reason == "STALE_FENCING_TOKEN"
+    after = await client.get(submitted.task.id)
+    assert after.result == before.result
+    assert after.updated_at == before.updated_at
+
+
+async def test_a_stopped_worker_stream_is_dropped_within_the_bound(one_node: OneNode) -> None:
+    group = one_node.group
+    extra = group.start_worker(
+        "worker-to-stop",
+        "e2e_workers:worker",
+        [one_node.node.address],
+        pythonpath=E2E_DIR,
+        E2E_DSN=one_node.dsn,
+        CHRONOSHARD_API_KEY=one_node.api_key,
+    )
+    sessions = await eventually(
+        lambda: (one_node.node.metric("chronoshard_worker_sessions") or 0) >= 3,
+        timeout_s=30,
+        what="third worker connected",
+    )
+    assert sessions
+    extra.pause()
+    stopped_at = asyncio.get_running_loop().time()
+    try:
+        await eventually(
+            lambda: one_node.node.metric("chronoshard_worker_sessions") == 2,
+            timeout_s=STOPPED_WORKER_DETECTION_BOUND_S + 10,
+            what="stopped worker's session dropped",
+            interval_s=0.1,
+        )
+        detected_s = asyncio.get_running_loop().time() - stopped_at
+        assert detected_s <= STOPPED_WORKER_DETECTION_BOUND_S, f"took {detected_s:.1f}s"
+    finally:
+        extra.resume()
+        extra.kill()
+
+
+def _fast_retry() -> RetryPolicy:
+    return RetryPolicy(initial_backoff_s=0.05, max_backoff_s=0.2, multiplier=2.0)
