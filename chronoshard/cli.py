@@ -14,6 +14,7 @@ here, in the entry point, and nowhere else.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -272,6 +273,203 @@ def _run_worker(args: argparse.Namespace, out: TextIO) -> int:
     return worker_main(argv)
 
 
+# --- expect (the watchdog's expectations) -------------------------------------------------
+
+TARGET_ENV = "CHRONOSHARD_TARGET"
+API_KEY_ENV = "CHRONOSHARD_API_KEY"
+DEFAULT_TARGET = "127.0.0.1:7070"
+EXPECT_CALL_TIMEOUT_S = 10.0
+_DURATION_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86_400.0}
+
+
+def _duration_s(text: str) -> float:
+    """``90``, ``90s``, ``5m``, ``1.5h``, ``1d``: seconds."""
+    value = text.strip().lower()
+    scale = _DURATION_UNITS.get(value[-1:])
+    number = value[:-1] if scale is not None else value
+    try:
+        seconds = float(number) * (scale or 1.0)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"not a duration: {text!r} (e.g. 90s, 5m, 1h, 1d)"
+        ) from None
+    if not math.isfinite(seconds):
+        raise argparse.ArgumentTypeError(f"not a duration: {text!r}")
+    return seconds
+
+
+def _format_s(seconds: float) -> str:
+    for unit, size in (("d", 86_400.0), ("h", 3600.0), ("m", 60.0)):
+        if seconds >= size and seconds % size == 0:
+            return f"{seconds / size:g}{unit}"
+    return f"{seconds:g}s"
+
+
+def _add_api(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--target",
+        default=os.environ.get(TARGET_ENV, DEFAULT_TARGET),
+        help=f"a scheduler node, host:port (default: ${TARGET_ENV} or {DEFAULT_TARGET})",
+    )
+    parser.add_argument(
+        "--api-key",
+        default=os.environ.get(API_KEY_ENV),
+        help=f"the tenant's API key (default: ${API_KEY_ENV})",
+    )
+    parser.add_argument("--tls", action="store_true", help="use TLS with the system's roots")
+
+
+def _watchdog_call(args: argparse.Namespace, method: str, request: object) -> object:
+    """One WatchdogService call; a refused call raises _CallFailed with a readable line."""
+    import grpc
+
+    from chronoshard.client import channel_options
+    from chronoshard.errors import from_rpc_error
+    from chronoshard.v1 import watchdog_service_pb2_grpc
+
+    if not args.api_key:
+        raise _UsageError(f"no API key given: pass --api-key or set {API_KEY_ENV}")
+    options = channel_options()
+    if args.tls:
+        channel = grpc.secure_channel(args.target, grpc.ssl_channel_credentials(), options)
+    else:
+        channel = grpc.insecure_channel(args.target, options)
+    with channel:
+        stub = watchdog_service_pb2_grpc.WatchdogServiceStub(channel)
+        try:
+            return getattr(stub, method)(
+                request,
+                timeout=EXPECT_CALL_TIMEOUT_S,
+                metadata=(("authorization", f"Bearer {args.api_key}"),),
+            )
+        except grpc.RpcError as exc:
+            error = from_rpc_error(exc)
+            where = f" ({error.field})" if error.field else ""
+            raise _CallFailed(f"{error.reason}{where}: {error}") from None
+
+
+class _CallFailed(Exception):
+    """The server refused a call; the message says why. Exit code 1."""
+
+
+def _expectation_line(exp: object) -> str:
+    from chronoshard.v1 import watchdog_service_pb2
+
+    assert isinstance(exp, watchdog_service_pb2.Expectation)
+    severity = watchdog_service_pb2.Severity.Name(exp.severity).removeprefix("SEVERITY_")
+    interval = exp.interval.seconds + exp.interval.nanos / 1e9
+    tolerance = exp.tolerance.seconds + exp.tolerance.nanos / 1e9
+    return (
+        f"{exp.job_id:<32} every {_format_s(interval):<8} +{_format_s(tolerance):<8} "
+        f"{severity.lower():<8} {'enabled' if exp.enabled else 'disabled':<8} "
+        f"{'config' if exp.from_config else 'api':<6} {exp.description}"
+    ).rstrip()
+
+
+def _configure_expect_add(parser: argparse.ArgumentParser) -> None:
+    _add_api(parser)
+    parser.add_argument("job_id", help="the job_id the job's tasks are submitted with")
+    parser.add_argument(
+        "--every", required=True, type=_duration_s, help="expected interval (90s, 5m, 1h, 1d)"
+    )
+    parser.add_argument(
+        "--tolerance", type=_duration_s, default=0.0, help="slack after the interval (default 0)"
+    )
+    parser.add_argument(
+        "--severity", choices=("critical", "error", "warning", "info"), default="critical"
+    )
+    parser.add_argument("--description", default="", help="shown in the alert")
+    parser.add_argument("--disabled", action="store_true", help="register it without alerting")
+
+
+def _run_expect_add(args: argparse.Namespace, out: TextIO) -> int:
+    from google.protobuf import duration_pb2
+
+    from chronoshard.v1 import watchdog_service_pb2
+
+    def duration(seconds: float) -> duration_pb2.Duration:
+        # Sign-consistent seconds/nanos for negative values too: the server must see the
+        # value the operator typed to refuse it by name.
+        value = duration_pb2.Duration()
+        whole = int(seconds)
+        value.seconds, value.nanos = whole, round((seconds - whole) * 1e9)
+        return value
+
+    request = watchdog_service_pb2.CreateExpectationRequest(
+        job_id=args.job_id,
+        interval=duration(args.every),
+        tolerance=duration(args.tolerance),
+        severity=f"SEVERITY_{args.severity.upper()}",
+        enabled=not args.disabled,
+        description=args.description,
+    )
+    try:
+        response = _watchdog_call(args, "CreateExpectation", request)
+    except _CallFailed as exc:
+        print(f"chronoshard expect add: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
+    assert isinstance(response, watchdog_service_pb2.CreateExpectationResponse)
+    print(("created " if response.created else "updated ") + args.job_id, file=out)
+    print(_expectation_line(response.expectation), file=out)
+    return EXIT_OK
+
+
+def _configure_expect_ls(parser: argparse.ArgumentParser) -> None:
+    _add_api(parser)
+
+
+def _run_expect_ls(args: argparse.Namespace, out: TextIO) -> int:
+    from chronoshard.v1 import watchdog_service_pb2
+
+    token = ""
+    while True:
+        request = watchdog_service_pb2.ListExpectationsRequest(page_size=1000, page_token=token)
+        try:
+            page = _watchdog_call(args, "ListExpectations", request)
+        except _CallFailed as exc:
+            print(f"chronoshard expect ls: {exc}", file=sys.stderr)
+            return EXIT_FAILURE
+        assert isinstance(page, watchdog_service_pb2.ListExpectationsResponse)
+        for exp in page.expectations:
+            print(_expectation_line(exp), file=out)
+        if not page.next_page_token:
+            return EXIT_OK
+        token = page.next_page_token
+
+
+def _configure_expect_rm(parser: argparse.ArgumentParser) -> None:
+    _add_api(parser)
+    parser.add_argument("job_id")
+
+
+def _run_expect_rm(args: argparse.Namespace, out: TextIO) -> int:
+    from chronoshard.v1 import watchdog_service_pb2
+
+    request = watchdog_service_pb2.DeleteExpectationRequest(job_id=args.job_id)
+    try:
+        _watchdog_call(args, "DeleteExpectation", request)
+    except _CallFailed as exc:
+        print(f"chronoshard expect rm: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
+    print(f"removed {args.job_id}", file=out)
+    return EXIT_OK
+
+
+EXPECT_COMMANDS: dict[str, Command] = {
+    "add": Command(
+        "watch a job: alert when it has not completed for longer than --every + --tolerance",
+        _configure_expect_add,
+        _run_expect_add,
+    ),
+    "ls": Command("list the tenant's expectations", _configure_expect_ls, _run_expect_ls),
+    "rm": Command("stop watching a job", _configure_expect_rm, _run_expect_rm),
+}
+
+
+def _configure_expect(parser: argparse.ArgumentParser) -> None:
+    _add_subcommands(parser, EXPECT_COMMANDS, dest="expect_command")
+
+
 # --- the table -------------------------------------------------------------------------
 
 COMMANDS: dict[str, Command] = {
@@ -290,6 +488,10 @@ COMMANDS: dict[str, Command] = {
     "tenants": Command("create and list tenants (API keys)", _configure_tenants),
     "worker": Command(
         "run a worker defined in your code (pkg.module:attr)", _configure_worker, _run_worker
+    ),
+    "expect": Command(
+        "register, list and remove the watchdog's expectations (dead man's switch)",
+        _configure_expect,
     ),
 }
 

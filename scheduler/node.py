@@ -43,6 +43,7 @@ from chronoshard.scheduler.config import SchedulerConfig
 from chronoshard.scheduler.coordination import EtcdCoordinator, NodeInfo
 from chronoshard.scheduler.dispatch_store import DispatchStore, TimerTask
 from chronoshard.scheduler.dispatcher import Dispatcher
+from chronoshard.scheduler.expectations_api import WatchdogServiceServicer
 from chronoshard.scheduler.fairness import UNLIMITED, TenantLimits
 from chronoshard.scheduler.gateway import Gateway
 from chronoshard.scheduler.metrics import NodeCollector, SchedulerMetrics
@@ -55,6 +56,8 @@ from chronoshard.v1 import (
     admin_service_pb2_grpc,
     task_service_pb2,
     task_service_pb2_grpc,
+    watchdog_service_pb2,
+    watchdog_service_pb2_grpc,
     worker_service_pb2,
     worker_service_pb2_grpc,
 )
@@ -241,6 +244,9 @@ class SchedulerNode:
         )
         task_service_pb2_grpc.add_TaskServiceServicer_to_server(api, server)
         names.append(task_service_pb2.DESCRIPTOR.services_by_name["TaskService"].full_name)
+        watch = WatchdogServiceServicer(store=self.store, authenticator=Authenticator(self.store))
+        watchdog_service_pb2_grpc.add_WatchdogServiceServicer_to_server(watch, server)
+        names.append(watchdog_service_pb2.DESCRIPTOR.services_by_name["WatchdogService"].full_name)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         names.append(health_pb2.DESCRIPTOR.services_by_name["Health"].full_name)
         reflection.enable_server_reflection([*names, reflection.SERVICE_NAME], server)

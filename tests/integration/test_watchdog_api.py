@@ -1,0 +1,257 @@
+"""WatchdogService (the expectation registry) on a real grpc.aio server and PostgreSQL,
+called through the generated stub and through ``chronoshard expect``."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+import psycopg
+import pytest
+from google.protobuf import duration_pb2
+
+from chronoshard import cli
+from chronoshard.scheduler.auth import Authenticator, hash_api_key, new_api_key
+from chronoshard.scheduler.expectations_api import WatchdogServiceServicer
+from chronoshard.scheduler.models import Tenant
+from chronoshard.scheduler.store import Store
+from chronoshard.v1 import watchdog_service_pb2 as pb
+from chronoshard.v1 import watchdog_service_pb2_grpc
+from chronoshard.wire import error_info_from_metadata
+
+
+@dataclass
+class Api:
+    stub: watchdog_service_pb2_grpc.WatchdogServiceStub
+    address: str
+    dsn: str
+    tenant: Tenant
+    key: str
+
+    def auth(self, key: str | None = None) -> Sequence[tuple[str, str]]:
+        return (("authorization", f"Bearer {key or self.key}"),)
+
+
+def seconds(value: float) -> duration_pb2.Duration:
+    d = duration_pb2.Duration()
+    whole = int(value)
+    d.seconds, d.nanos = whole, round((value - whole) * 1e9)
+    return d
+
+
+async def new_tenant(store: Store) -> tuple[Tenant, str]:
+    key = new_api_key()
+    made = await store.create_tenant(
+        f"t-{uuid.uuid4().hex}", "standard", 100.0, 10, "local", hash_api_key(key)
+    )
+    return made, key
+
+
+@pytest.fixture
+async def api(db_dsn: str) -> AsyncIterator[Api]:
+    # The module's database; every test gets a tenant of its own.
+    store = await Store.open(db_dsn, 1, 4)
+    server = grpc.aio.server()
+    watchdog_service_pb2_grpc.add_WatchdogServiceServicer_to_server(
+        WatchdogServiceServicer(store=store, authenticator=Authenticator(store)), server
+    )
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    tenant, key = await new_tenant(store)
+    address = f"127.0.0.1:{port}"
+    async with grpc.aio.insecure_channel(address) as channel:
+        yield Api(
+            watchdog_service_pb2_grpc.WatchdogServiceStub(channel), address, db_dsn, tenant, key
+        )
+    await server.stop(None)
+    await store.close()
+
+
+async def rows(api: Api) -> list[tuple[Any, ...]]:
+    """The test tenant's expectations as stored."""
+    async with await psycopg.AsyncConnection.connect(api.dsn) as conn:
+        cur = await conn.execute(
+            "SELECT tenant_id, job_id, interval_s, tolerance_s, severity, enabled, source"
+            " FROM expectations WHERE tenant_id = %s ORDER BY job_id",
+            (api.tenant.id,),
+        )
+        return await cur.fetchall()
+
+
+async def refused(call: Any) -> tuple[grpc.StatusCode, Any]:
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await call
+    return info.value.code(), error_info_from_metadata(info.value.trailing_metadata())
+
+
+async def test_create_replace_list_and_delete(api: Api) -> None:
+    created = await api.stub.CreateExpectation(
+        pb.CreateExpectationRequest(
+            job_id="nightly",
+            interval=seconds(86400),
+            tolerance=seconds(600.5),
+            severity=pb.SEVERITY_WARNING,
+            description="the nightly report",
+        ),
+        metadata=api.auth(),
+        timeout=10,
+    )
+    assert created.created
+    exp = created.expectation
+    assert exp.job_id == "nightly" and exp.enabled and not exp.from_config
+    assert exp.interval.seconds == 86400 and exp.tolerance.ToTimedelta().total_seconds() == 600.5
+    assert exp.severity == pb.SEVERITY_WARNING
+
+    replaced = await api.stub.CreateExpectation(
+        pb.CreateExpectationRequest(job_id="nightly", interval=seconds(3600), enabled=False),
+        metadata=api.auth(),
+        timeout=10,
+    )
+    assert not replaced.created
+    assert replaced.expectation.created_at == exp.created_at  # registration time kept
+    assert not replaced.expectation.enabled
+    assert await rows(api) == [(api.tenant.id, "nightly", 3600.0, 0.0, "critical", False, "api")]
+
+    for job in ("a", "b", "c"):
+        await api.stub.CreateExpectation(
+            pb.CreateExpectationRequest(job_id=job, interval=seconds(60)),
+            metadata=api.auth(),
+            timeout=10,
+        )
+    first = await api.stub.ListExpectations(
+        pb.ListExpectationsRequest(page_size=3), metadata=api.auth(), timeout=10
+    )
+    assert [e.job_id for e in first.expectations] == ["a", "b", "c"]
+    assert first.next_page_token
+    second = await api.stub.ListExpectations(
+        pb.ListExpectationsRequest(page_size=3, page_token=first.next_page_token),
+        metadata=api.auth(),
+        timeout=10,
+    )
+    assert [e.job_id for e in second.expectations] == ["nightly"]
+    assert second.next_page_token == ""
+
+    deleted = await api.stub.DeleteExpectation(
+        pb.DeleteExpectationRequest(job_id="b"), metadata=api.auth(), timeout=10
+    )
+    assert deleted.expectation.job_id == "b"
+    code, info = await refused(
+        api.stub.DeleteExpectation(
+            pb.DeleteExpectationRequest(job_id="b"), metadata=api.auth(), timeout=10
+        )
+    )
+    assert code == grpc.StatusCode.NOT_FOUND and info.reason == "EXPECTATION_NOT_FOUND"
+
+
+@pytest.mark.parametrize(
+    ("request_", "field"),
+    [
+        (pb.CreateExpectationRequest(job_id="j", interval=seconds(0)), "interval"),
+        (pb.CreateExpectationRequest(job_id="j", interval=seconds(-60)), "interval"),
+        (pb.CreateExpectationRequest(job_id="j"), "interval"),
+        (pb.CreateExpectationRequest(job_id="j", interval=seconds(1), tolerance=seconds(-1)),
+         "tolerance"),
+        (pb.CreateExpectationRequest(job_id="", interval=seconds(1)), "job_id"),
+    ],
+)  # fmt: skip
+async def test_malformed_expectations_are_refused_naming_the_field_and_nothing_is_written(
+    api: Api, request_: pb.CreateExpectationRequest, field: str
+) -> None:
+    code, info = await refused(
+        api.stub.CreateExpectation(request_, metadata=api.auth(), timeout=10)
+    )
+    assert code == grpc.StatusCode.INVALID_ARGUMENT
+    assert info.reason == "INVALID_ARGUMENT" and info.field == field
+    assert field in info.message
+    assert await rows(api) == []
+
+
+async def test_an_unknown_tenant_is_unauthenticated(api: Api) -> None:
+    request = pb.CreateExpectationRequest(job_id="j", interval=seconds(60))
+    code, info = await refused(
+        api.stub.CreateExpectation(request, metadata=api.auth(new_api_key()), timeout=10)
+    )
+    assert code == grpc.StatusCode.UNAUTHENTICATED and info.reason == "UNAUTHENTICATED"
+    code, _ = await refused(api.stub.ListExpectations(pb.ListExpectationsRequest(), timeout=10))
+    assert code == grpc.StatusCode.UNAUTHENTICATED
+    assert await rows(api) == []
+
+
+async def test_tenants_see_only_their_own_and_config_expectations_are_read_only(
+    api: Api,
+) -> None:
+    store = await Store.open(api.dsn, 1, 1)
+    _, other_key = await new_tenant(store)
+    await store.close()
+    await api.stub.CreateExpectation(
+        pb.CreateExpectationRequest(job_id="mine", interval=seconds(60)),
+        metadata=api.auth(),
+        timeout=10,
+    )
+    theirs = await api.stub.ListExpectations(
+        pb.ListExpectationsRequest(), metadata=api.auth(other_key), timeout=10
+    )
+    assert list(theirs.expectations) == []
+    code, _ = await refused(
+        api.stub.DeleteExpectation(
+            pb.DeleteExpectationRequest(job_id="mine"), metadata=api.auth(other_key), timeout=10
+        )
+    )
+    assert code == grpc.StatusCode.NOT_FOUND
+
+    async with await psycopg.AsyncConnection.connect(api.dsn, autocommit=True) as conn:
+        await conn.execute(
+            "UPDATE expectations SET source = 'config' WHERE tenant_id = %s AND job_id = 'mine'",
+            (api.tenant.id,),
+        )
+    request = pb.CreateExpectationRequest(job_id="mine", interval=seconds(5))
+    code, info = await refused(api.stub.CreateExpectation(request, metadata=api.auth(), timeout=10))
+    assert code == grpc.StatusCode.FAILED_PRECONDITION
+    assert info.reason == "EXPECTATION_MANAGED_BY_CONFIG"
+    code, _ = await refused(
+        api.stub.DeleteExpectation(
+            pb.DeleteExpectationRequest(job_id="mine"), metadata=api.auth(), timeout=10
+        )
+    )
+    assert code == grpc.StatusCode.FAILED_PRECONDITION
+    [listed] = (
+        await api.stub.ListExpectations(pb.ListExpectationsRequest(), metadata=api.auth())
+    ).expectations
+    assert listed.from_config and listed.interval.seconds == 60
+
+
+def run_cli(args: list[str]) -> tuple[int, str]:
+    out = io.StringIO()
+    code = cli.main(args, out=out)
+    return code, out.getvalue()
+
+
+async def test_the_cli_adds_lists_and_removes(api: Api, capsys: pytest.CaptureFixture[str]) -> None:
+    common = ["--target", api.address, "--api-key", api.key]
+    code, out = await asyncio.to_thread(
+        run_cli,
+        ["expect", "add", "backup", "--every", "1d", "--tolerance", "30m", "--severity",
+         "error", "--description", "nightly backup", *common],
+    )  # fmt: skip
+    assert code == 0, capsys.readouterr().err
+    assert out.startswith("created backup")
+    code, out = await asyncio.to_thread(run_cli, ["expect", "ls", *common])
+    assert code == 0
+    assert out.split() == ["backup", "every", "1d", "+30m", "error", "enabled", "api", "nightly",
+                           "backup"]  # fmt: skip
+
+    code, _ = await asyncio.to_thread(run_cli, ["expect", "add", "backup", "--every=-5s", *common])
+    assert code == cli.EXIT_FAILURE
+    err = capsys.readouterr().err
+    assert "INVALID_ARGUMENT (interval)" in err and "must be positive" in err
+
+    code, out = await asyncio.to_thread(run_cli, ["expect", "rm", "backup", *common])
+    assert (code, out) == (0, "removed backup\n")
+    code, _ = await asyncio.to_thread(run_cli, ["expect", "rm", "backup", *common])
+    assert code == cli.EXIT_FAILURE
+    assert "EXPECTATION_NOT_FOUND" in capsys.readouterr().err

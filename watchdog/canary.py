@@ -1,0 +1,163 @@
+"""Canaries: a real task through the whole path, every canary interval.
+
+The active replica records a canary (``canary_executions``: id, scheduled time from the
+database clock, status SUBMITTED), then submits a task through the public API exactly as a
+user would (:class:`chronoshard.Client`: strict timing, critical priority, the reserved
+canary queue, the canary tenant's API key, ``job_id = chronoshard.canary`` so its
+completion lands in the ledger), and serves that queue itself with the built-in
+:func:`canary_handler` through the worker SDK, in-process. The canary has therefore been
+submitted, persisted, preloaded, fired, dispatched, run, completed and recorded by the
+scheduler before the watchdog sees it done: the check (:mod:`.checker`) reads its
+dispatch from ``task_attempts`` and its completion from ``task_completions`` and judges
+it against the tolerance (:func:`~.incidents.canary_condition`).
+
+A submit that fails is recorded as FAILED and becomes late at its deadline like any
+other canary: with every scheduler node dead, the canary alert fires within one tolerance.
+The worker is supervised separately: when it crashes it is rebuilt after a pause, and it
+never takes the watchdog down with it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from chronoshard.client import Client
+from chronoshard.clock import Clock
+from chronoshard.errors import ChronoshardError
+from chronoshard.types import Priority
+from chronoshard.watchdog.config import CanaryConfig
+from chronoshard.watchdog.store import WatchdogStore
+from chronoshard.worker import TaskContext, Worker
+
+log = logging.getLogger(__name__)
+
+CANARY_TASK_TYPE = "chronoshard.canary"
+CANARY_JOB_ID = "chronoshard.canary"
+WORKER_RESTART_S = 2.0
+WORKER_SLOTS = 4
+MAX_SUBMIT_TIMEOUT_S = 10.0
+
+
+async def canary_handler(ctx: TaskContext) -> dict[str, Any]:
+    """The built-in canary handler: it only has to run and return. Any worker may
+    register it for the canary queue (``worker.register(CANARY_TASK_TYPE,
+    canary_handler)``)."""
+    payload = ctx.payload if isinstance(ctx.payload, dict) else {}
+    return {"canary_id": payload.get("canary_id"), "worker_id": ctx.worker_id}
+
+
+@dataclass
+class CanaryStats:
+    submitted: int = 0
+    submit_failures: int = 0
+    completed_on_time: int = 0
+    late: int = 0
+    worker_restarts: int = 0
+
+
+class CanaryRunner:
+    """The leader's canary work: the submit loop and the canary worker. ``run`` until
+    cancelled (the end of the leader's term)."""
+
+    def __init__(
+        self,
+        config: CanaryConfig,
+        store: WatchdogStore,
+        clock: Clock,
+        stats: CanaryStats,
+        *,
+        node_id: str,
+    ) -> None:
+        self._config = config
+        self._store = store
+        self._clock = clock
+        self.stats = stats
+        self._node_id = node_id
+        self._timeout_s = min(MAX_SUBMIT_TIMEOUT_S, config.tolerance_s)
+
+    async def run(self) -> None:
+        client = Client(
+            list(self._config.targets),
+            api_key=self._config.api_key,
+            tls=self._config.tls,
+            timeout_s=self._timeout_s,
+        )
+        worker_task = asyncio.create_task(self._serve(), name="canary-worker")
+        try:
+            await self._submit_loop(client)
+        finally:
+            worker_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await worker_task
+            await client.close()
+
+    async def _submit_loop(self, client: Client) -> None:
+        interval = self._config.interval_s
+        next_at = self._clock.monotonic()
+        while True:
+            await self.submit_one(client)
+            # A fixed cadence: a slow submit does not push every later canary back.
+            next_at += interval
+            now = self._clock.monotonic()
+            if next_at < now:
+                next_at = now + interval
+            await asyncio.sleep(next_at - now)
+
+    async def submit_one(self, client: Client) -> uuid.UUID:
+        """Record and submit one canary. A failed submit is recorded, never raised;
+        DatabaseUnavailable (the session is gone) is raised."""
+        canary_id = uuid.uuid4()
+        scheduled_at = await self._store.insert_canary(canary_id)
+        self.stats.submitted += 1
+        try:
+            result = await client.submit(
+                CANARY_TASK_TYPE,
+                {"canary_id": str(canary_id), "node_id": self._node_id},
+                at=scheduled_at,
+                strict_timing=True,
+                priority=Priority.CRITICAL,
+                queue=self._config.queue,
+                job_id=CANARY_JOB_ID,
+                idempotency_key=f"canary-{canary_id}",
+                max_retries=0,
+                timeout_s=self._config.tolerance_s,
+            )
+        except (ChronoshardError, ValueError, OSError) as exc:
+            self.stats.submit_failures += 1
+            log.warning(
+                "canary submit failed", extra={"canary_id": str(canary_id), "error": str(exc)}
+            )
+            await self._store.set_canary_failed(canary_id, f"submit failed: {exc}")
+            return canary_id
+        await self._store.set_canary_task(canary_id, uuid.UUID(str(result.task.id)))
+        return canary_id
+
+    async def _serve(self) -> None:
+        """Run the canary worker; rebuild it after a pause whenever it stops."""
+        while True:
+            worker = Worker(
+                list(self._config.targets),
+                queues=[self._config.queue],
+                slots=WORKER_SLOTS,
+                api_key=self._config.api_key,
+                tls=self._config.tls,
+                drain_grace_s=1.0,
+                drain_stop_s=0.5,
+                worker_id=f"watchdog-canary-{self._node_id}-{uuid.uuid4().hex[:6]}",
+            )
+            worker.register(CANARY_TASK_TYPE, canary_handler, timeout_s=self._config.tolerance_s)
+            try:
+                await worker.run()
+                log.warning("canary worker stopped; restarting")
+            except asyncio.CancelledError:
+                # run() closes the worker's streams itself when cancelled.
+                raise
+            except Exception:
+                log.exception("canary worker crashed; restarting")
+            self.stats.worker_restarts += 1
+            await asyncio.sleep(WORKER_RESTART_S)
