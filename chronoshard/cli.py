@@ -343,9 +343,8 @@ def _watchdog_call(args: argparse.Namespace, method: str, request: object) -> ob
                 metadata=(("authorization", f"Bearer {args.api_key}"),),
             )
         except grpc.RpcError as exc:
-            error = from_rpc_error(exc)
-            where = f" ({error.field})" if error.field else ""
-            raise _CallFailed(f"{error.reason}{where}: {error}") from None
+            # e.g. "INVALID_ARGUMENT/INVALID_ARGUMENT (field interval): interval: must be ..."
+            raise _CallFailed(str(from_rpc_error(exc))) from None
 
 
 class _CallFailed(Exception):

@@ -267,7 +267,7 @@ class WatchdogServiceServicer(watchdog_service_pb2_grpc.WatchdogServiceServicer)
             raise ExpectationManagedByConfig(spec.job_id)
         log.info(
             "expectation registered",
-            extra={"tenant_id": str(tenant.id), "job_id": spec.job_id, "created": row["created"]},
+            extra={"tenant_id": str(tenant.id), "job_id": spec.job_id, "new": row["created"]},
         )
         return watchdog_service_pb2.CreateExpectationResponse(
             expectation=expectation_to_pb(row), created=row["created"]

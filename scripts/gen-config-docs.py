@@ -9,7 +9,10 @@ from pathlib import Path
 from chronoshard.settings import reference_table
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "configuration.md"
-SECTIONS = {"scheduler": "chronoshard.scheduler.config:SchedulerConfig"}
+SECTIONS = {
+    "scheduler": "chronoshard.scheduler.config:SchedulerConfig",
+    "watchdog": "chronoshard.watchdog.config:WatchdogConfig",
+}
 
 
 def render(text: str) -> str:

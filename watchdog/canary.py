@@ -31,6 +31,7 @@ from chronoshard.clock import Clock
 from chronoshard.errors import ChronoshardError
 from chronoshard.types import Priority
 from chronoshard.watchdog.config import CanaryConfig
+from chronoshard.watchdog.errors import DatabaseUnavailable
 from chronoshard.watchdog.store import WatchdogStore
 from chronoshard.worker import TaskContext, Worker
 
@@ -100,7 +101,14 @@ class CanaryRunner:
         interval = self._config.interval_s
         next_at = self._clock.monotonic()
         while True:
-            await self.submit_one(client)
+            try:
+                await self.submit_one(client)
+            except DatabaseUnavailable:
+                raise  # the session is gone: the term ends
+            except Exception:
+                # A bug in one submit must not end canaries (or the term) for good.
+                self.stats.submit_failures += 1
+                log.exception("canary submit failed unexpectedly")
             # A fixed cadence: a slow submit does not push every later canary back.
             next_at += interval
             now = self._clock.monotonic()

@@ -50,7 +50,7 @@ from chronoshard.watchdog.incidents import (
     plan,
     seconds_since,
 )
-from chronoshard.watchdog.notifier import DeliveryReport, Notifier
+from chronoshard.watchdog.notifier import Notifier
 from chronoshard.watchdog.sinks import Notice
 from chronoshard.watchdog.store import CanaryUpdate, WatchdogStore
 
@@ -79,6 +79,11 @@ class CheckStats:
     resolved: Counter[str] = field(default_factory=Counter)
     # (tenant_id, job_id) -> seconds since the last completion (or registration).
     seconds_since: dict[tuple[str, str], float] = field(default_factory=dict)
+
+    def clear_gauges(self) -> None:
+        """Forget what the checks saw (the replica stopped leading); counters stay."""
+        self.expectations = self.overdue = self.open_alerts = 0
+        self.seconds_since = {}
 
 
 class Checker:
@@ -192,7 +197,7 @@ class Checker:
             self._send(alert, Event.TRIGGER)
         elif isinstance(action, Resolve):
             resolved = await self._store.resolve_alert(
-                action.alert.id or 0, self._resolution(action.alert, watched)
+                _db_id(action.alert), self._resolution(action.alert, watched)
             )
             if resolved is None:
                 return
@@ -218,8 +223,8 @@ class Checker:
         notice = Notice(event, alert, self._config.node_id, self._clock.now())
         alert_id = alert.id
 
-        async def record(report: DeliveryReport) -> None:
-            if report.accepted and alert_id is not None:
+        async def record(_: Notice) -> None:
+            if alert_id is not None:
                 await self._store.mark_notified(alert_id, event)
 
         self._notifier.submit(notice, record)
@@ -229,3 +234,9 @@ def last_check_age_s(stats: CheckStats, now_monotonic: float) -> float | None:
     if stats.last_check_monotonic is None:
         return None
     return now_monotonic - stats.last_check_monotonic
+
+
+def _db_id(alert: AlertRecord) -> int:
+    if alert.id is None:  # only the in-memory outage alert has none, never checked here
+        raise ValueError(f"alert {alert.dedup_key} was never recorded")
+    return alert.id

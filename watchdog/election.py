@@ -10,10 +10,11 @@ renew and no extra service: the database the watchdog needs anyway is the arbite
 The leader checks its session every retry interval; a failed check ends its term at
 once (its loops are cancelled and the connection closed). Because the leader writes only
 through the session that holds the lock, a deposed leader cannot write anything after
-the lock was released. What an advisory lock cannot do is depose a leader whose process
-is frozen (SIGSTOP, a VM pause) while its TCP connection stays up: PostgreSQL keeps the
-session, so the standby waits until the kernel or ``tcp_keepalives`` end it. The
-connection asks for aggressive keepalives for that reason.
+the lock was released. A leader whose host vanishes (power, network) is noticed by the
+server's TCP keepalives, which the session sets to about 11 s, and its lock released.
+What an advisory lock cannot do is depose a leader whose process is frozen (SIGSTOP, a
+VM pause) while its kernel keeps the connection up: the standby waits until it is killed
+or resumes.
 
 Every successful round-trip, on either side, is recorded in :class:`Contact`: how long
 this replica has been without its database is what the outage alert is about.
@@ -38,8 +39,14 @@ log = logging.getLogger(__name__)
 
 Connection = psycopg.AsyncConnection[Any]
 
-# Server-side TCP keepalives for the session: a leader whose host vanished is noticed by
-# PostgreSQL in ~idle + interval * count seconds, and its lock released.
+# TCP keepalives, ~idle + interval * count = 11 s, on both ends: libpq's (this replica
+# notices a vanished server) and the server's for this session (PostgreSQL notices a
+# vanished replica and releases its lock).
+_KEEPALIVE_GUCS = (
+    ("tcp_keepalives_idle", "5"),
+    ("tcp_keepalives_interval", "2"),
+    ("tcp_keepalives_count", "3"),
+)
 _KEEPALIVES: dict[str, Any] = {
     "keepalives": 1,
     "keepalives_idle": 5,
@@ -102,10 +109,12 @@ class Election:
                     **_KEEPALIVES,
                 )
                 await conn.execute("SET TIME ZONE 'UTC'")
-                await conn.execute(
-                    "SELECT set_config('statement_timeout', %s, false)",
-                    (f"{int(db.statement_timeout_s * 1000)}ms",),
-                )
+                settings = [
+                    ("statement_timeout", f"{int(db.statement_timeout_s * 1000)}ms"),
+                    *_KEEPALIVE_GUCS,
+                ]
+                for name, value in settings:
+                    await conn.execute("SELECT set_config(%s, %s, false)", (name, value))
         except TimeoutError as exc:
             raise DatabaseUnavailable("connecting timed out") from exc
         except psycopg.Error as exc:
@@ -116,20 +125,25 @@ class Election:
     async def acquire(self) -> Connection:
         """Wait until this replica leads; the session that holds the lock."""
         conn: Connection | None = None
-        while True:
-            try:
-                if conn is None or conn.closed:
-                    conn = await self.connect()
-                if await self._try_lock(conn):
-                    self.terms += 1
-                    return conn
-            except DatabaseUnavailable as exc:
-                self._contact.lost()
-                log.warning("watchdog database unreachable", extra={"error": str(exc)})
-                if conn is not None:
-                    await close_quietly(conn)
-                conn = None
-            await asyncio.sleep(self._interval_s)
+        try:
+            while True:
+                try:
+                    if conn is None or conn.closed:
+                        conn = await self.connect()
+                    if await self._try_lock(conn):
+                        self.terms += 1
+                        leader, conn = conn, None
+                        return leader
+                except DatabaseUnavailable as exc:
+                    self._contact.lost()
+                    log.warning("watchdog database unreachable", extra={"error": str(exc)})
+                    if conn is not None:
+                        await close_quietly(conn)
+                    conn = None
+                await asyncio.sleep(self._interval_s)
+        finally:
+            if conn is not None:  # cancelled while standing by
+                await close_quietly(conn)
 
     async def _try_lock(self, conn: Connection) -> bool:
         if not self._use_lock:

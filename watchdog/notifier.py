@@ -5,13 +5,17 @@ a receiver that times out or refuses connections delays nothing but its own retr
 check loop keeps its cadence (DESIGN §10: a sink failure never stops the checks). A
 delivery sends to all sinks concurrently; each sink gets up to ``max_attempts`` tries with
 exponential backoff and jitter (:func:`backoff_s`, pure), and gives up at once on an
-error that says retrying cannot help (a 4xx). When every sink is done the caller's
-``on_done`` hears the :class:`DeliveryReport`; it records the delivery (the alert's
-notified time) only if a paging sink took it, so a notice that reached nobody is sent
-again on the next check.
+error that says retrying cannot help (a 4xx).
 
-While a delivery for a dedup key is in flight, :meth:`busy` names the key and the planner
-decides nothing for it: a resolve can never overtake its own trigger.
+The caller's ``on_accepted`` runs as soon as the first sink that reaches a person (any
+but the log) has taken the notice, without waiting for slower or failing sinks: it
+records the delivery (the alert's notified time), and the sooner that is written, the
+narrower the window in which a replica that dies leaves its successor to send the notice
+again. A notice no paging sink took is not recorded, so the next check sends it again.
+
+While a delivery for a dedup key is in flight (until every sink is done), :meth:`busy`
+names the key and the planner decides nothing for it: a resolve can never overtake its
+own trigger.
 
 Counters (sent, failed, retries per sink and event) live in :class:`DeliveryStats`,
 shared by every notifier of the process and read by the metrics collector.
@@ -67,7 +71,7 @@ class DeliveryStats:
     retries: Counter[str] = field(default_factory=Counter)
 
 
-OnDone = Callable[[DeliveryReport], Awaitable[None]]
+OnAccepted = Callable[[Notice], Awaitable[None]]
 
 
 class Notifier:
@@ -85,45 +89,63 @@ class Notifier:
         self.stats = stats
         self._rng = rng or random.Random()
         self._sleep = sleep
-        self._in_flight: dict[str, asyncio.Task[None]] = {}
+        self._in_flight: dict[str, asyncio.Task[DeliveryReport]] = {}
 
     def busy(self) -> frozenset[str]:
         """Dedup keys with a delivery in flight."""
         return frozenset(self._in_flight)
 
-    def submit(self, notice: Notice, on_done: OnDone) -> bool:
+    def submit(self, notice: Notice, on_accepted: OnAccepted) -> bool:
         """Start delivering ``notice`` in the background; False (nothing started) if a
         delivery for its dedup key is already in flight."""
         key = notice.alert.dedup_key
         if key in self._in_flight:
             return False
-        task = asyncio.create_task(self._run(notice, on_done), name=f"deliver {key}")
+        task = asyncio.create_task(self.deliver(notice, on_accepted), name=f"deliver {key}")
         self._in_flight[key] = task
         task.add_done_callback(functools.partial(self._finished, key))
         return True
 
-    def _finished(self, key: str, _task: asyncio.Task[None]) -> None:
+    def _finished(self, key: str, _task: asyncio.Task[DeliveryReport]) -> None:
         self._in_flight.pop(key, None)
 
-    async def _run(self, notice: Notice, on_done: OnDone) -> None:
-        report = await self.deliver(notice)
+    async def deliver(
+        self, notice: Notice, on_accepted: OnAccepted | None = None
+    ) -> DeliveryReport:
+        """Send to every sink concurrently, each with its retries; never raises.
+        ``on_accepted`` runs once, when the first paging sink (or, with none configured,
+        the first sink) took the notice."""
+        has_pagers = any(s.pages for s in self._sinks)
+        recorded = False
+
+        async def one(sink: Sink) -> bool:
+            nonlocal recorded
+            ok = await self._deliver_to(sink, notice)
+            if ok and not recorded and (sink.pages or not has_pagers):
+                recorded = True  # before the await: no second sink records it again
+                if on_accepted is not None:
+                    await self._record(notice, on_accepted)
+            return ok
+
+        outcomes = await asyncio.gather(*(one(sink) for sink in self._sinks))
+        pairs = list(zip(self._sinks, outcomes, strict=True))
+        return DeliveryReport(
+            notice,
+            delivered=tuple(s.name for s, ok in pairs if ok),
+            failed=tuple(s.name for s, ok in pairs if not ok),
+            accepted=recorded,
+        )
+
+    async def _record(self, notice: Notice, on_accepted: OnAccepted) -> None:
         try:
-            await on_done(report)
+            await on_accepted(notice)
         except Exception as exc:
-            # The notice went out; only recording it failed. It may be sent again by
-            # whoever runs the next check: at least once, never lost.
+            # The notice went out; only recording it failed. Whoever runs the next check
+            # may send it again: at least once, never lost.
             log.warning(
                 "recording a delivered notification failed",
                 extra={"dedup_key": notice.alert.dedup_key, "error": repr(exc)},
             )
-
-    async def deliver(self, notice: Notice) -> DeliveryReport:
-        """Send to every sink concurrently, each with its retries; never raises."""
-        outcomes = await asyncio.gather(*(self._deliver_to(sink, notice) for sink in self._sinks))
-        delivered = tuple(s.name for s, ok in zip(self._sinks, outcomes, strict=True) if ok)
-        failed = tuple(s.name for s, ok in zip(self._sinks, outcomes, strict=True) if not ok)
-        pagers = [ok for s, ok in zip(self._sinks, outcomes, strict=True) if s.pages]
-        return DeliveryReport(notice, delivered, failed, accepted=any(pagers) or not pagers)
 
     async def _deliver_to(self, sink: Sink, notice: Notice) -> bool:
         event = str(notice.event)

@@ -54,7 +54,7 @@ from chronoshard.watchdog.incidents import (
     plan,
 )
 from chronoshard.watchdog.metrics import Sources, WatchdogMetrics
-from chronoshard.watchdog.notifier import DeliveryReport, DeliveryStats, Notifier, RetryPolicy
+from chronoshard.watchdog.notifier import DeliveryStats, Notifier, RetryPolicy
 from chronoshard.watchdog.sinks import (
     LogSink,
     Notice,
@@ -171,7 +171,7 @@ class Watchdog:
         log.info("watchdog stopping", extra={"node_id": self.config.node_id})
         # Outage first (nothing new to send), then the term (the lock goes to a standby),
         # then HTTP (scrapes work until the end).
-        for task in reversed(self._tasks):
+        for task in self._tasks:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
@@ -198,8 +198,14 @@ class Watchdog:
             except DatabaseUnavailable as exc:
                 self.contact.lost()
                 log.warning("leader term ended: database session lost", extra={"error": str(exc)})
+            except Exception:
+                # A bug in a leader loop: end the term (a standby may take over) and
+                # compete again, rather than leave the jobs unwatched.
+                log.exception("leader term ended by an unexpected error")
             finally:
                 self.leader = False
+                # What the last check saw is the new leader's to report now.
+                self.check_stats.clear_gauges()
                 await close_quietly(conn)
             await asyncio.sleep(self.election.interval_s)
 
@@ -306,9 +312,8 @@ class Watchdog:
             await asyncio.sleep(OUTAGE_POLL_S)
 
     def _send_outage(self, alert: AlertRecord, event: Event) -> None:
-        async def record(report: DeliveryReport) -> None:
-            if report.accepted:
-                self._outage_alerts.notified(alert, event, self.clock.now())
+        async def record(_: Notice) -> None:
+            self._outage_alerts.notified(alert, event, self.clock.now())
 
         self._outage_notifier.submit(
             Notice(event, alert, self.config.node_id, self.clock.now()), record

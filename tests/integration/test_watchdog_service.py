@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 import urllib.error
 import urllib.request
@@ -122,8 +123,9 @@ def receiver() -> Iterator[Receiver]:
 
 
 @pytest.fixture
-async def started() -> AsyncIterator[list[Watchdog]]:
+async def started(caplog: pytest.LogCaptureFixture) -> AsyncIterator[list[Watchdog]]:
     """Watchdogs a test starts; stopped at the end whatever happened."""
+    caplog.set_level(logging.INFO)  # every log line of the service runs
     watchdogs: list[Watchdog] = []
     yield watchdogs
     for watchdog in watchdogs:

@@ -15,7 +15,6 @@ from hypothesis import strategies as st
 
 from chronoshard.watchdog.incidents import AlertRecord, Event, Severity
 from chronoshard.watchdog.notifier import (
-    DeliveryReport,
     DeliveryStats,
     Notifier,
     RetryPolicy,
@@ -224,26 +223,68 @@ async def test_submit_runs_in_the_background_and_marks_the_key_busy() -> None:
 
     sink = SlowSink("webhook", [])
     notifier = Notifier([sink], POLICY, DeliveryStats())
-    reports: list[DeliveryReport] = []
+    recorded: list[Notice] = []
 
-    async def done(report: DeliveryReport) -> None:
-        reports.append(report)
+    async def record(notice: Notice) -> None:
+        recorded.append(notice)
 
-    assert notifier.submit(notice(), done)
+    assert notifier.submit(notice(), record)
     key = alert().dedup_key
     assert notifier.busy() == {key}
-    assert not notifier.submit(notice(Event.RESOLVE), done)  # the key is in flight
+    assert not notifier.submit(notice(Event.RESOLVE), record)  # the key is in flight
     gate.set()
     await notifier.drain(5)
     assert notifier.busy() == frozenset()
-    assert [r.notice.event for r in reports] == [Event.TRIGGER]
+    assert [n.event for n in recorded] == [Event.TRIGGER]
     assert len(sink.calls) == 1
 
 
-async def test_a_failing_on_done_is_contained() -> None:
+async def test_the_delivery_is_recorded_at_the_first_acceptance_not_after_slow_sinks() -> None:
+    """A replica that dies while a dead webhook is still being retried must already have
+    recorded the trigger the live one took, or its successor sends it again."""
+    retrying = asyncio.Event()
+    release = asyncio.Event()
+
+    async def held_sleep(seconds: float) -> None:
+        retrying.set()
+        await release.wait()
+
+    down = FakeSink("webhook-2", [transient()] * 10)
+    up = FakeSink("webhook-1", [])
+    log_only = LogSink()
+    notifier = Notifier([down, log_only, up], POLICY, DeliveryStats(), sleep=held_sleep)
+    recorded: list[Notice] = []
+
+    async def record(n: Notice) -> None:
+        recorded.append(n)
+
+    notifier.submit(notice(), record)
+    await asyncio.wait_for(retrying.wait(), 5)
+    await asyncio.sleep(0)
+    assert len(recorded) == 1  # recorded while webhook-2 is still being retried
+    assert notifier.busy() == {alert().dedup_key}
+    release.set()
+    await notifier.drain(5)
+    assert len(recorded) == 1  # once, however many sinks took it
+
+
+async def test_nothing_is_recorded_when_no_paging_sink_took_it() -> None:
+    down = FakeSink("webhook", [transient()] * 10)
+    recorded: list[Notice] = []
+
+    async def record(n: Notice) -> None:
+        recorded.append(n)
+
+    notifier = Notifier([down, LogSink()], POLICY, DeliveryStats(), sleep=Sleeps())
+    notifier.submit(notice(), record)
+    await notifier.drain(5)
+    assert recorded == []
+
+
+async def test_a_failing_record_is_contained() -> None:
     notifier = Notifier([FakeSink("webhook", [])], POLICY, DeliveryStats())
 
-    async def broken(report: DeliveryReport) -> None:
+    async def broken(notice: Notice) -> None:
         raise RuntimeError("database gone")
 
     notifier.submit(notice(), broken)
