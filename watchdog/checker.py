@@ -25,7 +25,6 @@ watchdog host whose clock drifts neither fires early nor stays silent.
 from __future__ import annotations
 
 import logging
-import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -122,7 +121,6 @@ class Checker:
             if condition is not None:
                 firing.append(condition)
         overdue = len(firing)
-        canary = None
         if self._config.canary.enabled:
             canary = await self._check_canaries()
             if canary is not None:
@@ -146,7 +144,7 @@ class Checker:
         open_keys -= {a.alert.dedup_key for a in actions if isinstance(a, Resolve)}
         stats = self.stats
         stats.checks += 1
-        stats.last_check_unix = time.time()
+        stats.last_check_unix = self._clock.now().timestamp()
         stats.last_check_monotonic = self._clock.monotonic()
         stats.last_duration_s = stats.last_check_monotonic - started
         stats.expectations = len(statuses)

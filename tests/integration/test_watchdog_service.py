@@ -200,6 +200,27 @@ async def test_a_silent_job_alerts_once_within_the_bound_and_resolves_once(
     assert notified and resolve_notified and notifications == 2
 
 
+async def test_removing_the_expectation_resolves_its_open_alert(
+    fresh_db_dsn: str, receiver: Receiver, started: list[Watchdog]
+) -> None:
+    tenant_id = await watched_job(fresh_db_dsn)  # never completed: overdue from registration
+    await start(started, config(fresh_db_dsn, [receiver.url()]))
+    await receiver.wait_for(
+        "trigger", lambda: bool(receiver.received(event="trigger")), timeout_s=ALERT_BOUND_S + 5
+    )
+    assert (
+        receiver.received(event="trigger")[0].body["alert"]["details"]["last_completed_at"] is None
+    )
+    await sql(fresh_db_dsn, "DELETE FROM expectations WHERE tenant_id = %s", (tenant_id,))
+    await receiver.wait_for(
+        "resolve", lambda: bool(receiver.received(event="resolve")), timeout_s=CHECK_S + 5
+    )
+    [resolve] = receiver.received(event="resolve")
+    assert (
+        resolve.body["alert"]["details"]["resolution"] == "the expectation was removed or disabled"
+    )
+
+
 async def test_losing_the_database_is_itself_an_incident(
     receiver: Receiver, started: list[Watchdog]
 ) -> None:

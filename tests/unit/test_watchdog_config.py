@@ -211,3 +211,27 @@ def test_cli_expect_without_api_key_is_a_usage_error(
     monkeypatch.delenv("CHRONOSHARD_API_KEY", raising=False)
     assert cli.main(["expect", "ls", "--target", "127.0.0.1:1"]) == cli.EXIT_USAGE
     assert "no API key" in capsys.readouterr().err
+
+
+def test_watchdog_service_contract() -> None:
+    from chronoshard.v1 import watchdog_service_pb2_grpc
+
+    service = watchdog_service_pb2.DESCRIPTOR.services_by_name["WatchdogService"]
+    assert service.full_name == "chronoshard.v1.WatchdogService"
+    assert {m.name: (m.client_streaming, m.server_streaming) for m in service.methods} == {
+        "CreateExpectation": (False, False),
+        "ListExpectations": (False, False),
+        "DeleteExpectation": (False, False),
+    }
+    assert callable(watchdog_service_pb2_grpc.add_WatchdogServiceServicer_to_server)
+    # `enabled` keeps presence: unset means true, an explicit false must survive the wire.
+    sent = request(enabled=False)
+    parsed = watchdog_service_pb2.CreateExpectationRequest.FromString(sent.SerializeToString())
+    assert parsed.HasField("enabled") and not parsed.enabled
+    assert not request().HasField("enabled")
+    # Severity names after the prefix are the values stored in expectations.severity.
+    names = {
+        v.name.removeprefix("SEVERITY_").lower()
+        for v in watchdog_service_pb2.Severity.DESCRIPTOR.values
+    }
+    assert names == {"unspecified", "critical", "error", "warning", "info"}
