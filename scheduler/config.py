@@ -91,7 +91,7 @@ class GrpcConfig:
     # The fastest client ping rate the server tolerates before sending GOAWAY.
     min_client_ping_interval_s: float = 1.0
     # Bounded per-worker send queue: a stalled worker never blocks others.
-    worker_send_queue: int = 256
+    worker_send_queue: int = 4096
     stream_write_timeout_s: float = 5.0
     tls_cert: str | None = None
     tls_key: str | None = None

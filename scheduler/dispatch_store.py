@@ -17,20 +17,26 @@ from a stale token (another attempt owns the task).
 
 from __future__ import annotations
 
+import functools
+import logging
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 
+import psycopg
 from psycopg.rows import dict_row
 
 from chronoshard.scheduler import queries
+from chronoshard.scheduler.errors import StoreUnavailable
 from chronoshard.scheduler.failures import FailureReport, RetryBudget, decide
 from chronoshard.scheduler.models import Priority, Task, TaskRef
 from chronoshard.scheduler.states import AttemptState, TaskStatus
 from chronoshard.scheduler.store import Connection, Store, task_from_row
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,6 +158,42 @@ def _refs(items: Iterable[Settle]) -> dict[str, list[Any]]:
     }
 
 
+ROLLBACK_RETRIES = 3
+_P = ParamSpec("_P")
+_T = TypeVar("_T")
+
+
+def _retry_rollbacks(
+    method: Callable[_P, Awaitable[_T]],
+) -> Callable[_P, Awaitable[_T]]:
+    """Run a batch again when PostgreSQL rolled it back (deadlock, serialization).
+
+    The batch statements lock rows in one order, so this should not happen; when it
+    does anyway (a lock taken by something outside this module), the batch is safe to
+    repeat: nothing of it committed.
+    """
+
+    @functools.wraps(method)
+    async def run(*args: _P.args, **kwargs: _P.kwargs) -> _T:
+        for attempt in range(1, ROLLBACK_RETRIES + 1):
+            try:
+                return await method(*args, **kwargs)
+            except StoreUnavailable as exc:
+                rolled_back = isinstance(
+                    exc.__cause__,
+                    psycopg.errors.DeadlockDetected | psycopg.errors.SerializationFailure,
+                )
+                if not rolled_back or attempt == ROLLBACK_RETRIES:
+                    raise
+                log.warning(
+                    "batch rolled back; retrying",
+                    extra={"operation": method.__name__, "attempt": attempt, "error": str(exc)},
+                )
+        raise AssertionError("unreachable")
+
+    return run
+
+
 class DispatchStore:
     """Batch run-state statements over the :class:`Store`'s pool."""
 
@@ -205,6 +247,7 @@ class DispatchStore:
             cur = await conn.execute(self._q["unload_preloaded"], {"shards": sorted(owned)})
             return cur.rowcount
 
+    @_retry_rollbacks
     async def write_intents(
         self, epochs: Mapping[int, int], intents: Sequence[Intent], lease_s: float
     ) -> IntentResult:
@@ -235,6 +278,7 @@ class DispatchStore:
 
     # ---- worker settlements (token-fenced, any node) ----------------------------------
 
+    @_retry_rollbacks
     async def ack(self, acks: Sequence[Settle]) -> dict[uuid.UUID, Outcome]:
         if not acks:
             return {}
@@ -243,6 +287,7 @@ class DispatchStore:
             moved = {row[0] for row in await cur.fetchall()}
             return await self._classify(conn, acks, moved, "ack")
 
+    @_retry_rollbacks
     async def extend_leases(self, beats: Sequence[Beat], lease_s: float) -> LeaseUpdate:
         if not beats:
             return LeaseUpdate(frozenset(), {})
@@ -257,6 +302,7 @@ class DispatchStore:
             {row[0]: row[2] or "" for row in rows if row[1]},
         )
 
+    @_retry_rollbacks
     async def complete(self, completions: Sequence[Completion]) -> dict[uuid.UUID, Outcome]:
         if not completions:
             return {}
@@ -268,6 +314,7 @@ class DispatchStore:
             moved = {row[0] for row in await cur.fetchall()}
             return await self._classify(conn, completions, moved, "complete")
 
+    @_retry_rollbacks
     async def fail(self, failures: Sequence[Failure], now: datetime) -> FailureResult:
         if not failures:
             return FailureResult({}, [])
@@ -310,6 +357,7 @@ class DispatchStore:
             outcomes = await self._classify(conn, failures, moved, "fail")
         return FailureResult(outcomes, retrying)
 
+    @_retry_rollbacks
     async def release(
         self, releases: Sequence[Release]
     ) -> tuple[dict[uuid.UUID, Outcome], list[TimerTask]]:

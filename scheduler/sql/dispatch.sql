@@ -7,6 +7,11 @@
 -- states it may start from and, for worker messages, the fencing token of the attempt,
 -- so a stale write changes 0 rows. Shard writes (preload, intent, release back into the
 -- wheel) run after lock_shard_epochs in the same transaction.
+--
+-- Lock order: every batch write first locks its task rows in (scheduled_at, id) order
+-- (the MATERIALIZED "locked" CTE, or lock_for_failure), then updates them, then their
+-- task_attempts rows. Batches of different kinds touch the same tasks at once (a
+-- completion overtaking its ack, a heartbeat); one order for all means no deadlock.
 
 -- name: lock_shard_epochs
 -- FOR SHARE on the owner rows of every shard the transaction writes for, in shard order
@@ -59,6 +64,11 @@ WITH chosen AS (
     SELECT *
     FROM unnest(%(scheduled_ats)s::timestamptz[], %(ids)s::uuid[], %(worker_ids)s::text[])
          AS c(scheduled_at, id, worker_id)
+), locked AS MATERIALIZED (
+    SELECT t.scheduled_at, t.id, c.worker_id
+    FROM tasks AS t JOIN chosen AS c ON t.scheduled_at = c.scheduled_at AND t.id = c.id
+    ORDER BY t.scheduled_at, t.id
+    FOR UPDATE OF t
 ), moved AS (
     UPDATE tasks AS t
     SET status = 'DISPATCHED',
@@ -67,7 +77,7 @@ WITH chosen AS (
         worker_id = c.worker_id,
         lease_expires_at = now() + make_interval(secs => %(lease_s)s),
         updated_at = now()
-    FROM chosen AS c
+    FROM locked AS c
     WHERE t.scheduled_at = c.scheduled_at
       AND t.id = c.id
       AND t.status = 'PRELOADED'
@@ -86,10 +96,15 @@ WITH acked AS (
     SELECT *
     FROM unnest(%(scheduled_ats)s::timestamptz[], %(ids)s::uuid[], %(tokens)s::bigint[])
          AS a(scheduled_at, id, token)
+), locked AS MATERIALIZED (
+    SELECT t.scheduled_at, t.id, a.token
+    FROM tasks AS t JOIN acked AS a ON t.scheduled_at = a.scheduled_at AND t.id = a.id
+    ORDER BY t.scheduled_at, t.id
+    FOR UPDATE OF t
 ), moved AS (
     UPDATE tasks AS t
     SET status = 'RUNNING', started_at = now(), updated_at = now()
-    FROM acked AS a
+    FROM locked AS a
     WHERE t.scheduled_at = a.scheduled_at
       AND t.id = a.id
       AND t.fencing_token = a.token
@@ -111,12 +126,17 @@ WITH beats AS (
     FROM unnest(%(scheduled_ats)s::timestamptz[], %(ids)s::uuid[], %(tokens)s::bigint[],
                 %(checkpoints)s::bytea[])
          AS h(scheduled_at, id, token, checkpoint)
+), locked AS MATERIALIZED (
+    SELECT t.scheduled_at, t.id, h.token, h.checkpoint
+    FROM tasks AS t JOIN beats AS h ON t.scheduled_at = h.scheduled_at AND t.id = h.id
+    ORDER BY t.scheduled_at, t.id
+    FOR UPDATE OF t
 )
 UPDATE tasks AS t
 SET lease_expires_at = now() + make_interval(secs => %(lease_s)s),
     checkpoint = COALESCE(h.checkpoint, t.checkpoint),
     updated_at = now()
-FROM beats AS h
+FROM locked AS h
 WHERE t.scheduled_at = h.scheduled_at
   AND t.id = h.id
   AND t.fencing_token = h.token
@@ -131,6 +151,11 @@ WITH done AS (
     FROM unnest(%(scheduled_ats)s::timestamptz[], %(ids)s::uuid[], %(tokens)s::bigint[],
                 %(results)s::text[])
          AS c(scheduled_at, id, token, result)
+), locked AS MATERIALIZED (
+    SELECT t.scheduled_at, t.id, c.token, c.result
+    FROM tasks AS t JOIN done AS c ON t.scheduled_at = c.scheduled_at AND t.id = c.id
+    ORDER BY t.scheduled_at, t.id
+    FOR UPDATE OF t
 ), moved AS (
     UPDATE tasks AS t
     SET status = 'COMPLETED',
@@ -139,7 +164,7 @@ WITH done AS (
         started_at = COALESCE(t.started_at, now()),
         finished_at = now(),
         updated_at = now()
-    FROM done AS c
+    FROM locked AS c
     WHERE t.scheduled_at = c.scheduled_at
       AND t.id = c.id
       AND t.fencing_token = c.token
@@ -169,6 +194,7 @@ JOIN unnest(%(scheduled_ats)s::timestamptz[], %(ids)s::uuid[], %(tokens)s::bigin
      AS f(scheduled_at, id, token)
   ON t.scheduled_at = f.scheduled_at AND t.id = f.id AND t.fencing_token = f.token
 WHERE t.status IN ('DISPATCHED', 'RUNNING')
+ORDER BY t.scheduled_at, t.id
 FOR UPDATE OF t;
 
 -- name: apply_failures
@@ -210,6 +236,11 @@ WITH released AS (
     FROM unnest(%(scheduled_ats)s::timestamptz[], %(ids)s::uuid[], %(tokens)s::bigint[],
                 %(checkpoints)s::bytea[], %(attempt_states)s::text[], %(details)s::text[])
          AS r(scheduled_at, id, token, checkpoint, attempt_state, detail)
+), locked AS MATERIALIZED (
+    SELECT t.scheduled_at, t.id, r.token, r.checkpoint, r.attempt_state, r.detail
+    FROM tasks AS t JOIN released AS r ON t.scheduled_at = r.scheduled_at AND t.id = r.id
+    ORDER BY t.scheduled_at, t.id
+    FOR UPDATE OF t
 ), moved AS (
     UPDATE tasks AS t
     SET status = 'PRELOADED',
@@ -217,7 +248,7 @@ WITH released AS (
         worker_id = NULL,
         lease_expires_at = NULL,
         updated_at = now()
-    FROM released AS r
+    FROM locked AS r
     WHERE t.scheduled_at = r.scheduled_at
       AND t.id = r.id
       AND t.fencing_token = r.token

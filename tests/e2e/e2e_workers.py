@@ -20,6 +20,7 @@ from chronoshard.worker import NonRetryableError, TaskContext, Worker
 SLOTS = int(os.environ.get("E2E_WORKER_SLOTS", "50"))
 worker = Worker([], slots=SLOTS)
 _pool: AsyncConnectionPool | None = None
+_pool_lock = asyncio.Lock()
 
 
 async def _configure(conn: psycopg.AsyncConnection[Any]) -> None:
@@ -28,19 +29,27 @@ async def _configure(conn: psycopg.AsyncConnection[Any]) -> None:
     await conn.execute("SET synchronous_commit = off")
 
 
-async def record(ctx: TaskContext, started_at: datetime, outcome: str) -> None:
+async def _ledger() -> AsyncConnectionPool:
+    """The ledger's pool, opened once (concurrent first handlers wait for the one open)."""
     global _pool
-    if _pool is None:
-        _pool = AsyncConnectionPool(
-            os.environ["E2E_DSN"],
-            min_size=1,
-            max_size=8,
-            kwargs={"autocommit": True},
-            configure=_configure,
-            open=False,
-        )
-        await _pool.open()
-    async with _pool.connection() as conn:
+    async with _pool_lock:
+        if _pool is None:
+            pool = AsyncConnectionPool(
+                os.environ["E2E_DSN"],
+                min_size=1,
+                max_size=8,
+                kwargs={"autocommit": True},
+                configure=_configure,
+                open=False,
+            )
+            await pool.open(wait=True)
+            _pool = pool
+    return _pool
+
+
+async def record(ctx: TaskContext, started_at: datetime, outcome: str) -> None:
+    pool = await _ledger()
+    async with pool.connection() as conn:
         await conn.execute(
             "INSERT INTO effects (task_id, attempt, token, worker_id, started_at, due_at, outcome)"
             " VALUES (%s, %s, %s, %s, %s, %s, %s)",

@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import grpc
 import psycopg
@@ -27,9 +28,13 @@ E2E_DIR = Path(__file__).resolve().parent
 
 TASKS = 2000
 SPREAD_S = 10.0
-# Strict tasks start (handler entry, worker clock) within this of their due time at this
-# load. Lead dispatch makes it the worker's timer precision plus scheduling noise.
-STRICT_START_BOUND_S = 0.100
+# Strict tasks are dispatched (intent committed, the attempt's entered_at) within this of
+# their due time at this load: the bound. With lead dispatch the intent is
+# normally written ~lead_dispatch_s *before* due.
+STRICT_DISPATCH_BOUND_S = 0.100
+# And their handlers start (worker clock) within this: dispatch plus delivery and the
+# worker's timer, on a 2-core machine shared by every process of the test.
+STRICT_START_BOUND_S = 0.250
 # A SIGSTOPped worker's stream is dropped within keepalive time + timeout + this slack.
 KEEPALIVE_TIME_S = 1.0
 KEEPALIVE_TIMEOUT_S = 1.0
@@ -160,6 +165,11 @@ async def test_two_thousand_tasks_complete_once_each_and_on_time(
         ((s - d).total_seconds(), (i - d).total_seconds(), d) for st, s, d, i in rows if st
     )
     assert len(strict) == TASKS // 2
+    late_dispatch = [row for row in strict if row[1] > STRICT_DISPATCH_BOUND_S]
+    assert not late_dispatch, (
+        f"{len(late_dispatch)} strict tasks dispatched more than {STRICT_DISPATCH_BOUND_S}s "
+        f"after due; worst {max(row[1] for row in late_dispatch):.3f}s"
+    )
     late = [row for row in strict if row[0] > STRICT_START_BOUND_S]
     assert not late, (
         f"{len(late)} strict tasks started more than {STRICT_START_BOUND_S}s late; "
@@ -172,30 +182,49 @@ async def test_two_thousand_tasks_complete_once_each_and_on_time(
 async def test_retries_then_success_and_dead_letter_and_timeout(
     one_node: OneNode, client: Client
 ) -> None:
-    flaky = await client.submit("e2e.flaky", {"failures": 2}, max_retries=3, retry=_fast_retry())
-    doomed = await client.submit("e2e.always_fail", {}, max_retries=2, retry=_fast_retry())
-    slow = await client.submit(
-        "e2e.sleep", {"seconds": 30}, timeout_s=0.5, max_retries=1, retry=_fast_retry()
-    )
-    fatal = await client.submit("e2e.fatal", {}, max_retries=5, retry=_fast_retry())
+    # strict_timing everywhere: without it a task for "now" is jittered by up to 2 minutes.
+    now = {"strict_timing": True, "retry": _fast_retry()}
+    flaky = await client.submit("e2e.flaky", {"failures": 2}, max_retries=3, **now)
+    doomed = await client.submit("e2e.always_fail", {}, max_retries=2, **now)
+    slow = await client.submit("e2e.sleep", {"seconds": 30}, timeout_s=0.5, max_retries=1, **now)
+    fatal = await client.submit("e2e.fatal", {}, max_retries=5, **now)
 
     async def finished(task_id: str) -> Task | None:
         task = await client.get(task_id, attempts=True)
-        return task if task.status.is_terminal else None
+        if task.status.is_terminal:
+            return task
+        last_seen[task_id] = task
+        return None
 
-    done = await eventually(lambda: finished(flaky.task.id), timeout_s=60, what="flaky done")
+    last_seen: dict[str, Task] = {}
+    try:
+        await _check_retries(
+            client, finished, flaky.task.id, doomed.task.id, slow.task.id, fatal.task.id
+        )
+    except AssertionError:
+        for task in last_seen.values():
+            print(task.id, task.type, task.status, task.attempt, task.fencing_token, task.due_at)
+        print(one_node.group.logs())
+        raise
+
+
+async def _check_retries(
+    client: Client, finished: Any, flaky_id: str, doomed_id: str, slow_id: str, fatal_id: str
+) -> None:
+
+    done = await eventually(lambda: finished(flaky_id), timeout_s=60, what="flaky done")
     assert done.status.value == "COMPLETED"
     assert [a.state.value for a in done.attempts] == ["FAILED", "FAILED", "SUCCEEDED"]
 
-    dead = await eventually(lambda: finished(doomed.task.id), timeout_s=60, what="doomed done")
+    dead = await eventually(lambda: finished(doomed_id), timeout_s=60, what="doomed done")
     assert dead.status.value == "DEAD_LETTER"
     assert [a.state.value for a in dead.attempts] == ["FAILED"] * 3
 
-    timed = await eventually(lambda: finished(slow.task.id), timeout_s=60, what="slow done")
+    timed = await eventually(lambda: finished(slow_id), timeout_s=60, what="slow done")
     assert timed.status.value == "DEAD_LETTER"
     assert [a.state.value for a in timed.attempts] == ["TIMED_OUT"] * 2
 
-    not_retried = await eventually(lambda: finished(fatal.task.id), timeout_s=60, what="fatal")
+    not_retried = await eventually(lambda: finished(fatal_id), timeout_s=60, what="fatal")
     assert not_retried.status.value == "DEAD_LETTER"
     assert len(not_retried.attempts) == 1
 
