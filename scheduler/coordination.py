@@ -70,6 +70,8 @@ class NodeInfo:
     address: str
     metrics_address: str
     started_at: str
+    # A draining node stays registered (it still serves the API) but owns no shards.
+    draining: bool = False
 
     def to_json(self) -> bytes:
         return json.dumps(self.__dict__, sort_keys=True).encode()
@@ -82,6 +84,7 @@ class NodeInfo:
             address=str(data["address"]),
             metrics_address=str(data.get("metrics_address", "")),
             started_at=str(data.get("started_at", "")),
+            draining=bool(data.get("draining", False)),
         )
 
 

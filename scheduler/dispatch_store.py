@@ -238,6 +238,27 @@ class DispatchStore:
             await cur.execute(self._q["load_preloaded"], {"shards": sorted(owned)})
             return [_timer(r) for r in await cur.fetchall()]
 
+    async def load_preloaded_refs(
+        self, epochs: Mapping[int, int], refs: Sequence[TaskRef]
+    ) -> list[TimerTask]:
+        """The given tasks, if they are PRELOADED and in a shard we own (under its epoch)."""
+        if not refs:
+            return []
+        async with self._store.transaction() as conn:
+            owned = await self._owned(conn, epochs)
+            if not owned:
+                return []
+            cur = conn.cursor(row_factory=dict_row)
+            await cur.execute(
+                self._q["load_preloaded_refs"],
+                {
+                    "scheduled_ats": [r.scheduled_at for r in refs],
+                    "ids": [r.id for r in refs],
+                    "shards": sorted(owned),
+                },
+            )
+            return [_timer(r) for r in await cur.fetchall()]
+
     async def unload_preloaded(self, epochs: Mapping[int, int]) -> int:
         """Hand-off: PRELOADED rows of the shards back to SCHEDULED; how many moved."""
         async with self._store.transaction() as conn:

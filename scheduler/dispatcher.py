@@ -73,6 +73,7 @@ class Dispatcher:
         shards: ShardView,
         tenant_limits: Callable[[uuid.UUID], TenantLimits],
         on_dispatched: Callable[[TimerTask, float], None] | None = None,
+        on_remote_ready: Callable[[Sequence[TimerTask]], None] | None = None,
     ) -> None:
         self._config = config
         self._clock = clock
@@ -89,6 +90,7 @@ class Dispatcher:
         self._by_shard: dict[int, set[uuid.UUID]] = {}
         self._wake = asyncio.Event()
         self._on_dispatched = on_dispatched
+        self._on_remote_ready = on_remote_ready
         self.stats: dict[str, int] = {
             "dispatched": 0,
             "intent_batches": 0,
@@ -145,6 +147,10 @@ class Dispatcher:
     def tasks_ready_again(self, tasks: Sequence[TimerTask]) -> None:
         owned = self._shards.epochs()
         self.schedule(t for t in tasks if t.shard in owned)
+        elsewhere = [t for t in tasks if t.shard not in owned]
+        if elsewhere and self._on_remote_ready is not None:
+            # Released through this node, owned by another: its wheel must hear of them.
+            self._on_remote_ready(elsewhere)
 
     def retry_scheduled(self, shard: int, due_at: datetime) -> None:
         self._shards.retry_due(shard, due_at)

@@ -24,9 +24,9 @@ import asyncio
 import contextlib
 import logging
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
-from datetime import UTC, datetime
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import grpc
@@ -40,14 +40,16 @@ from chronoshard.scheduler.admin import AdminServicer
 from chronoshard.scheduler.api import TaskServiceServicer
 from chronoshard.scheduler.auth import Authenticator
 from chronoshard.scheduler.config import SchedulerConfig
-from chronoshard.scheduler.coordination import EtcdCoordinator, NodeInfo
+from chronoshard.scheduler.coordination import CoordinationError, EtcdCoordinator, NodeInfo
 from chronoshard.scheduler.dispatch_store import DispatchStore, TimerTask
 from chronoshard.scheduler.dispatcher import Dispatcher
+from chronoshard.scheduler.errors import StoreUnavailable
 from chronoshard.scheduler.expectations_api import WatchdogServiceServicer
 from chronoshard.scheduler.fairness import UNLIMITED, TenantLimits
 from chronoshard.scheduler.gateway import Gateway
 from chronoshard.scheduler.metrics import NodeCollector, SchedulerMetrics
-from chronoshard.scheduler.models import Task
+from chronoshard.scheduler.models import Task, TaskRef
+from chronoshard.scheduler.notifier import ShardSignals, encode_due, encode_ready
 from chronoshard.scheduler.preloader import Preloader
 from chronoshard.scheduler.shards import ShardManager
 from chronoshard.scheduler.store import Store
@@ -130,6 +132,7 @@ class SchedulerNode:
         self.clock = clock or SystemClock()
         self.metrics = SchedulerMetrics(config.node_id)
         self._tasks: list[asyncio.Task[None]] = []
+        self._side_tasks: set[asyncio.Task[None]] = set()
         self._server: grpc.aio.Server | None = None
         self._health = health_aio.HealthServicer()
         self._metrics_server: Any = None
@@ -178,8 +181,13 @@ class SchedulerNode:
             self.shards,
             self.tenant_limits,
             on_dispatched=self._on_dispatched,
+            on_remote_ready=self._remote_ready,
         )
         self.preloader = Preloader(config, self.clock, self.runs, self.dispatcher, self.shards)
+        self.signals = ShardSignals(
+            config.database.dsn, self.store, on_due=self._signal_due, on_ready=self._signal_ready
+        )
+        self.shards.on_remote_due = self._remote_due
         self.shards.attach(self.dispatcher, self.preloader)
         self._add_services(self._server, shard_count)
         self.metrics.register(NodeCollector(config.node_id, self._counters, self._gauges))
@@ -192,6 +200,7 @@ class SchedulerNode:
         self._supervise("preloader", self.preloader.run())
         self._supervise("tenant-refresh", self._refresh_tenants())
         self._supervise("backlog-report", self._report_backlog())
+        self._supervise("signals", self.signals.listen())
         self.addresses = NodeAddresses(grpc_address, metrics_address)
         log.info(
             "scheduler node started",
@@ -254,10 +263,50 @@ class SchedulerNode:
     # ---- what the API tells the node -------------------------------------------------------
 
     def tasks_submitted(self, tasks: Sequence[Task]) -> None:
-        """New tasks: wake the preloader if one of ours is due within the lookahead."""
+        """New tasks: wake our preloader, or tell the owners of other shards, if one is
+        due within the lookahead."""
+        horizon = self.clock.now() + timedelta(seconds=self.config.scheduling.lookahead_s)
+        remote: set[int] = set()
         for task in tasks:
+            if task.due_at >= horizon:
+                continue
             if self.shards.owns(task.shard):
-                self.preloader.wake_if_due_soon(task.due_at)
+                self.preloader.wake()
+            else:
+                remote.add(task.shard)
+        if remote:
+            self._background(self.signals.send(encode_due(remote)))
+
+    # ---- cross-node signals ------------------------------------------------------------------
+
+    def _remote_due(self, shard: int, due_at: datetime) -> None:
+        horizon = self.clock.now() + timedelta(seconds=self.config.scheduling.lookahead_s)
+        if due_at < horizon:
+            self._background(self.signals.send(encode_due([shard])))
+
+    def _remote_ready(self, timers: Sequence[TimerTask]) -> None:
+        self._background(self.signals.send(encode_ready((t.shard, t.ref) for t in timers)))
+
+    def _signal_due(self, shards: set[int]) -> None:
+        if any(self.shards.owns(s) for s in shards):
+            self.preloader.wake()
+
+    def _signal_ready(self, tasks: list[tuple[int, TaskRef]]) -> None:
+        epochs = self.shards.epochs()
+        mine = [ref for shard, ref in tasks if shard in epochs]
+        if mine:
+            self._background(self._reload(dict(epochs), mine))
+
+    async def _reload(self, epochs: dict[int, int], refs: list[TaskRef]) -> None:
+        try:
+            self.dispatcher.schedule(await self.runs.load_preloaded_refs(epochs, refs))
+        except StoreUnavailable as exc:
+            log.warning("cannot reload released tasks", extra={"error": str(exc)})
+
+    def _background(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(coro)
+        self._side_tasks.add(task)
+        task.add_done_callback(self._side_tasks.discard)
 
     def cancel_requested(self, task: Task, reason: str) -> None:
         self.dispatcher.forget(task.id)
@@ -302,8 +351,20 @@ class SchedulerNode:
     # ---- drain and stop ----------------------------------------------------------------------
 
     async def drain(self) -> None:
-        """Give up every shard and send workers elsewhere, but keep serving the API."""
+        """Give up every shard and send workers elsewhere, but keep serving the API.
+
+        The node re-registers as draining, so every node's target map leaves it out and
+        its peers claim the shards it releases.
+        """
+        if self._draining:
+            return
         self._draining = True
+        self.info = replace(self.info, draining=True)
+        try:
+            await self.coordinator.register_node(self.info)
+        except CoordinationError as exc:
+            # Still release: the shards come back to the others once our lease expires.
+            log.warning("cannot mark the node draining in etcd", extra={"error": str(exc)})
         self.gateway.drain_all("scheduler node draining")
         await self.shards.release_all()
 
@@ -311,7 +372,7 @@ class SchedulerNode:
         log.info("scheduler node stopping", extra={"node_id": self.config.node_id})
         await self._health.enter_graceful_shutdown()
         await self.drain()
-        for task in self._tasks:
+        for task in [*self._tasks, *self._side_tasks]:
             task.cancel()
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):

@@ -28,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime
 from types import MappingProxyType
 from typing import TYPE_CHECKING
@@ -72,6 +72,8 @@ class ShardManager:
         self._dispatcher: Dispatcher | None = None
         self._preloader: Preloader | None = None
         self._stopping = False
+        # Set by the node: tell a shard's owner elsewhere that a task became due.
+        self.on_remote_due: Callable[[int, datetime], None] | None = None
         self.handoffs: list[tuple[str, int, int]] = []
         self.stats: dict[str, int] = {
             "claims": 0,
@@ -103,8 +105,11 @@ class ShardManager:
         self._kick.set()
 
     def retry_due(self, shard: int, due_at: datetime) -> None:
-        if shard in self._owned and self._preloader is not None:
-            self._preloader.wake_if_due_soon(due_at)
+        if shard in self._owned:
+            if self._preloader is not None:
+                self._preloader.wake_if_due_soon(due_at)
+        elif self.on_remote_due is not None:
+            self.on_remote_due(shard, due_at)
 
     def owns(self, shard: int) -> bool:
         return shard in self._owned
@@ -114,7 +119,9 @@ class ShardManager:
         return MappingProxyType(self._members)
 
     def target_map(self) -> dict[int, str]:
-        return rendezvous.assign(self._members, self._shard_count)
+        """Shard -> the node that should own it: rendezvous over live, non-draining nodes."""
+        candidates = [n for n, info in self._members.items() if not info.draining]
+        return rendezvous.assign(candidates, self._shard_count)
 
     # ---- loops --------------------------------------------------------------------------
 

@@ -271,3 +271,14 @@ SELECT t.id, t.fencing_token, t.status
 FROM tasks AS t
 JOIN unnest(%(scheduled_ats)s::timestamptz[], %(ids)s::uuid[]) AS s(scheduled_at, id)
   ON t.scheduled_at = s.scheduled_at AND t.id = s.id;
+
+-- name: load_preloaded_refs
+-- Tasks another node put back to PRELOADED (a release it accepted for our shard): the
+-- owner reloads just those rows into its wheel.
+SELECT t.id, t.scheduled_at, t.shard, t.tenant_id, t.priority, t.queue, t.type, t.due_at,
+       t.strict_timing
+FROM tasks AS t
+JOIN unnest(%(scheduled_ats)s::timestamptz[], %(ids)s::uuid[]) AS r(scheduled_at, id)
+  ON t.scheduled_at = r.scheduled_at AND t.id = r.id
+WHERE t.shard = ANY(%(shards)s::smallint[])
+  AND t.status = 'PRELOADED';
