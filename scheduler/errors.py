@@ -177,3 +177,11 @@ class TaskAlreadyFinished(SchedulerError):
         super().__init__(f"task {task_id} is already {status}")
         self.task_id = task_id
         self.status = status
+
+
+class PermissionDenied(SchedulerError):
+    """Raised when an authenticated caller asks for something its key does not allow:
+    a tenant key calling an operator-only admin operation. Nothing was done."""
+
+    reason = "PERMISSION_DENIED"
+    grpc_code_name = "PERMISSION_DENIED"

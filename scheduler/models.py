@@ -71,6 +71,8 @@ class Tenant:
     home_region: str
     api_key_hash: str
     created_at: datetime
+    operator: bool = False
+    """May call cluster-wide admin operations (``AdminService.DrainNode``)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -36,6 +36,7 @@ from grpc_reflection.v1alpha import reflection
 from prometheus_client import start_http_server
 
 from chronoshard.clock import Clock, SystemClock
+from chronoshard.scheduler.access import AccessInterceptor
 from chronoshard.scheduler.admin import AdminServicer
 from chronoshard.scheduler.api import TaskServiceServicer
 from chronoshard.scheduler.auth import Authenticator
@@ -159,7 +160,12 @@ class SchedulerNode:
         self.tenant_limits = TenantLimitsCache(self.store)
         await self.tenant_limits.refresh()
         self.gateway = Gateway(config, self.runs, self.clock)
-        self._server = grpc.aio.server(options=server_options(config))
+        # WorkerService and AdminService calls need an API key (access.py); TaskService
+        # and WatchdogService check theirs in the servicer, scoped to the key's tenant.
+        self._server = grpc.aio.server(
+            options=server_options(config),
+            interceptors=[AccessInterceptor(Authenticator(self.store))],
+        )
         port = self._bind(self._server)
         host = config.grpc.listen.rsplit(":", 1)[0]
         grpc_address = config.grpc.advertise or f"{host}:{port}"

@@ -39,9 +39,12 @@ def create_tenant(
     max_concurrent_workers: int = DEFAULT_MAX_CONCURRENT,
     home_region: str = DEFAULT_REGION,
     if_exists: Literal["fail", "rotate"] = "fail",
+    operator: bool | None = None,
 ) -> NewTenant:
     """Create tenant ``name`` with a fresh API key (or, with ``if_exists="rotate"``, give
-    an existing one a new key).
+    an existing one a new key). ``operator`` sets whether the key may call operator-only
+    admin operations (``AdminService.DrainNode``); None leaves an existing tenant's flag
+    as it is (a new tenant is not an operator).
 
     Raises:
         InvalidArgument: a field is invalid, or the name is taken and ``if_exists="fail"``.
@@ -64,23 +67,32 @@ def create_tenant(
         "api_key_hash": hash_api_key(api_key),
     }
     try:
+        # One transaction: a tenant is never left half made (a new key, not the flag).
         with (
             psycopg.connect(dsn, autocommit=True) as conn,
+            conn.transaction(),
             conn.cursor(row_factory=dict_row) as cur,
         ):
+            row = None
             if if_exists == "rotate":
                 cur.execute(q["rotate_tenant_key"], params)
                 row = cur.fetchone()
-                if row is not None:
-                    return NewTenant(Tenant(**row), api_key)
-            try:
-                cur.execute(q["insert_tenant"], params)
-            except psycopg.errors.UniqueViolation as exc:
-                raise InvalidArgument("name", f"a tenant named {name!r} already exists") from exc
-            row = cur.fetchone()
+            if row is None:
+                try:
+                    cur.execute(q["insert_tenant"], params)
+                except psycopg.errors.UniqueViolation as exc:
+                    raise InvalidArgument(
+                        "name", f"a tenant named {name!r} already exists"
+                    ) from exc
+                row = cur.fetchone()
+            assert row is not None
+            if operator is not None and operator != row["operator"]:
+                flag = {"tenant_id": row["id"], "operator": operator}
+                cur.execute(q["set_tenant_operator"], flag)
+                row = cur.fetchone()
+                assert row is not None
     except psycopg.OperationalError as exc:
         raise StoreUnavailable(f"cannot reach PostgreSQL: {exc}") from exc
-    assert row is not None
     return NewTenant(Tenant(**row), api_key)
 
 

@@ -13,26 +13,33 @@ INSERT INTO tenants (name, tier, rate_limit_rps, max_concurrent_workers, home_re
 VALUES (%(name)s, %(tier)s, %(rate_limit_rps)s, %(max_concurrent_workers)s, %(home_region)s,
         %(api_key_hash)s)
 RETURNING id, name, tier, rate_limit_rps, max_concurrent_workers, home_region, api_key_hash,
-          created_at;
+          created_at, operator;
 
 -- name: get_tenant
 SELECT id, name, tier, rate_limit_rps, max_concurrent_workers, home_region, api_key_hash,
-       created_at
+       created_at, operator
 FROM tenants
 WHERE id = %(tenant_id)s;
 
 -- name: get_tenant_by_key_hash
 -- Authentication: the unique index on api_key_hash answers it.
 SELECT id, name, tier, rate_limit_rps, max_concurrent_workers, home_region, api_key_hash,
-       created_at
+       created_at, operator
 FROM tenants
 WHERE api_key_hash = %(api_key_hash)s;
 
 -- name: list_tenants
 SELECT id, name, tier, rate_limit_rps, max_concurrent_workers, home_region, api_key_hash,
-       created_at
+       created_at, operator
 FROM tenants
 ORDER BY name;
+
+-- name: set_tenant_operator
+-- Operator rights (AdminService.DrainNode) for a tenant, by id; `chronoshard tenants`.
+UPDATE tenants SET operator = %(operator)s
+WHERE id = %(tenant_id)s
+RETURNING id, name, tier, rate_limit_rps, max_concurrent_workers, home_region, api_key_hash,
+          created_at, operator;
 
 -- name: tenant_exists
 SELECT EXISTS (SELECT 1 FROM tenants WHERE id = %(tenant_id)s);
@@ -148,4 +155,4 @@ RETURNING scheduled_at, id;
 UPDATE tenants SET api_key_hash = %(api_key_hash)s
 WHERE name = %(name)s
 RETURNING id, name, tier, rate_limit_rps, max_concurrent_workers, home_region, api_key_hash,
-          created_at;
+          created_at, operator;

@@ -254,6 +254,7 @@ async def test_stale_token_completion_is_refused_and_changes_nothing(
                     ),
                 ),
                 timeout=5,
+                metadata=(("authorization", f"Bearer {one_node.api_key}"),),
             )
     assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     error = error_info_from_metadata(info.value.trailing_metadata())

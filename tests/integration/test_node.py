@@ -13,6 +13,7 @@ import grpc
 import pytest
 from fixtures.waiting import eventually
 
+from chronoshard.scheduler.auth import hash_api_key, new_api_key
 from chronoshard.scheduler.config import (
     DatabaseConfig,
     EtcdConfig,
@@ -64,6 +65,14 @@ async def _tenant(store: Store) -> Tenant:
     return await store.create_tenant(f"t-{suffix}", "standard", 1000.0, 100, "local", f"h{suffix}")
 
 
+async def _auth(store: Store) -> tuple[tuple[str, str], ...]:
+    """Call metadata with the API key of a new tenant: worker and admin calls need one."""
+    key = new_api_key()
+    suffix = uuid.uuid4().hex
+    await store.create_tenant(f"w-{suffix}", "standard", 1000.0, 100, "local", hash_api_key(key))
+    return (("authorization", f"Bearer {key}"),)
+
+
 async def _wait_for_shards(node: SchedulerNode) -> None:
     await eventually(
         lambda: len(node.shards.epochs()) == SHARDS, timeout_s=10, what="all shards claimed"
@@ -94,9 +103,10 @@ async def test_tasks_fire_and_complete_through_a_raw_worker(node: SchedulerNode)
     node.preloader.wake()
 
     assert node.addresses is not None
+    auth = await _auth(node.store)
     async with grpc.aio.insecure_channel(node.addresses.grpc) as channel:
         topology = await admin_service_pb2_grpc.AdminServiceStub(channel).GetTopology(
-            admin_service_pb2.GetTopologyRequest(), timeout=5
+            admin_service_pb2.GetTopologyRequest(), timeout=5, metadata=auth
         )
         assert [n.node_id for n in topology.nodes] == [node.config.node_id]
         assert len(topology.shards) == SHARDS
@@ -115,7 +125,9 @@ async def test_tasks_fire_and_complete_through_a_raw_worker(node: SchedulerNode)
             while True:
                 yield await outgoing.get()
 
-        stream = worker_service_pb2_grpc.WorkerServiceStub(channel).Connect(requests())
+        stream = worker_service_pb2_grpc.WorkerServiceStub(channel).Connect(
+            requests(), metadata=auth
+        )
         completed: set[str] = set()
         started_late: list[float] = []
         async with asyncio.timeout(30):
@@ -165,6 +177,7 @@ async def test_tasks_fire_and_complete_through_a_raw_worker(node: SchedulerNode)
 
 async def test_stale_unary_completion_is_failed_precondition(node: SchedulerNode) -> None:
     assert node.addresses is not None
+    auth = await _auth(node.store)
     async with grpc.aio.insecure_channel(node.addresses.grpc) as channel:
         stub = worker_service_pb2_grpc.WorkerServiceStub(channel)
         ref = common_pb2.TaskRef(id=str(uuid.uuid4()))
@@ -175,5 +188,6 @@ async def test_stale_unary_completion_is_failed_precondition(node: SchedulerNode
                     worker_id="w", complete=worker_service_pb2.Complete(task=ref, fencing_token=1)
                 ),
                 timeout=5,
+                metadata=auth,
             )
         assert info.value.code() == grpc.StatusCode.NOT_FOUND
