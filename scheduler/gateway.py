@@ -280,8 +280,17 @@ class Gateway(worker_service_pb2_grpc.WorkerServiceServicer):
                 yield get.result()
         finally:
             reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
+            try:
                 await reader
+            except asyncio.CancelledError:
+                pass
+            except grpc.aio.AioRpcError:
+                pass  # the worker went away: the stream's end is the news
+            except Exception:
+                log.exception(
+                    "worker stream reader failed",
+                    extra={"worker_id": session.worker_id, "session_id": session.session_id},
+                )
             self._close_session(session)
 
     def _open_session(self, message: worker_service_pb2.WorkerMessage) -> WorkerSession:
@@ -354,6 +363,16 @@ class Gateway(worker_service_pb2_grpc.WorkerServiceServicer):
                     )
                     if self._listener is not None:
                         self._listener.credits_available()
+            elif kind == "credit_recall":
+                # Exact by construction: every assignment this session was sent before
+                # this answer used a credit; the worker frees what we report.
+                returned = min(session.credits, message.credit_recall.credits)
+                session.credits -= returned
+                session.send(
+                    worker_service_pb2.SchedulerMessage(
+                        credit_return=worker_service_pb2.CreditReturn(credits=returned)
+                    )
+                )
             elif kind == "drain_started":
                 session.draining = True
                 session.credits = 0

@@ -22,6 +22,8 @@ from chronoshard.worker._models import (
     Cancel,
     Complete,
     CreditGrant,
+    CreditRecall,
+    CreditReturn,
     Drain,
     DrainStarted,
     ErrorInfo,
@@ -145,6 +147,8 @@ def to_pb(msg: Outbound) -> worker_service_pb2.WorkerMessage:
             )
         case CreditGrant():
             return w.WorkerMessage(credit_grant=w.CreditGrant(credits=msg.credits))
+        case CreditRecall():
+            return w.WorkerMessage(credit_recall=w.CreditRecall(credits=msg.credits))
         case Ack():
             return w.WorkerMessage(
                 ack=w.Ack(task=task_ref_to_pb(msg.task), fencing_token=msg.fencing_token)
@@ -223,6 +227,8 @@ def from_pb(msg: worker_service_pb2.SchedulerMessage) -> Inbound | None:
         return Cancel(task=task_ref_from_pb(c.task), fencing_token=c.fencing_token, reason=c.reason)
     if which == "drain":
         return Drain(reason=msg.drain.reason)
+    if which == "credit_return":
+        return CreditReturn(credits=msg.credit_return.credits)
     if which == "backlog":
         return Backlog(ready=msg.backlog.ready, ready_by_queue=dict(msg.backlog.ready_by_queue))
     if which == "receipt":

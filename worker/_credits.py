@@ -5,9 +5,12 @@ where ``occupied`` counts the slots held by accepted tasks (from their Assignmen
 the handler has really stopped) and ``outstanding`` sums the credits granted to all nodes
 and not yet consumed by an Assignment. Every method keeps it:
 
-- :meth:`plan` grants only ``slots - occupied - outstanding``: first to the nodes with
-  ``ready`` tasks (up to ``ready``, largest backlog first, at least one each), then the
-  rest spread evenly, so no slot sits idle while a node could send work.
+- :meth:`plan` grants only ``slots - occupied - outstanding``, aiming at
+  :meth:`desired`: one credit per node, then up to each node's backlog, then the rest
+  evenly, so no slot sits idle while a node could send work. When a node holds fewer
+  than it should and no slot is free, :meth:`plan` recalls the excess from others; a
+  recall frees nothing until the node answers (:meth:`returned`), so the invariant holds
+  whatever the node did with those credits meanwhile.
 - An Assignment first consumes its node's credit (:meth:`consume`), then takes a slot
   (:meth:`try_occupy`) only if the sum is still below ``slots``: an Assignment sent
   without a credit, or after the credits were withdrawn, is refused, not run.
@@ -29,6 +32,8 @@ class _NodeCredit:
     outstanding: int = 0
     ready: int = 0
     accepting: bool = True
+    # Credits asked back and not yet answered (still counted in outstanding).
+    recalling: int = 0
 
 
 class CreditLedger:
@@ -110,36 +115,78 @@ class CreditLedger:
     def free(self) -> int:
         return self.slots - self.occupied - self.outstanding
 
-    def plan(self) -> dict[str, int]:
-        """Credits to grant now, by node; recorded as outstanding before returning."""
-        free = self.free
-        if not self.granting or free <= 0:
-            return {}
-        # Largest backlog first; ties go to the node holding fewer credits, then by name
-        # so the plan is deterministic.
-        order = sorted(
+    def desired(self) -> dict[str, int]:
+        """How many credits each accepting node should hold, given ``slots - occupied``.
+
+        One each first (a task that becomes due anywhere is sent at once), then up to
+        each node's reported backlog (largest first), then the rest evenly: no slot idles.
+        """
+        nodes = sorted(
             ((name, state) for name, state in self._nodes.items() if state.accepting),
-            key=lambda item: (-item[1].ready, item[1].outstanding, item[0]),
+            key=lambda item: (-item[1].ready, item[0]),
         )
+        want = {name: 0 for name, _ in nodes}
+        if not self.granting:
+            return want
+        avail = self.slots - self.occupied
+        for name, _ in nodes:
+            if avail == 0:
+                return want
+            want[name] = 1
+            avail -= 1
+        for name, state in nodes:
+            extra = min(avail, max(0, state.ready - want[name]))
+            want[name] += extra
+            avail -= extra
+        while avail > 0 and nodes:
+            name = min(want, key=lambda n: (want[n], n))
+            want[name] += 1
+            avail -= 1
+        return want
+
+    def plan(self) -> tuple[dict[str, int], dict[str, int]]:
+        """Credits to grant now and credits to recall now, by node.
+
+        Grants are recorded as outstanding at once. A recall is only recorded as pending:
+        the credits stay outstanding until the node answers (:meth:`returned`), because
+        the node may already have used them. Recalls happen only to serve a node that
+        holds fewer credits than it should while no slot is free.
+        """
+        if not self.granting:
+            return {}, {}
+        want = self.desired()
+        free = self.free
         grants: dict[str, int] = {}
-        for name, state in order:
-            if free == 0:
-                break
-            give = min(free, max(1, state.ready) - state.outstanding)
+        for name in sorted(want, key=lambda n: (self._nodes[n].outstanding - want[n], n)):
+            state = self._nodes[name]
+            give = min(free, want[name] - state.outstanding)
             if give > 0:
                 state.outstanding += give
                 grants[name] = give
                 free -= give
-        # Then no slot idles: what is left is spread over the nodes, fewest credits first.
-        # Backlog reports lag (a node reports only tasks already due), and a task that
-        # becomes due on a node must not wait for a credit round trip while slots are
-        # free; the backlog pass above steers each freed slot to where work waits.
-        while free > 0 and order:
-            name, state = min(order, key=lambda item: (item[1].outstanding, item[0]))
-            state.outstanding += 1
-            grants[name] = grants.get(name, 0) + 1
-            free -= 1
-        return grants
+        shortfall = sum(max(0, want[n] - self._nodes[n].outstanding) for n in want)
+        recalls: dict[str, int] = {}
+        if shortfall > 0:
+            for name, state in sorted(self._nodes.items()):
+                excess = state.outstanding - state.recalling - want.get(name, 0)
+                if excess <= 0:
+                    continue
+                take = min(excess, shortfall)
+                state.recalling += take
+                recalls[name] = take
+                shortfall -= take
+                if shortfall == 0:
+                    break
+        return grants, recalls
+
+    def returned(self, node: str, credits: int) -> None:
+        """The node gave back ``credits`` unused credits (its answer to a recall)."""
+        state = self._nodes.get(node)
+        if state is None:
+            return
+        credits = min(credits, state.outstanding)
+        state.outstanding -= credits
+        state.recalling = max(0, state.recalling - credits)
 
     def stats(self) -> dict[str, int]:
         return {

@@ -48,6 +48,8 @@ from chronoshard.worker._models import (
     Cancel,
     Complete,
     CreditGrant,
+    CreditRecall,
+    CreditReturn,
     Drain,
     DrainStarted,
     Fail,
@@ -193,6 +195,9 @@ class Dispatcher:
             case Backlog():
                 self.ledger.set_backlog(session.address, msg.ready)
                 self._regrant()
+            case CreditReturn():
+                self.ledger.returned(session.address, msg.credits)
+                self._regrant()
             case Drain():
                 self._on_drain(session, msg)
             case Welcome():
@@ -337,11 +342,16 @@ class Dispatcher:
     def _regrant(self) -> None:
         if self.draining:
             return
-        for node, credits in self.ledger.plan().items():
+        grants, recalls = self.ledger.plan()
+        for node, credits in grants.items():
             session = self.topology.session(node)
             # A failed send means the stream is breaking: session_ended clears the credits.
             if session is not None:
                 session.send(CreditGrant(credits))
+        for node, credits in recalls.items():
+            session = self.topology.session(node)
+            if session is not None:
+                session.send(CreditRecall(credits))
 
     # ---- runs ------------------------------------------------------------------------
 

@@ -72,6 +72,13 @@ class CreditGrant:
 
 
 @dataclass(frozen=True, slots=True)
+class CreditRecall:
+    """Ask a node to give back unused credits (answered by :class:`CreditReturn`)."""
+
+    credits: int
+
+
+@dataclass(frozen=True, slots=True)
 class RunningTask:
     task: TaskRef
     fencing_token: int
@@ -144,7 +151,7 @@ class Release:
 
 
 Settlement = Ack | Complete | Fail | Release
-Outbound = Hello | CreditGrant | Heartbeat | DrainStarted | Settlement
+Outbound = Hello | CreditGrant | CreditRecall | Heartbeat | DrainStarted | Settlement
 
 
 # ---- scheduler -> worker -------------------------------------------------------------
@@ -206,6 +213,13 @@ class Drain:
 
 
 @dataclass(frozen=True, slots=True)
+class CreditReturn:
+    """The node dropped ``credits`` unused credits, as a CreditRecall asked."""
+
+    credits: int
+
+
+@dataclass(frozen=True, slots=True)
 class Backlog:
     ready: int
     ready_by_queue: Mapping[str, int] = field(default_factory=dict)
@@ -229,7 +243,17 @@ class Reject:
     error: ErrorInfo
 
 
-Inbound = Welcome | Assignment | HeartbeatReply | Cancel | Drain | Backlog | Receipt | Reject
+Inbound = (
+    Welcome
+    | Assignment
+    | HeartbeatReply
+    | Cancel
+    | Drain
+    | Backlog
+    | CreditReturn
+    | Receipt
+    | Reject
+)
 
 
 # ---- AdminService --------------------------------------------------------------------

@@ -191,3 +191,40 @@ async def test_stale_unary_completion_is_failed_precondition(node: SchedulerNode
                 metadata=auth,
             )
         assert info.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+async def test_credit_recall_returns_exactly_the_unused_credits(node: SchedulerNode) -> None:
+    assert node.addresses is not None
+    async with grpc.aio.insecure_channel(node.addresses.grpc) as channel:
+        outgoing: asyncio.Queue[worker_service_pb2.WorkerMessage] = asyncio.Queue()
+        for message in (
+            worker_service_pb2.WorkerMessage(
+                hello=worker_service_pb2.Hello(worker_id="raw-2", task_types=["none"], slots=5)
+            ),
+            worker_service_pb2.WorkerMessage(
+                credit_grant=worker_service_pb2.CreditGrant(credits=5)
+            ),
+            worker_service_pb2.WorkerMessage(
+                credit_recall=worker_service_pb2.CreditRecall(credits=3)
+            ),
+            worker_service_pb2.WorkerMessage(
+                credit_recall=worker_service_pb2.CreditRecall(credits=9)
+            ),
+        ):
+            await outgoing.put(message)
+
+        async def requests() -> AsyncIterator[worker_service_pb2.WorkerMessage]:
+            while True:
+                yield await outgoing.get()
+
+        stream = worker_service_pb2_grpc.WorkerServiceStub(channel).Connect(requests())
+        returned: list[int] = []
+        async with asyncio.timeout(10):
+            async for message in stream:
+                if message.WhichOneof("message") == "credit_return":
+                    returned.append(message.credit_return.credits)
+                    if len(returned) == 2:
+                        break
+        stream.cancel()
+    # Nothing was assigned (no task of type "none"): 3 back, then the remaining 2.
+    assert returned == [3, 2]

@@ -246,6 +246,11 @@ class FakeScheduler(
             elif which == "credit_grant":
                 session.credits += msg.credit_grant.credits
                 self.check_invariant()
+            elif which == "credit_recall":
+                # Like the real gateway: give back what is unused, exactly.
+                returned = min(max(0, session.credits), msg.credit_recall.credits)
+                session.credits -= returned
+                session.send(credit_return=pb.CreditReturn(credits=returned))
             elif which == "drain_started":
                 session.credits = 0
             elif which == "heartbeat":
@@ -631,9 +636,7 @@ async def test_credits_never_exceed_free_slots(fake: FakeScheduler) -> None:
 
     async with running(worker):
         session = await fake.session_with_credit()
-        # No backlog reported: one credit at a time.
-        assert session.credits == 1
-        session.send(backlog=pb.Backlog(ready=10))
+        # One node: every free slot is granted at once.
         await fake.wait_for(lambda: session.credits == 3)
         for i in range(3):
             session.assign("gated", {"id": str(i)})
@@ -653,7 +656,7 @@ async def test_credits_never_exceed_free_slots(fake: FakeScheduler) -> None:
         assert len(session.of("complete")) == 3
     assert fake.violations == []
     granted = sum(g.credits for g in session.of("credit_grant"))
-    assert granted == 1 + 2 + 1 + 2  # initial, backlog top-up, then one per freed slot
+    assert granted == 3 + 1 + 2  # initial, then one per freed slot
 
 
 async def test_sync_handler_runs_in_a_thread_and_checkpoints_with_heartbeats(

@@ -14,66 +14,90 @@ def test_free_slots_are_spread_over_nodes_without_backlog() -> None:
     ledger = CreditLedger(10)
     ledger.open("a")
     ledger.open("b")
-    assert ledger.plan() == {"a": 5, "b": 5}
-    assert ledger.plan() == {}  # every slot is spoken for
+    assert ledger.plan() == ({"a": 5, "b": 5}, {})
+    assert ledger.plan() == ({}, {})  # every slot is spoken for
     assert ledger.free == 0
 
 
 def test_a_single_node_gets_every_free_slot() -> None:
     ledger = CreditLedger(7)
     ledger.open("a")
-    assert ledger.plan() == {"a": 7}
+    assert ledger.plan() == ({"a": 7}, {})
 
 
-def test_largest_backlog_first_up_to_its_ready_count() -> None:
+def test_backlog_first_then_one_each_then_evenly() -> None:
     ledger = CreditLedger(5)
     for node in ("a", "b", "c"):
         ledger.open(node)
-    ledger.set_backlog("a", 1)
-    ledger.set_backlog("b", 3)
+    ledger.set_backlog("b", 1)
     ledger.set_backlog("c", 10)
-    assert ledger.plan() == {"c": 5}
-    ledger.close("c")  # its stream ended: its credits are gone with it
-    # Backlog first (b's 3, a's 1), then the last free slot to whoever holds fewest.
-    assert ledger.plan() == {"b": 3, "a": 2}
-    assert ledger.free == 0
+    assert ledger.desired() == {"a": 1, "b": 1, "c": 3}
+    assert ledger.plan() == ({"a": 1, "b": 1, "c": 3}, {})
+
+
+def test_a_new_node_gets_credits_recalled_from_an_idle_one() -> None:
+    ledger = CreditLedger(2)
+    ledger.open("a")
+    assert ledger.plan() == ({"a": 2}, {})
+    ledger.open("b")
+    # No free slot: a holds one more than its share, so one is asked back.
+    assert ledger.plan() == ({}, {"a": 1})
+    assert ledger.plan() == ({}, {})  # already asked
+    assert ledger.free == 0  # a recalled credit is not free until a answers
+    ledger.returned("a", 1)
+    assert ledger.plan() == ({"b": 1}, {})
+
+
+def test_a_recall_answered_with_fewer_credits_frees_only_those() -> None:
+    ledger = CreditLedger(2)
+    ledger.open("a")
+    ledger.plan()
+    ledger.open("b")
+    assert ledger.plan() == ({}, {"a": 1})
+    # a had already used both credits before the recall reached it.
+    assert ledger.consume("a") and ledger.try_occupy()
+    assert ledger.consume("a") and ledger.try_occupy()
+    ledger.returned("a", 0)
+    assert ledger.free == 0 and ledger.plan() == ({}, {})
+    ledger.release_slot()
+    grants, recalls = ledger.plan()
+    assert sum(grants.values()) == 1 and recalls == {} and ledger.free == 0
 
 
 def test_assignment_moves_a_credit_to_a_slot_and_a_freed_slot_is_granted_again() -> None:
     ledger = CreditLedger(2)
     ledger.open("a")
     ledger.set_backlog("a", 5)
-    assert ledger.plan() == {"a": 2}
+    assert ledger.plan() == ({"a": 2}, {})
     assert ledger.consume("a") and ledger.try_occupy()
     assert (ledger.occupied, ledger.outstanding) == (1, 1)
-    assert ledger.plan() == {}  # no free slot to grant
+    assert ledger.plan() == ({}, {})  # no free slot to grant
     ledger.release_slot()
-    assert ledger.plan() == {"a": 1}
+    assert ledger.plan() == ({"a": 1}, {})
 
 
 def test_assignment_without_credit_is_refused_when_slots_are_spoken_for() -> None:
     ledger = CreditLedger(1)
     ledger.open("a")
     ledger.open("b")
-    assert ledger.plan() == {"a": 1}
+    assert ledger.plan() == ({"a": 1}, {})
     assert not ledger.consume("b")
     assert ledger.unexpected_assignments == 1
     assert not ledger.try_occupy()  # a's credit still holds the only slot
     assert ledger.consume("a") and ledger.try_occupy()
 
 
-def test_a_draining_node_keeps_its_credits_counted_but_gets_no_more() -> None:
+def test_a_draining_node_gets_no_more_and_its_credits_are_recalled() -> None:
     ledger = CreditLedger(4)
     ledger.open("a")
     ledger.open("b")
-    ledger.set_backlog("a", 2)
-    assert ledger.plan() == {"a": 2, "b": 2}
+    assert ledger.plan() == ({"a": 2, "b": 2}, {})
     ledger.stop_node("a")
-    assert ledger.consume("b") and ledger.try_occupy()
-    ledger.release_slot()
-    # a still holds 2 that it may use: only the slot b's task freed goes to b.
-    assert ledger.plan() == {"b": 1}
+    # b should hold all four now: a's two are asked back, nothing is free meanwhile.
+    assert ledger.plan() == ({}, {"a": 2})
     assert ledger.outstanding_for("a") == 2
+    ledger.returned("a", 2)
+    assert ledger.plan() == ({"b": 2}, {})
 
 
 def test_worker_drain_withdraws_everything_and_refuses_assignments() -> None:
@@ -83,7 +107,7 @@ def test_worker_drain_withdraws_everything_and_refuses_assignments() -> None:
     ledger.plan()
     ledger.stop_granting()
     assert ledger.outstanding == 0
-    assert ledger.plan() == {}
+    assert ledger.plan() == ({}, {})
     ledger.consume("a")
     assert not ledger.try_occupy()
 
@@ -102,6 +126,7 @@ _ops = st.lists(
         st.tuples(st.just("assign"), st.sampled_from("abc")),
         st.tuples(st.just("finish")),
         st.tuples(st.just("plan")),
+        st.tuples(st.just("answer_recalls"), st.sampled_from("abc")),
     ),
     max_size=60,
 )
@@ -113,6 +138,7 @@ def test_running_plus_outstanding_never_exceeds_slots(slots: int, ops: list[tupl
     ledger = CreditLedger(slots)
     # The scheduler side: a node sends an assignment only against a credit it holds.
     held: dict[str, int] = {}
+    asked: dict[str, int] = {}
     for op in ops:
         match op:
             case ("open", node):
@@ -121,6 +147,7 @@ def test_running_plus_outstanding_never_exceeds_slots(slots: int, ops: list[tupl
             case ("close", node):
                 ledger.close(node)
                 held.pop(node, None)
+                asked.pop(node, None)
             case ("drain_node", node):
                 ledger.stop_node(node)
             case ("backlog", node, ready):
@@ -133,9 +160,18 @@ def test_running_plus_outstanding_never_exceeds_slots(slots: int, ops: list[tupl
             case ("finish",) if ledger.occupied:
                 ledger.release_slot()
             case ("plan",):
-                for node, n in ledger.plan().items():
+                grants, recalls = ledger.plan()
+                for node, n in grants.items():
                     assert n > 0
                     held[node] += n
+                for node, n in recalls.items():
+                    assert n > 0
+                    asked[node] = asked.get(node, 0) + n
+            case ("answer_recalls", node) if node in held:
+                # The node drops what it still holds of what was asked, exactly.
+                give = min(held[node], asked.pop(node, 0))
+                held[node] -= give
+                ledger.returned(node, give)
         assert 0 <= ledger.occupied + ledger.outstanding <= slots
         assert ledger.outstanding == sum(held.values())
 

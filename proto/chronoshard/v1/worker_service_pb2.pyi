@@ -35,7 +35,7 @@ SETTLEMENT_KIND_FAIL: SettlementKind
 SETTLEMENT_KIND_RELEASE: SettlementKind
 
 class WorkerMessage(_message.Message):
-    __slots__ = ("hello", "credit_grant", "ack", "heartbeat", "complete", "fail", "release", "drain_started")
+    __slots__ = ("hello", "credit_grant", "ack", "heartbeat", "complete", "fail", "release", "drain_started", "credit_recall")
     HELLO_FIELD_NUMBER: _ClassVar[int]
     CREDIT_GRANT_FIELD_NUMBER: _ClassVar[int]
     ACK_FIELD_NUMBER: _ClassVar[int]
@@ -44,6 +44,7 @@ class WorkerMessage(_message.Message):
     FAIL_FIELD_NUMBER: _ClassVar[int]
     RELEASE_FIELD_NUMBER: _ClassVar[int]
     DRAIN_STARTED_FIELD_NUMBER: _ClassVar[int]
+    CREDIT_RECALL_FIELD_NUMBER: _ClassVar[int]
     hello: Hello
     credit_grant: CreditGrant
     ack: Ack
@@ -52,7 +53,8 @@ class WorkerMessage(_message.Message):
     fail: Fail
     release: Release
     drain_started: DrainStarted
-    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., credit_grant: _Optional[_Union[CreditGrant, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., complete: _Optional[_Union[Complete, _Mapping]] = ..., fail: _Optional[_Union[Fail, _Mapping]] = ..., release: _Optional[_Union[Release, _Mapping]] = ..., drain_started: _Optional[_Union[DrainStarted, _Mapping]] = ...) -> None: ...
+    credit_recall: CreditRecall
+    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., credit_grant: _Optional[_Union[CreditGrant, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., complete: _Optional[_Union[Complete, _Mapping]] = ..., fail: _Optional[_Union[Fail, _Mapping]] = ..., release: _Optional[_Union[Release, _Mapping]] = ..., drain_started: _Optional[_Union[DrainStarted, _Mapping]] = ..., credit_recall: _Optional[_Union[CreditRecall, _Mapping]] = ...) -> None: ...
 
 class Hello(_message.Message):
     __slots__ = ("worker_id", "queues", "task_types", "slots", "sdk_version")
@@ -69,6 +71,12 @@ class Hello(_message.Message):
     def __init__(self, worker_id: _Optional[str] = ..., queues: _Optional[_Iterable[str]] = ..., task_types: _Optional[_Iterable[str]] = ..., slots: _Optional[int] = ..., sdk_version: _Optional[str] = ...) -> None: ...
 
 class CreditGrant(_message.Message):
+    __slots__ = ("credits",)
+    CREDITS_FIELD_NUMBER: _ClassVar[int]
+    credits: int
+    def __init__(self, credits: _Optional[int] = ...) -> None: ...
+
+class CreditRecall(_message.Message):
     __slots__ = ("credits",)
     CREDITS_FIELD_NUMBER: _ClassVar[int]
     credits: int
@@ -147,7 +155,7 @@ class DrainStarted(_message.Message):
     def __init__(self, grace: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
 
 class SchedulerMessage(_message.Message):
-    __slots__ = ("welcome", "assignment", "heartbeat_reply", "cancel", "drain", "backlog", "receipt", "reject")
+    __slots__ = ("welcome", "assignment", "heartbeat_reply", "cancel", "drain", "backlog", "receipt", "reject", "credit_return")
     WELCOME_FIELD_NUMBER: _ClassVar[int]
     ASSIGNMENT_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_REPLY_FIELD_NUMBER: _ClassVar[int]
@@ -156,6 +164,7 @@ class SchedulerMessage(_message.Message):
     BACKLOG_FIELD_NUMBER: _ClassVar[int]
     RECEIPT_FIELD_NUMBER: _ClassVar[int]
     REJECT_FIELD_NUMBER: _ClassVar[int]
+    CREDIT_RETURN_FIELD_NUMBER: _ClassVar[int]
     welcome: Welcome
     assignment: Assignment
     heartbeat_reply: HeartbeatReply
@@ -164,7 +173,8 @@ class SchedulerMessage(_message.Message):
     backlog: Backlog
     receipt: Receipt
     reject: Reject
-    def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., assignment: _Optional[_Union[Assignment, _Mapping]] = ..., heartbeat_reply: _Optional[_Union[HeartbeatReply, _Mapping]] = ..., cancel: _Optional[_Union[Cancel, _Mapping]] = ..., drain: _Optional[_Union[Drain, _Mapping]] = ..., backlog: _Optional[_Union[Backlog, _Mapping]] = ..., receipt: _Optional[_Union[Receipt, _Mapping]] = ..., reject: _Optional[_Union[Reject, _Mapping]] = ...) -> None: ...
+    credit_return: CreditReturn
+    def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., assignment: _Optional[_Union[Assignment, _Mapping]] = ..., heartbeat_reply: _Optional[_Union[HeartbeatReply, _Mapping]] = ..., cancel: _Optional[_Union[Cancel, _Mapping]] = ..., drain: _Optional[_Union[Drain, _Mapping]] = ..., backlog: _Optional[_Union[Backlog, _Mapping]] = ..., receipt: _Optional[_Union[Receipt, _Mapping]] = ..., reject: _Optional[_Union[Reject, _Mapping]] = ..., credit_return: _Optional[_Union[CreditReturn, _Mapping]] = ...) -> None: ...
 
 class Welcome(_message.Message):
     __slots__ = ("node_id", "session_id", "heartbeat_interval", "lease_duration")
@@ -248,6 +258,12 @@ class Drain(_message.Message):
     REASON_FIELD_NUMBER: _ClassVar[int]
     reason: str
     def __init__(self, reason: _Optional[str] = ...) -> None: ...
+
+class CreditReturn(_message.Message):
+    __slots__ = ("credits",)
+    CREDITS_FIELD_NUMBER: _ClassVar[int]
+    credits: int
+    def __init__(self, credits: _Optional[int] = ...) -> None: ...
 
 class Backlog(_message.Message):
     __slots__ = ("ready", "ready_by_queue")
