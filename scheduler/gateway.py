@@ -20,7 +20,6 @@ The protocol is written down in ``docs/worker-protocol.md``.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import logging
 import uuid
