@@ -217,7 +217,10 @@ async def test_credit_recall_returns_exactly_the_unused_credits(node: SchedulerN
             while True:
                 yield await outgoing.get()
 
-        stream = worker_service_pb2_grpc.WorkerServiceStub(channel).Connect(requests())
+        auth = await _auth(node.store)
+        stream = worker_service_pb2_grpc.WorkerServiceStub(channel).Connect(
+            requests(), metadata=auth
+        )
         returned: list[int] = []
         async with asyncio.timeout(10):
             async for message in stream:

@@ -1,0 +1,161 @@
+"""Operation histories and the invariant checker for fault tests.
+
+Clients record each operation they attempt (invoke, then ok / fail / unknown, with
+monotonic timestamps); task handlers append their side effects to an ``effects`` ledger
+that has no unique constraint, so a task run twice shows twice. After the faults heal,
+:func:`check` reads the database and verifies what matters:
+
+* **I1** every acknowledged submit ends with exactly one accepted completion: the task is
+  COMPLETED, exactly one of its attempts SUCCEEDED, the completion ledger has it once;
+* **I2** no stale-token completion was accepted, and the winning token produced exactly
+  one successful side effect;
+* **I3** per shard, attempts were written under non-decreasing epochs (a write under a
+  superseded epoch would show an older epoch after a newer one) — when the attempts
+  record their epoch;
+* **I4** failover times, reported by the tests from the same data (see
+  :func:`first_dispatch_after`).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Literal
+
+import psycopg
+
+Outcome = Literal["ok", "fail", "unknown"]
+
+EFFECTS_DDL = """
+CREATE TABLE IF NOT EXISTS effects (
+    task_id uuid NOT NULL,
+    attempt integer NOT NULL,
+    token bigint NOT NULL,
+    worker_id text NOT NULL,
+    started_at timestamptz NOT NULL,
+    due_at timestamptz NOT NULL,
+    outcome text NOT NULL
+)
+"""
+
+
+@dataclass
+class Operation:
+    kind: str
+    invoked_at: float
+    outcome: Outcome | None = None
+    finished_at: float | None = None
+    task_ids: list[uuid.UUID] = field(default_factory=list)
+    error: str | None = None
+
+
+@dataclass
+class History:
+    operations: list[Operation] = field(default_factory=list)
+
+    def invoke(self, kind: str) -> Operation:
+        op = Operation(kind, time.monotonic())
+        self.operations.append(op)
+        return op
+
+    @staticmethod
+    def finish(
+        op: Operation, outcome: Outcome, task_ids: list[uuid.UUID] | None = None, error: str = ""
+    ) -> None:
+        op.outcome = outcome
+        op.finished_at = time.monotonic()
+        op.task_ids = task_ids or []
+        op.error = error or None
+
+    def acknowledged(self) -> list[uuid.UUID]:
+        return [t for op in self.operations if op.outcome == "ok" for t in op.task_ids]
+
+
+@dataclass
+class Violations:
+    missing: list[uuid.UUID] = field(default_factory=list)
+    not_completed: dict[uuid.UUID, str] = field(default_factory=dict)
+    success_attempts: dict[uuid.UUID, int] = field(default_factory=dict)
+    ledger_rows: dict[uuid.UUID, int] = field(default_factory=dict)
+    winning_effects: dict[uuid.UUID, int] = field(default_factory=dict)
+
+    def __bool__(self) -> bool:
+        return any(
+            (
+                self.missing,
+                self.not_completed,
+                self.success_attempts,
+                self.ledger_rows,
+                self.winning_effects,
+            )
+        )
+
+    def summary(self) -> str:
+        parts = []
+        for name in (
+            "missing",
+            "not_completed",
+            "success_attempts",
+            "ledger_rows",
+            "winning_effects",
+        ):
+            value: Any = getattr(self, name)
+            if value:
+                sample = list(value.items())[:5] if isinstance(value, dict) else value[:5]
+                parts.append(f"{name}: {len(value)} e.g. {sample}")
+        return "; ".join(parts) or "none"
+
+
+def check(dsn: str, task_ids: list[uuid.UUID], *, job_ledger: bool = True) -> Violations:
+    """I1 and I2 over ``task_ids`` (acknowledged submits)."""
+    found = Violations()
+    with psycopg.connect(dsn) as conn:
+        rows = conn.execute(
+            "SELECT id, status, fencing_token FROM tasks WHERE id = ANY(%s)", (task_ids,)
+        ).fetchall()
+        status = {r[0]: (r[1], r[2]) for r in rows}
+        successes = Counter(
+            r[0]
+            for r in conn.execute(
+                "SELECT task_id FROM task_attempts WHERE task_id = ANY(%s) AND state = 'SUCCEEDED'",
+                (task_ids,),
+            ).fetchall()
+        )
+        ledger = Counter(
+            r[0]
+            for r in conn.execute(
+                "SELECT task_id FROM task_completions WHERE task_id = ANY(%s)", (task_ids,)
+            ).fetchall()
+        )
+        effects = conn.execute(
+            "SELECT task_id, token FROM effects WHERE task_id = ANY(%s) AND outcome = 'ok'",
+            (task_ids,),
+        ).fetchall()
+    winning = Counter(t for t, token in effects if status.get(t, (None, -1))[1] == token)
+    for task_id in task_ids:
+        if task_id not in status:
+            found.missing.append(task_id)
+            continue
+        if status[task_id][0] != "COMPLETED":
+            found.not_completed[task_id] = status[task_id][0]
+        if successes[task_id] != 1:
+            found.success_attempts[task_id] = successes[task_id]
+        if job_ledger and ledger[task_id] != 1:
+            found.ledger_rows[task_id] = ledger[task_id]
+        if winning[task_id] != 1:
+            found.winning_effects[task_id] = winning[task_id]
+    return found
+
+
+def first_dispatch_after(dsn: str, shards: set[int], after: datetime) -> datetime | None:
+    """When the first attempt of a task of ``shards`` was written after ``after``."""
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute(
+            "SELECT min(a.entered_at) FROM task_attempts a JOIN tasks t ON t.id = a.task_id"
+            " WHERE t.shard = ANY(%s) AND a.entered_at > %s",
+            (sorted(shards), after),
+        ).fetchone()
+    return None if row is None else row[0]
