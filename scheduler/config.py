@@ -24,6 +24,9 @@ DEFAULT_HEARTBEAT_INTERVAL_S = 5.0
 DEFAULT_PAYLOAD_LIMIT_BYTES = 256 * 1024
 DEFAULT_JITTER_WINDOW_S = 240.0
 DEFAULT_LEAD_DISPATCH_S = 0.1
+DEFAULT_RECONCILE_INTERVAL_S = 5.0
+DEFAULT_RETENTION_DAYS = 30
+DEFAULT_MAINTENANCE_INTERVAL_S = 3600.0
 
 
 def default_node_id() -> str:
@@ -68,6 +71,9 @@ class DatabaseConfig:
     pool_max_size: int = 16
     # Longest any one statement may run before PostgreSQL cancels it.
     statement_timeout_s: float = 30.0
+    # A session idle inside a transaction this long is ended by PostgreSQL: bounds how
+    # long a frozen node's row locks can delay a shard takeover.
+    idle_in_transaction_timeout_s: float = 5.0
 
     def validate(self) -> None:
         require(self.pool_min_size >= 1, "database.pool_min_size", "must be at least 1")
@@ -77,6 +83,11 @@ class DatabaseConfig:
             "must be at least database.pool_min_size",
         )
         require(self.statement_timeout_s > 0, "database.statement_timeout_s", "must be positive")
+        require(
+            self.idle_in_transaction_timeout_s > 0,
+            "database.idle_in_transaction_timeout_s",
+            "must be positive",
+        )
 
 
 @dataclass(frozen=True)
@@ -161,13 +172,57 @@ class WorkersConfig:
             "workers.heartbeat_interval_s",
             "must be positive and shorter than workers.task_lease_s",
         )
-        require(self.ack_timeout_s > 0, "workers.ack_timeout_s", "must be positive")
+        # The reconciler takes a DISPATCHED row that nothing touched for ack_timeout_s as
+        # never delivered; a worker that holds it refreshes the row with every heartbeat.
+        require(
+            self.ack_timeout_s > self.heartbeat_interval_s,
+            "workers.ack_timeout_s",
+            "must be longer than workers.heartbeat_interval_s",
+        )
         require(self.session_timeout_s > 0, "workers.session_timeout_s", "must be positive")
         require(
             0 <= self.group_commit_interval_s <= 1,
             "workers.group_commit_interval_s",
             "between 0 and 1 second",
         )
+
+
+@dataclass(frozen=True)
+class ReconcileConfig:
+    # How often the reconciler passes over the owned shards (DESIGN §8).
+    interval_s: float = DEFAULT_RECONCILE_INTERVAL_S
+    # At most this many in-flight rows are examined per pass; the rest wait for the next.
+    batch_limit: int = 1000
+
+    def validate(self) -> None:
+        require(self.interval_s > 0, "reconcile.interval_s", "must be positive")
+        require(self.batch_limit >= 1, "reconcile.batch_limit", "must be at least 1")
+
+
+@dataclass(frozen=True)
+class MaintenanceConfig:
+    # Partition maintenance: one node at a time (advisory lock), this often.
+    interval_s: float = DEFAULT_MAINTENANCE_INTERVAL_S
+    # Day partitions are created this many days ahead.
+    partitions_ahead_days: int = 7
+    # Finished day partitions older than this are detached and dropped.
+    retention_days: int = DEFAULT_RETENTION_DAYS
+    # The longest maintenance waits for the `tasks` table lock before giving up the round:
+    # while it waits, dispatch queues behind it.
+    lock_timeout_s: float = 0.5
+    # After a failed round (lock not granted, database away), try again this soon.
+    retry_interval_s: float = 60.0
+
+    def validate(self) -> None:
+        require(self.interval_s > 0, "maintenance.interval_s", "must be positive")
+        require(
+            self.partitions_ahead_days >= 1,
+            "maintenance.partitions_ahead_days",
+            "must be at least 1",
+        )
+        require(self.retention_days >= 1, "maintenance.retention_days", "must be at least 1")
+        require(self.lock_timeout_s > 0, "maintenance.lock_timeout_s", "must be positive")
+        require(self.retry_interval_s > 0, "maintenance.retry_interval_s", "must be positive")
 
 
 @dataclass(frozen=True)
@@ -199,6 +254,8 @@ class SchedulerConfig:
     scheduling: SchedulingConfig = field(default_factory=SchedulingConfig)
     workers: WorkersConfig = field(default_factory=WorkersConfig)
     limits: LimitsConfig = field(default_factory=LimitsConfig)
+    reconcile: ReconcileConfig = field(default_factory=ReconcileConfig)
+    maintenance: MaintenanceConfig = field(default_factory=MaintenanceConfig)
 
     def validate(self) -> None:
         require(self.node_id != "" and "/" not in self.node_id, "node_id", "non-empty, no '/'")

@@ -53,7 +53,7 @@ from chronoshard.scheduler.models import Task, TaskRef
 from chronoshard.scheduler.notifier import ShardSignals, encode_due, encode_ready
 from chronoshard.scheduler.preloader import Preloader
 from chronoshard.scheduler.shards import ShardManager
-from chronoshard.scheduler.store import Store
+from chronoshard.scheduler.store import SessionLimits, Store
 from chronoshard.v1 import (
     admin_service_pb2,
     admin_service_pb2_grpc,
@@ -150,6 +150,10 @@ class SchedulerNode:
             config.database.pool_min_size,
             config.database.pool_max_size,
             payload_limit_bytes=config.limits.payload_limit_bytes,
+            session_limits=SessionLimits(
+                statement_timeout_s=config.database.statement_timeout_s,
+                idle_in_transaction_s=config.database.idle_in_transaction_timeout_s,
+            ),
         )
         self.runs = DispatchStore(self.store)
         self.coordinator = EtcdCoordinator(config.etcd, config.node_id, self.clock)

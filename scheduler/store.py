@@ -26,8 +26,9 @@ returned datetimes are in UTC whatever the server's default.
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Self, TypeVar
 
@@ -91,10 +92,35 @@ def _require_aware(field: str, value: datetime) -> None:
         raise InvalidArgument(field, "must be timezone-aware")
 
 
-async def _configure(conn: Connection) -> None:
-    # Returned timestamptz values take the session's zone; pin it so every datetime the
-    # store hands out is UTC regardless of the server's or the DSN's default.
-    await conn.execute("SET TIME ZONE 'UTC'")
+@dataclass(frozen=True)
+class SessionLimits:
+    """Per-connection safety limits (DESIGN §12).
+
+    ``idle_in_transaction_s`` matters for failover: a scheduler frozen (SIGSTOP, a long
+    GC or VM pause) inside a transaction holds its ``shard_owners`` row lock, and the new
+    owner's epoch claim waits for it. PostgreSQL ends such a session after this long, so
+    a frozen owner delays a takeover by at most this much.
+    """
+
+    statement_timeout_s: float = 30.0
+    idle_in_transaction_s: float = 5.0
+
+
+def _configurer(limits: SessionLimits) -> Callable[[Connection], Awaitable[None]]:
+    async def configure(conn: Connection) -> None:
+        # Returned timestamptz values take the session's zone; pin it so every datetime
+        # the store hands out is UTC regardless of the server's or the DSN's default.
+        await conn.execute("SET TIME ZONE 'UTC'")
+        await conn.execute(
+            "SELECT set_config('statement_timeout', %s, false),"
+            " set_config('idle_in_transaction_session_timeout', %s, false)",
+            (
+                f"{int(limits.statement_timeout_s * 1000)}ms",
+                f"{int(limits.idle_in_transaction_s * 1000)}ms",
+            ),
+        )
+
+    return configure
 
 
 class Store:
@@ -119,6 +145,7 @@ class Store:
         *,
         payload_limit_bytes: int = DEFAULT_PAYLOAD_LIMIT_BYTES,
         open_timeout_s: float = DEFAULT_OPEN_TIMEOUT_S,
+        session_limits: SessionLimits | None = None,
     ) -> Self:
         """A store with an open pool of ``min_size``..``max_size`` connections.
 
@@ -132,7 +159,7 @@ class Store:
             max_size=max_size,
             open=False,
             check=AsyncConnectionPool.check_connection,
-            configure=_configure,
+            configure=_configurer(session_limits or SessionLimits()),
             kwargs={"autocommit": True},
             name="chronoshard-store",
         )
