@@ -175,3 +175,71 @@ async def test_three_nodes_share_shards_and_survive_a_killed_owner(cluster: Clus
     assert gap_s <= LEASE_TTL_S + FAILOVER_SLACK_S
     owners = _owners(cluster.dsn)
     assert victim not in owners.values()
+
+
+async def test_scale_out_then_in_moves_shards_without_loss(cluster: Cluster) -> None:
+    await _spread(cluster)
+    history = History()
+    start = datetime.now(UTC) + timedelta(seconds=3)
+    spread_s = 15.0
+    async with Client(cluster.targets(), api_key=cluster.api_key) as client:
+        ids = await _submit(client, history, 1500, start, spread_s)
+    await asyncio.sleep(max(0.0, (start - datetime.now(UTC)).total_seconds()) + spread_s / 4)
+    fourth = cluster.group.start_scheduler("node-4")
+    cluster.nodes["node-4"] = fourth
+    by_node = await _spread(cluster)
+    assert len(by_node["node-4"]) >= SHARDS // 4 - 1
+    # A graceful stop releases its shards first: the peers take them at once.
+    leaving = cluster.nodes["node-2"]
+    assert leaving.process.stop(timeout_s=30) == 0
+    await _spread(cluster)
+    await _wait_all_done(cluster, ids, timeout_s=spread_s + 60)
+    violations = check(cluster.dsn, history.acknowledged())
+    assert not violations, violations.summary()
+    log = leaving.process.log()
+    assert "shard released" in log and "reason=shutdown" in log
+    assert "shard claimed" in fourth.process.log()
+
+
+async def test_a_paused_owner_past_its_lease_dispatches_nothing_when_it_wakes(
+    cluster: Cluster,
+) -> None:
+    by_node = await _spread(cluster)
+    zombie = cluster.nodes["node-1"]
+    lost = by_node["node-1"]
+    zombie.process.pause()
+    try:
+        # Its lease expires; the others take its shards under new epochs.
+        await eventually(
+            lambda: not (set(_owners(cluster.dsn).items()) & {(s, "node-1") for s in lost}),
+            timeout_s=LEASE_TTL_S * 3,
+            what="the paused node's shards taken over",
+        )
+        history = History()
+        async with Client(
+            [n.address for name, n in cluster.nodes.items() if name != "node-1"],
+            api_key=cluster.api_key,
+        ) as client:
+            ids = await _submit(client, history, 300, datetime.now(UTC), 3.0)
+    finally:
+        zombie.process.resume()
+    await _wait_all_done(cluster, ids, timeout_s=60)
+    violations = check(cluster.dsn, history.acknowledged())
+    assert not violations, violations.summary()
+    # Woken up, the old owner learns its lease is gone and drops every shard before any
+    # dispatch: none of these tasks was dispatched by node-1.
+    with psycopg.connect(cluster.dsn) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM task_attempts a JOIN tasks t ON t.id = a.task_id"
+            " WHERE a.task_id = ANY(%s) AND t.shard = ANY(%s)",
+            (ids, sorted(lost)),
+        ).fetchone()
+    assert row is not None and row[0] >= 1
+    await eventually(
+        lambda: (
+            "etcd lease lost" in zombie.process.log() or "epoch superseded" in zombie.process.log()
+        ),
+        timeout_s=LEASE_TTL_S * 3,
+        what="the zombie to notice it lost its shards",
+    )
+    await _spread(cluster)  # and it rejoins
