@@ -318,6 +318,8 @@ class DispatchStore:
                 {**_refs(beats), "checkpoints": [b.checkpoint for b in beats], "lease_s": lease_s},
             )
             rows = await cur.fetchall()
+            extended = {row[0] for row in rows}
+            await self._mark_fenced(conn, [b for b in beats if b.ref.id not in extended])
         return LeaseUpdate(
             frozenset(row[0] for row in rows),
             {row[0]: row[2] or "" for row in rows if row[1]},
@@ -427,4 +429,16 @@ class DispatchStore:
                 outcomes[item.ref.id] = Outcome.TASK_CANCELLED
             else:
                 outcomes[item.ref.id] = Outcome.STALE_FENCING_TOKEN
+        await self._mark_fenced(
+            conn, [i for i in unmoved if outcomes[i.ref.id] is Outcome.STALE_FENCING_TOKEN]
+        )
         return outcomes
+
+    async def _mark_fenced(self, conn: Connection, refused: Sequence[Settle]) -> None:
+        """A worker spoke for an attempt the scheduler had given up (ABANDONED): it ran
+        after all, and was refused. Its attempt row says so (FENCED)."""
+        if refused:
+            await conn.execute(
+                self._q["mark_fenced"],
+                {"ids": [i.ref.id for i in refused], "tokens": [i.token for i in refused]},
+            )

@@ -23,7 +23,7 @@ import asyncio
 import itertools
 import logging
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
@@ -123,6 +123,8 @@ class Gateway(worker_service_pb2_grpc.WorkerServiceServicer):
         self._store = store
         self._clock = clock
         self._listener: GatewayListener | None = None
+        # Called when a session opens or closes (worker liveness is recorded at once).
+        self.on_sessions_changed: Callable[[], None] | None = None
         self._sessions: dict[str, WorkerSession] = {}
         self._by_worker: dict[str, WorkerSession] = {}
         self._session_ids = itertools.count(1)
@@ -215,6 +217,31 @@ class Gateway(worker_service_pb2_grpc.WorkerServiceServicer):
         session.assigned[task.id] = (timer, task.fencing_token)
         self.stats["assignments_sent"] += 1
         return True
+
+    # ---- what the reconciler asks ------------------------------------------------------
+
+    def knows(self, worker_id: str, task_id: uuid.UUID, token: int) -> bool | None:
+        """Whether this node sent attempt ``token`` of ``task_id`` on the live session of
+        ``worker_id`` and it is unsettled; None when that worker has no session here."""
+        session = self._by_worker.get(worker_id)
+        if session is None or session.closed:
+            return None
+        held = session.assigned.get(task_id)
+        return held is not None and held[1] == token
+
+    def attempt_superseded(self, task_id: uuid.UUID, token: int) -> None:
+        """The reconciler gave attempt ``token`` up: its session stops holding it (the
+        worker learns at its next heartbeat, whose reply revokes the token)."""
+        for session in self._sessions.values():
+            held = session.assigned.get(task_id)
+            if held is not None and held[1] == token:
+                del session.assigned[task_id]
+                if self._listener is not None:
+                    self._listener.task_ended(held[0])
+
+    def worker_ids(self) -> set[str]:
+        """Workers with a live session on this node."""
+        return {s.worker_id for s in self._sessions.values() if not s.closed}
 
     def send_cancel(self, task_id: uuid.UUID, reason: str) -> bool:
         """Ask the worker running ``task_id`` (if its session is here) to stop it."""
@@ -318,6 +345,8 @@ class Gateway(worker_service_pb2_grpc.WorkerServiceServicer):
         self._sessions[session.session_id] = session
         self._by_worker[session.worker_id] = session
         self.stats["sessions_opened"] += 1
+        if self.on_sessions_changed is not None:
+            self.on_sessions_changed()
         log.info(
             "worker connected",
             extra={
@@ -342,6 +371,8 @@ class Gateway(worker_service_pb2_grpc.WorkerServiceServicer):
             for timer, _ in session.assigned.values():
                 self._listener.task_ended(timer)
         session.assigned.clear()
+        if self.on_sessions_changed is not None:
+            self.on_sessions_changed()
         log.info(
             "worker disconnected",
             extra={"worker_id": session.worker_id, "session_id": session.session_id},

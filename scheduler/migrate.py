@@ -233,6 +233,9 @@ def _maintenance(dsn: str, query: LiteralString, params: dict[str, object]) -> l
     with _connect(dsn) as conn:
         try:
             with conn.transaction():
+                # The functions take the caller's lock_timeout (migration 0006): an
+                # operator's run may wait this long for the `tasks` lock.
+                conn.execute(queries.load("migrate.sql")["maintenance_lock_timeout"])
                 rows = conn.execute(query, params).fetchall()
         except psycopg.OperationalError as exc:
             # lock_timeout (55P03) lands here too: maintenance lost a race for the

@@ -5,9 +5,10 @@ preloader, shard manager → gRPC server (TaskService, WorkerService, AdminServi
 health, reflection) → node registered in etcd (only now can peers assign it shards and
 workers find it) → metrics endpoint → the supervised loops.
 
-The loops (shard manager, dispatcher, preloader, tenant refresher) are named tasks; the
-node waits on them with FIRST_EXCEPTION, so a crashed loop stops the node loudly rather
-than leaving it half alive. Shutdown (SIGTERM) runs in this order (STYLE #4):
+The loops (shard manager, dispatcher, preloader, reconciler, worker liveness, partition
+maintenance, tenant refresher) are named tasks; the node waits on them with
+FIRST_EXCEPTION, so a crashed loop stops the node loudly rather than leaving it half
+alive. Shutdown (SIGTERM) runs in this order (STYLE #4):
 
 1. health NOT_SERVING (load balancers stop sending);
 2. workers told to reconnect elsewhere (``Drain``);
@@ -48,10 +49,14 @@ from chronoshard.scheduler.errors import StoreUnavailable
 from chronoshard.scheduler.expectations_api import WatchdogServiceServicer
 from chronoshard.scheduler.fairness import UNLIMITED, TenantLimits
 from chronoshard.scheduler.gateway import Gateway
+from chronoshard.scheduler.liveness import WorkerLiveness
+from chronoshard.scheduler.maintenance import PartitionMaintenance
 from chronoshard.scheduler.metrics import NodeCollector, SchedulerMetrics
 from chronoshard.scheduler.models import Task, TaskRef
 from chronoshard.scheduler.notifier import ShardSignals, encode_due, encode_ready
 from chronoshard.scheduler.preloader import Preloader
+from chronoshard.scheduler.reconcile_store import ReconcileStore
+from chronoshard.scheduler.reconciler import Reconciler
 from chronoshard.scheduler.shards import ShardManager
 from chronoshard.scheduler.store import SessionLimits, Store
 from chronoshard.v1 import (
@@ -199,6 +204,23 @@ class SchedulerNode:
         )
         self.shards.on_remote_due = self._remote_due
         self.shards.attach(self.dispatcher, self.preloader)
+        self.reconciler = Reconciler(
+            config,
+            self.clock,
+            ReconcileStore(self.store),
+            self.shards,
+            self.gateway,
+            self.dispatcher,
+            shard_count,
+        )
+        self.liveness = WorkerLiveness(
+            config.node_id,
+            config.workers.session_timeout_s,
+            self.gateway,
+            ReconcileStore(self.store),
+        )
+        self.gateway.on_sessions_changed = self.liveness.sessions_changed
+        self.maintenance = PartitionMaintenance(config.maintenance, self.store)
         self._add_services(self._server, shard_count)
         self.metrics.register(NodeCollector(config.node_id, self._counters, self._gauges))
 
@@ -208,6 +230,9 @@ class SchedulerNode:
         self._supervise("shards", self.shards.run())
         self._supervise("dispatcher", self.dispatcher.run())
         self._supervise("preloader", self.preloader.run())
+        self._supervise("reconciler", self.reconciler.run())
+        self._supervise("liveness", self.liveness.run())
+        self._supervise("maintenance", self.maintenance.run())
         self._supervise("tenant-refresh", self._refresh_tenants())
         self._supervise("backlog-report", self._report_backlog())
         self._supervise("signals", self.signals.listen())
@@ -406,6 +431,9 @@ class SchedulerNode:
             "gateway": dict(self.gateway.stats),
             "preloader": dict(self.preloader.stats),
             "shards": dict(self.shards.stats),
+            "reconciler": dict(self.reconciler.stats),
+            "liveness": dict(self.liveness.stats),
+            "maintenance": dict(self.maintenance.stats),
         }
 
     def _gauges(self) -> dict[str, float]:
@@ -415,4 +443,6 @@ class SchedulerNode:
             "shards_owned": len(self.shards.epochs()),
             "worker_sessions": len(list(self.gateway.sessions())),
             "self_fenced": 0 if self.shards.dispatch_allowed() else 1,
+            # Non-idempotent tasks whose lease expired while their worker may be alive.
+            "stalled_tasks": self.reconciler.stalled,
         }

@@ -282,3 +282,15 @@ JOIN unnest(%(scheduled_ats)s::timestamptz[], %(ids)s::uuid[]) AS r(scheduled_at
   ON t.scheduled_at = r.scheduled_at AND t.id = r.id
 WHERE t.shard = ANY(%(shards)s::smallint[])
   AND t.status = 'PRELOADED';
+
+-- name: mark_fenced
+-- An attempt the scheduler gave up (ABANDONED: lease expired, never acknowledged) whose
+-- worker then settled or heartbeated with its superseded token: it ran after all and was
+-- refused. The attempt row keeps why it was given up and adds that it was fenced.
+UPDATE task_attempts AS ta
+SET state = 'FENCED',
+    error = concat_ws('; ', ta.error, 'its worker reported after the token was superseded')
+FROM unnest(%(ids)s::uuid[], %(tokens)s::bigint[]) AS f(task_id, token)
+WHERE ta.task_id = f.task_id
+  AND ta.fencing_token = f.token
+  AND ta.state = 'ABANDONED';

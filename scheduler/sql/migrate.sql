@@ -31,3 +31,7 @@ SELECT chronoshard_ensure_partitions(
 
 -- name: detach_old_partitions
 SELECT chronoshard_detach_old_partitions(make_interval(days => %(retention_days)s::integer));
+
+-- name: maintenance_lock_timeout
+-- `chronoshard partitions` waits up to 10 s for the table lock (the node waits less).
+SET LOCAL lock_timeout = '10s';

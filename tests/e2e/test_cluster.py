@@ -9,6 +9,7 @@ and the full size runs with ``-m slow``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -17,6 +18,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from fixtures.etcd import EtcdFactory
 from fixtures.waiting import eventually
 from harness.history import EFFECTS_DDL, History, check, first_dispatch_after
 from harness.processes import ProcessGroup, SchedulerHandle
@@ -45,15 +47,15 @@ class Cluster:
         return [n.address for n in self.nodes.values()]
 
 
-@pytest.fixture
-def cluster(fresh_db_dsn: str, etcd: EtcdProcess, tmp_path: Path) -> Iterator[Cluster]:
-    with psycopg.connect(fresh_db_dsn, autocommit=True) as conn:
+@contextlib.contextmanager
+def _running_cluster(dsn: str, etcd_endpoint: str, log_dir: Path) -> Iterator[Cluster]:
+    with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(EFFECTS_DDL)
-    api_key = create_tenant(fresh_db_dsn, f"c-{uuid.uuid4().hex[:8]}").api_key
+    api_key = create_tenant(dsn, f"c-{uuid.uuid4().hex[:8]}").api_key
     group = ProcessGroup(
-        log_dir=tmp_path,
-        dsn=fresh_db_dsn,
-        etcd_endpoint=etcd.endpoint,
+        log_dir=log_dir,
+        dsn=dsn,
+        etcd_endpoint=etcd_endpoint,
         cluster=f"c-{uuid.uuid4().hex[:8]}",
         shard_count=SHARDS,
         scheduler_env={
@@ -69,19 +71,25 @@ def cluster(fresh_db_dsn: str, etcd: EtcdProcess, tmp_path: Path) -> Iterator[Cl
         for i in range(3):
             handle = group.start_scheduler(f"node-{i + 1}")
             nodes[handle.process.name] = handle
-        cluster = Cluster(group, fresh_db_dsn, api_key, nodes)
+        cluster = Cluster(group, dsn, api_key, nodes)
         for i in range(2):
             group.start_worker(
                 f"worker-{i + 1}",
                 "e2e_workers:worker",
                 cluster.targets(),
                 pythonpath=E2E_DIR,
-                E2E_DSN=fresh_db_dsn,
+                E2E_DSN=dsn,
                 CHRONOSHARD_API_KEY=api_key,
             )
         yield cluster
     finally:
         group.close()
+
+
+@pytest.fixture
+def cluster(fresh_db_dsn: str, etcd: EtcdProcess, tmp_path: Path) -> Iterator[Cluster]:
+    with _running_cluster(fresh_db_dsn, etcd.endpoint, tmp_path) as running:
+        yield running
 
 
 def _owners(dsn: str) -> dict[int, str]:
@@ -243,3 +251,25 @@ async def test_a_paused_owner_past_its_lease_dispatches_nothing_when_it_wakes(
         what="the zombie to notice it lost its shards",
     )
     await _spread(cluster)  # and it rejoins
+
+
+async def test_an_etcd_restart_is_ridden_out(
+    fresh_db_dsn: str, etcd_factory: EtcdFactory, tmp_path: Path
+) -> None:
+    etcd = etcd_factory()
+    with _running_cluster(fresh_db_dsn, etcd.endpoint, tmp_path) as cluster:
+        await _spread(cluster)
+        history = History()
+        start = datetime.now(UTC) + timedelta(seconds=2)
+        spread_s = 12.0
+        async with Client(cluster.targets(), api_key=cluster.api_key) as client:
+            ids = await _submit(client, history, 1000, start, spread_s)
+        await asyncio.sleep(max(0.0, (start - datetime.now(UTC)).total_seconds()) + 3)
+        etcd.stop()
+        # Down past the self-fence point (TTL - margin): nodes stop dispatching on their own.
+        await asyncio.sleep(LEASE_TTL_S)
+        etcd.start()
+        await _wait_all_done(cluster, ids, timeout_s=spread_s + 60)
+        violations = check(cluster.dsn, history.acknowledged())
+        assert not violations, violations.summary()
+        await _spread(cluster)

@@ -1,0 +1,144 @@
+-- The statements of chronoshard.scheduler.reconcile_store.ReconcileStore: the reconcile
+-- loop (DESIGN §8), worker liveness, and partition maintenance on a node.
+--
+-- Rules as in dispatch.sql: a task row is named by (scheduled_at, id); every write is a
+-- compare-and-set on the row as the reconciler read it (status, fencing_token,
+-- updated_at) and runs after lock_shard_epochs (dispatch.sql) in the same transaction;
+-- task rows are locked in (scheduled_at, id) order before they are updated, then their
+-- task_attempts rows (the lock order every batch write keeps).
+
+-- name: scan_inflight
+-- The in-flight rows of the owned shards that may need the reconciler: an expired lease,
+-- or a DISPATCHED row untouched for ack_timeout_s. Served by the partial index
+-- tasks_inflight_idx (shard, lease_expires_at): only live rows are read, however much
+-- finished history the table holds. A lease is set to now + lease_s by the intent and by
+-- every heartbeat, so a row untouched for ack_timeout_s has
+-- lease_expires_at <= now + lease_s - ack_timeout_s: that bound (%(horizon_s)s) keeps
+-- the index range short. now() is returned so that every decision uses the database's
+-- clock, the one that wrote the leases.
+SELECT now() AS now,
+       t.scheduled_at, t.id, t.shard, t.tenant_id, t.priority, t.queue, t.type, t.due_at,
+       t.strict_timing, t.status, t.fencing_token, t.attempt, t.worker_id, t.idempotent,
+       t.cancel_requested_at IS NOT NULL AS cancel_requested, t.lease_expires_at,
+       t.updated_at,
+       NOT EXISTS (
+           SELECT 1
+           FROM worker_sessions AS w
+           WHERE w.worker_id = t.worker_id
+             AND w.last_seen_at > now() - make_interval(secs => %(session_timeout_s)s)
+       ) AS worker_gone
+FROM tasks AS t
+WHERE t.shard = ANY(%(shards)s::smallint[])
+  AND t.status IN ('DISPATCHED', 'RUNNING')
+  AND t.lease_expires_at < now() + make_interval(secs => %(horizon_s)s)
+  AND (t.status = 'DISPATCHED' OR t.lease_expires_at <= now())
+ORDER BY t.lease_expires_at
+LIMIT %(limit)s;
+
+-- name: db_now
+-- The database's clock, when scan_inflight found nothing to carry it.
+SELECT now() AS now;
+
+-- name: repair
+-- The reconciler's decisions, as one compare-and-set per row: only a row still exactly as
+-- read (status, token, updated_at) moves, to PRELOADED (the next intent gives it a new
+-- token) or CANCELLED; its attempt records ABANDONED or CANCELLED and why. A row that a
+-- completion, heartbeat or another reconciler changed meanwhile is left alone.
+WITH decided AS (
+    SELECT *
+    FROM unnest(%(scheduled_ats)s::timestamptz[], %(ids)s::uuid[], %(statuses)s::text[],
+                %(tokens)s::bigint[], %(updated_ats)s::timestamptz[], %(targets)s::text[],
+                %(attempt_states)s::text[], %(reasons)s::text[])
+         AS d(scheduled_at, id, status, token, updated_at, target, attempt_state, reason)
+), locked AS MATERIALIZED (
+    SELECT t.scheduled_at, t.id, d.status, d.token, d.updated_at, d.target,
+           d.attempt_state, d.reason
+    FROM tasks AS t JOIN decided AS d ON t.scheduled_at = d.scheduled_at AND t.id = d.id
+    ORDER BY t.scheduled_at, t.id
+    FOR UPDATE OF t
+), moved AS (
+    UPDATE tasks AS t
+    SET status = d.target,
+        worker_id = CASE WHEN d.target = 'PRELOADED' THEN NULL ELSE t.worker_id END,
+        lease_expires_at = NULL,
+        finished_at = CASE WHEN d.target = 'CANCELLED' THEN now() ELSE t.finished_at END,
+        last_error = CASE WHEN d.target = 'CANCELLED' THEN COALESCE(t.cancel_reason, d.reason)
+                          ELSE t.last_error END,
+        updated_at = now()
+    FROM locked AS d
+    WHERE t.scheduled_at = d.scheduled_at
+      AND t.id = d.id
+      AND t.status = d.status
+      AND t.fencing_token = d.token
+      AND t.updated_at = d.updated_at
+      AND t.shard = ANY(%(shards)s::smallint[])
+    RETURNING t.id, t.scheduled_at, t.shard, t.tenant_id, t.priority, t.queue, t.type,
+              t.due_at, t.strict_timing, t.status, t.attempt, d.attempt_state, d.reason
+), attempts AS (
+    UPDATE task_attempts AS ta
+    SET state = moved.attempt_state, finished_at = now(), error = moved.reason
+    FROM moved
+    WHERE ta.task_id = moved.id
+      AND ta.attempt = moved.attempt
+      AND ta.state IN ('DISPATCHED', 'RUNNING')
+)
+SELECT id, scheduled_at, shard, tenant_id, priority, queue, type, due_at, strict_timing,
+       status
+FROM moved;
+
+-- name: scan_runs
+-- Workflow runs still marked RUNNING, a page at a time in (created_at, id) order (the
+-- partial index workflow_runs_active_idx holds only those). For a run with no task left
+-- that is not terminal, the distinct statuses of its tasks; NULL while one is still live.
+SELECT w.id, w.created_at,
+       CASE WHEN NOT EXISTS (
+                SELECT 1 FROM tasks AS n
+                WHERE n.workflow_id = w.id
+                  AND n.status NOT IN ('COMPLETED', 'CANCELLED', 'DEAD_LETTER', 'UPSTREAM_FAILED')
+            )
+            THEN ARRAY(SELECT DISTINCT t.status FROM tasks AS t WHERE t.workflow_id = w.id)
+       END AS statuses
+FROM workflow_runs AS w
+WHERE w.state = 'RUNNING'
+  AND (w.created_at, w.id) > (%(after_created_at)s::timestamptz, %(after_id)s::uuid)
+ORDER BY w.created_at, w.id
+LIMIT %(limit)s;
+
+-- name: finish_runs
+-- Compare-and-set: still RUNNING, and still no task that is not terminal.
+UPDATE workflow_runs AS w
+SET state = f.state, finished_at = now()
+FROM unnest(%(ids)s::uuid[], %(states)s::text[]) AS f(id, state)
+WHERE w.id = f.id
+  AND w.state = 'RUNNING'
+  AND NOT EXISTS (
+      SELECT 1 FROM tasks AS n
+      WHERE n.workflow_id = w.id
+        AND n.status NOT IN ('COMPLETED', 'CANCELLED', 'DEAD_LETTER', 'UPSTREAM_FAILED')
+  )
+RETURNING w.id;
+
+-- name: touch_worker_sessions
+-- This node has (or just had) a session of each worker: it was seen now.
+INSERT INTO worker_sessions (worker_id, node_id, last_seen_at)
+SELECT worker_id, %(node_id)s, now()
+FROM unnest(%(worker_ids)s::text[]) AS w(worker_id)
+ORDER BY worker_id
+ON CONFLICT (worker_id, node_id) DO UPDATE SET last_seen_at = now();
+
+-- name: forget_old_worker_sessions
+DELETE FROM worker_sessions
+WHERE last_seen_at < now() - make_interval(secs => %(older_than_s)s);
+
+-- name: try_maintenance_lock
+-- Session-level: one node runs partition maintenance at a time; the others skip a round.
+-- Keys as in migrate.sql: ('chro', 3).
+SELECT pg_try_advisory_lock(1667789423, 3);
+
+-- name: maintenance_unlock
+SELECT pg_advisory_unlock(1667789423, 3);
+
+-- name: set_lock_timeout
+-- How long partition DDL may wait for the `tasks` lock; statements queue behind it while
+-- it waits, so the node keeps this short and tries again next round.
+SELECT set_config('lock_timeout', %(lock_timeout)s, true);
