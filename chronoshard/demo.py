@@ -1,10 +1,14 @@
 """The demo worker that ``chronoshard dev`` runs: a few task types to try things with.
 
-- ``demo.echo`` returns its payload.
-- ``demo.sleep`` sleeps ``payload["seconds"]`` (default 1), heartbeating a checkpoint.
+- ``demo.echo`` returns its payload (under ``"echo"``).
+- ``demo.sleep`` sleeps ``payload["seconds"]`` (default 1), heartbeating a checkpoint, so
+  a drained worker hands the rest to another.
 - ``demo.flaky`` fails its first ``payload["failures"]`` attempts (default 2), then
   succeeds: watch the retries with ``chronoshard tasks get ID --attempts``.
 - ``demo.fail`` always fails: it ends DEAD_LETTER after its retries.
+
+Every handler's result also carries ``"late_ms"``: how long after the task's due time
+the handler started, on this worker's clock. ``chronoshard dev --demo`` shows these.
 
 Run it yourself with ``chronoshard worker chronoshard.demo:worker --target HOST:PORT``.
 """
@@ -12,20 +16,27 @@ Run it yourself with ``chronoshard worker chronoshard.demo:worker --target HOST:
 from __future__ import annotations
 
 import asyncio
+from datetime import UTC, datetime
 from typing import Any
 
 from chronoshard.worker import TaskContext, Worker
 
-worker = Worker([], slots=20)
+worker = Worker([], slots=50)
+
+
+def lateness_ms(ctx: TaskContext) -> float:
+    """Milliseconds from the task's due time to now (negative: started early)."""
+    return round((datetime.now(UTC) - ctx.due_at).total_seconds() * 1000, 3)
 
 
 @worker.task("demo.echo")
-async def echo(ctx: TaskContext) -> Any:
-    return ctx.payload
+async def echo(ctx: TaskContext) -> dict[str, Any]:
+    return {"echo": ctx.payload, "late_ms": lateness_ms(ctx)}
 
 
 @worker.task("demo.sleep")
-async def sleep(ctx: TaskContext) -> dict[str, float]:
+async def sleep(ctx: TaskContext) -> dict[str, Any]:
+    late = lateness_ms(ctx)
     seconds = float(ctx.payload.get("seconds", 1))
     done = float((ctx.checkpoint or {}).get("slept", 0))
     while done < seconds:
@@ -33,17 +44,18 @@ async def sleep(ctx: TaskContext) -> dict[str, float]:
         await asyncio.sleep(step)
         done += step
         await ctx.heartbeat(checkpoint={"slept": done})
-    return {"slept": done}
+    return {"slept": done, "late_ms": late}
 
 
 @worker.task("demo.flaky")
-async def flaky(ctx: TaskContext) -> dict[str, int]:
+async def flaky(ctx: TaskContext) -> dict[str, Any]:
+    late = lateness_ms(ctx)
     failures = int(ctx.payload.get("failures", 2))
     if ctx.attempt <= failures:
         raise RuntimeError(f"demo.flaky: attempt {ctx.attempt} fails on purpose")
-    return {"succeeded_on_attempt": ctx.attempt}
+    return {"succeeded_on_attempt": ctx.attempt, "late_ms": late}
 
 
 @worker.task("demo.fail")
 async def fail(ctx: TaskContext) -> None:
-    raise RuntimeError("demo.fail always fails")
+    raise RuntimeError("demo.fail always fails (on purpose: look at its attempts)")

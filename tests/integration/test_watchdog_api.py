@@ -255,5 +255,5 @@ async def test_the_cli_adds_lists_and_removes(api: Api, capsys: pytest.CaptureFi
     code, out = await asyncio.to_thread(run_cli, ["expect", "rm", "backup", *common])
     assert (code, out) == (0, "removed backup\n")
     code, _ = await asyncio.to_thread(run_cli, ["expect", "rm", "backup", *common])
-    assert code == cli.EXIT_FAILURE
+    assert code == cli.EXIT_NOT_FOUND  # NOT_FOUND is exit code 3 for every command
     assert "EXPECTATION_NOT_FOUND" in capsys.readouterr().err

@@ -1,0 +1,326 @@
+"""The ``chronoshard`` CLI against one real node (in-process, real PostgreSQL and etcd) and
+an in-process worker: what scripts rely on — JSON output, exit codes, errors on stderr."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime, timedelta, timezone
+from typing import Any
+
+import pytest
+
+from chronoshard import cli
+from chronoshard.scheduler.config import (
+    DatabaseConfig,
+    EtcdConfig,
+    GrpcConfig,
+    SchedulerConfig,
+    WorkersConfig,
+)
+from chronoshard.scheduler.node import SchedulerNode
+from chronoshard.scheduler.tenant_admin import create_tenant
+from chronoshard.services import EtcdProcess
+from chronoshard.worker import TaskContext, Worker
+
+SHARDS = 4
+
+
+@dataclass
+class Cluster:
+    node: SchedulerNode
+    address: str
+    dsn: str
+    key: str
+    other_key: str
+    operator_key: str
+
+    def common(self, key: str | None = None) -> list[str]:
+        return ["--target", self.address, "--api-key", key or self.key]
+
+
+@dataclass
+class Ran:
+    code: int
+    out: str
+    err: str
+
+    def json(self) -> Any:
+        return json.loads(self.out)
+
+
+@pytest.fixture
+def no_cli_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in (cli.TARGET_ENV, cli.API_KEY_ENV, cli.DSN_ENV):
+        monkeypatch.delenv(name, raising=False)
+
+
+@pytest.fixture
+async def cluster(fresh_db_dsn: str, etcd: EtcdProcess, no_cli_env: None) -> AsyncIterator[Cluster]:
+    config = SchedulerConfig(
+        node_id=f"cli-{uuid.uuid4().hex[:6]}",
+        metrics_listen="127.0.0.1:0",
+        etcd=EtcdConfig(
+            endpoints=(etcd.endpoint,), cluster=f"c{uuid.uuid4().hex[:8]}", lease_ttl_s=5
+        ),
+        database=DatabaseConfig(dsn=fresh_db_dsn, pool_min_size=1, pool_max_size=6),
+        grpc=GrpcConfig(listen="127.0.0.1:0"),
+        workers=WorkersConfig(heartbeat_interval_s=1.0),
+    )
+    config = replace(config, scheduling=replace(config.scheduling, shard_count=SHARDS))
+    node = SchedulerNode(config)
+    await node.start()
+    assert node.addresses is not None
+
+    def key(name: str, *, operator: bool = False) -> str:
+        return create_tenant(fresh_db_dsn, name, operator=operator).api_key
+
+    try:
+        yield Cluster(
+            node,
+            node.addresses.grpc,
+            fresh_db_dsn,
+            await asyncio.to_thread(key, "mine"),
+            await asyncio.to_thread(key, "theirs"),
+            await asyncio.to_thread(key, "ops", operator=True),
+        )
+    finally:
+        await node.stop()
+
+
+@pytest.fixture
+async def worker(cluster: Cluster) -> AsyncIterator[Worker]:
+    """Serves cli.ok (completes) and cli.fail (always fails) for the tenant ``mine``."""
+    made = Worker([cluster.address], api_key=cluster.key, worker_id="cli-worker", slots=4)
+
+    @made.task("cli.ok")
+    async def ok(ctx: TaskContext) -> dict[str, Any]:
+        return {"got": ctx.payload}
+
+    @made.task("cli.fail")
+    async def fail(ctx: TaskContext) -> None:
+        raise RuntimeError(f"cli.fail attempt {ctx.attempt} fails on purpose")
+
+    running = asyncio.create_task(made.run())
+    try:
+        yield made
+    finally:
+        made.stop()
+        await running
+
+
+async def run(capsys: pytest.CaptureFixture[str], *args: str, stdin: str | None = None) -> Ran:
+    """``chronoshard ARGS`` in a thread (its client blocks; the node runs on this loop)."""
+    out = io.StringIO()
+
+    def call() -> int:
+        return cli.main(list(args), out=out)
+
+    capsys.readouterr()
+    code = await asyncio.to_thread(call)
+    return Ran(code, out.getvalue(), capsys.readouterr().err)
+
+
+async def test_submit_get_ls_cancel_and_tenancy(
+    cluster: Cluster, capsys: pytest.CaptureFixture[str]
+) -> None:
+    common = cluster.common()
+    first = await run(
+        capsys, "submit", "cli.later", "--payload", '{"a": 1}', "--in", "2h",
+        "--job-id", "j1", "--idempotency-key", "k1", "--priority", "bulk",
+        "--max-retries", "5", "--timeout", "90s", "-o", "json", *common,
+    )  # fmt: skip
+    assert first.code == cli.EXIT_OK, first.err
+    submitted = first.json()
+    task = submitted["task"]
+    assert submitted["created"] is True
+    assert (task["type"], task["status"], task["payload"], task["job_id"]) == (
+        "cli.later", "SCHEDULED", {"a": 1}, "j1",
+    )  # fmt: skip
+    assert (task["priority"], task["max_retries"], task["timeout_s"]) == ("bulk", 5, 90.0)
+    again = await run(
+        capsys, "submit", "cli.later", "--payload", '{"a": 1}', "--in", "2h", "--job-id", "j1",
+        "--idempotency-key", "k1", "--priority", "bulk", "--max-retries", "5",
+        "--timeout", "90s", "-o", "json", *common,
+    )  # fmt: skip
+    assert again.code == 0 and again.json()["created"] is False
+    assert again.json()["task"]["id"] == task["id"]
+    later = (datetime.now(UTC) + timedelta(hours=5)).astimezone(timezone(timedelta(hours=1)))
+    second = await run(
+        capsys, "submit", "cli.later", "--at", later.isoformat(), "--strict", *common
+    )
+    assert second.code == 0 and second.out.startswith("submitted ")
+    second_id = second.out.split()[1]
+
+    got = await run(capsys, "tasks", "get", task["id"], "-o", "json", *common)
+    assert got.code == 0 and got.json()["id"] == task["id"]
+    table = await run(capsys, "tasks", "get", task["id"], *common)
+    assert "status:" in table.out and "SCHEDULED" in table.out and '{"a": 1}' in table.out
+
+    listed = await run(capsys, "tasks", "ls", "--type", "cli.later", "-o", "json", *common)
+    assert [t["id"] for t in listed.json()["tasks"]] == [task["id"], second_id]
+    assert listed.json()["more"] is False
+    page = await run(capsys, "tasks", "ls", "--limit", "1", "-o", "json", *common)
+    assert [t["id"] for t in page.json()["tasks"]] == [task["id"]] and page.json()["more"]
+    by_time = await run(capsys, "tasks", "ls", "--until", "+3h", *common)
+    assert by_time.code == 0 and task["id"] in by_time.out and second_id not in by_time.out
+    by_job = await run(capsys, "tasks", "ls", "--job-id", "j1", "-o", "json", *common)
+    assert [t["id"] for t in by_job.json()["tasks"]] == [task["id"]]
+    none = await run(capsys, "tasks", "ls", "--status", "dead_letter", *common)
+    assert (none.code, none.out) == (0, "no tasks match\n")
+
+    # Another tenant's key sees nothing and touches nothing: "not found", exit code 3.
+    theirs = cluster.common(cluster.other_key)
+    for command in (("tasks", "get", task["id"]), ("tasks", "cancel", task["id"])):
+        refused = await run(capsys, *command, *theirs)
+        assert refused.code == cli.EXIT_NOT_FOUND
+        assert "NOT_FOUND/TASK_NOT_FOUND" in refused.err
+    assert (await run(capsys, "tasks", "ls", "-o", "json", *theirs)).json()["tasks"] == []
+
+    cancelled = await run(
+        capsys, "tasks", "cancel", task["id"], "--reason", "not needed", "-o", "json", *common
+    )
+    assert cancelled.code == 0
+    assert (cancelled.json()["status"], cancelled.json()["last_error"]) == (
+        "CANCELLED",
+        "not needed",
+    )
+    repeat = await run(capsys, "tasks", "cancel", task["id"], *common)
+    assert (repeat.code, repeat.out) == (0, f"cancelled {task['id']}\n")
+    missing = await run(capsys, "tasks", "get", str(uuid.uuid4()), *common)
+    assert missing.code == cli.EXIT_NOT_FOUND
+    malformed = await run(capsys, "tasks", "get", "not-a-uuid", *common)
+    assert malformed.code == cli.EXIT_FAILURE and "INVALID_ARGUMENT" in malformed.err
+
+
+async def test_keys_and_usage_errors(cluster: Cluster, capsys: pytest.CaptureFixture[str]) -> None:
+    wrong = await run(capsys, "tasks", "ls", *cluster.common("cs_no-such-key"))
+    assert wrong.code == cli.EXIT_FAILURE
+    assert "UNAUTHENTICATED" in wrong.err and wrong.out == ""
+    nothing = await run(capsys, "submit", "cli.x", "--target", cluster.address)
+    assert nothing.code == cli.EXIT_USAGE and "no API key" in nothing.err
+    listed = await run(capsys, "tasks", "ls", "-o", "json", *cluster.common())
+    assert listed.json()["tasks"] == []  # neither call wrote anything
+
+    common = cluster.common()
+    not_object = await run(capsys, "submit", "cli.x", "--payload", "[1, 2]", *common)
+    assert not_object.code == cli.EXIT_USAGE and "JSON object" in not_object.err
+    not_json = await run(capsys, "submit", "cli.x", "--payload", "{oops", *common)
+    assert not_json.code == cli.EXIT_USAGE and "not JSON" in not_json.err
+    refused = await run(capsys, "submit", "", *common)
+    assert refused.code == cli.EXIT_FAILURE and "(field type)" in refused.err
+    for argv in (
+        ["submit", "cli.x", "--at", "2030-01-01T00:00:00", *common],  # no UTC offset
+        ["submit", "cli.x", "--in", "soon", *common],
+        ["tasks", "ls", "--limit", "0", *common],
+        ["tasks", "frobnicate"],
+    ):
+        with pytest.raises(SystemExit) as exited:
+            await run(capsys, *argv)
+        assert exited.value.code == cli.EXIT_USAGE
+    bad_status = await run(capsys, "tasks", "ls", "--status", "finished", *common)
+    assert bad_status.code == cli.EXIT_USAGE and "unknown status" in bad_status.err
+
+
+async def test_payload_file_wait_attempts_and_retry(
+    cluster: Cluster, worker: Worker, capsys: pytest.CaptureFixture[str], tmp_path: Any
+) -> None:
+    common = cluster.common()
+    payload = tmp_path / "payload.json"
+    payload.write_text('{"n": 7}')
+    ok = await run(
+        capsys, "submit", "cli.ok", "--payload-file", str(payload), "--strict", "--wait",
+        "-o", "json", *common,
+    )  # fmt: skip
+    assert ok.code == cli.EXIT_OK, ok.err
+    assert ok.json()["task"]["status"] == "COMPLETED"
+    assert ok.json()["task"]["result"] == {"got": {"n": 7}}
+
+    failed = await run(
+        capsys, "submit", "cli.fail", "--max-retries", "0", "--strict", "--wait", *common
+    )
+    assert failed.code == cli.EXIT_FAILURE
+    assert "ended DEAD_LETTER" in failed.err and "fails on purpose" in failed.err
+    task_id = failed.out.split()[1]
+
+    history = await run(capsys, "tasks", "get", task_id, "--attempts", "-o", "json", *common)
+    attempts = history.json()["attempts"]
+    assert [(a["attempt"], a["state"], a["worker_id"]) for a in attempts] == [
+        (1, "FAILED", "cli-worker")
+    ]
+    table = await run(capsys, "tasks", "get", task_id, "--attempts", *common)
+    assert "FAILED" in table.out and "cli-worker" in table.out and "on purpose" in table.out
+
+    retried = await run(capsys, "tasks", "retry", task_id, "--in", "2h", "-o", "json", *common)
+    assert retried.code == cli.EXIT_OK and retried.json()["status"] == "SCHEDULED"
+    completed_id = ok.json()["task"]["id"]
+    refused = await run(capsys, "tasks", "retry", completed_id, *common)
+    assert refused.code == cli.EXIT_FAILURE and "INVALID_TRANSITION" in refused.err
+    finished = await run(capsys, "tasks", "cancel", completed_id, *common)
+    assert finished.code == cli.EXIT_FAILURE and "TASK_ALREADY_FINISHED" in finished.err
+
+
+async def test_status_and_drain(
+    cluster: Cluster, worker: Worker, capsys: pytest.CaptureFixture[str]
+) -> None:
+    done = await run(capsys, "submit", "cli.ok", "--strict", "--wait", *cluster.common())
+    assert done.code == 0, done.err
+    status = await run(capsys, "status", "-o", "json", *cluster.common())
+    assert status.code == 0, status.err
+    report = status.json()
+    [node] = report["nodes"]
+    assert node["node_id"] == cluster.node.config.node_id and node["metrics_error"] is None
+    assert node["metrics"]["worker_sessions"] >= 1
+    assert node["metrics"]["dispatched"] >= 1 and node["metrics"]["lateness_p50_s"] is not None
+    assert report["shard_count"] == SHARDS and report["unowned_shards"] == []
+    assert sorted(s["shard"] for s in report["shards"]) == list(range(SHARDS))
+    assert all(s["epoch"] > 0 and s["node_id"] == node["node_id"] for s in report["shards"])
+    table = await run(capsys, "status", "--shards", *cluster.common())
+    assert node["node_id"] in table.out and "serving" in table.out and "EPOCH" in table.out
+
+    node_id = node["node_id"]
+    denied = await run(capsys, "drain", node_id, *cluster.common())
+    assert denied.code == cli.EXIT_FAILURE and "PERMISSION_DENIED" in denied.err
+    after = await run(capsys, "status", "-o", "json", *cluster.common())
+    assert after.json()["nodes"][0]["draining"] is False
+    unknown = await run(capsys, "drain", "no-such-node", *cluster.common(cluster.operator_key))
+    assert unknown.code == cli.EXIT_NOT_FOUND
+    drained = await run(
+        capsys, "drain", node_id, "-o", "json", *cluster.common(cluster.operator_key)
+    )
+    assert drained.code == 0 and drained.json() == {"node_id": node_id, "draining": True}
+
+
+async def test_tenants_on_the_database(
+    fresh_db_dsn: str, capsys: pytest.CaptureFixture[str], no_cli_env: None
+) -> None:
+    made = await run(
+        capsys, "tenants", "create", "acme", "--operator", "--dsn", fresh_db_dsn, "-o", "json"
+    )
+    assert made.code == 0
+    assert made.json()["api_key"].startswith("cs_") and made.json()["operator"] is True
+    taken = await run(capsys, "tenants", "create", "acme", "--dsn", fresh_db_dsn)
+    assert taken.code == cli.EXIT_FAILURE and "already exists" in taken.err
+    rotated = await run(
+        capsys, "tenants", "create", "acme", "--rotate", "--no-operator", "--dsn", fresh_db_dsn
+    )
+    assert rotated.code == 0 and "(operator)" not in rotated.out
+    listed = await run(capsys, "tenants", "ls", "--dsn", fresh_db_dsn, "-o", "json")
+    [acme] = [t for t in listed.json() if t["name"] == "acme"]
+    assert acme["operator"] is False
+    no_dsn = await run(capsys, "tenants", "ls")
+    assert no_dsn.code == cli.EXIT_USAGE and cli.DSN_ENV in no_dsn.err
+
+
+def test_help_teaches_with_examples(capsys: pytest.CaptureFixture[str]) -> None:
+    for argv in (["--help"], ["submit", "--help"], ["tasks", "ls", "--help"], ["dev", "--help"]):
+        with pytest.raises(SystemExit) as exited:
+            cli.main(argv)
+        assert exited.value.code == 0
+        text = capsys.readouterr().out
+        assert "examples:" in text or "getting started:" in text
+        assert "exit codes:" in text
