@@ -29,10 +29,12 @@ from datetime import datetime
 from typing import Protocol
 
 from chronoshard.clock import Clock
+from chronoshard.scheduler import faults
 from chronoshard.scheduler.config import SchedulerConfig
 from chronoshard.scheduler.dispatch_store import DispatchStore, Intent, Release, TimerTask
 from chronoshard.scheduler.errors import StoreUnavailable
 from chronoshard.scheduler.fairness import ReadyQueues, ReadyTask, TenantLimits
+from chronoshard.scheduler.faults import CrashPoint
 from chronoshard.scheduler.gateway import Gateway, WorkerSession
 from chronoshard.scheduler.models import Task
 from chronoshard.scheduler.states import AttemptState
@@ -229,12 +231,17 @@ class Dispatcher:
             await asyncio.sleep(STORE_RETRY_S)
             return 0
         self.stats["intent_batches"] += 1
+        if result.dispatched:
+            faults.reached(CrashPoint.AFTER_INTENT)  # fault injection (test builds)
         if result.lost_shards:
             self._shards.epochs_lost(result.lost_shards)
         by_id = {r.id: (s, r) for s, r in chosen}
         wall_now = self._clock.now()
         undeliverable = []
-        for task in result.dispatched:
+        for sent, task in enumerate(result.dispatched):
+            if sent == len(result.dispatched) // 2 > 0 and faults.armed(CrashPoint.INSIDE_BATCH):
+                # Fault injection (test builds): half the batch is on its way, half not.
+                await faults.crash_when(CrashPoint.INSIDE_BATCH, self._gateway.outboxes_empty)
             session, ready = by_id.pop(task.id)
             timer = _timer(ready)
             self._by_shard.get(timer.shard, set()).discard(timer.id)

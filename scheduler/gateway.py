@@ -31,7 +31,7 @@ from typing import Any, Protocol
 import grpc
 
 from chronoshard.clock import Clock
-from chronoshard.scheduler import convert
+from chronoshard.scheduler import convert, faults
 from chronoshard.scheduler.config import SchedulerConfig
 from chronoshard.scheduler.dispatch_store import (
     Beat,
@@ -48,6 +48,7 @@ from chronoshard.scheduler.dispatch_store import (
 from chronoshard.scheduler.errors import InvalidArgument, SchedulerError, StoreUnavailable
 from chronoshard.scheduler.failures import FailureReport
 from chronoshard.scheduler.fairness import WorkerOffer
+from chronoshard.scheduler.faults import CrashPoint
 from chronoshard.scheduler.group_commit import GroupCommitter
 from chronoshard.scheduler.models import Task, TaskRef
 from chronoshard.scheduler.states import AttemptState
@@ -91,6 +92,9 @@ class WorkerSession:
     closed: bool = False
     # Tasks this node assigned and the worker has not settled: id -> (task, token).
     assigned: dict[uuid.UUID, tuple[TimerTask, int]] = field(default_factory=dict)
+    # When the stream opened (monotonic): a young session cannot vouch for what the
+    # worker holds (it may have been assigned on an earlier stream or by an earlier node).
+    opened_at: float = 0.0
 
     @property
     def offer(self) -> WorkerOffer:
@@ -220,11 +224,22 @@ class Gateway(worker_service_pb2_grpc.WorkerServiceServicer):
 
     # ---- what the reconciler asks ------------------------------------------------------
 
-    def knows(self, worker_id: str, task_id: uuid.UUID, token: int) -> bool | None:
+    def knows(
+        self, worker_id: str, task_id: uuid.UUID, token: int, *, min_age_s: float = 0.0
+    ) -> bool | None:
         """Whether this node sent attempt ``token`` of ``task_id`` on the live session of
-        ``worker_id`` and it is unsettled; None when that worker has no session here."""
+        ``worker_id`` and it is unsettled; None when that worker has no session here, or
+        only one younger than ``min_age_s``.
+
+        False is an answer only from a session that has been open for a while: a worker
+        that just reconnected (or reached a node that just restarted or took the shard
+        over) may hold an attempt sent on its earlier stream and not have heartbeated it
+        here yet.
+        """
         session = self._by_worker.get(worker_id)
         if session is None or session.closed:
+            return None
+        if self._clock.monotonic() - session.opened_at < min_age_s:
             return None
         held = session.assigned.get(task_id)
         return held is not None and held[1] == token
@@ -238,6 +253,10 @@ class Gateway(worker_service_pb2_grpc.WorkerServiceServicer):
                 del session.assigned[task_id]
                 if self._listener is not None:
                     self._listener.task_ended(held[0])
+
+    def outboxes_empty(self) -> bool:
+        """Every queued message was handed to its stream (fault injection waits on it)."""
+        return all(s.outbox.empty() for s in self._sessions.values())
 
     def worker_ids(self) -> set[str]:
         """Workers with a live session on this node."""
@@ -341,6 +360,7 @@ class Gateway(worker_service_pb2_grpc.WorkerServiceServicer):
             types=frozenset(hello.task_types),
             slots=hello.slots,
             outbox=asyncio.Queue(maxsize=self._config.grpc.worker_send_queue),
+            opened_at=self._clock.monotonic(),
         )
         self._sessions[session.session_id] = session
         self._by_worker[session.worker_id] = session
@@ -407,6 +427,9 @@ class Gateway(worker_service_pb2_grpc.WorkerServiceServicer):
                 session.draining = True
                 session.credits = 0
             elif kind in ("ack", "heartbeat", "complete", "fail", "release"):
+                if kind == "ack":
+                    # Fault injection (test builds): the send reached the worker.
+                    faults.reached(CrashPoint.AFTER_SEND)
                 self._spawn(self._handle(session, kind, message))
             else:
                 log.warning(

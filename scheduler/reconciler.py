@@ -133,9 +133,17 @@ def decide(row: InFlight, now: datetime, *, ack_timeout_s: float, knows: bool | 
     """What to do with ``row`` at ``now`` (the database's clock).
 
     ``knows`` is the worker's session on this node asked about the attempt: True (this
-    node sent it on the live session and it is unsettled), False (the worker has a live
-    session here that was never sent this attempt) or None (no session here: nothing
-    can be learnt locally).
+    node sent it on the live session and it is unsettled), False (the worker has had a
+    live session here for at least the ack timeout, which was never sent this attempt)
+    or None (no such session: nothing can be learnt locally).
+
+    Why False is enough to run the attempt again, even a non-idempotent one: the row was
+    untouched for the ack timeout — no ack, no heartbeat — while the worker had a live
+    stream here for as long. A worker that held the attempt would have heartbeated it
+    (heartbeats are more frequent than the ack timeout, and go to any usable node) or,
+    had it finished, settled it (settlements are resent through any node, at most
+    ~5 s apart). What remains is a worker that finished the handler and could not reach
+    any node with its result for the whole ack timeout while it had a stream here.
     """
     if row.status not in (TaskStatus.DISPATCHED, TaskStatus.RUNNING):
         return KEEP
@@ -270,7 +278,9 @@ class Shards(Protocol):
 class Sessions(Protocol):
     """The worker gateway, asked about attempts it sent."""
 
-    def knows(self, worker_id: str, task_id: uuid.UUID, token: int) -> bool | None: ...
+    def knows(
+        self, worker_id: str, task_id: uuid.UUID, token: int, *, min_age_s: float = 0.0
+    ) -> bool | None: ...
 
     def attempt_superseded(self, task_id: uuid.UUID, token: int) -> None: ...
 
@@ -361,7 +371,15 @@ class Reconciler:
         for row in scan.rows:
             knows = None
             if row.worker_id is not None:
-                knows = self._sessions.knows(row.worker_id, row.timer.id, row.fencing_token)
+                # Only a session open for the whole ack timeout can say "never got it": a
+                # younger one may belong to a worker that holds the attempt from an
+                # earlier stream (or an earlier owner) and has not heartbeated it here yet.
+                knows = self._sessions.knows(
+                    row.worker_id,
+                    row.timer.id,
+                    row.fencing_token,
+                    min_age_s=workers.ack_timeout_s,
+                )
             decision = decide(row, scan.now, ack_timeout_s=workers.ack_timeout_s, knows=knows)
             if decision.verdict is Verdict.HOLD:
                 held += 1

@@ -306,7 +306,9 @@ class FakeSessions:
         self.known = known
         self.superseded: list[tuple[uuid.UUID, int]] = []
 
-    def knows(self, worker_id: str, task_id: uuid.UUID, token: int) -> bool | None:
+    def knows(
+        self, worker_id: str, task_id: uuid.UUID, token: int, *, min_age_s: float = 0.0
+    ) -> bool | None:
         return self.known.get(task_id)
 
     def attempt_superseded(self, task_id: uuid.UUID, token: int) -> None:
