@@ -317,12 +317,14 @@ class DispatchStore:
                 self._q["extend_leases"],
                 {**_refs(beats), "checkpoints": [b.checkpoint for b in beats], "lease_s": lease_s},
             )
+            # Only the exceptions come back (sql/dispatch.sql): beats not extended, and
+            # extended ones whose cancel was requested.
             rows = await cur.fetchall()
-            extended = {row[0] for row in rows}
-            await self._mark_fenced(conn, [b for b in beats if b.ref.id not in extended])
+            refused = {(task_id, token) for task_id, token, extended, _, _ in rows if not extended}
+            await self._mark_fenced(conn, [b for b in beats if (b.ref.id, b.token) in refused])
         return LeaseUpdate(
-            frozenset(row[0] for row in rows),
-            {row[0]: row[2] or "" for row in rows if row[1]},
+            frozenset(b.ref.id for b in beats if (b.ref.id, b.token) not in refused),
+            {task_id: reason or "" for task_id, _, _, cancel, reason in rows if cancel},
         )
 
     @_retry_rollbacks

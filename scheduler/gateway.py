@@ -92,6 +92,8 @@ class WorkerSession:
     closed: bool = False
     # Tasks this node assigned and the worker has not settled: id -> (task, token).
     assigned: dict[uuid.UUID, tuple[TimerTask, int]] = field(default_factory=dict)
+    # The task refs the last heartbeat carried, by id as sent: (seconds, nanos, ref).
+    heartbeat_refs: dict[str, tuple[int, int, TaskRef]] = field(default_factory=dict)
     # When the stream opened (monotonic): a young session cannot vouch for what the
     # worker holds (it may have been assigned on an earlier stream or by an earlier node).
     opened_at: float = 0.0
@@ -152,6 +154,11 @@ class Gateway(worker_service_pb2_grpc.WorkerServiceServicer):
             "assignments_sent": 0,
             "stale_settlements": 0,
             "revoked_in_heartbeats": 0,
+            # Heartbeat cost (bench/heartbeats.py): messages, the extend_leases statements
+            # their group commits issued, and the leases those statements extended.
+            "heartbeats": 0,
+            "heartbeat_statements": 0,
+            "leases_extended": 0,
         }
 
     # ---- lifecycle ----------------------------------------------------------------------
@@ -517,11 +524,7 @@ class Gateway(worker_service_pb2_grpc.WorkerServiceServicer):
     async def _heartbeat(
         self, session: WorkerSession, heartbeat: worker_service_pb2.Heartbeat
     ) -> None:
-        beats = []
-        for i, running in enumerate(heartbeat.running):
-            ref = convert.ref_from_pb(running.task, f"heartbeat.running[{i}].task")
-            checkpoint = running.checkpoint if running.HasField("checkpoint") else None
-            beats.append(Beat(ref, int(running.fencing_token), checkpoint))
+        beats = _beats(session, heartbeat)
         update: LeaseUpdate = await self._beats.submit(beats)
         reply = worker_service_pb2.HeartbeatReply()
         for beat in beats:
@@ -561,6 +564,9 @@ class Gateway(worker_service_pb2_grpc.WorkerServiceServicer):
     async def _beat_batch(self, batches: Sequence[Sequence[Beat]]) -> list[LeaseUpdate]:
         flat = [beat for batch in batches for beat in batch]
         update = await self._store.extend_leases(flat, self._config.workers.task_lease_s)
+        self.stats["heartbeats"] += len(batches)
+        self.stats["heartbeat_statements"] += 1 if flat else 0
+        self.stats["leases_extended"] += len(update.extended)
         # Every heartbeat in the batch gets the same answer: it filters by its own ids.
         return [update] * len(batches)
 
@@ -615,6 +621,33 @@ class Gateway(worker_service_pb2_grpc.WorkerServiceServicer):
         if outcome is not Outcome.OK:
             self.stats["stale_settlements"] += 1
             await _abort(context, _outcome_error(outcome))
+
+
+def _beats(session: WorkerSession, heartbeat: worker_service_pb2.Heartbeat) -> list[Beat]:
+    """The beats of a heartbeat, its task refs converted once per task, not once per beat.
+
+    A task is heartbeated for as long as it runs, and converting a ``TaskRef`` (a UUID
+    parse and a datetime) costs more than everything else the node does for a beat. So
+    the session keeps the refs its last heartbeat carried and reuses those that come back
+    unchanged (same id text, same timestamp); the cache holds exactly the last
+    heartbeat's tasks, so it needs no cleanup.
+    """
+    previous = session.heartbeat_refs
+    current: dict[str, tuple[int, int, TaskRef]] = {}
+    beats = []
+    for i, running in enumerate(heartbeat.running):
+        pb = running.task
+        at = pb.scheduled_at
+        known = previous.get(pb.id)
+        if known is not None and known[0] == at.seconds and known[1] == at.nanos:
+            ref = known[2]
+        else:
+            ref = convert.ref_from_pb(pb, f"heartbeat.running[{i}].task")
+        current[pb.id] = (at.seconds, at.nanos, ref)
+        checkpoint = running.checkpoint if running.HasField("checkpoint") else None
+        beats.append(Beat(ref, int(running.fencing_token), checkpoint))
+    session.heartbeat_refs = current
+    return beats
 
 
 def _outcome_error(outcome: Outcome) -> common_pb2.ErrorInfo:
