@@ -106,9 +106,12 @@ async def _spread(cluster: Cluster) -> dict[str, set[int]]:
             by_node.setdefault(node, set()).add(shard)
         owned = sum(len(s) for s in by_node.values())
         live = {n for n, h in cluster.nodes.items() if h.process.alive()}
-        if owned == SHARDS and set(by_node) == live:
-            return by_node
-        return None
+        if owned != SHARDS or set(by_node) != live:
+            return None
+        # Converged, not just covered: rendezvous with a load bound of ceil(S/N).
+        if max(len(s) for s in by_node.values()) > -(-SHARDS // len(live)):
+            return None
+        return by_node
 
     return await eventually(balanced, timeout_s=30, what="shards spread over live nodes")
 
