@@ -13,12 +13,16 @@ states (``eventually``), never on sleeps.
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import json
+import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import psycopg
@@ -26,7 +30,7 @@ import pytest
 from fixtures.waiting import eventually
 from harness.processes import ManagedProcess, ProcessGroup, SchedulerHandle
 
-from chronoshard import Client, RetryPolicy, Task
+from chronoshard import Client, RetryPolicy, SubmitResult, Task, TaskSpec
 from chronoshard.scheduler.tenant_admin import create_tenant
 from chronoshard.services import EtcdProcess
 
@@ -34,14 +38,24 @@ E2E_DIR = Path(__file__).resolve().parent
 EXAMPLES_DIR = E2E_DIR.parents[1] / "examples"
 
 LEASE_S = 4.0
+# One second, not less: a zombie's handler must get to its completion before the first
+# heartbeat of its new stream could revoke it (see the zombie test).
 HEARTBEAT_S = 1.0
 KEEPALIVE_TIME_S = 1.0
 KEEPALIVE_TIMEOUT_S = 1.0
+RECONCILE_INTERVAL_S = 0.5
+# Long enough that a non-idempotent task's worker, stopped for a few seconds, still
+# counts as possibly alive: its task must be held, not run twice.
+SESSION_TIMEOUT_S = 60.0
 # A worker process is up and has a session within this (imports, topology, Hello).
 WORKER_READY_S = 30.0
 # The scheduler settles a cooperative stop (cancel, timeout) within this of the handler's
 # reaction: a group commit plus a receipt, with margin for a 2-core machine under load.
 SETTLE_BOUND_S = 3.0
+# A stopped worker's stream is dropped within keepalive time + timeout, plus slack.
+STOPPED_STREAM_BOUND_S = KEEPALIVE_TIME_S + KEEPALIVE_TIMEOUT_S + 5.0
+# An expired lease is acted on within a reconcile pass, plus slack for the pass itself.
+EXPIRY_BOUND_S = LEASE_S + RECONCILE_INTERVAL_S + 3.0
 
 LEDGER_DDL = """
 CREATE TABLE IF NOT EXISTS lease_effects (
@@ -76,6 +90,21 @@ class LeaseCluster:
             **env,
         )
 
+    def example_worker(self, name: str) -> ManagedProcess:
+        """A worker running the shipped examples/fenced_side_effect.py (queue "default")."""
+        return self.group.start_worker(
+            name,
+            "fenced_side_effect:worker",
+            [self.node.address],
+            pythonpath=EXAMPLES_DIR,
+            FENCED_EXAMPLE_DSN=self.dsn,
+            CHRONOSHARD_WORKER_ID=name,
+            CHRONOSHARD_API_KEY=self.api_key,
+        )
+
+    async def metric(self, name: str) -> float:
+        return await asyncio.to_thread(self.node.metric, name) or 0.0
+
     async def sessions(self) -> int:
         value = await asyncio.to_thread(self.node.metric, "chronoshard_worker_sessions")
         return int(value or 0)
@@ -92,12 +121,25 @@ async def wait_connected(*processes: ManagedProcess) -> None:
         )
 
 
+def fenced_example() -> ModuleType:
+    """examples/fenced_side_effect.py, loaded by path (examples/ is not a package)."""
+    name = "fenced_side_effect_under_test"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, EXAMPLES_DIR / "fenced_side_effect.py")
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
 @pytest.fixture(scope="module")
 def cluster(
     db_dsn: str, etcd: EtcdProcess, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[LeaseCluster]:
     with psycopg.connect(db_dsn, autocommit=True) as conn:
         conn.execute(LEDGER_DDL)
+        conn.execute(fenced_example().CREATE_TABLE)
     api_key = create_tenant(db_dsn, f"leases-{uuid.uuid4().hex[:8]}").api_key
     group = ProcessGroup(
         log_dir=tmp_path_factory.mktemp("lease-logs"),
@@ -109,6 +151,8 @@ def cluster(
             "CHRONOSHARD_GRPC__KEEPALIVE_TIMEOUT_S": str(KEEPALIVE_TIMEOUT_S),
             "CHRONOSHARD_WORKERS__TASK_LEASE_S": str(LEASE_S),
             "CHRONOSHARD_WORKERS__HEARTBEAT_INTERVAL_S": str(HEARTBEAT_S),
+            "CHRONOSHARD_WORKERS__SESSION_TIMEOUT_S": str(SESSION_TIMEOUT_S),
+            "CHRONOSHARD_RECONCILE__INTERVAL_S": str(RECONCILE_INTERVAL_S),
         },
     )
     try:
@@ -320,3 +364,267 @@ async def test_a_handler_past_its_timeout_fails_timed_out_and_is_retried(
     interrupted = _events(rows, "interrupted")
     assert [(r["attempt"], r["detail"]) for r in interrupted] == [(1, {"reason": "timed_out"})]
     assert [r["attempt"] for r in _events(rows, "committed")] == [2]
+
+
+# ---- the zombie worker -------------------------------------------------------------------
+
+ZOMBIE_WORK_S = 1.0
+
+
+async def _side_effect(dsn: str, task_id: str) -> tuple[int, str] | None:
+    async with await psycopg.AsyncConnection.connect(dsn) as conn:
+        cur = await conn.execute(
+            "SELECT fencing_token, worker_id FROM example_side_effects WHERE task_id = %s",
+            (uuid.UUID(task_id),),
+        )
+        row = await cur.fetchone()
+    return None if row is None else (row[0], row[1])
+
+
+def _logged(process: ManagedProcess, *needles: str) -> bool:
+    """Whether one line of the process's log holds every needle."""
+    return any(
+        all(needle in line for needle in needles)
+        for line in process.log(tail_chars=1_000_000).splitlines()
+    )
+
+
+async def _wait_logged(process: ManagedProcess, what: str, *needles: str) -> None:
+    await eventually(
+        lambda: _logged(process, *needles), timeout_s=WORKER_READY_S, what=what, interval_s=0.1
+    )
+
+
+async def _history(client: Client, task_id: str) -> list[tuple[int, str, str | None]]:
+    task = await client.get(task_id, attempts=True)
+    return [(a.attempt, a.state.value, a.worker_id) for a in task.attempts]
+
+
+async def test_a_zombie_worker_is_refused_and_its_side_effect_is_fenced(
+    cluster: LeaseCluster, client: Client
+) -> None:
+    """Worker A is stopped (SIGSTOP) inside the handler, past its lease; the task, being
+    idempotent, goes to worker B with the next token and completes. When A resumes, its
+    handler's write to the side-effect table is refused by the table's token guard, its
+    completion is refused by the scheduler, and A logs the zombie warning.
+
+    A's handler is sure to try both: it is a thread (no revocation interrupts it) and A's
+    stream was dropped while it was stopped, so no heartbeat reply can reach A before
+    its handler ends (a new stream waits a heartbeat interval before its first beat)."""
+    a = cluster.example_worker("zombie-a")
+    b: ManagedProcess | None = None
+    try:
+        await wait_connected(a)
+        submitted = await client.submit(
+            "example.fenced_write",
+            {"work_s": ZOMBIE_WORK_S, "amount": 7},
+            strict_timing=True,
+            idempotent=True,
+            max_retries=0,
+        )
+        task_id = submitted.task.id
+        await _wait_logged(a, "A started the handler", f"task_id={task_id}", "work_started")
+        a.pause()
+        stopped_at = time.monotonic()
+        b = cluster.example_worker("zombie-b")
+        await wait_connected(b)
+        done = await eventually(
+            lambda: _finished(client, task_id),
+            timeout_s=EXPIRY_BOUND_S + WORKER_READY_S,
+            what="the task completed by B",
+        )
+        # A's stream must be gone before it resumes (see the docstring): wait for that.
+        await _wait_logged(
+            cluster.node.process, "A's session dropped", "worker disconnected", "zombie-a"
+        )
+        assert time.monotonic() - stopped_at > LEASE_S, "A was not stopped past its lease"
+        assert done.status.value == "COMPLETED"
+        assert done.fencing_token == 2
+        assert await _history(client, task_id) == [
+            (1, "ABANDONED", "zombie-a"),
+            (2, "SUCCEEDED", "zombie-b"),
+        ]
+        assert await _side_effect(cluster.dsn, task_id) == (2, "zombie-b")
+
+        a.resume()
+        await _wait_logged(
+            a, "A's write refused by the fence", f"task_id={task_id}", "side_effect_refused"
+        )
+        await _wait_logged(a, "A's zombie warning", f"task_id={task_id}", "token=1", "event=zombie")
+
+        async def attempt_fenced() -> bool:
+            return (await _history(client, task_id))[0][1] == "FENCED"
+
+        # The scheduler marks an attempt it gave up FENCED when its worker speaks for it
+        # after all and is refused: A's completion reached it and was refused.
+        await eventually(attempt_fenced, timeout_s=SETTLE_BOUND_S, what="A's attempt FENCED")
+    except BaseException:
+        print(cluster.group.logs())
+        raise
+    finally:
+        if a.alive():
+            a.resume()
+        a.kill()
+        if b is not None:
+            b.kill()
+
+    after = await client.get(task_id, attempts=True)
+    assert (after.status.value, after.fencing_token, after.result) == (
+        "COMPLETED",
+        2,
+        {"written": True, "token": 2},
+    )
+    assert [a.state.value for a in after.attempts].count("SUCCEEDED") == 1
+    # The side-effect table holds B's write only.
+    assert await _side_effect(cluster.dsn, task_id) == (2, "zombie-b")
+    # The warning names what was refused: A's completion.
+    assert _logged(a, "COMPLETE refused", f"task_id={task_id}", "event=zombie")
+    assert (await cluster.metric("chronoshard_gateway_stale_settlements_total")) >= 1
+
+
+async def test_a_stalled_non_idempotent_task_is_held_while_its_worker_may_be_alive(
+    cluster: LeaseCluster, client: Client
+) -> None:
+    """Same stop past the lease, but the task is not idempotent: it must not run twice,
+    so while its worker's session may come back it is held (and counted as stalled), not
+    given to worker B. When A resumes it heartbeats again, its lease is renewed under the
+    same token, and its own completion is accepted."""
+    a = cluster.example_worker("stall-a")
+    b: ManagedProcess | None = None
+    try:
+        await wait_connected(a)
+        submitted = await client.submit(
+            "example.fenced_write",
+            {"work_s": ZOMBIE_WORK_S, "amount": 9},
+            strict_timing=True,
+            idempotent=False,
+            max_retries=0,
+        )
+        task_id = submitted.task.id
+        await _wait_logged(a, "A started the handler", f"task_id={task_id}", "work_started")
+        a.pause()
+        b = cluster.example_worker("stall-b")
+        await wait_connected(b)
+
+        async def stalled() -> bool:
+            return await cluster.metric("chronoshard_stalled_tasks") >= 1
+
+        await eventually(
+            stalled, timeout_s=EXPIRY_BOUND_S + STOPPED_STREAM_BOUND_S, what="task held"
+        )
+        # Held across further reconcile passes, with A's session gone from the node.
+        passes = await cluster.metric("chronoshard_reconciler_passes_total")
+
+        async def two_more_passes() -> bool:
+            return await cluster.metric("chronoshard_reconciler_passes_total") >= passes + 2
+
+        await eventually(two_more_passes, timeout_s=10 * RECONCILE_INTERVAL_S, what="passes")
+        await _wait_logged(
+            cluster.node.process, "A's session dropped", "worker disconnected", "stall-a"
+        )
+        held = await client.get(task_id, attempts=True)
+        assert (held.status.value, held.fencing_token, held.worker_id) == ("RUNNING", 1, "stall-a")
+        assert await _history(client, task_id) == [(1, "RUNNING", "stall-a")]
+        assert await cluster.metric("chronoshard_stalled_tasks") >= 1
+
+        a.resume()
+        done = await eventually(
+            lambda: _finished(client, task_id), timeout_s=30, what="A completed its task"
+        )
+
+        async def no_longer_stalled() -> bool:
+            return await cluster.metric("chronoshard_stalled_tasks") == 0
+
+        await eventually(no_longer_stalled, timeout_s=10, what="stalled gauge back to 0")
+    except BaseException:
+        print(cluster.group.logs())
+        raise
+    finally:
+        if a.alive():
+            a.resume()
+        a.kill()
+        if b is not None:
+            b.kill()
+
+    assert (done.status.value, done.fencing_token) == ("COMPLETED", 1)
+    assert [(x.attempt, x.state.value, x.worker_id) for x in done.attempts] == [
+        (1, "SUCCEEDED", "stall-a")
+    ]
+    assert await _side_effect(cluster.dsn, task_id) == (1, "stall-a")
+    assert b is not None and not _logged(b, f"task_id={task_id}")
+
+
+# ---- a worker crash ----------------------------------------------------------------------
+
+CRASH_TASKS = 50
+
+
+async def test_sigkill_with_fifty_running_tasks_each_runs_again_once_after_lease_expiry(
+    cluster: LeaseCluster, client: Client
+) -> None:
+    queue = "crash"
+    a = cluster.lease_worker("crash-a", queue, LEASE_SLOTS=str(CRASH_TASKS), LEASE_HOLD_S="600")
+    b: ManagedProcess | None = None
+    try:
+        await wait_connected(a)
+        results = await client.submit_batch(
+            [
+                TaskSpec(
+                    type="lease.hold",
+                    payload={"i": i},
+                    queue=queue,
+                    strict_timing=True,
+                    idempotent=True,
+                    max_retries=0,
+                )
+                for i in range(CRASH_TASKS)
+            ]
+        )
+        task_ids = [r.task.id for r in results if isinstance(r, SubmitResult)]
+        assert len(task_ids) == CRASH_TASKS
+
+        async def all_started() -> bool:
+            rows = await _ledger(cluster.dsn, task_ids)
+            return len({r["task_id"] for r in _events(rows, "started")}) == CRASH_TASKS
+
+        await eventually(all_started, timeout_s=WORKER_READY_S, what="50 handlers running on A")
+        a.kill()
+        killed_at = datetime.now(UTC)
+        b = cluster.lease_worker("crash-b", queue, LEASE_SLOTS=str(CRASH_TASKS))
+
+        async def all_finished() -> list[Task] | None:
+            tasks = [await client.get(t, attempts=True) for t in task_ids]
+            return tasks if all(t.status.is_terminal for t in tasks) else None
+
+        tasks = await eventually(
+            all_finished, timeout_s=EXPIRY_BOUND_S + WORKER_READY_S, what="all 50 finished"
+        )
+    except BaseException:
+        print(cluster.group.logs())
+        raise
+    finally:
+        a.kill()
+        if b is not None:
+            b.kill()
+
+    for task in tasks:
+        assert task.status.value == "COMPLETED", task
+        assert task.retry_count == 0
+        history = [(x.attempt, x.state.value, x.worker_id) for x in task.attempts]
+        assert history == [(1, "ABANDONED", "crash-a"), (2, "SUCCEEDED", "crash-b")], history
+        # Given back when the lease ran out, not before: the last heartbeat was at most
+        # one interval before the kill.
+        redispatched = task.attempts[1].entered_at
+        assert redispatched is not None
+        after_kill_s = (redispatched - killed_at).total_seconds()
+        assert LEASE_S - HEARTBEAT_S - 0.5 <= after_kill_s <= EXPIRY_BOUND_S, after_kill_s
+
+    rows = await _ledger(cluster.dsn, task_ids)
+    committed = _events(rows, "committed")
+    # Exactly once: one committed effect per task, all by the second attempt on B; the
+    # killed attempts started and never committed.
+    assert sorted(r["task_id"] for r in committed) == sorted(task_ids)
+    assert {(r["attempt"], r["worker_id"]) for r in committed} == {(2, "crash-b")}
+    started_on_a = [r for r in _events(rows, "started") if r["worker_id"] == "crash-a"]
+    assert len(started_on_a) == CRASH_TASKS
+    assert not [r for r in committed if r["worker_id"] == "crash-a"]
