@@ -84,9 +84,13 @@ WITH chosen AS (
       AND t.shard = ANY(%(shards)s::smallint[])
     RETURNING t.*
 ), attempts AS (
-    INSERT INTO task_attempts (task_id, attempt, scheduled_at, fencing_token, state, worker_id)
-    SELECT id, attempt, scheduled_at, fencing_token, 'DISPATCHED', worker_id
-    FROM moved
+    -- shard_owners is locked FOR SHARE by this transaction and its epoch checked: the
+    -- epoch recorded is the one the write went through under.
+    INSERT INTO task_attempts (task_id, attempt, scheduled_at, fencing_token, state, worker_id,
+                               epoch)
+    SELECT m.id, m.attempt, m.scheduled_at, m.fencing_token, 'DISPATCHED', m.worker_id, o.epoch
+    FROM moved AS m
+    JOIN shard_owners AS o ON o.shard = m.shard
 )
 SELECT * FROM moved;
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -20,7 +21,13 @@ import psycopg
 import pytest
 from fixtures.etcd import EtcdFactory
 from fixtures.waiting import eventually
-from harness.history import EFFECTS_DDL, History, check, first_dispatch_after
+from harness.history import (
+    EFFECTS_DDL,
+    History,
+    check,
+    epoch_regressions,
+    first_dispatch_after,
+)
 from harness.processes import ProcessGroup, SchedulerHandle
 
 from chronoshard import Client, SubmitResult, TaskSpec
@@ -159,25 +166,32 @@ async def _wait_all_done(cluster: Cluster, ids: list[uuid.UUID], timeout_s: floa
         raise
 
 
-async def test_three_nodes_share_shards_and_survive_a_killed_owner(cluster: Cluster) -> None:
-    await _failover_round(cluster, FAILOVER_TASKS, FAILOVER_SPREAD_S)
+@pytest.mark.parametrize("seed", [1, 2])
+async def test_three_nodes_share_shards_and_survive_a_killed_owner(
+    cluster: Cluster, seed: int
+) -> None:
+    await _failover_round(cluster, FAILOVER_TASKS, FAILOVER_SPREAD_S, seed)
 
 
 @pytest.mark.slow
-async def test_failover_at_full_size(cluster: Cluster) -> None:
-    """The issue's size: 20,000 tasks due over 60 s (run with ``-m slow``)."""
-    await _failover_round(cluster, 20_000, 60.0)
+@pytest.mark.parametrize("seed", range(3, 8))
+async def test_failover_at_full_size(cluster: Cluster, seed: int) -> None:
+    """The issue's size: 20,000 tasks due over 60 s, several seeded rounds (``-m slow``)."""
+    await _failover_round(cluster, 20_000, 60.0, seed)
 
 
-async def _failover_round(cluster: Cluster, tasks: int, spread_s: float) -> None:
+async def _failover_round(cluster: Cluster, tasks: int, spread_s: float, seed: int) -> None:
+    """Kill the biggest owner at a seeded point of the run (a fifth to a half in)."""
+    kill_fraction = random.Random(seed).uniform(0.2, 0.5)
     by_node = await _spread(cluster)
     assert all(len(shards) >= SHARDS // 3 - 1 for shards in by_node.values()), by_node
     history = History()
     start = datetime.now(UTC) + timedelta(seconds=4)
     async with Client(cluster.targets(), api_key=cluster.api_key) as client:
         ids = await _submit(client, history, tasks, start, spread_s)
-    # Kill the owner of the most shards a third of the way through.
-    await asyncio.sleep(max(0.0, (start - datetime.now(UTC)).total_seconds()) + spread_s / 3)
+    await asyncio.sleep(
+        max(0.0, (start - datetime.now(UTC)).total_seconds()) + spread_s * kill_fraction
+    )
     by_node = await _spread(cluster)
     victim = max(by_node, key=lambda n: len(by_node[n]))
     orphaned = by_node[victim]
@@ -187,6 +201,7 @@ async def _failover_round(cluster: Cluster, tasks: int, spread_s: float) -> None
     await _wait_all_done(cluster, ids, timeout_s=spread_s + 60)
     violations = check(cluster.dsn, history.acknowledged())
     assert not violations, violations.summary()
+    assert epoch_regressions(cluster.dsn, history.acknowledged()) == []
 
     resumed = first_dispatch_after(cluster.dsn, orphaned, killed_at)
     assert resumed is not None
@@ -216,6 +231,7 @@ async def test_scale_out_then_in_moves_shards_without_loss(cluster: Cluster) -> 
     await _wait_all_done(cluster, ids, timeout_s=spread_s + 60)
     violations = check(cluster.dsn, history.acknowledged())
     assert not violations, violations.summary()
+    assert epoch_regressions(cluster.dsn, history.acknowledged()) == []
     log = leaving.process.log()
     assert "shard released" in log and "reason=shutdown" in log
     assert "shard claimed" in fourth.process.log()
@@ -246,6 +262,7 @@ async def test_a_paused_owner_past_its_lease_dispatches_nothing_when_it_wakes(
     await _wait_all_done(cluster, ids, timeout_s=60)
     violations = check(cluster.dsn, history.acknowledged())
     assert not violations, violations.summary()
+    assert epoch_regressions(cluster.dsn, history.acknowledged()) == []
     # Woken up, the old owner learns its lease is gone and drops every shard before any
     # dispatch: none of these tasks was dispatched by node-1.
     with psycopg.connect(cluster.dsn) as conn:
@@ -284,4 +301,5 @@ async def test_an_etcd_restart_is_ridden_out(
         await _wait_all_done(cluster, ids, timeout_s=spread_s + 60)
         violations = check(cluster.dsn, history.acknowledged())
         assert not violations, violations.summary()
+        assert epoch_regressions(cluster.dsn, history.acknowledged()) == []
         await _spread(cluster)

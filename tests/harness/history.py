@@ -10,8 +10,7 @@ that has no unique constraint, so a task run twice shows twice. After the faults
 * **I2** no stale-token completion was accepted, and the winning token produced exactly
   one successful side effect;
 * **I3** per shard, attempts were written under non-decreasing epochs (a write under a
-  superseded epoch would show an older epoch after a newer one) — when the attempts
-  record their epoch;
+  superseded epoch would show an older epoch after a newer one): :func:`epoch_regressions`;
 * **I4** failover times, reported by the tests from the same data (see
   :func:`first_dispatch_after`).
 """
@@ -147,6 +146,25 @@ def check(dsn: str, task_ids: list[uuid.UUID], *, job_ledger: bool = True) -> Vi
             found.ledger_rows[task_id] = ledger[task_id]
         if winning[task_id] != 1:
             found.winning_effects[task_id] = winning[task_id]
+    return found
+
+
+def epoch_regressions(dsn: str, task_ids: list[uuid.UUID]) -> list[tuple[int, int, int]]:
+    """I3: (shard, earlier epoch, later epoch) wherever a shard's attempts, in the order
+    they were written, went back to an older epoch — a dispatch under a superseded owner."""
+    with psycopg.connect(dsn) as conn:
+        rows = conn.execute(
+            "SELECT t.shard, a.epoch FROM task_attempts a JOIN tasks t ON t.id = a.task_id"
+            " WHERE a.task_id = ANY(%s) AND a.epoch IS NOT NULL"
+            " ORDER BY t.shard, a.entered_at, a.epoch",
+            (task_ids,),
+        ).fetchall()
+    found = []
+    last: dict[int, int] = {}
+    for shard, epoch in rows:
+        if shard in last and epoch < last[shard]:
+            found.append((shard, last[shard], epoch))
+        last[shard] = max(epoch, last.get(shard, epoch))
     return found
 
 
