@@ -288,9 +288,9 @@ def status_text(report: dict[str, Any], *, show_shards: bool) -> str:
         lines += [f"  {n['node_id']}: {ranges(n['shards'])}" for n in report["nodes"]]
     lines += [
         "",
-        "WHEEL: timers waiting in the node's timing wheel; READY: due, waiting for a worker "
-        "slot; LATE: dispatch time - due time since the node started (negative: sent "
-        "ahead by lead dispatch).",
+        "WHEEL: timers in the node's timing wheel. READY: due, waiting for a worker slot.",
+        "LATE: dispatch time - due time since the node started (negative: sent ahead by",
+        "lead dispatch; the worker starts the handler at the due time).",
     ]
     return "\n".join(lines)
 

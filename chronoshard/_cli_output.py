@@ -184,11 +184,16 @@ def task_details(task: Task, now: datetime) -> str:
         ("idempotency_key", task.idempotency_key),
         ("worker", task.worker_id),
         ("finished_at", task.finished_at),
-        ("last_error", task.last_error),
+        ("last_error", task.last_error.splitlines()[0] if task.last_error else None),
         ("payload", None if task.payload is None else one_line_json(task.payload)),
         ("result", None if task.result is None else one_line_json(task.result)),
     ]
-    return fields(pairs)
+    text = fields(pairs)
+    if task.last_error and "\n" in task.last_error.strip():
+        # A traceback: after the fields, whole, so the fields stay one per line.
+        indented = "\n".join("  " + line for line in task.last_error.rstrip().splitlines())
+        text += "\n\nlast error in full:\n" + indented
+    return text
 
 
 ATTEMPT_HEADERS = ("ATTEMPT", "STATE", "TOKEN", "WORKER", "STARTED (UTC)", "TOOK", "ERROR")

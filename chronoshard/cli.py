@@ -69,7 +69,7 @@ MAIN_EPILOG = f"""\
 getting started:
   chronoshard dev --demo                        # a local cluster with demo tasks
   . .chronoshard/env                            # in another shell: target, API key, PATH
-  chronoshard submit demo.echo --payload '{{"hello": "world"}}' --wait
+  chronoshard submit demo.echo --payload '{{"hello": "world"}}' --strict --wait
   chronoshard tasks ls --since 10m
   chronoshard status
 

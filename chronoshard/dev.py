@@ -41,6 +41,8 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -125,6 +127,9 @@ class DevCluster:
         self.node_addresses: list[str] = []
         self.metrics_addresses: list[str] = []
         self.watchdog_address = ""
+        self.files_written = False
+        self._spawned: list[Child] = []
+        self._started_at = datetime.now(UTC).isoformat()
         self.interrupted: Sequence[int] = ()
         """Signals received so far; starting gives up when one arrives."""
         self._lock: IO[bytes] | None = None
@@ -132,7 +137,7 @@ class DevCluster:
     @property
     def children(self) -> list[Child]:
         """Started children, in start order."""
-        return [c for c in [*self.nodes, self.watchdog, self.worker] if c is not None]
+        return list(self._spawned)
 
     # ---- start ----------------------------------------------------------------------------
 
@@ -154,9 +159,20 @@ class DevCluster:
         for sub in ("logs", "etcd"):
             (self.data_dir / sub).mkdir(parents=True, exist_ok=True)
         self._say("starting etcd")
-        self.etcd = EtcdProcess(data_dir=self.data_dir / "etcd", name="chronoshard-dev")
-        self.etcd.start()
+        client_port, peer_port = self._etcd_ports()
+        self.etcd = EtcdProcess(
+            data_dir=self.data_dir / "etcd",
+            name="chronoshard-dev",
+            client_port=client_port,
+            peer_port=peer_port,
+        )
+        try:
+            self.etcd.start()
+        except ServiceError as exc:
+            raise DevError(f"{exc}\n(--fresh starts over with new ports)") from exc
+        self.record()
         self._start_postgres()
+        self.record()
         from chronoshard.scheduler.migrate import apply_migrations
 
         applied = apply_migrations(self.dsn)
@@ -203,6 +219,19 @@ class DevCluster:
             names = ", ".join(f"{p['name']} ({p['pid']})" for p in left)
             self._say(f"stopping processes a killed earlier run left behind: {names}")
             _stop_groups([int(p["pid"]) for p in left], CHILD_STOP_GRACE_S)
+
+    def _etcd_ports(self) -> tuple[int, int]:
+        """etcd's client and peer ports: chosen on the first run, then kept. The member
+        stores its peer URL in its data, so a restart on another port would not be the
+        same member (and etcd's own start check rightly says so)."""
+        path = self.data_dir / "etcd" / "ports.json"
+        try:
+            saved = json.loads(path.read_text())
+            return int(saved["client"]), int(saved["peer"])
+        except (OSError, ValueError, KeyError, TypeError):
+            client, peer = free_ports(2)
+            path.write_text(json.dumps({"client": client, "peer": peer}))
+            return client, peer
 
     def _postgres_dir(self) -> Path:
         """Where the embedded PostgreSQL keeps its data: in the data dir, unless we are
@@ -317,6 +346,7 @@ class DevCluster:
         }
         self._say(f"starting the watchdog (a canary task every {CANARY_INTERVAL_S:g} s)")
         self.watchdog = self._spawn("watchdog", [sys.executable, "-m", "chronoshard.watchdog"], env)
+        self._wait_http(f"http://{self.watchdog_address}/healthz")
 
     def _start_worker(self) -> None:
         self._say("starting the demo worker (chronoshard.demo:worker)")
@@ -343,7 +373,10 @@ class DevCluster:
                 # we stop the children in order, and a group can be swept whole.
                 start_new_session=True,
             )
-        return Child(name, proc, log_path)
+        child = Child(name, proc, log_path)
+        self._spawned.append(child)
+        self.record()
+        return child
 
     def _wait_serving(self, address: str) -> None:
         import grpc
@@ -361,6 +394,23 @@ class DevCluster:
                 if time.monotonic() > deadline:
                     raise DevError(f"scheduler at {address} did not come up; see {self._logs()}")
                 time.sleep(0.1)
+
+    def _wait_http(self, url: str) -> None:
+        """Until ``url`` answers at all (a 503 "not yet" counts: the process is up)."""
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        deadline = time.monotonic() + NODE_READY_TIMEOUT_S
+        while True:
+            self._check_children()
+            try:
+                with opener.open(url, timeout=1):
+                    return
+            except urllib.error.HTTPError:
+                return
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise DevError(f"{url} did not answer; see {self._logs()}")
+            time.sleep(0.1)
 
     def _check_children(self) -> None:
         if self.interrupted:
@@ -386,12 +436,14 @@ class DevCluster:
     # ---- report ---------------------------------------------------------------------------
 
     def describe(self) -> dict[str, Any]:
-        """What ``cluster.json`` holds: addresses, keys, and every process we run."""
-        assert self.etcd is not None
+        """What ``cluster.json`` holds: addresses, keys, and every process we run (so
+        far: it is written after each start, so a run killed while starting leaves a
+        record of what to stop)."""
         processes: list[dict[str, Any]] = [
             {"name": c.name, "pid": c.proc.pid} for c in self.children
         ]
-        processes.append({"name": "etcd", "pid": self.etcd.pid})
+        if self.etcd is not None and self.etcd.running:
+            processes.append({"name": "etcd", "pid": self.etcd.pid})
         if self.postgres is not None and self.postgres.pid is not None:
             processes.append({"name": "postgres", "pid": self.postgres.pid})
         for process in processes:
@@ -401,7 +453,7 @@ class DevCluster:
             "grpc": self.node_addresses,
             "metrics": [f"http://{m}/metrics" for m in self.metrics_addresses],
             "watchdog": f"http://{self.watchdog_address}" if self.watchdog_address else None,
-            "etcd": self.etcd.endpoint,
+            "etcd": self.etcd.endpoint if self.etcd is not None and self.etcd.running else None,
             "dsn": self.dsn,
             "api_key": self.api_key,
             "data_dir": str(self.data_dir),
@@ -409,13 +461,18 @@ class DevCluster:
             "logs": str(self._logs()),
             "processes": processes,
             "pids": {p["name"]: p["pid"] for p in processes},
-            "started_at": datetime.now(UTC).isoformat(),
+            "started_at": self._started_at,
             "stopped_at": None,
         }
 
+    def record(self) -> None:
+        """(Re)write ``cluster.json``: called after each process starts."""
+        (self.data_dir / "cluster.json").write_text(json.dumps(self.describe(), indent=2))
+        self.files_written = True
+
     def write_files(self) -> None:
         """``cluster.json`` for tools and tests; ``env`` to source in another shell."""
-        (self.data_dir / "cluster.json").write_text(json.dumps(self.describe(), indent=2))
+        self.record()
         lines = [
             "# Written by `chronoshard dev`: source it (. .chronoshard/env) in another shell.",
             f"export CHRONOSHARD_TARGET={shlex.quote(','.join(self.node_addresses))}",
@@ -429,6 +486,10 @@ class DevCluster:
         env_file.chmod(0o600)
 
     def mark_stopped(self) -> None:
+        """Record in our cluster.json that everything was stopped (only ours: a run
+        refused by the lock must not mark the running one's processes as gone)."""
+        if not self.files_written:
+            return
         path = self.data_dir / "cluster.json"
         with contextlib.suppress(OSError, ValueError):
             info = json.loads(path.read_text())
@@ -457,7 +518,7 @@ class DevCluster:
             "",
             "  In another shell:",
             f"    . {env_file}     # CHRONOSHARD_TARGET, CHRONOSHARD_API_KEY, PATH",
-            '    chronoshard submit demo.echo --payload \'{"hello": "world"}\' --wait',
+            '    chronoshard submit demo.echo --payload \'{"hello": "world"}\' --strict --wait',
             "    chronoshard tasks ls --since 10m",
             "    chronoshard status",
             "",
