@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 import os
-import signal
 import sys
 
-from chronoshard import logs
+from chronoshard import daemon, logs
 from chronoshard.scheduler.config import SchedulerConfig
 from chronoshard.scheduler.node import SchedulerNode
 from chronoshard.settings import ConfigError, load
@@ -49,26 +47,6 @@ def load_config(args: argparse.Namespace) -> SchedulerConfig:
     return load(SchedulerConfig, path=args.config, overrides=overrides)
 
 
-async def serve(config: SchedulerConfig) -> int:
-    node = SchedulerNode(config)
-    loop = asyncio.get_running_loop()
-    stop = asyncio.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    await node.start()
-    waiter = asyncio.create_task(node.wait())
-    stopper = asyncio.create_task(stop.wait())
-    done, _ = await asyncio.wait([waiter, stopper], return_when=asyncio.FIRST_COMPLETED)
-    code = 0
-    if waiter in done and waiter.exception() is not None:
-        log.error("node failed", exc_info=waiter.exception())
-        code = 1
-    waiter.cancel()
-    stopper.cancel()
-    await node.stop()
-    return code
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
@@ -77,12 +55,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"chronoshard-scheduler: {exc}", file=sys.stderr)
         return 2
     logs.setup(config.log_level, config.log_format, node_id=config.node_id)
-    try:
-        import uvloop
-
-        return uvloop.run(serve(config))
-    except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
-        return asyncio.run(serve(config))
+    return daemon.run(lambda: daemon.serve(SchedulerNode(config), "node"))
 
 
 if __name__ == "__main__":
