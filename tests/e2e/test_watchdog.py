@@ -441,8 +441,8 @@ async def test_stopped_scheduler_alerts_once_and_resolves_once(
 async def test_killing_the_active_replica_hands_over_without_lost_or_duplicate_alerts(
     cluster: Cluster, job_loop: list[float]
 ) -> None:
-    leader = cluster.leader()
-    assert leader is not None
+    # Run alone, this test may start before the replicas elected a leader.
+    leader = await eventually(cluster.leader, timeout_s=15, what="a watchdog leader")
     [standby] = [r for r in cluster.replicas if r is not leader]
     before = len(cluster.job_events())
     for worker in cluster.workers:
