@@ -1,0 +1,253 @@
+"""``python -m bench WORKLOAD [options]``: the benchmark suite's one entry point.
+
+Each workload runs against real processes on this machine (PostgreSQL from ``--dsn`` or
+``CHRONOSHARD_TEST_DSN``, else an embedded one with fsync on; a fresh etcd unless
+``--etcd``; a fresh database per run), prints a markdown table headed by the machine,
+the versions and the parameters, says which of issue 9's targets it met, and with
+``--json PATH`` writes the same as JSON. Defaults are the issue's sizes; see
+``bench/README.md`` for what each workload measures and the numbers measured here.
+
+Workloads: submit-single, submit-batch, stampede N, steady RATE, wheel, idle, failover,
+heartbeats.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import shlex
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from bench import idle, submit, timing
+from bench._cluster import Infrastructure, infrastructure
+from bench._report import Report, Target, document, machine, render
+
+Runner = Callable[[argparse.Namespace, Infrastructure], Report]
+WHEEL_BYTES_TARGET = 250
+# "O(1)": the cost per timer may grow with cache misses, not with log N or N.
+WHEEL_GROWTH_BOUND = 3.0
+
+
+def _wheel(args: argparse.Namespace, infra: Infrastructure | None) -> Report:
+    from bench import wheel
+
+    results = wheel.run_benchmark(args.sizes, repeat=args.repeat)
+    rows = []
+    for r in results:
+        rows.append(
+            {
+                "timers": r.timers,
+                "structure": r.structure,
+                "insert µs/timer": r.insert_s / r.timers * 1e6,
+                "cancel µs/timer": r.cancel_s / max(r.timers // 2, 1) * 1e6,
+                "drain µs/fired": r.drain_s / max(r.fired, 1) * 1e6,
+                "wake-ups": r.wakeups,
+                "bytes/pending timer": round(r.bytes_per_timer),
+            }
+        )
+    ours = [row for row in rows if row["structure"] == "wheel"]
+    worst_bytes = max(row["bytes/pending timer"] for row in ours)
+
+    def growth(column: str) -> float:
+        return float(ours[-1][column] / ours[0][column]) if len(ours) > 1 else 1.0
+
+    insert_growth, cancel_growth = growth("insert µs/timer"), growth("cancel µs/timer")
+    return Report(
+        workload="wheel",
+        command="",
+        parameters={
+            "sizes": ",".join(str(s) for s in args.sizes),
+            "repeat": args.repeat,
+            "tick_s": wheel.TICK_S,
+            "slots": wheel.SLOTS,
+            "deadlines": f"uniform over {wheel.LOOKAHEAD_S:g} s",
+        },
+        columns=list(rows[0]),
+        rows=rows,
+        targets=[
+            Target(
+                "wheel ≤ 250 bytes per pending timer",
+                worst_bytes <= WHEEL_BYTES_TARGET,
+                f"{worst_bytes} B",
+            ),
+            Target(
+                "wheel insert/cancel O(1) (cost per timer, largest size ÷ smallest ≤ 3)",
+                max(insert_growth, cancel_growth) <= WHEEL_GROWTH_BOUND,
+                f"insert ×{insert_growth:.2f}, cancel ×{cancel_growth:.2f}",
+            ),
+        ],
+    )
+
+
+class _Etcd:
+    """What bench/failover.py reads of an EtcdProcess: its endpoint."""
+
+    def __init__(self, endpoint: str) -> None:
+        self.endpoint = endpoint
+
+
+def _failover(args: argparse.Namespace, infra: Infrastructure) -> Report:
+    import asyncio
+    import tempfile
+
+    from bench import failover
+
+    rows = []
+    for ttl in args.ttl:
+        with infra.database("failover") as dsn, tempfile.TemporaryDirectory() as logs:
+            etcd: Any = _Etcd(infra.etcd_endpoint)
+            rows.append(
+                asyncio.run(failover.run_once(dsn, etcd, ttl, args.tasks, args.spread, Path(logs)))
+            )
+    return Report(
+        workload="failover",
+        command="",
+        parameters={"ttl_s": args.ttl, "tasks": args.tasks, "spread_s": args.spread, "nodes": 3},
+        columns=list(rows[0]),
+        rows=rows,
+        targets=[
+            Target(f"failover TTL {r['ttl_s']:g} s: exactly once", r["exactly_once"], "")
+            for r in rows
+        ],
+    )
+
+
+def _heartbeats(args: argparse.Namespace, infra: Infrastructure) -> Report:
+    try:
+        heartbeats = importlib.import_module("bench.heartbeats")
+    except ModuleNotFoundError:
+        raise SystemExit("bench/heartbeats.py is not in this checkout") from None
+    with infra.database("heartbeats") as dsn:
+        result = heartbeats.run_benchmark(
+            tasks=args.tasks,
+            workers=args.workers,
+            heartbeat_s=args.heartbeat_s,
+            lease_s=args.lease_s,
+            window_s=args.window_s,
+            idle_window_s=args.idle_window_s,
+            dsn=dsn,
+            etcd_endpoint=infra.etcd_endpoint,
+        )
+    rows = [
+        {
+            "phase": w.phase,
+            "running tasks": w.running_tasks,
+            "window s": w.seconds,
+            "scheduler CPU % of one core": w.cpu_percent,
+            "heartbeats/s": w.heartbeats_per_s,
+            "lease statements/s": w.heartbeat_statements_per_s,
+            "leases extended/s": w.leases_extended_per_s,
+            "DB transactions/s": w.transactions_per_s,
+            "revoked": w.revoked,
+        }
+        for w in result.windows
+    ]
+    return Report(
+        workload="heartbeats",
+        command="",
+        parameters={
+            "tasks": result.tasks,
+            "simulated workers": result.workers,
+            "heartbeat_s": result.heartbeat_s,
+            "lease_s": result.lease_s,
+        },
+        columns=list(rows[0]),
+        rows=rows,
+    )
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--json", type=Path, help="also write the report here")
+    common.add_argument("--dsn", help="PostgreSQL server to use (default: CHRONOSHARD_TEST_DSN)")
+    common.add_argument("--etcd", help="etcd endpoint to use (default: start one)")
+    sub = parser.add_subparsers(dest="workload", required=True, metavar="WORKLOAD")
+
+    p = sub.add_parser("submit-single", parents=[common], help="concurrent SubmitTask callers")
+    p.add_argument("--clients", type=int, default=64)
+    p.add_argument("--duration-s", type=float, default=10.0)
+    p.set_defaults(run=lambda a, i: submit.submit_single(i, a.clients, a.duration_s))
+
+    p = sub.add_parser("submit-batch", parents=[common], help="SubmitBatch of 1,000")
+    p.add_argument("--tasks", type=int, default=100_000)
+    p.add_argument("--batch", type=int, default=1000)
+    p.add_argument("--concurrency", type=int, default=2, help="calls in flight")
+    p.set_defaults(run=lambda a, i: submit.submit_batch(i, a.tasks, a.batch, a.concurrency))
+
+    p = sub.add_parser("stampede", parents=[common], help="N tasks due in the same second")
+    p.add_argument("tasks", type=int, nargs="?", default=100_000)
+    p.add_argument("--slots", type=int, default=1000, help="per worker process")
+    p.add_argument("--lead-dispatch-s", type=float, default=None)
+    p.set_defaults(run=lambda a, i: timing.stampede(i, a.tasks, a.slots, a.lead_dispatch_s))
+
+    p = sub.add_parser("steady", parents=[common], help="strict tasks at RATE per second")
+    p.add_argument("rate", type=float, nargs="?", default=1000.0)
+    p.add_argument("--duration-s", type=float, default=30.0)
+    p.add_argument("--slots", type=int, default=500, help="per worker process")
+    p.add_argument("--lead-dispatch-s", type=float, default=None)
+    p.set_defaults(
+        run=lambda a, i: timing.steady(i, a.rate, a.duration_s, a.slots, a.lead_dispatch_s)
+    )
+
+    p = sub.add_parser("wheel", parents=[common], help="timing wheel vs heapq (in process)")
+    p.add_argument(
+        "--sizes",
+        type=lambda s: [int(x) for x in s.split(",")],
+        default=[10**4, 10**5, 10**6],
+    )
+    p.add_argument("--repeat", type=int, default=3)
+    p.set_defaults(run=_wheel, needs_infra=False)
+
+    p = sub.add_parser("idle", parents=[common], help="scheduler CPU with 10^6 timers waiting")
+    p.add_argument("--timers", type=int, default=1_000_000)
+    p.add_argument("--window-s", type=float, default=30.0)
+    p.add_argument("--via", choices=["copy", "api"], default="copy")
+    p.add_argument("--settle-s", type=float, default=idle.SETTLE_S)
+    p.set_defaults(run=lambda a, i: idle.idle(i, a.timers, a.window_s, a.via, a.settle_s))
+
+    p = sub.add_parser("failover", parents=[common], help="SIGKILL the busiest of 3 nodes")
+    p.add_argument("--ttl", type=float, nargs="+", default=[5.0, 10.0])
+    p.add_argument("--tasks", type=int, default=3000)
+    p.add_argument("--spread", type=float, default=20.0)
+    p.set_defaults(run=_failover)
+
+    p = sub.add_parser("heartbeats", parents=[common], help="heartbeat cost (bench/heartbeats.py)")
+    p.add_argument("--tasks", type=int, default=10_000)
+    p.add_argument("--workers", type=int, default=20)
+    p.add_argument("--heartbeat-s", type=float, default=5.0)
+    p.add_argument("--lease-s", type=float, default=30.0)
+    p.add_argument("--window-s", type=float, default=60.0)
+    p.add_argument("--idle-window-s", type=float, default=30.0)
+    p.set_defaults(run=_heartbeats)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    args = _parser().parse_args(args_list)
+    run: Runner = args.run
+    if getattr(args, "needs_infra", True):
+        with infrastructure(args.dsn, args.etcd) as infra:
+            report = run(args, infra)
+            report.machine = machine(infra.server.admin_dsn)
+    else:
+        report = _wheel(args, None)
+        report.machine = machine()
+    report.command = shlex.join(["python", "-m", "bench", *args_list])
+    print(render(report))
+    if args.json is not None:
+        args.json.write_text(json.dumps(document(report), indent=2, default=str) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

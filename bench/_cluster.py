@@ -1,0 +1,187 @@
+"""The real processes a workload runs against, and how to watch them.
+
+:func:`infrastructure` gives PostgreSQL (the server named by ``--dsn`` or
+``CHRONOSHARD_TEST_DSN``, else an embedded one with fsync on: the suite measures durable
+commits) and etcd (``--etcd`` or a fresh member). :func:`node` starts, on a fresh migrated
+database, one scheduler process (``python -m chronoshard.scheduler``, through the test
+harness's :class:`ProcessGroup`) and optionally worker processes running
+``bench/bench_workers.py``, and waits until the node owns every shard and the workers'
+streams are open. Everything started is stopped when the block ends.
+
+The scheduler's CPU is read from ``/proc/<pid>/stat`` (``utime + stime``, all threads),
+so a measurement costs the measured process nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import psycopg
+from harness.history import EFFECTS_DDL
+from harness.processes import ProcessGroup, SchedulerHandle
+
+from chronoshard.scheduler.migrate import apply_migrations
+from chronoshard.scheduler.tenant_admin import create_tenant
+from chronoshard.services import EtcdProcess, PostgresServer
+
+REPO = Path(__file__).resolve().parent.parent
+BENCH_DIR = REPO / "bench"
+
+DSN_ENV = "CHRONOSHARD_TEST_DSN"
+SHARDS = 64
+# The benchmark tenant must not be the limit being measured.
+TENANT_RATE_LIMIT_RPS = 1_000_000.0
+TENANT_MAX_CONCURRENT = 1_000_000
+READY_TIMEOUT_S = 60.0
+
+
+@dataclass
+class Infrastructure:
+    server: PostgresServer
+    etcd_endpoint: str
+
+    @contextlib.contextmanager
+    def database(self, label: str) -> Iterator[str]:
+        """A fresh migrated database with the effects ledger; dropped afterwards."""
+        name = f"bench_{label.replace('-', '_')}_{uuid.uuid4().hex[:8]}"
+        self.server.create_database(name)
+        try:
+            dsn = self.server.dsn_for(name)
+            apply_migrations(dsn)
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                conn.execute(EFFECTS_DDL)
+            yield dsn
+        finally:
+            self.server.drop_database(name)
+
+
+@contextlib.contextmanager
+def infrastructure(
+    dsn: str | None = None, etcd_endpoint: str | None = None
+) -> Iterator[Infrastructure]:
+    admin_dsn = dsn or os.environ.get(DSN_ENV) or None
+    with contextlib.ExitStack() as stack:
+        server = stack.enter_context(PostgresServer(dsn=admin_dsn, fsync=True))
+        if etcd_endpoint is None:
+            etcd_endpoint = stack.enter_context(EtcdProcess(fsync=True)).endpoint
+        yield Infrastructure(server, etcd_endpoint)
+
+
+def process_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system, all threads) the process has used so far."""
+    with open(f"/proc/{pid}/stat") as stat:
+        # The command name may hold spaces: fields are counted after its closing paren.
+        fields = stat.read().rsplit(")", 1)[1].split()
+    ticks = int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15)
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def process_rss_mib(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+@dataclass
+class Node:
+    """One scheduler process on its own database, and its workers."""
+
+    group: ProcessGroup
+    scheduler: SchedulerHandle
+    dsn: str
+    api_key: str
+
+    @property
+    def address(self) -> str:
+        return self.scheduler.address
+
+    @property
+    def pid(self) -> int:
+        return self.scheduler.process.pid
+
+    def cpu_s(self) -> float:
+        return process_cpu_s(self.pid)
+
+    def worker_pids(self) -> list[int]:
+        return [w.pid for w in self.group.workers]
+
+    def start_workers(self, count: int, slots: int) -> None:
+        for i in range(count):
+            self.group.start_worker(
+                f"worker-{i + 1}",
+                "bench_workers:worker",
+                [self.address],
+                pythonpath=BENCH_DIR,
+                BENCH_DSN=self.dsn,
+                BENCH_WORKER_SLOTS=str(slots),
+                CHRONOSHARD_API_KEY=self.api_key,
+            )
+        wait_until(
+            lambda: (self.scheduler.metric("chronoshard_worker_sessions") or 0) >= count,
+            what=f"{count} worker streams",
+            node=self,
+        )
+
+
+def wait_until(
+    condition: object, *, what: str, node: Node | None = None, timeout_s: float = READY_TIMEOUT_S
+) -> None:
+    """Poll ``condition()`` every 0.1 s until true; TimeoutError naming ``what``."""
+    assert callable(condition)
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            logs = node.group.logs() if node is not None else ""
+            raise TimeoutError(f"timed out waiting for {what}\n{logs[-4000:]}")
+        time.sleep(0.1)
+
+
+@contextlib.contextmanager
+def node(
+    infra: Infrastructure,
+    label: str,
+    *,
+    env: Mapping[str, str] | None = None,
+    workers: int = 0,
+    slots: int = 200,
+) -> Iterator[Node]:
+    """A scheduler process owning all shards (and ``workers`` worker processes)."""
+    with infra.database(label) as dsn, tempfile.TemporaryDirectory() as logs:
+        api_key = create_tenant(
+            dsn,
+            f"bench-{uuid.uuid4().hex[:8]}",
+            rate_limit_rps=TENANT_RATE_LIMIT_RPS,
+            max_concurrent_workers=TENANT_MAX_CONCURRENT,
+        ).api_key
+        group = ProcessGroup(
+            log_dir=Path(logs),
+            dsn=dsn,
+            etcd_endpoint=infra.etcd_endpoint,
+            cluster=f"bench-{uuid.uuid4().hex[:8]}",
+            shard_count=SHARDS,
+            scheduler_env={"CHRONOSHARD_LOG_LEVEL": "WARNING", **(env or {})},
+        )
+        try:
+            handle = group.start_scheduler("node-1")
+            result = Node(group, handle, dsn, api_key)
+            wait_until(lambda: _owned_shards(dsn) == SHARDS, what="shard claims", node=result)
+            if workers:
+                result.start_workers(workers, slots)
+            yield result
+        finally:
+            group.close()
+
+
+def _owned_shards(dsn: str) -> int:
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute("SELECT count(*) FROM shard_owners").fetchone()
+    return 0 if row is None else int(row[0])

@@ -1,0 +1,78 @@
+"""Handlers run by the benchmark's worker processes (``bench_workers:worker``).
+
+``bench.noop`` does nothing: pure scheduler throughput. ``bench.record`` notes when it
+started (the worker's wall clock, the same machine as the scheduler) with its task,
+attempt and fencing token, like the end-to-end tests' ``e2e.record``, but the rows go to
+the ``effects`` ledger in batches: a buffer COPYed every few milliseconds by one task of
+the process. One INSERT per handler would make the ledger, not the scheduler, set the
+pace of a 100,000-task stampede. The ledger is bookkeeping: the benchmark waits for it to
+hold every row before checking, and a worker killed mid-run would lose its last buffer
+(no benchmark kills workers).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import uuid
+from datetime import UTC, datetime
+from typing import Any
+
+import psycopg
+
+from chronoshard.worker import TaskContext, Worker
+
+SLOTS = int(os.environ.get("BENCH_WORKER_SLOTS", "200"))
+FLUSH_INTERVAL_S = 0.02
+worker = Worker([], slots=SLOTS)
+
+Row = tuple[uuid.UUID, int, int, str, datetime, datetime, str]
+_buffer: list[Row] = []
+_flusher: asyncio.Task[None] | None = None
+
+
+async def _flush_forever() -> None:
+    conn = await psycopg.AsyncConnection.connect(os.environ["BENCH_DSN"], autocommit=True)
+    # Bookkeeping: no disk flush per batch (the scheduler's own writes stay durable).
+    await conn.execute("SET synchronous_commit = off")
+    async with conn:
+        while True:
+            await asyncio.sleep(FLUSH_INTERVAL_S)
+            if not _buffer:
+                continue
+            rows = _buffer[:]
+            del _buffer[: len(rows)]
+            async with (
+                conn.cursor() as cur,
+                cur.copy(
+                    "COPY effects (task_id, attempt, token, worker_id, started_at, due_at,"
+                    " outcome) FROM STDIN"
+                ) as copy,
+            ):
+                for row in rows:
+                    await copy.write_row(row)
+
+
+@worker.task("bench.noop")
+async def noop(ctx: TaskContext) -> None:
+    return None
+
+
+@worker.task("bench.record")
+async def record(ctx: TaskContext) -> dict[str, Any]:
+    started_at = datetime.now(UTC)
+    global _flusher
+    if _flusher is None or _flusher.done():
+        _flusher = asyncio.get_running_loop().create_task(_flush_forever())
+    _buffer.append(
+        (
+            ctx.task_id,
+            ctx.attempt,
+            ctx.fencing_token,
+            ctx.worker_id,
+            started_at,
+            ctx.due_at,
+            "ok",
+        )
+    )
+    return {}

@@ -1,0 +1,173 @@
+"""Submit throughput: many clients each calling SubmitTask, and SubmitBatch of 1,000.
+
+Both run the public asyncio client in this process against one scheduler process on a
+fresh database; no workers. Tasks are due two hours out, past the preloader's lookahead,
+so what is measured is the submit path alone: authenticate, validate, insert (with the
+idempotency-key table and partition routing), commit, answer. A call counts once its
+answer arrived, and the server answers only after the commit, so every counted task is
+durable; the run ends by checking that the database holds exactly as many tasks as were
+acknowledged.
+
+* ``submit-single``: ``--clients`` concurrent callers, each submitting one task at a time
+  back to back for ``--duration-s`` (after a warm-up of one second that is not counted);
+  tasks/s and the ack latency (call to answer) p50/p99/max.
+* ``submit-batch``: ``--tasks`` tasks in SubmitBatch calls of ``--batch``, ``--concurrency``
+  calls in flight; tasks/s and the latency of one call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from datetime import UTC, datetime, timedelta
+
+import psycopg
+
+from bench._cluster import Infrastructure, Node, node, process_cpu_s
+from bench._report import Report, Target, ms, percentile
+from chronoshard import Client, SubmitResult, TaskSpec
+
+FAR_OUT = timedelta(hours=2)
+WARMUP_S = 1.0
+SINGLE_TARGET_TPS = 2000.0
+SINGLE_TARGET_P99_S = 0.025
+BATCH_TARGET_TPS = 20_000.0
+
+
+def _task_count(dsn: str) -> int:
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute("SELECT count(*) FROM tasks").fetchone()
+    return 0 if row is None else int(row[0])
+
+
+async def _single_clients(
+    n: Node, clients: int, duration_s: float
+) -> tuple[int, list[float], float, float]:
+    """(acknowledged, latencies of the measured window, window seconds, scheduler CPU s)."""
+    channels = [Client(n.address, api_key=n.api_key, max_in_flight=clients) for _ in range(4)]
+    latencies: list[float] = []
+    acked = 0
+    measuring = False
+    stop = False
+    at = datetime.now(UTC) + FAR_OUT
+
+    async def one_client(client: Client, index: int) -> None:
+        nonlocal acked
+        i = 0
+        while not stop:
+            started = time.perf_counter()
+            await client.submit("bench.noop", {"c": index, "i": i}, at=at)
+            if measuring:
+                latencies.append(time.perf_counter() - started)
+                acked += 1
+            i += 1
+
+    try:
+        runners = [
+            asyncio.create_task(one_client(channels[i % len(channels)], i)) for i in range(clients)
+        ]
+        await asyncio.sleep(WARMUP_S)
+        measuring, cpu0, t0 = True, process_cpu_s(n.pid), time.perf_counter()
+        await asyncio.sleep(duration_s)
+        measuring, elapsed, cpu = False, time.perf_counter() - t0, process_cpu_s(n.pid) - cpu0
+        stop = True
+        await asyncio.gather(*runners)
+    finally:
+        for client in channels:
+            await client.close()
+    return acked, latencies, elapsed, cpu
+
+
+def submit_single(infra: Infrastructure, clients: int, duration_s: float) -> Report:
+    with node(infra, "submit_single") as n:
+        acked, latencies, elapsed, cpu = asyncio.run(_single_clients(n, clients, duration_s))
+        stored = _task_count(n.dsn)
+    tps = acked / elapsed
+    p99 = percentile(latencies, 99)
+    row = {
+        "clients": clients,
+        "acknowledged": acked,
+        "tasks/s": tps,
+        "ack p50": ms(percentile(latencies, 50)),
+        "ack p99": ms(p99),
+        "ack max": ms(max(latencies, default=float("nan"))),
+        "scheduler CPU %": 100 * cpu / elapsed,
+    }
+    return Report(
+        workload="submit-single",
+        command="",
+        parameters={"clients": clients, "duration_s": duration_s, "warmup_s": WARMUP_S},
+        columns=list(row),
+        rows=[row],
+        targets=[
+            Target("submit-single ≥ 2,000 tasks/s", tps >= SINGLE_TARGET_TPS, f"{tps:,.0f}/s"),
+            Target("submit-single p99 ack ≤ 25 ms", p99 <= SINGLE_TARGET_P99_S, ms(p99)),
+        ],
+        notes=[
+            f"{stored:,} tasks stored (acknowledged in the window plus warm-up and tail: "
+            "every acknowledged task is a committed row)."
+        ],
+    )
+
+
+async def _batches(
+    n: Node, tasks: int, batch: int, concurrency: int
+) -> tuple[int, list[float], float, float]:
+    at = datetime.now(UTC) + FAR_OUT
+    specs = [TaskSpec(type="bench.noop", payload={"i": i}, at=at) for i in range(tasks)]
+    chunks = [specs[i : i + batch] for i in range(0, tasks, batch)]
+    latencies: list[float] = []
+    acked = 0
+    async with Client(n.address, api_key=n.api_key) as client:
+        # One small call first: the channel is connected before the clock starts.
+        await client.submit("bench.noop", {"warmup": True}, at=at)
+        queue = list(reversed(chunks))
+
+        async def caller() -> None:
+            nonlocal acked
+            while queue:
+                chunk = queue.pop()
+                started = time.perf_counter()
+                results = await client.submit_batch(chunk)
+                latencies.append(time.perf_counter() - started)
+                failed = [r for r in results if not isinstance(r, SubmitResult)]
+                if failed:
+                    raise RuntimeError(f"{len(failed)} items of a batch failed: {failed[0]}")
+                acked += len(results)
+
+        cpu0, t0 = process_cpu_s(n.pid), time.perf_counter()
+        await asyncio.gather(*(caller() for _ in range(concurrency)))
+        elapsed, cpu = time.perf_counter() - t0, process_cpu_s(n.pid) - cpu0
+    return acked, latencies, elapsed, cpu
+
+
+def submit_batch(infra: Infrastructure, tasks: int, batch: int, concurrency: int) -> Report:
+    with node(infra, "submit_batch") as n:
+        acked, latencies, elapsed, cpu = asyncio.run(_batches(n, tasks, batch, concurrency))
+        stored = _task_count(n.dsn) - 1  # the warm-up task
+    tps = acked / elapsed
+    row = {
+        "tasks": acked,
+        "batch": batch,
+        "calls in flight": concurrency,
+        "seconds": elapsed,
+        "tasks/s": tps,
+        "call p50": ms(percentile(latencies, 50)),
+        "call p99": ms(percentile(latencies, 99)),
+        "scheduler CPU %": 100 * cpu / elapsed,
+        "rows stored": stored,
+    }
+    return Report(
+        workload="submit-batch",
+        command="",
+        parameters={"tasks": tasks, "batch": batch, "concurrency": concurrency},
+        columns=list(row),
+        rows=[row],
+        targets=[
+            Target(
+                "submit-batch ≥ 20,000 tasks/s durable",
+                tps >= BATCH_TARGET_TPS and stored == acked,
+                f"{tps:,.0f}/s",
+            )
+        ],
+    )

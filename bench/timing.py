@@ -1,0 +1,283 @@
+"""Punctuality under load: a stampede of tasks due in one second, and a steady rate.
+
+Both submit strict-timing ``bench.record`` tasks through the public client (SubmitBatch),
+wait until the scheduler preloaded all of them into its wheel, and then let them fall
+due, with two worker processes (``bench/bench_workers.py``) running the handlers. Every
+time reported comes from the database afterwards, all stamped by one machine's clock:
+
+* the intent: ``task_attempts.entered_at`` (the dispatch transaction's start, just
+  before its commit and the send);
+* the handler start: ``effects.started_at``, taken by the handler on the worker;
+* the completion: ``tasks.finished_at`` (the settling transaction).
+
+*Lateness* is handler start − ``due_at``. With lead dispatch (DESIGN §6) the node sends
+a task ``scheduling.lead_dispatch_s`` early and the SDK starts it at ``due_at``, so on an
+unloaded system lateness is the worker's timer precision.
+
+* ``stampede N``: N tasks due evenly within one second starting at T. *All dispatched* is
+  T → the last intent; *all started* is T → the last handler start (each handler starts
+  after its assignment arrived, so this bounds "sent" from above); *all completed* is
+  T → the last completion. Lost or doubled tasks are checked with the fault tests'
+  history checker (every acknowledged task completed once, one successful attempt, one
+  winning effect).
+* ``steady RATE``: tasks due every 1/RATE s for ``--duration-s``; the lateness
+  distribution (p50/p99/max).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import psycopg
+from harness.history import History, check
+
+from bench._cluster import Infrastructure, Node, node
+from bench._report import Report, Target, ms, percentile
+from chronoshard import Client, SubmitResult, TaskSpec
+
+WORKERS = 2
+SUBMIT_BATCH = 1000
+SUBMIT_CONCURRENCY = 2
+# How long before the first due time submits and preloading are given: a fixed margin
+# plus a pessimistic submit rate. A run whose tasks were not all in the wheel by then is
+# flagged in its notes, since its timings would include preloading.
+LEAD_IN_FIXED_S = 3.0
+LEAD_IN_RATE = 2000.0
+STAMPEDE_DISPATCH_TARGET_S = 5.0
+STAMPEDE_COMPLETE_TARGET_S = 10.0
+STEADY_P50_TARGET_S = 0.002
+STEADY_P99_TARGET_S = 0.010
+
+
+@dataclass
+class Timings:
+    first_due: datetime
+    lateness_s: list[float]
+    last_intent_s: float
+    last_start_s: float
+    last_completion_s: float
+    first_intent_s: float
+    preloaded_in_time: bool
+    violations: str
+    exactly_once: bool
+    completed: int
+
+
+def _count(dsn: str, sql: str, params: Any = None) -> int:
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute(sql, params).fetchone()
+    return 0 if row is None or row[0] is None else int(row[0])
+
+
+async def _submit(n: Node, dues: list[datetime], history: History) -> list[uuid.UUID]:
+    specs = [
+        TaskSpec(type="bench.record", payload={"i": i}, at=due, strict_timing=True)
+        for i, due in enumerate(dues)
+    ]
+    chunks = [specs[i : i + SUBMIT_BATCH] for i in range(0, len(specs), SUBMIT_BATCH)]
+    chunks.reverse()
+    ids: list[uuid.UUID] = []
+    async with Client(n.address, api_key=n.api_key) as client:
+
+        async def caller() -> None:
+            while chunks:
+                chunk = chunks.pop()
+                op = history.invoke("submit_batch")
+                results = await client.submit_batch(chunk)
+                accepted = [uuid.UUID(r.task.id) for r in results if isinstance(r, SubmitResult)]
+                if len(accepted) != len(chunk):
+                    History.finish(op, "fail", accepted, error="some items refused")
+                    raise RuntimeError(f"{len(chunk) - len(accepted)} submits refused")
+                History.finish(op, "ok", accepted)
+                ids.extend(accepted)
+
+        await asyncio.gather(*(caller() for _ in range(SUBMIT_CONCURRENCY)))
+    return ids
+
+
+def _run(n: Node, dues: list[datetime], settle_timeout_s: float) -> Timings:
+    history = History()
+    ids = asyncio.run(_submit(n, dues, history))
+    first_due = min(dues)
+    total = len(ids)
+    # Everything in the wheel before the first task falls due, or the run is flagged.
+    while True:
+        preloaded = _count(n.dsn, "SELECT count(*) FROM tasks WHERE status <> 'SCHEDULED'")
+        if preloaded >= total or datetime.now(UTC) >= first_due:
+            break
+        time.sleep(0.1)
+    preloaded_in_time = preloaded >= total
+    deadline = time.monotonic() + (max(dues) - datetime.now(UTC)).total_seconds()
+    deadline += settle_timeout_s
+    completed = 0
+    while time.monotonic() < deadline:
+        completed = _count(n.dsn, "SELECT count(*) FROM tasks WHERE status = 'COMPLETED'")
+        if completed >= total:
+            break
+        time.sleep(0.25)
+    # The workers write the effects ledger in batches a few milliseconds behind.
+    ledger_deadline = time.monotonic() + 10
+    while _count(n.dsn, "SELECT count(*) FROM effects") < completed:
+        if time.monotonic() > ledger_deadline:
+            break
+        time.sleep(0.1)
+    with psycopg.connect(n.dsn) as conn:
+        lateness = [
+            float(r[0])
+            for r in conn.execute(
+                "SELECT extract(epoch FROM started_at - due_at) FROM effects WHERE outcome = 'ok'"
+            ).fetchall()
+        ]
+        row = conn.execute(
+            """
+            SELECT extract(epoch FROM (SELECT min(entered_at) FROM task_attempts) - %(t)s),
+                   extract(epoch FROM (SELECT max(entered_at) FROM task_attempts) - %(t)s),
+                   extract(epoch FROM (SELECT max(started_at) FROM effects) - %(t)s),
+                   extract(epoch FROM (SELECT max(finished_at) FROM tasks
+                                       WHERE status = 'COMPLETED') - %(t)s)
+            """,
+            {"t": first_due},
+        ).fetchone()
+    assert row is not None
+    first_intent, last_intent, last_start, last_completion = (
+        float("nan") if v is None else float(v) for v in row
+    )
+    violations = check(n.dsn, history.acknowledged(), job_ledger=False)
+    return Timings(
+        first_due=first_due,
+        lateness_s=lateness,
+        last_intent_s=last_intent,
+        last_start_s=last_start,
+        last_completion_s=last_completion,
+        first_intent_s=first_intent,
+        preloaded_in_time=preloaded_in_time,
+        violations=violations.summary(),
+        exactly_once=not violations,
+        completed=completed,
+    )
+
+
+def _lead_in_s(tasks: int) -> float:
+    return LEAD_IN_FIXED_S + tasks / LEAD_IN_RATE
+
+
+def _env(lead_dispatch_s: float | None) -> dict[str, str]:
+    env = {"CHRONOSHARD_WORKERS__TASK_LEASE_S": "60"}
+    if lead_dispatch_s is not None:
+        env["CHRONOSHARD_SCHEDULING__LEAD_DISPATCH_S"] = str(lead_dispatch_s)
+    return env
+
+
+def _notes(t: Timings) -> list[str]:
+    notes = []
+    if not t.preloaded_in_time:
+        notes.append("NOT all tasks were preloaded before the first fell due: timings include it")
+    if not t.exactly_once:
+        notes.append(f"history check: {t.violations}")
+    return notes
+
+
+def stampede(
+    infra: Infrastructure, tasks: int, slots: int, lead_dispatch_s: float | None = None
+) -> Report:
+    with node(infra, "stampede", env=_env(lead_dispatch_s), workers=WORKERS, slots=slots) as n:
+        start = datetime.now(UTC) + timedelta(seconds=_lead_in_s(tasks))
+        dues = [start + timedelta(seconds=i / tasks) for i in range(tasks)]
+        t = _run(n, dues, settle_timeout_s=max(60.0, tasks / 500))
+    row = {
+        "tasks": tasks,
+        "all dispatched": f"{t.last_intent_s:.2f} s",
+        "all started": f"{t.last_start_s:.2f} s",
+        "all completed": f"{t.last_completion_s:.2f} s",
+        "dispatch rate/s": tasks / max(t.last_intent_s - t.first_intent_s, 1e-3),
+        "completion rate/s": tasks / max(t.last_completion_s - t.first_intent_s, 1e-3),
+        "lateness p50": ms(percentile(t.lateness_s, 50)),
+        "lateness p99": ms(percentile(t.lateness_s, 99)),
+        "lateness max": ms(max(t.lateness_s, default=float("nan"))),
+        "completed": t.completed,
+        "none lost or doubled": t.exactly_once,
+    }
+    return Report(
+        workload="stampede",
+        command="",
+        parameters={
+            "tasks": tasks,
+            "due within": "1 s",
+            "worker processes": WORKERS,
+            "slots per worker": slots,
+            "lead_dispatch_s": "default" if lead_dispatch_s is None else lead_dispatch_s,
+        },
+        columns=list(row),
+        rows=[row],
+        targets=[
+            Target(
+                f"stampede {tasks:,}: all dispatched ≤ 5 s",
+                t.last_intent_s <= STAMPEDE_DISPATCH_TARGET_S
+                and t.last_start_s <= STAMPEDE_DISPATCH_TARGET_S,
+                f"{max(t.last_intent_s, t.last_start_s):.2f} s",
+            ),
+            Target(
+                f"stampede {tasks:,}: all completed ≤ 10 s",
+                t.last_completion_s <= STAMPEDE_COMPLETE_TARGET_S,
+                f"{t.last_completion_s:.2f} s",
+            ),
+            Target(f"stampede {tasks:,}: none lost or doubled", t.exactly_once, t.violations),
+        ],
+        notes=[
+            *_notes(t),
+            "Times are from the start of the due second (T); dispatched = last intent "
+            "committed, started = last handler start (after its assignment was received).",
+        ],
+    )
+
+
+def steady(
+    infra: Infrastructure,
+    rate: float,
+    duration_s: float,
+    slots: int,
+    lead_dispatch_s: float | None = None,
+) -> Report:
+    tasks = int(rate * duration_s)
+    with node(infra, "steady", env=_env(lead_dispatch_s), workers=WORKERS, slots=slots) as n:
+        start = datetime.now(UTC) + timedelta(seconds=_lead_in_s(tasks))
+        dues = [start + timedelta(seconds=i / rate) for i in range(tasks)]
+        t = _run(n, dues, settle_timeout_s=30.0)
+    p50, p99 = percentile(t.lateness_s, 50), percentile(t.lateness_s, 99)
+    row = {
+        "rate/s": rate,
+        "seconds": duration_s,
+        "tasks": tasks,
+        "started": len(t.lateness_s),
+        "lateness p50": ms(p50),
+        "lateness p90": ms(percentile(t.lateness_s, 90)),
+        "lateness p99": ms(p99),
+        "lateness p99.9": ms(percentile(t.lateness_s, 99.9)),
+        "lateness max": ms(max(t.lateness_s, default=float("nan"))),
+        "early": sum(1 for x in t.lateness_s if x < 0),
+        "none lost or doubled": t.exactly_once,
+    }
+    return Report(
+        workload="steady",
+        command="",
+        parameters={
+            "rate_per_s": rate,
+            "duration_s": duration_s,
+            "strict_timing": True,
+            "worker processes": WORKERS,
+            "slots per worker": slots,
+            "lead_dispatch_s": "default" if lead_dispatch_s is None else lead_dispatch_s,
+        },
+        columns=list(row),
+        rows=[row],
+        targets=[
+            Target(f"steady {rate:g}/s lateness p50 ≤ 2 ms", p50 <= STEADY_P50_TARGET_S, ms(p50)),
+            Target(f"steady {rate:g}/s lateness p99 ≤ 10 ms", p99 <= STEADY_P99_TARGET_S, ms(p99)),
+        ],
+        notes=_notes(t),
+    )

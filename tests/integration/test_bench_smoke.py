@@ -1,0 +1,175 @@
+"""The benchmark suite keeps working: every workload of ``python -m bench`` at a tiny size.
+
+The workloads run in this process through the suite's entry point (``bench.__main__.main``)
+against the session's PostgreSQL and etcd, each starting its own scheduler (and worker)
+processes on a fresh database, exactly as a full run does. What is checked is that each
+one finishes, prints its table with the machine and parameters, writes its JSON, and (for
+those that check it) lost and doubled nothing. The numbers themselves are not judged:
+at this size and on a shared machine they mean nothing.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import json
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+from chronoshard.services import EtcdProcess, PostgresServer
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def bench_main() -> Iterator[ModuleType]:
+    # The repository root is not on sys.path under .venv/bin/pytest, so the `bench`
+    # package is loaded from its directory and registered under its own name.
+    spec = importlib.util.spec_from_file_location(
+        "bench", REPO / "bench" / "__init__.py", submodule_search_locations=[str(REPO / "bench")]
+    )
+    assert spec is not None and spec.loader is not None
+    package = importlib.util.module_from_spec(spec)
+    sys.modules["bench"] = package
+    try:
+        spec.loader.exec_module(package)
+        yield importlib.import_module("bench.__main__")
+    finally:
+        for name in [n for n in sys.modules if n == "bench" or n.startswith("bench.")]:
+            del sys.modules[name]
+
+
+def run(
+    bench_main: ModuleType,
+    argv: list[str],
+    server: PostgresServer,
+    etcd: EtcdProcess,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> tuple[str, dict[str, Any]]:
+    out = tmp_path / "report.json"
+    common = ["--dsn", server.admin_dsn, "--etcd", etcd.endpoint, "--json", str(out)]
+    assert bench_main.main([*argv, *common]) == 0
+    printed = capsys.readouterr().out
+    report = json.loads(out.read_text())
+    assert report["workload"] == argv[0]
+    assert report["command"].startswith(f"python -m bench {argv[0]}")
+    assert {"cpu", "cores", "python", "postgresql", "etcd"} <= set(report["machine"])
+    assert report["rows"], "no measurements"
+    assert f"### {argv[0]}" in printed
+    assert "| " + " | ".join(report["columns"]) + " |" in printed
+    return printed, report
+
+
+SIZES = [
+    pytest.param(["submit-single", "--clients", "4", "--duration-s", "1"], id="submit-single"),
+    pytest.param(["submit-batch", "--tasks", "1500", "--batch", "500"], id="submit-batch"),
+    pytest.param(["stampede", "200", "--slots", "50"], id="stampede"),
+    pytest.param(["steady", "50", "--duration-s", "2"], id="steady"),
+    pytest.param(["idle", "--timers", "3000", "--window-s", "1", "--settle-s", "0"], id="idle"),
+]
+
+
+@pytest.mark.parametrize("argv", SIZES)
+def test_workload_at_a_tiny_size(
+    bench_main: ModuleType,
+    argv: list[str],
+    postgres_server: PostgresServer,
+    etcd: EtcdProcess,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    _, report = run(bench_main, argv, postgres_server, etcd, tmp_path, capsys)
+    row = report["rows"][0]
+    if argv[0] == "submit-batch":
+        assert row["tasks"] == row["rows stored"] == 1500
+    if argv[0] in ("stampede", "steady"):
+        assert row["none lost or doubled"] is True
+    if argv[0] == "stampede":
+        assert row["completed"] == 200
+    if argv[0] == "steady":
+        assert row["started"] == row["tasks"] == 100
+    if argv[0] == "idle":
+        assert row["timers in wheel"] == 3000
+        assert 0 <= row["% of one core"] < 200  # two cores at most
+
+
+def test_wheel_reuses_bench_wheel(
+    bench_main: ModuleType, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "wheel.json"
+    argv = ["wheel", "--sizes", "1000,2000", "--repeat", "1", "--json", str(out)]
+    assert bench_main.main(argv) == 0
+    report = json.loads(out.read_text())
+    assert [(r["timers"], r["structure"]) for r in report["rows"]] == [
+        (1000, "wheel"),
+        (1000, "heapq"),
+        (2000, "wheel"),
+        (2000, "heapq"),
+    ]
+    assert report["targets"][0]["target"] == "wheel ≤ 250 bytes per pending timer"
+
+
+def test_failover_reuses_bench_failover(
+    bench_main: ModuleType,
+    postgres_server: PostgresServer,
+    etcd: EtcdProcess,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    argv = ["failover", "--ttl", "2", "--tasks", "60", "--spread", "3"]
+    _, report = run(bench_main, argv, postgres_server, etcd, tmp_path, capsys)
+    [row] = report["rows"]
+    assert row["exactly_once"] is True
+    assert row["orphaned_shards"] > 0
+
+
+def test_heartbeats_reports_bench_heartbeats(
+    bench_main: ModuleType,
+    postgres_server: PostgresServer,
+    etcd: EtcdProcess,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # bench/heartbeats.py has its own smoke test that runs it for real
+    # (test_bench_heartbeats_smoke.py); here only the suite's adapter is checked, with
+    # the windows a run returns, to keep this module's time small.
+    heartbeats = pytest.importorskip("bench.heartbeats")
+    calls: list[dict[str, Any]] = []
+
+    def fake_run(**kwargs: Any) -> Any:
+        calls.append(kwargs)
+        window = {
+            "seconds": 1.0,
+            "cpu_percent": 3.0,
+            "heartbeats_per_s": 4.0,
+            "heartbeat_statements_per_s": 2.0,
+            "leases_extended_per_s": 40.0,
+            "transactions_per_s": 5.0,
+            "revoked": 0,
+        }
+        return heartbeats.Result(
+            tasks=20,
+            workers=2,
+            heartbeat_s=0.5,
+            lease_s=3.0,
+            windows=[
+                heartbeats.Window(phase="idle", running_tasks=0, **window),
+                heartbeats.Window(phase="running", running_tasks=20, **window),
+            ],
+        )
+
+    monkeypatch.setattr(heartbeats, "run_benchmark", fake_run)
+    argv = ["heartbeats", "--tasks", "20", "--workers", "2", "--heartbeat-s", "0.5"]
+    _, report = run(bench_main, argv, postgres_server, etcd, tmp_path, capsys)
+    assert [r["phase"] for r in report["rows"]] == ["idle", "running"]
+    assert report["rows"][1]["running tasks"] == 20
+    [kwargs] = calls
+    assert (kwargs["tasks"], kwargs["workers"], kwargs["heartbeat_s"]) == (20, 2, 0.5)
+    assert kwargs["etcd_endpoint"] == etcd.endpoint
