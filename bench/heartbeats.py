@@ -17,12 +17,13 @@ handler and never settles, so 10,000 tasks stay RUNNING without 10,000 sleeping 
 handlers competing for the same two cores. Tasks are submitted through the public
 client, dispatched by the node as usual, and acknowledged.
 
-Two windows are measured: **idle** (workers connected, nothing running: the node's own
-loops) and **running** (every task RUNNING and heartbeated). Statements come from two
-sources: the gateway's counters (``heartbeat_statements``: exact, one ``extend_leases``
-per group commit) and ``pg_stat_database.xact_commit`` of the node's database (every
-transaction, all causes; PostgreSQL flushes these counters lazily, up to ~10 s late per
-backend, so over a window of a minute they are approximate).
+After a warm-up (start-up work, and PostgreSQL's lazy statistics), two windows are
+measured: **idle** (workers connected, nothing running: the node's own loops) and
+**running** (every task RUNNING and heartbeated). Statements come from two sources: the
+gateway's counters (``heartbeat_statements``: exact, one ``extend_leases`` per group
+commit) and ``pg_stat_database.xact_commit`` of the node's database (every transaction,
+all causes; PostgreSQL flushes these counters lazily, up to ~10 s late per backend, so
+over a window of a minute they are approximate).
 
 Run ``python bench/heartbeats.py [--tasks 10000] [--workers 20] [--window-s 60]
 [--json PATH]``; it prints a markdown table with the machine and the command.
@@ -64,6 +65,9 @@ DEFAULT_HEARTBEAT_S = 5.0  # DESIGN §7
 DEFAULT_LEASE_S = 30.0  # the issue's default lease
 DEFAULT_WINDOW_S = 60.0
 DEFAULT_IDLE_WINDOW_S = 30.0
+# Before the idle window: a node that just started claims its shards and loads them, and
+# PostgreSQL reports an idle backend's counters up to 10 s late. Neither is idle cost.
+DEFAULT_WARMUP_S = 15.0
 TASK_TYPE = "bench.hold"
 SHARDS = 64
 READY_TIMEOUT_S = 60.0
@@ -364,6 +368,7 @@ async def run_cluster_benchmark(
     window_s: float,
     idle_window_s: float,
     log_dir: Path,
+    warmup_s: float = DEFAULT_WARMUP_S,
 ) -> Result:
     """Measure against a migrated database at ``dsn`` and an etcd at ``etcd_endpoint``."""
     from chronoshard.scheduler.tenant_admin import create_tenant
@@ -396,6 +401,7 @@ async def run_cluster_benchmark(
                 stream.result()  # raises what ended it
             if not sim.welcomed.is_set():
                 raise TimeoutError(f"{sim.name} not welcomed:\n{scheduler.log_tail()}")
+        await asyncio.sleep(warmup_s)
         result.windows.append(await _measure("idle", 0, idle_window_s, scheduler, dsn, sims))
         async with Client(scheduler.address, api_key=api_key) as client:
             # Due now (no time given), no jitter: every task is dispatched at once.
@@ -429,6 +435,7 @@ def run_benchmark(
     lease_s: float = DEFAULT_LEASE_S,
     window_s: float = DEFAULT_WINDOW_S,
     idle_window_s: float = DEFAULT_IDLE_WINDOW_S,
+    warmup_s: float = DEFAULT_WARMUP_S,
     dsn: str | None = None,
     etcd_endpoint: str | None = None,
 ) -> Result:
@@ -458,6 +465,7 @@ def run_benchmark(
                 window_s=window_s,
                 idle_window_s=idle_window_s,
                 log_dir=log_dir,
+                warmup_s=warmup_s,
             )
         )
 
@@ -511,6 +519,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--lease-s", type=float, default=DEFAULT_LEASE_S)
     parser.add_argument("--window-s", type=float, default=DEFAULT_WINDOW_S)
     parser.add_argument("--idle-window-s", type=float, default=DEFAULT_IDLE_WINDOW_S)
+    parser.add_argument("--warmup-s", type=float, default=DEFAULT_WARMUP_S)
     parser.add_argument("--dsn", default=None, help="a migrated-or-empty database to use")
     parser.add_argument("--etcd", default=None, help="an etcd endpoint to use")
     parser.add_argument("--json", type=Path, default=None, help="also write results here")
@@ -522,6 +531,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         lease_s=args.lease_s,
         window_s=args.window_s,
         idle_window_s=args.idle_window_s,
+        warmup_s=args.warmup_s,
         dsn=args.dsn,
         etcd_endpoint=args.etcd,
     )

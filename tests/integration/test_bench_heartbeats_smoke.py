@@ -44,6 +44,7 @@ def test_heartbeat_cost_is_measured_at_a_tiny_size(
         lease_s=3.0,
         window_s=2.0,
         idle_window_s=1.0,
+        warmup_s=0.0,
         dsn=fresh_db_dsn,
         etcd_endpoint=etcd.endpoint,
     )
