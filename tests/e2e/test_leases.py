@@ -25,6 +25,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import grpc
 import psycopg
 import pytest
 from fixtures.waiting import eventually
@@ -33,6 +34,8 @@ from harness.processes import ManagedProcess, ProcessGroup, SchedulerHandle
 from chronoshard import Client, RetryPolicy, SubmitResult, Task, TaskSpec
 from chronoshard.scheduler.tenant_admin import create_tenant
 from chronoshard.services import EtcdProcess
+from chronoshard.v1 import common_pb2, worker_service_pb2, worker_service_pb2_grpc
+from chronoshard.wire import error_info_from_metadata
 
 E2E_DIR = Path(__file__).resolve().parent
 EXAMPLES_DIR = E2E_DIR.parents[1] / "examples"
@@ -207,6 +210,9 @@ DRAIN_GRACE_S = 4.0
 # After the grace the handler notices the stop within one row and raises; the release is
 # one group commit; then the worker closes its streams. This bounds all of that.
 DRAIN_EXIT_BOUND_S = DRAIN_GRACE_S + 3.0
+# A released task is back on the wheel at once: its next intent follows within this
+# (far below the lease, which a lost task would wait for).
+REDISPATCH_BOUND_S = 1.0
 
 
 async def test_sigterm_releases_a_long_task_with_its_checkpoint_and_another_worker_resumes(
@@ -264,6 +270,11 @@ async def test_sigterm_releases_a_long_task_with_its_checkpoint_and_another_work
     assert done.retry_count == 0, "a drain must not use up a retry"
     history = [(a.attempt, a.state.value, a.worker_id) for a in done.attempts]
     assert history == [(1, "RELEASED", first), (2, "SUCCEEDED", second)]
+    # Dispatched again as soon as it was released, not when a lease ran out.
+    released_at, redispatched_at = done.attempts[0].finished_at, done.attempts[1].entered_at
+    assert released_at is not None and redispatched_at is not None
+    gap_s = (redispatched_at - released_at).total_seconds()
+    assert gap_s <= REDISPATCH_BOUND_S, f"released to redispatched: {gap_s:.2f} s"
 
     rows = await _ledger(cluster.dsn, [task_id])
     stopped = _events(rows, "stopped")
@@ -364,6 +375,158 @@ async def test_a_handler_past_its_timeout_fails_timed_out_and_is_retried(
     interrupted = _events(rows, "interrupted")
     assert [(r["attempt"], r["detail"]) for r in interrupted] == [(1, {"reason": "timed_out"})]
     assert [r["attempt"] for r in _events(rows, "committed")] == [2]
+
+
+# ---- fencing on every message -------------------------------------------------------------
+
+
+async def test_every_message_with_a_stale_token_is_refused_and_changes_nothing(
+    cluster: LeaseCluster, client: Client
+) -> None:
+    """Ack, heartbeat (with a checkpoint), complete, fail and release, each with a token
+    that is not the running attempt's, on the stream and through the unary RPCs: all are
+    refused with STALE_FENCING_TOKEN (FAILED_PRECONDITION for the unary calls) and the
+    task row does not change; the real worker then ends its attempt normally."""
+    queue = "fencing"
+    process = cluster.lease_worker("fencing-w", queue)
+    try:
+        await wait_connected(process)
+        submitted = await client.submit(
+            "lease.cancellable", {"wait_s": 60}, queue=queue, strict_timing=True
+        )
+        task_id = submitted.task.id
+
+        async def running() -> Task | None:
+            task = await client.get(task_id)
+            return task if task.status.value == "RUNNING" else None
+
+        before = await eventually(running, timeout_s=WORKER_READY_S, what="task RUNNING")
+        assert before.fencing_token == 1
+        ref = common_pb2.TaskRef(id=task_id)
+        assert before.scheduled_at is not None
+        ref.scheduled_at.FromDatetime(before.scheduled_at)
+        metadata = (("authorization", f"Bearer {cluster.api_key}"),)
+        async with grpc.aio.insecure_channel(cluster.node.address) as channel:
+            stub = worker_service_pb2_grpc.WorkerServiceStub(channel)
+            for stale in (0, 2):
+                unary = [
+                    stub.Complete(
+                        worker_service_pb2.CompleteRequest(
+                            worker_id="intruder",
+                            complete=worker_service_pb2.Complete(
+                                task=ref, fencing_token=stale, result_json=b'"stolen"'
+                            ),
+                        ),
+                        metadata=metadata,
+                        timeout=5,
+                    ),
+                    stub.Fail(
+                        worker_service_pb2.FailRequest(
+                            worker_id="intruder",
+                            fail=worker_service_pb2.Fail(
+                                task=ref, fencing_token=stale, error_message="no"
+                            ),
+                        ),
+                        metadata=metadata,
+                        timeout=5,
+                    ),
+                    stub.Release(
+                        worker_service_pb2.ReleaseRequest(
+                            worker_id="intruder",
+                            release=worker_service_pb2.Release(
+                                task=ref,
+                                fencing_token=stale,
+                                reason=worker_service_pb2.RELEASE_REASON_DRAINING,
+                                checkpoint=b'{"next": 999}',
+                            ),
+                        ),
+                        metadata=metadata,
+                        timeout=5,
+                    ),
+                ]
+                for call in unary:
+                    with pytest.raises(grpc.aio.AioRpcError) as info:
+                        await call
+                    assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+                    error = error_info_from_metadata(info.value.trailing_metadata())
+                    assert error is not None and error.reason == "STALE_FENCING_TOKEN"
+            receipts, reply = await _stale_on_the_stream(stub, metadata, ref, stale_token=2)
+        assert {r.kind: r.error.reason for r in receipts} == {
+            worker_service_pb2.SETTLEMENT_KIND_ACK: "STALE_FENCING_TOKEN",
+            worker_service_pb2.SETTLEMENT_KIND_COMPLETE: "STALE_FENCING_TOKEN",
+            worker_service_pb2.SETTLEMENT_KIND_FAIL: "STALE_FENCING_TOKEN",
+            worker_service_pb2.SETTLEMENT_KIND_RELEASE: "STALE_FENCING_TOKEN",
+        }
+        assert [(r.task.id, r.fencing_token) for r in reply.revoked] == [(task_id, 2)]
+
+        after = await client.get(task_id, attempts=True)
+        assert (after.status.value, after.fencing_token, after.worker_id) == (
+            "RUNNING",
+            1,
+            "fencing-w",
+        )
+        assert after.checkpoint == before.checkpoint and after.result is None
+        assert [(a.attempt, a.state.value) for a in after.attempts] == [(1, "RUNNING")]
+        # The real attempt is untouched: it still ends the normal way.
+        await client.cancel(task_id)
+        done = await eventually(
+            lambda: _finished(client, task_id), timeout_s=30, what="task cancelled"
+        )
+    except BaseException:
+        print(cluster.group.logs())
+        raise
+    finally:
+        process.kill()
+    assert done.status.value == "CANCELLED"
+    assert [(a.attempt, a.state.value) for a in done.attempts] == [(1, "CANCELLED")]
+
+
+async def _stale_on_the_stream(
+    stub: worker_service_pb2_grpc.WorkerServiceStub,
+    metadata: tuple[tuple[str, str], ...],
+    ref: common_pb2.TaskRef,
+    stale_token: int,
+) -> tuple[list[worker_service_pb2.Receipt], worker_service_pb2.HeartbeatReply]:
+    """A raw worker session sends every message about ``ref`` with ``stale_token``; the
+    receipts and the heartbeat reply it gets back."""
+    w = worker_service_pb2
+    messages = [
+        w.WorkerMessage(hello=w.Hello(worker_id="intruder", task_types=["none"], slots=1)),
+        w.WorkerMessage(ack=w.Ack(task=ref, fencing_token=stale_token)),
+        w.WorkerMessage(
+            heartbeat=w.Heartbeat(
+                running=[w.RunningTask(task=ref, fencing_token=stale_token, checkpoint=b'{"x": 1}')]
+            )
+        ),
+        w.WorkerMessage(complete=w.Complete(task=ref, fencing_token=stale_token)),
+        w.WorkerMessage(fail=w.Fail(task=ref, fencing_token=stale_token, error_message="x")),
+        w.WorkerMessage(
+            release=w.Release(task=ref, fencing_token=stale_token, reason=w.RELEASE_REASON_DRAINING)
+        ),
+    ]
+    done = asyncio.Event()
+
+    async def requests() -> AsyncIterator[worker_service_pb2.WorkerMessage]:
+        for message in messages:
+            yield message
+        await done.wait()
+
+    receipts: list[worker_service_pb2.Receipt] = []
+    reply: worker_service_pb2.HeartbeatReply | None = None
+    stream = stub.Connect(requests(), metadata=metadata)
+    async with asyncio.timeout(15):
+        async for message in stream:
+            kind = message.WhichOneof("message")
+            if kind == "receipt":
+                receipts.append(message.receipt)
+            elif kind == "heartbeat_reply":
+                reply = message.heartbeat_reply
+            if len(receipts) == 4 and reply is not None:
+                break
+    done.set()
+    stream.cancel()
+    assert reply is not None
+    return receipts, reply
 
 
 # ---- the zombie worker -------------------------------------------------------------------
