@@ -5,7 +5,9 @@ Each RPC is the same three steps. The caller is authenticated from its API key
 everything the call can see or touch (DESIGN §11). The request is parsed and validated
 completely by the pure functions of :mod:`.convert` before anything is written, so a
 bad field is refused (``INVALID_ARGUMENT`` naming it) with nothing written. Then one
-store call does the work, in one transaction.
+store call does the work, in one transaction. Single ``SubmitTask`` calls share that
+transaction with concurrent ones (group commit, :class:`~.submits.SubmitCoalescer`):
+each is still answered only after its row committed, with its own outcome.
 
 Errors leave in exactly one place, :meth:`TaskServiceServicer._serve`: a
 :class:`~.errors.SchedulerError` becomes the gRPC status its class names plus an
@@ -41,6 +43,7 @@ from chronoshard.scheduler.errors import (
 from chronoshard.scheduler.ids import new_task_id
 from chronoshard.scheduler.models import PreparedTask, SubmitResult, Task, Tenant
 from chronoshard.scheduler.store import Store
+from chronoshard.scheduler.submits import SubmitCoalescer
 from chronoshard.scheduler.task_queries import PageCursor, TaskQueries
 from chronoshard.v1 import common_pb2, task_service_pb2, task_service_pb2_grpc
 from chronoshard.wire import error_info_metadata
@@ -97,6 +100,9 @@ class TaskServiceServicer(task_service_pb2_grpc.TaskServiceServicer):
         self._limits = convert.SubmitLimits.from_config(config)
         self._max_batch = config.limits.max_batch_tasks
         self._max_page_size = config.limits.max_list_page_size
+        # Single submits from many clients share transactions (group commit); each
+        # caller is answered after its own row committed.
+        self._submits = SubmitCoalescer(store)
 
     # --- the RPCs (each is the boundary wrapper around one handler) ----------------------
 
@@ -160,7 +166,11 @@ class TaskServiceServicer(task_service_pb2_grpc.TaskServiceServicer):
     ) -> task_service_pb2.SubmitTaskResponse:
         trace = convert.trace_context_from_metadata(context.invocation_metadata())
         prepared = self._prepare(tenant, request, trace, prefix="")
-        [result] = await self._insert(tenant, [prepared], prefix="")
+        try:
+            result = await self._submits.submit(tenant.id, prepared)
+        except IdempotencyConflict as exc:
+            exc.field = "idempotency_key"  # type: ignore[attr-defined]
+            raise
         self._notify_submitted([result])
         return _submit_response(result)
 

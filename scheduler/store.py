@@ -26,7 +26,7 @@ returned datetimes are in UTC whatever the server's default.
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import datetime
@@ -37,10 +37,11 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
-from chronoshard.scheduler import queries, states
+from chronoshard.scheduler import queries, states, submits
 from chronoshard.scheduler.errors import (
     IdempotencyConflict,
     InvalidArgument,
+    SchedulerError,
     ShardEpochLost,
     StoreUnavailable,
     TaskNotFound,
@@ -312,104 +313,134 @@ class Store:
         it resolved to), which ``prepare`` cannot know.
 
         Raises what :meth:`insert_tasks` raises, except the validation errors of
-        ``prepare``; nothing is written when it raises.
+        ``prepare``; nothing is written when it raises. Of several failing tasks, the
+        first in ``prepared`` order is reported.
         """
         if len({p.new.id for p in prepared}) != len(prepared):
             raise InvalidArgument("id", "two tasks in one batch share an id")
         if not prepared:
             return []
         async with self.transaction() as conn:
-            cur = await conn.execute(self._q["tenant_exists"], {"tenant_id": tenant_id})
-            exists = await cur.fetchone()
-            if exists is None or not exists[0]:
-                raise TenantNotFound(tenant_id)
-            originals = await self._claim_keys(conn, tenant_id, prepared)
-            inserted = await self._insert_new(
-                conn, tenant_id, [p for p in prepared if p.new.id not in originals]
+            outcomes = await self._write_submits(
+                conn, [(tenant_id, p) for p in prepared], all_or_nothing=True
             )
-            repeated = await self._fetch_originals(conn, tenant_id, originals.values())
-        results: list[SubmitResult] = []
-        for p in prepared:
-            original = originals.get(p.new.id)
-            if original is None:
-                results.append(SubmitResult(inserted[p.new.id], created=True))
-            else:
-                results.append(SubmitResult(repeated[original.id], created=False))
-        return results
+        return [o for o in outcomes if isinstance(o, SubmitResult)]
 
-    async def _claim_keys(
-        self, conn: Connection, tenant_id: uuid.UUID, prepared: Sequence[PreparedTask]
-    ) -> dict[uuid.UUID, TaskRef]:
-        """Claim the batch's idempotency keys; for each task that repeats an earlier
-        request, the ref of the original task, keyed by the repeat's id.
+    async def insert_each(
+        self, requests: Sequence[submits.Request]
+    ) -> list[SubmitResult | SchedulerError]:
+        """Write submits of any tenants in one transaction, each with its own outcome.
+
+        What group commit writes (:class:`~.submits.SubmitCoalescer`): a request that
+        would fail alone (an unknown tenant, a key reused with a different request, an
+        id already in the batch) gets its error in its place, and the others are written.
 
         Raises:
-            IdempotencyConflict: a key is owned by a different request.
+            StoreUnavailable: PostgreSQL failed; nothing was written.
         """
-        keyed = sorted(
-            (p for p in prepared if p.new.idempotency_key is not None),
-            key=lambda p: str(p.new.idempotency_key),
+        if not requests:
+            return []
+        async with self.transaction() as conn:
+            return await self._write_submits(conn, requests, all_or_nothing=False)
+
+    async def _write_submits(
+        self, conn: Connection, requests: Sequence[submits.Request], *, all_or_nothing: bool
+    ) -> list[SubmitResult | SchedulerError]:
+        """The batch, in the caller's transaction: tenants checked, keys claimed and
+        resolved, new tasks inserted in one statement, repeats read back. With
+        ``all_or_nothing``, the first request's error is raised before anything is
+        inserted (the caller's transaction then rolls the key claims back)."""
+        outcomes: list[SubmitResult | SchedulerError | None] = [None] * len(requests)
+        cur = await conn.execute(
+            self._q["tenants_exist"], {"tenant_ids": list({t for t, _ in requests})}
         )
+        tenants = {row[0] for row in await cur.fetchall()}
+        seen: set[uuid.UUID] = set()
+        for i, (tenant_id, p) in enumerate(requests):
+            if tenant_id not in tenants:
+                outcomes[i] = TenantNotFound(tenant_id)
+            elif p.new.id in seen:
+                outcomes[i] = InvalidArgument("id", "two tasks in one batch share an id")
+            seen.add(p.new.id)
+        if all_or_nothing:
+            _raise_first(outcomes)
+        valid = [(i, r) for i, r in enumerate(requests) if outcomes[i] is None]
+        owners = await self._claim_keys(conn, [r for _, r in valid])
+        resolutions = submits.resolve_keys([r for _, r in valid], owners)
+        for (i, _), resolution in zip(valid, resolutions, strict=True):
+            if isinstance(resolution, IdempotencyConflict):
+                outcomes[i] = resolution
+        if all_or_nothing:
+            _raise_first(outcomes)
+        new = [(i, r) for (i, r), res in zip(valid, resolutions, strict=True) if res is None]
+        inserted = await self._insert_new(conn, [r for _, r in new])
+        for i, (_, p) in new:
+            outcomes[i] = SubmitResult(inserted[p.new.id], created=True)
+        repeats = [
+            (i, (r[0], res))
+            for (i, r), res in zip(valid, resolutions, strict=True)
+            if isinstance(res, TaskRef)
+        ]
+        originals = await self._fetch_originals(conn, [ref for _, ref in repeats])
+        for i, (_, ref) in repeats:
+            outcomes[i] = SubmitResult(originals[ref.id], created=False)
+        return [o for o in outcomes if o is not None]
+
+    async def _claim_keys(
+        self, conn: Connection, requests: Sequence[submits.Request]
+    ) -> dict[tuple[uuid.UUID, str], submits.KeyOwner]:
+        """Claim the batch's idempotency keys; who owns each key afterwards."""
+        keyed = submits.keyed_in_claim_order(requests)
         if not keyed:
             return {}
-        keys = [str(p.new.idempotency_key) for p in keyed]
         await conn.execute(
             self._q["claim_idempotency_keys"],
             {
-                "tenant_id": tenant_id,
-                "keys": keys,
-                "task_ids": [p.new.id for p in keyed],
-                "scheduled_ats": [p.new.scheduled_at for p in keyed],
-                "fingerprints": [p.fingerprint for p in keyed],
+                "tenant_ids": [t for t, _ in keyed],
+                "keys": [p.new.idempotency_key for _, p in keyed],
+                "task_ids": [p.new.id for _, p in keyed],
+                "scheduled_ats": [p.new.scheduled_at for _, p in keyed],
+                "fingerprints": [p.fingerprint for _, p in keyed],
             },
         )
+        wanted = sorted({(t, str(p.new.idempotency_key)) for t, p in keyed}, key=str)
         cur = await conn.execute(
-            self._q["get_idempotency_keys"], {"tenant_id": tenant_id, "keys": keys}
+            self._q["get_idempotency_keys"],
+            {"tenant_ids": [t for t, _ in wanted], "keys": [k for _, k in wanted]},
         )
-        owners = {str(key): (task_id, at, fp) for key, task_id, at, fp in await cur.fetchall()}
-        originals: dict[uuid.UUID, TaskRef] = {}
-        for p in keyed:
-            key = str(p.new.idempotency_key)
-            owner_id, owner_at, owner_fp = owners[key]
-            if owner_id == p.new.id:
-                continue
-            if owner_fp != p.fingerprint:
-                raise IdempotencyConflict(key, owner_id)
-            originals[p.new.id] = TaskRef(owner_at, owner_id)
-        return originals
+        return {
+            (tenant_id, key): submits.KeyOwner(task_id, at, fingerprint)
+            for tenant_id, key, task_id, at, fingerprint in await cur.fetchall()
+        }
 
     async def _insert_new(
-        self, conn: Connection, tenant_id: uuid.UUID, prepared: Sequence[PreparedTask]
+        self, conn: Connection, requests: Sequence[submits.Request]
     ) -> dict[uuid.UUID, Task]:
-        if not prepared:
+        if not requests:
             return {}
         cur = conn.cursor(row_factory=dict_row)
-        # executemany runs in pipeline mode: one round trip for the batch, one result
-        # set per row.
-        await cur.executemany(
-            self._q["insert_task"],
-            [_insert_params(tenant_id, p) for p in prepared],
-            returning=True,
-        )
-        return {task.id: task for task in await _all_results(cur, task_from_row)}
+        # One statement for the batch (arrays unnested into rows): no per-row parse,
+        # bind or round trip.
+        await cur.execute(self._q["insert_tasks"], submits.insert_columns(requests))
+        return {task.id: task for task in map(task_from_row, await cur.fetchall())}
 
     async def _fetch_originals(
-        self, conn: Connection, tenant_id: uuid.UUID, refs: Iterable[TaskRef]
+        self, conn: Connection, refs: Sequence[tuple[uuid.UUID, TaskRef]]
     ) -> dict[uuid.UUID, Task]:
-        wanted = list(refs)
-        if not wanted:
+        """The original tasks of repeated requests, as ``(tenant, ref)`` pairs."""
+        if not refs:
             return {}
         cur = conn.cursor(row_factory=dict_row)
         await cur.execute(
             self._q["get_tasks_by_ref"],
             {
-                "tenant_id": tenant_id,
-                "scheduled_ats": [r.scheduled_at for r in wanted],
-                "ids": [r.id for r in wanted],
+                "tenant_ids": list({t for t, _ in refs}),
+                "scheduled_ats": [r.scheduled_at for _, r in refs],
+                "ids": [r.id for _, r in refs],
             },
         )
         found = {task.id: task for task in map(task_from_row, await cur.fetchall())}
-        for ref in wanted:
+        for _, ref in refs:
             if ref.id not in found:
                 # Retention deletes a task's key with its partition, so a key always has
                 # its task; reaching this means the two were separated by hand.
@@ -502,35 +533,10 @@ class Store:
             return await _all_results(cur, lambda row: TaskRef(row[0], row[1]))
 
 
-def _insert_params(tenant_id: uuid.UUID, p: PreparedTask) -> dict[str, Any]:
-    new = p.new
-    return {
-        "id": new.id,
-        "tenant_id": tenant_id,
-        "type": new.type,
-        "scheduled_at": new.scheduled_at,
-        "due_at": new.due_at,
-        "idempotency_key": new.idempotency_key,
-        "max_retries": new.max_retries,
-        "backoff_initial_s": float(new.backoff_initial_s),
-        "backoff_max_s": float(new.backoff_max_s),
-        "backoff_multiplier": float(new.backoff_multiplier),
-        "jitter_mode": str(new.jitter_mode),
-        "payload": p.payload_json,
-        "shard": new.shard,
-        "priority": str(new.priority),
-        "queue": new.queue,
-        "strict_timing": new.strict_timing,
-        "idempotent": new.idempotent,
-        "timeout_s": None if new.timeout_s is None else float(new.timeout_s),
-        "job_id": new.job_id,
-        "workflow_id": new.workflow_id,
-        "unresolved_dependencies": new.unresolved_dependencies,
-        "schedule_id": new.schedule_id,
-        "logical_date": new.logical_date,
-        "trace_context": None if new.trace_context is None else Jsonb(new.trace_context),
-        "submitted_by": new.submitted_by,
-    }
+def _raise_first(outcomes: Sequence[SubmitResult | SchedulerError | None]) -> None:
+    for outcome in outcomes:
+        if isinstance(outcome, SchedulerError):
+            raise outcome
 
 
 async def _all_results(cur: psycopg.AsyncCursor[_R], build: Callable[[_R], _T]) -> list[_T]:

@@ -41,47 +41,65 @@ WHERE id = %(tenant_id)s
 RETURNING id, name, tier, rate_limit_rps, max_concurrent_workers, home_region, api_key_hash,
           created_at, operator;
 
--- name: tenant_exists
-SELECT EXISTS (SELECT 1 FROM tenants WHERE id = %(tenant_id)s);
+-- name: tenants_exist
+SELECT id FROM tenants WHERE id = ANY(%(tenant_ids)s::uuid[]);
 
 -- name: claim_idempotency_keys
--- One statement for the whole batch, in key order, so two batches sharing keys lock them
--- in the same order (no deadlock). ON CONFLICT DO NOTHING waits for a concurrent insert
--- of the same key to commit or abort, then skips: whoever committed first owns the key.
--- A key repeated inside one batch is claimed by its first occurrence.
+-- One statement for the whole batch (which may hold several tenants' submits, coalesced
+-- by group commit), in (tenant, key) order, so two batches sharing keys lock them in the
+-- same order (no deadlock). ON CONFLICT DO NOTHING waits for a concurrent insert of the
+-- same key to commit or abort, then skips: whoever committed first owns the key. A key
+-- repeated inside one batch is claimed by its first occurrence.
 INSERT INTO idempotency_keys (tenant_id, key, task_id, scheduled_at, request_fingerprint)
-SELECT %(tenant_id)s, k.key, k.task_id, k.scheduled_at, k.fingerprint
-FROM unnest(%(keys)s::text[], %(task_ids)s::uuid[], %(scheduled_ats)s::timestamptz[],
-            %(fingerprints)s::text[]) WITH ORDINALITY AS k(key, task_id, scheduled_at, fingerprint, ord)
+SELECT k.tenant_id, k.key, k.task_id, k.scheduled_at, k.fingerprint
+FROM unnest(%(tenant_ids)s::uuid[], %(keys)s::text[], %(task_ids)s::uuid[],
+            %(scheduled_ats)s::timestamptz[], %(fingerprints)s::text[])
+     WITH ORDINALITY AS k(tenant_id, key, task_id, scheduled_at, fingerprint, ord)
 ORDER BY k.ord
 ON CONFLICT (tenant_id, key) DO NOTHING;
 
 -- name: get_idempotency_keys
-SELECT key, task_id, scheduled_at, request_fingerprint
-FROM idempotency_keys
-WHERE tenant_id = %(tenant_id)s AND key = ANY(%(keys)s::text[]);
+SELECT i.tenant_id, i.key, i.task_id, i.scheduled_at, i.request_fingerprint
+FROM idempotency_keys AS i
+JOIN unnest(%(tenant_ids)s::uuid[], %(keys)s::text[]) AS k(tenant_id, key)
+  ON i.tenant_id = k.tenant_id AND i.key = k.key;
 
--- name: insert_task
+-- name: insert_tasks
+-- A whole batch in one statement: one array per column, unnested into rows. One parse,
+-- one plan and one round trip however many rows; PostgreSQL routes each row to its day
+-- partition. Payloads and trace contexts arrive as JSON text and are cast per row.
 INSERT INTO tasks (
     id, tenant_id, type, scheduled_at, due_at, status, idempotency_key, max_retries,
     backoff_initial_s, backoff_max_s, backoff_multiplier, jitter_mode, payload, shard,
     priority, queue, strict_timing, idempotent, timeout_s, job_id, workflow_id,
     unresolved_dependencies, schedule_id, logical_date, trace_context, submitted_by
-) VALUES (
-    %(id)s, %(tenant_id)s, %(type)s, %(scheduled_at)s, %(due_at)s, 'SCHEDULED',
-    %(idempotency_key)s, %(max_retries)s, %(backoff_initial_s)s, %(backoff_max_s)s,
-    %(backoff_multiplier)s, %(jitter_mode)s, %(payload)s::jsonb, %(shard)s, %(priority)s,
-    %(queue)s, %(strict_timing)s, %(idempotent)s, %(timeout_s)s, %(job_id)s, %(workflow_id)s,
-    %(unresolved_dependencies)s, %(schedule_id)s, %(logical_date)s, %(trace_context)s::jsonb,
-    %(submitted_by)s
 )
+SELECT t.id, t.tenant_id, t.type, t.scheduled_at, t.due_at, 'SCHEDULED', t.idempotency_key,
+       t.max_retries, t.backoff_initial_s, t.backoff_max_s, t.backoff_multiplier,
+       t.jitter_mode, t.payload::jsonb, t.shard, t.priority, t.queue, t.strict_timing,
+       t.idempotent, t.timeout_s, t.job_id, t.workflow_id, t.unresolved_dependencies,
+       t.schedule_id, t.logical_date, t.trace_context::jsonb, t.submitted_by
+FROM unnest(
+    %(id)s::uuid[], %(tenant_id)s::uuid[], %(type)s::text[], %(scheduled_at)s::timestamptz[],
+    %(due_at)s::timestamptz[], %(idempotency_key)s::text[], %(max_retries)s::integer[],
+    %(backoff_initial_s)s::double precision[], %(backoff_max_s)s::double precision[],
+    %(backoff_multiplier)s::double precision[], %(jitter_mode)s::text[],
+    %(payload)s::text[], %(shard)s::smallint[], %(priority)s::text[], %(queue)s::text[],
+    %(strict_timing)s::boolean[], %(idempotent)s::boolean[],
+    %(timeout_s)s::double precision[], %(job_id)s::text[], %(workflow_id)s::uuid[],
+    %(unresolved_dependencies)s::integer[], %(schedule_id)s::uuid[],
+    %(logical_date)s::timestamptz[], %(trace_context)s::text[], %(submitted_by)s::text[]
+) AS t(id, tenant_id, type, scheduled_at, due_at, idempotency_key, max_retries,
+       backoff_initial_s, backoff_max_s, backoff_multiplier, jitter_mode, payload, shard,
+       priority, queue, strict_timing, idempotent, timeout_s, job_id, workflow_id,
+       unresolved_dependencies, schedule_id, logical_date, trace_context, submitted_by)
 RETURNING *;
 
 -- name: get_tasks_by_ref
 -- Originals of idempotent repeats: scheduled_at = ANY prunes to their partitions.
 SELECT *
 FROM tasks
-WHERE tenant_id = %(tenant_id)s
+WHERE tenant_id = ANY(%(tenant_ids)s::uuid[])
   AND scheduled_at = ANY(%(scheduled_ats)s::timestamptz[])
   AND id = ANY(%(ids)s::uuid[]);
 

@@ -1,0 +1,208 @@
+"""Group commit of submits against a real PostgreSQL: ``Store.insert_each`` (several
+tenants, per-item outcomes in one transaction) and concurrent ``SubmitTask`` RPCs through
+a real grpc.aio server, where an invalid request or a reused key fails alone."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import grpc
+import psycopg
+import pytest
+from google.protobuf import timestamp_pb2
+
+from chronoshard.scheduler.api import TaskServiceServicer
+from chronoshard.scheduler.auth import Authenticator, hash_api_key, new_api_key
+from chronoshard.scheduler.config import SchedulerConfig, SchedulingConfig
+from chronoshard.scheduler.errors import IdempotencyConflict, InvalidArgument, TenantNotFound
+from chronoshard.scheduler.ids import new_task_id
+from chronoshard.scheduler.jitter import JitterMode
+from chronoshard.scheduler.models import (
+    DEFAULT_PAYLOAD_LIMIT_BYTES,
+    NewTask,
+    PreparedTask,
+    SubmitResult,
+    Tenant,
+    prepare,
+)
+from chronoshard.scheduler.sharding import shard_of
+from chronoshard.scheduler.store import Store
+from chronoshard.scheduler.submits import SubmitCoalescer
+from chronoshard.v1 import task_service_pb2, task_service_pb2_grpc
+from chronoshard.wire import error_info_from_metadata
+
+SHARDS = 16
+AT = datetime.now(UTC).replace(microsecond=0) + timedelta(days=1)
+Req = task_service_pb2.SubmitTaskRequest
+
+
+@pytest.fixture
+async def store(db_dsn: str) -> AsyncIterator[Store]:
+    async with await Store.open(db_dsn, min_size=1, max_size=4) as opened:
+        yield opened
+
+
+async def _tenant(store: Store) -> tuple[Tenant, str]:
+    key = new_api_key()
+    tenant = await store.create_tenant(
+        f"t-{uuid.uuid4().hex}", "standard", 100.0, 10, "local", hash_api_key(key)
+    )
+    return tenant, key
+
+
+def _prepared(key: str | None = None, **overrides: Any) -> PreparedTask:
+    task_id = new_task_id()
+    fields: dict[str, Any] = {
+        "id": task_id,
+        "type": "t",
+        "scheduled_at": AT,
+        "due_at": AT,
+        "shard": shard_of(task_id, SHARDS),
+        "payload": {"v": 1},
+        "idempotency_key": key,
+        "jitter_mode": JitterMode.NONE,
+    }
+    fields.update(overrides)
+    return prepare(NewTask(**fields), payload_limit_bytes=DEFAULT_PAYLOAD_LIMIT_BYTES)
+
+
+def _fields(task: NewTask) -> dict[str, Any]:
+    return {name: getattr(task, name) for name in NewTask.__dataclass_fields__}
+
+
+async def _count(dsn: str, sql: str, *params: Any) -> int:
+    async with await psycopg.AsyncConnection.connect(dsn) as conn:
+        cur = await conn.execute(sql, params)  # type: ignore[arg-type]
+        row = await cur.fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+async def test_insert_each_gives_every_request_its_own_outcome(store: Store, db_dsn: str) -> None:
+    (a, _), (b, _) = await _tenant(store), await _tenant(store)
+    earlier = _prepared("k-old")
+    await store.insert_prepared(a.id, [earlier])
+    plain_a, plain_b = _prepared(), _prepared()
+    shared_first, shared_again = _prepared("k-new"), _prepared("k-new")
+    repeat_of_earlier = _prepared("k-old")
+    conflicting = _prepared("k-old", payload={"v": 2})
+    same_key_other_tenant = _prepared("k-old", payload={"v": 2})
+    unknown = uuid.uuid4()
+    outcomes = await store.insert_each(
+        [
+            (a.id, plain_a),
+            (b.id, plain_b),
+            (a.id, shared_first),
+            (a.id, shared_again),
+            (a.id, repeat_of_earlier),
+            (a.id, conflicting),
+            (b.id, same_key_other_tenant),
+            (unknown, _prepared()),
+        ]
+    )
+    created = [o.task.id for o in outcomes if isinstance(o, SubmitResult) and o.created]
+    assert created == [
+        plain_a.new.id,
+        plain_b.new.id,
+        shared_first.new.id,
+        same_key_other_tenant.new.id,
+    ]
+    again, repeat = outcomes[3], outcomes[4]
+    assert isinstance(again, SubmitResult) and again.task.id == shared_first.new.id
+    assert isinstance(repeat, SubmitResult) and repeat.task.id == earlier.new.id
+    assert not again.created and not repeat.created
+    assert isinstance(outcomes[5], IdempotencyConflict)
+    assert outcomes[5].original_task_id == earlier.new.id
+    assert isinstance(outcomes[7], TenantNotFound)
+    assert outcomes[6] == SubmitResult(outcomes[6].task, created=True)  # type: ignore[union-attr]
+    assert outcomes[6].task.tenant_id == b.id  # type: ignore[union-attr]
+    assert await _count(db_dsn, "SELECT count(*) FROM tasks WHERE tenant_id = %s", a.id) == 3
+    assert await _count(db_dsn, "SELECT count(*) FROM tasks WHERE tenant_id = %s", b.id) == 2
+
+
+async def test_insert_prepared_stays_all_or_nothing(store: Store, db_dsn: str) -> None:
+    tenant, _ = await _tenant(store)
+    await store.insert_prepared(tenant.id, [_prepared("taken")])
+    with pytest.raises(IdempotencyConflict):
+        await store.insert_prepared(
+            tenant.id, [_prepared("fresh"), _prepared("taken", payload={"v": 2})]
+        )
+    keys = "SELECT count(*) FROM idempotency_keys WHERE tenant_id = %s"
+    assert await _count(db_dsn, keys, tenant.id) == 1
+    with pytest.raises(TenantNotFound):
+        await store.insert_prepared(uuid.uuid4(), [_prepared()])
+    with pytest.raises(InvalidArgument):
+        p = _prepared()
+        await store.insert_prepared(tenant.id, [p, p])
+
+
+async def test_a_row_the_database_refuses_fails_alone(store: Store, db_dsn: str) -> None:
+    tenant, _ = await _tenant(store)
+    # Built past validation: the database's CHECK on the type refuses it, which fails
+    # the whole multi-row statement; the coalescer then writes each request alone.
+    valid = _prepared()
+    bad = PreparedTask(
+        NewTask(**{**_fields(valid.new), "type": "x" * 300}), valid.payload_json, "fp"
+    )
+    good = [_prepared() for _ in range(3)]
+    coalescer = SubmitCoalescer(store, linger_s=0.01)
+    outcomes = await asyncio.gather(
+        *(coalescer.submit(tenant.id, p) for p in [good[0], bad, *good[1:]]),
+        return_exceptions=True,
+    )
+    assert isinstance(outcomes[1], psycopg.errors.CheckViolation)
+    assert [o.task.id for o in outcomes if isinstance(o, SubmitResult)] == [p.new.id for p in good]
+    assert coalescer.stats["isolated_retries"] == 4
+    assert await _count(db_dsn, "SELECT count(*) FROM tasks WHERE tenant_id = %s", tenant.id) == 3
+
+
+@pytest.fixture
+async def stub_and_key(store: Store) -> AsyncIterator[tuple[Any, str, Tenant]]:
+    tenant, key = await _tenant(store)
+    server = grpc.aio.server()
+    config = SchedulerConfig(scheduling=SchedulingConfig(shard_count=SHARDS))
+    servicer = TaskServiceServicer(config=config, store=store, authenticator=Authenticator(store))
+    task_service_pb2_grpc.add_TaskServiceServicer_to_server(servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            yield task_service_pb2_grpc.TaskServiceStub(channel), key, tenant
+    finally:
+        await server.stop(grace=None)
+
+
+async def test_concurrent_submit_rpcs_fail_alone(
+    stub_and_key: tuple[Any, str, Tenant], db_dsn: str
+) -> None:
+    stub, key, tenant = stub_and_key
+    auth = (("authorization", f"Bearer {key}"),)
+    at = timestamp_pb2.Timestamp()
+    at.FromDatetime(AT)
+    first = await stub.SubmitTask(
+        Req(type="t", scheduled_at=at, idempotency_key="k", payload_json=b'{"v": 1}'),
+        metadata=auth,
+    )
+    requests = [Req(type="t", scheduled_at=at, payload_json=b'{"i": %d}' % i) for i in range(20)]
+    requests[5] = Req(type="", scheduled_at=at)  # invalid: no type
+    requests[9] = Req(type="t", scheduled_at=at, idempotency_key="k", payload_json=b'{"v": 2}')
+    requests[13] = Req(type="t", scheduled_at=at, idempotency_key="k", payload_json=b'{"v": 1}')
+    outcomes = await asyncio.gather(
+        *(stub.SubmitTask(r, metadata=auth, timeout=10) for r in requests),
+        return_exceptions=True,
+    )
+    failed = {i: o for i, o in enumerate(outcomes) if isinstance(o, grpc.aio.AioRpcError)}
+    assert sorted(failed) == [5, 9]
+    assert failed[5].code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert failed[9].code() == grpc.StatusCode.ALREADY_EXISTS
+    info = error_info_from_metadata(failed[9].trailing_metadata())
+    assert info is not None and info.field == "idempotency_key"
+    repeat = outcomes[13]
+    assert not isinstance(repeat, BaseException)
+    assert repeat.task.id == first.task.id and not repeat.created
+    stored = "SELECT count(*) FROM tasks WHERE tenant_id = %s"
+    assert await _count(db_dsn, stored, tenant.id) == 1 + 17
