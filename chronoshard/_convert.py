@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import Any, TypeVar
 
@@ -81,11 +81,16 @@ def decode_json(data: bytes, what: str) -> Any:
         ) from exc
 
 
+_UNIX_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
 def timestamp(value: datetime, argument: str) -> timestamp_pb2.Timestamp:
     """An aware datetime as a Timestamp; a naive one is a ValueError naming ``argument``."""
-    msg = timestamp_pb2.Timestamp()
-    msg.FromDatetime(require_aware(value, argument).astimezone(UTC))
-    return msg
+    # What Timestamp.FromDatetime computes, by arithmetic at a fraction of its cost.
+    delta = require_aware(value, argument) - _UNIX_EPOCH
+    return timestamp_pb2.Timestamp(
+        seconds=delta.days * 86_400 + delta.seconds, nanos=delta.microseconds * 1000
+    )
 
 
 def duration(seconds: float, argument: str) -> duration_pb2.Duration:
@@ -102,7 +107,10 @@ def duration(seconds: float, argument: str) -> duration_pb2.Duration:
 def _datetime(msg: Any, field: str) -> datetime | None:
     if not msg.HasField(field):
         return None
-    value: datetime = getattr(msg, field).ToDatetime(tzinfo=UTC)
+    ts = getattr(msg, field)
+    if 0 <= ts.nanos < 1_000_000_000:
+        return _UNIX_EPOCH + timedelta(seconds=ts.seconds, microseconds=ts.nanos // 1000)
+    value: datetime = ts.ToDatetime(tzinfo=UTC)  # out of range: protobuf's own error
     return value
 
 

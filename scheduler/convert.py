@@ -98,6 +98,9 @@ def jitter_from_pb(value: int, field: str = "jitter_mode") -> JitterMode | None:
     return _JITTER_BY_NAME.get(name)
 
 
+_UNIX_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
 def _enum_name(enum: Any, value: int, field: str) -> str:
     try:
         return str(enum.Name(value))
@@ -106,9 +109,13 @@ def _enum_name(enum: Any, value: int, field: str) -> str:
 
 
 def ts_to_pb(value: datetime) -> timestamp_pb2.Timestamp:
-    ts = timestamp_pb2.Timestamp()
-    ts.FromDatetime(value.astimezone(UTC))
-    return ts
+    # Arithmetic on the difference from the epoch: what Timestamp.FromDatetime computes,
+    # at a seventh of its cost (it goes through utctimetuple and calendar.timegm). Every
+    # task sent to a client or a worker carries several timestamps.
+    delta = value.astimezone(UTC) - _UNIX_EPOCH
+    return timestamp_pb2.Timestamp(
+        seconds=delta.days * 86_400 + delta.seconds, nanos=delta.microseconds * 1000
+    )
 
 
 def ts_from_pb(value: timestamp_pb2.Timestamp, field: str) -> datetime:
@@ -119,9 +126,14 @@ def ts_from_pb(value: timestamp_pb2.Timestamp, field: str) -> datetime:
 
 
 def duration_to_pb(seconds: float) -> duration_pb2.Duration:
-    d = duration_pb2.Duration()
-    d.FromTimedelta(timedelta(seconds=seconds))
-    return d
+    delta = timedelta(seconds=seconds)
+    if delta < timedelta(0):
+        d = duration_pb2.Duration()
+        d.FromTimedelta(delta)  # negative: protobuf's sign normalisation
+        return d
+    return duration_pb2.Duration(
+        seconds=delta.days * 86_400 + delta.seconds, nanos=delta.microseconds * 1000
+    )
 
 
 def duration_from_pb(value: duration_pb2.Duration, field: str) -> float:
@@ -360,6 +372,9 @@ def submit_from_pb(
         raise PayloadTooLarge(field("payload_json"), exc.size_bytes, exc.limit_bytes) from None
     except InvalidArgument as exc:
         raise InvalidArgument(field(_WIRE_FIELDS.get(exc.field, exc.field)), exc.message) from None
+    if new.idempotency_key is None:
+        # Only a key's owner is ever compared by fingerprint: skip the second hash.
+        return prepared
     # A window only matters when there is jitter; an unset one follows the server default.
     window = None if mode is JitterMode.NONE or window_s is None else round(window_s * 1000)
     return replace(prepared, fingerprint=_submit_fingerprint(prepared, when, window))

@@ -138,10 +138,8 @@ class CreditLedger:
             extra = min(avail, max(0, state.ready - want[name]))
             want[name] += extra
             avail -= extra
-        while avail > 0 and nodes:
-            name = min(want, key=lambda n: (want[n], n))
-            want[name] += 1
-            avail -= 1
+        if avail > 0 and nodes:
+            _fill_evenly(want, avail)
         return want
 
     def plan(self) -> tuple[dict[str, int], dict[str, int]]:
@@ -195,3 +193,27 @@ class CreditLedger:
             "outstanding": self.outstanding,
             "unexpected_assignments": self.unexpected_assignments,
         }
+
+
+def _fill_evenly(want: dict[str, int], avail: int) -> None:
+    """Hand out ``avail`` credits one at a time, each to the node holding fewest (ties
+    by name), computed by levels: O(nodes log nodes), not O(avail x nodes). This runs
+    after every settlement, with ``avail`` up to the worker's slot count."""
+    order = sorted(want, key=lambda n: (want[n], n))
+    level = want[order[0]]
+    raised = 0  # nodes at `level`: order[:raised]
+    while True:
+        while raised < len(order) and want[order[raised]] <= level:
+            raised += 1
+        above = want[order[raised]] if raised < len(order) else None
+        step = avail // raised if above is None else min(avail // raised, above - level)
+        if step == 0:
+            break
+        level += step
+        avail -= step * raised
+    # Every node below `level` comes up to it; what is left (fewer than `raised`) goes one
+    # each to the nodes now at `level`, by name, as the one-at-a-time rule would.
+    for name in order[:raised]:
+        want[name] = level
+    for name in sorted(order[:raised])[:avail]:
+        want[name] += 1
