@@ -220,12 +220,20 @@ class DispatchStore:
             owned = await self._owned(conn, epochs)
             if not owned:
                 return [], frozenset(epochs)
-            cur = conn.cursor(row_factory=dict_row)
-            await cur.execute(
-                self._q["load_due"],
+            cur = await conn.execute(
+                self._q["due_refs"],
                 {"shards": sorted(owned), "horizon": horizon, "limit": limit},
             )
-            rows = await cur.fetchall()
+            due = await cur.fetchall()
+            if not due:
+                return [], frozenset(epochs.keys() - owned)
+            # Two statements: see load_due in sql/dispatch.sql (partition pruning).
+            dict_cur = conn.cursor(row_factory=dict_row)
+            await dict_cur.execute(
+                self._q["load_due"],
+                {"scheduled_ats": [r[0] for r in due], "ids": [r[1] for r in due]},
+            )
+            rows = await dict_cur.fetchall()
         return [_timer(r) for r in rows], frozenset(epochs.keys() - owned)
 
     async def load_preloaded(self, epochs: Mapping[int, int]) -> list[TimerTask]:

@@ -8,6 +8,12 @@
 -- so a stale write changes 0 rows. Shard writes (preload, intent, release back into the
 -- wheel) run after lock_shard_epochs in the same transaction.
 --
+-- Partition pruning: every statement that joins a batch of (scheduled_at, id) to tasks
+-- also says `t.scheduled_at = ANY(<the batch's scheduled_ats>)`. Without it the planner
+-- cannot tell which day partitions the batch touches and, for batches past a few dozen
+-- rows, hashes every partition (all finished history) to find them; with it only the
+-- batch's own partitions are read (bench/reconcile.py).
+--
 -- Lock order: every batch write first locks its task rows in (scheduled_at, id) order
 -- (the MATERIALIZED "locked" CTE, or lock_for_failure), then updates them, then their
 -- task_attempts rows. Batches of different kinds touch the same tasks at once (a
@@ -22,23 +28,31 @@ WHERE shard = ANY(%(shards)s::smallint[])
 ORDER BY shard
 FOR SHARE;
 
+-- name: due_refs
+-- Preloader, all owned shards at once, step 1: lock the due SCHEDULED/RETRYING rows,
+-- earliest first. The partial index tasks_preload_idx serves each shard's range, so
+-- finished history is never read.
+SELECT scheduled_at, id
+FROM tasks
+WHERE shard = ANY(%(shards)s::smallint[])
+  AND status IN ('SCHEDULED', 'RETRYING')
+  AND unresolved_dependencies = 0
+  AND due_at < %(horizon)s
+ORDER BY due_at
+LIMIT %(limit)s
+FOR UPDATE SKIP LOCKED;
+
 -- name: load_due
--- Preloader, all owned shards at once: due SCHEDULED/RETRYING rows become PRELOADED,
--- earliest first. The partial index tasks_preload_idx serves each shard's range.
+-- Step 2 (same transaction): those rows become PRELOADED. A separate statement because
+-- the rows' scheduled_at must be known when the UPDATE is planned: joined to rows found
+-- by a subquery, PostgreSQL hashed every partition of tasks (all history) to find them.
 UPDATE tasks AS t
 SET status = 'PRELOADED', updated_at = now()
-FROM (
-    SELECT scheduled_at, id
-    FROM tasks
-    WHERE shard = ANY(%(shards)s::smallint[])
-      AND status IN ('SCHEDULED', 'RETRYING')
-      AND unresolved_dependencies = 0
-      AND due_at < %(horizon)s
-    ORDER BY due_at
-    LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
-) AS due
-WHERE t.scheduled_at = due.scheduled_at AND t.id = due.id
+FROM unnest(%(scheduled_ats)s::timestamptz[], %(ids)s::uuid[]) AS due(scheduled_at, id)
+WHERE t.scheduled_at = due.scheduled_at
+  AND t.id = due.id
+  AND t.scheduled_at = ANY(%(scheduled_ats)s::timestamptz[])
+  AND t.status IN ('SCHEDULED', 'RETRYING')
 RETURNING t.id, t.scheduled_at, t.shard, t.tenant_id, t.priority, t.queue, t.type, t.due_at,
           t.strict_timing;
 
@@ -67,6 +81,7 @@ WITH chosen AS (
 ), locked AS MATERIALIZED (
     SELECT t.scheduled_at, t.id, c.worker_id
     FROM tasks AS t JOIN chosen AS c ON t.scheduled_at = c.scheduled_at AND t.id = c.id
+    WHERE t.scheduled_at = ANY(%(scheduled_ats)s::timestamptz[])
     ORDER BY t.scheduled_at, t.id
     FOR UPDATE OF t
 ), moved AS (
@@ -80,6 +95,7 @@ WITH chosen AS (
     FROM locked AS c
     WHERE t.scheduled_at = c.scheduled_at
       AND t.id = c.id
+      AND t.scheduled_at = ANY(%(scheduled_ats)s::timestamptz[])
       AND t.status = 'PRELOADED'
       AND t.shard = ANY(%(shards)s::smallint[])
     RETURNING t.*
@@ -103,6 +119,7 @@ WITH acked AS (
 ), locked AS MATERIALIZED (
     SELECT t.scheduled_at, t.id, a.token
     FROM tasks AS t JOIN acked AS a ON t.scheduled_at = a.scheduled_at AND t.id = a.id
+    WHERE t.scheduled_at = ANY(%(scheduled_ats)s::timestamptz[])
     ORDER BY t.scheduled_at, t.id
     FOR UPDATE OF t
 ), moved AS (
@@ -111,6 +128,7 @@ WITH acked AS (
     FROM locked AS a
     WHERE t.scheduled_at = a.scheduled_at
       AND t.id = a.id
+      AND t.scheduled_at = ANY(%(scheduled_ats)s::timestamptz[])
       AND t.fencing_token = a.token
       AND t.status = 'DISPATCHED'
     RETURNING t.id, t.attempt
@@ -138,6 +156,7 @@ WITH beats AS (
 ), locked AS MATERIALIZED (
     SELECT t.scheduled_at, t.id, h.token, h.checkpoint
     FROM tasks AS t JOIN beats AS h ON t.scheduled_at = h.scheduled_at AND t.id = h.id
+    WHERE t.scheduled_at = ANY(%(scheduled_ats)b::timestamptz[])
     ORDER BY t.scheduled_at, t.id
     FOR UPDATE OF t
 ), extended AS (
@@ -148,6 +167,7 @@ WITH beats AS (
     FROM locked AS h
     WHERE t.scheduled_at = h.scheduled_at
       AND t.id = h.id
+      AND t.scheduled_at = ANY(%(scheduled_ats)b::timestamptz[])
       AND t.fencing_token = h.token
       AND t.status IN ('DISPATCHED', 'RUNNING')
     RETURNING t.id, t.fencing_token, t.cancel_requested_at IS NOT NULL AS cancel_requested,
@@ -169,6 +189,7 @@ WITH done AS (
 ), locked AS MATERIALIZED (
     SELECT t.scheduled_at, t.id, c.token, c.result
     FROM tasks AS t JOIN done AS c ON t.scheduled_at = c.scheduled_at AND t.id = c.id
+    WHERE t.scheduled_at = ANY(%(scheduled_ats)s::timestamptz[])
     ORDER BY t.scheduled_at, t.id
     FOR UPDATE OF t
 ), moved AS (
@@ -182,6 +203,7 @@ WITH done AS (
     FROM locked AS c
     WHERE t.scheduled_at = c.scheduled_at
       AND t.id = c.id
+      AND t.scheduled_at = ANY(%(scheduled_ats)s::timestamptz[])
       AND t.fencing_token = c.token
       AND t.status IN ('DISPATCHED', 'RUNNING')
     RETURNING t.id, t.attempt, t.job_id, t.tenant_id, t.finished_at, t.shard
@@ -209,6 +231,7 @@ JOIN unnest(%(scheduled_ats)s::timestamptz[], %(ids)s::uuid[], %(tokens)s::bigin
      AS f(scheduled_at, id, token)
   ON t.scheduled_at = f.scheduled_at AND t.id = f.id AND t.fencing_token = f.token
 WHERE t.status IN ('DISPATCHED', 'RUNNING')
+  AND t.scheduled_at = ANY(%(scheduled_ats)s::timestamptz[])
 ORDER BY t.scheduled_at, t.id
 FOR UPDATE OF t;
 
@@ -232,6 +255,7 @@ WITH decided AS (
     FROM decided AS d
     WHERE t.scheduled_at = d.scheduled_at
       AND t.id = d.id
+      AND t.scheduled_at = ANY(%(scheduled_ats)s::timestamptz[])
       AND t.fencing_token = d.token
       AND t.status IN ('DISPATCHED', 'RUNNING')
     RETURNING t.id, t.attempt, t.shard, t.status, t.due_at, d.attempt_state, d.error
@@ -254,6 +278,7 @@ WITH released AS (
 ), locked AS MATERIALIZED (
     SELECT t.scheduled_at, t.id, r.token, r.checkpoint, r.attempt_state, r.detail
     FROM tasks AS t JOIN released AS r ON t.scheduled_at = r.scheduled_at AND t.id = r.id
+    WHERE t.scheduled_at = ANY(%(scheduled_ats)s::timestamptz[])
     ORDER BY t.scheduled_at, t.id
     FOR UPDATE OF t
 ), moved AS (
@@ -266,6 +291,7 @@ WITH released AS (
     FROM locked AS r
     WHERE t.scheduled_at = r.scheduled_at
       AND t.id = r.id
+      AND t.scheduled_at = ANY(%(scheduled_ats)s::timestamptz[])
       AND t.fencing_token = r.token
       AND t.status IN ('DISPATCHED', 'RUNNING')
     RETURNING t.id, t.scheduled_at, t.shard, t.tenant_id, t.priority, t.queue, t.type,
@@ -285,7 +311,8 @@ FROM moved;
 SELECT t.id, t.fencing_token, t.status
 FROM tasks AS t
 JOIN unnest(%(scheduled_ats)s::timestamptz[], %(ids)s::uuid[]) AS s(scheduled_at, id)
-  ON t.scheduled_at = s.scheduled_at AND t.id = s.id;
+  ON t.scheduled_at = s.scheduled_at AND t.id = s.id
+WHERE t.scheduled_at = ANY(%(scheduled_ats)s::timestamptz[]);
 
 -- name: load_preloaded_refs
 -- Tasks another node put back to PRELOADED (a release it accepted for our shard): the
@@ -296,6 +323,7 @@ FROM tasks AS t
 JOIN unnest(%(scheduled_ats)s::timestamptz[], %(ids)s::uuid[]) AS r(scheduled_at, id)
   ON t.scheduled_at = r.scheduled_at AND t.id = r.id
 WHERE t.shard = ANY(%(shards)s::smallint[])
+  AND t.scheduled_at = ANY(%(scheduled_ats)s::timestamptz[])
   AND t.status = 'PRELOADED';
 
 -- name: mark_fenced

@@ -456,49 +456,79 @@ async def _rows_in(conn: psycopg.AsyncConnection[Any], relation: str) -> float:
     return float(row[0]) if row else 0.0
 
 
-async def test_preloader_and_reconciler_queries_read_only_partial_indexes(
+async def test_preloader_and_reconciler_queries_read_only_live_rows(
     store: Store, tenant: Tenant
 ) -> None:
-    # 60,000 finished tasks in today's partition, a few live ones among them.
+    """Finding work reads a partial index; writing it back reads only the batch's day
+    partitions, however much finished history the others hold."""
+    await _sql(store, "SELECT chronoshard_ensure_partitions(current_date - 3, 3)")
+    # 80,000 finished tasks over today and the three days before, a few live ones today.
     await _sql(
         store,
         """
         INSERT INTO tasks (id, tenant_id, type, scheduled_at, due_at, status, max_retries,
                            backoff_initial_s, backoff_max_s, backoff_multiplier, jitter_mode,
                            payload, shard, priority, queue, fencing_token, attempt)
-        SELECT gen_random_uuid(), %s, 't', now() - make_interval(secs => g %% 3600),
-               now() - make_interval(secs => g %% 3600), 'COMPLETED', 3, 1, 60, 2, 'NONE',
-               '{}', g %% 8, 'standard', 'default', 1, 1
-        FROM generate_series(1, 60000) AS g
+        SELECT gen_random_uuid(), %s, 't', h.at, h.at, 'COMPLETED', 3, 1, 60, 2, 'NONE', '{}',
+               g %% 8, 'standard', 'default', 1, 1
+        FROM generate_series(1, 80000) AS g
+        CROSS JOIN LATERAL (
+            SELECT least(now(), date_trunc('day', now()) - make_interval(days => g %% 4)
+                                + make_interval(secs => g %% 86400)) AS at
+        ) AS h
         """,
         tenant.id,
     )
-    for _ in range(5):
-        await _submit(store, tenant, idempotent=True)
+    live = [await _submit(store, tenant, idempotent=True) for _ in range(5)]
     await _sql(store, "ANALYZE tasks")
+    refs = {
+        "scheduled_ats": [n.scheduled_at for n in live],
+        "ids": [n.id for n in live],
+    }
     dispatch_sql = queries.load("dispatch.sql")
     reconcile_sql = queries.load("reconcile.sql")
-    params = {
-        "load_due": (
-            dispatch_sql["load_due"],
-            {"shards": list(range(8)), "horizon": datetime.now(UTC), "limit": 5000},
+    shards = list(range(8))
+    finding = {
+        "due_refs": (
+            dispatch_sql["due_refs"],
+            {"shards": shards, "horizon": datetime.now(UTC), "limit": 5000},
+            "tasks_preload_idx",
         ),
         "scan_inflight": (
             reconcile_sql["scan_inflight"],
-            {"shards": list(range(8)), "horizon_s": 20.0, "session_timeout_s": 15.0, "limit": 1000},
+            {"shards": shards, "horizon_s": 20.0, "session_timeout_s": 15.0, "limit": 1000},
+            "tasks_inflight_idx",
         ),
     }
-    expected = {"load_due": "tasks_preload_idx", "scan_inflight": "tasks_inflight_idx"}
-    # Row lookups by key (the UPDATE joining back to its rows) may use the primary key or
-    # the id index; finding the rows to work on must use the partial index.
-    by_key = {"tasks_pkey", "tasks_id_idx"}
+    n = len(live)
+    writing = {
+        "load_due": (dispatch_sql["load_due"], refs),
+        "write_intents": (
+            dispatch_sql["write_intents"],
+            {**refs, "worker_ids": ["w"] * n, "lease_s": 30, "shards": shards},
+        ),
+        "complete": (
+            dispatch_sql["complete"],
+            {**refs, "tokens": [1] * n, "results": [None] * n},
+        ),
+        "repair": (
+            reconcile_sql["repair"],
+            {
+                **refs,
+                "statuses": ["RUNNING"] * n,
+                "tokens": [1] * n,
+                "updated_ats": [datetime.now(UTC)] * n,
+                "targets": ["PRELOADED"] * n,
+                "attempt_states": ["ABANDONED"] * n,
+                "reasons": ["x"] * n,
+                "shards": shards,
+            },
+        ),
+    }
+    today = _partition_of(live[0].scheduled_at)
     async with store.connection() as conn:
-        for name, (query, bound) in params.items():
-            cur = await conn.execute(b"EXPLAIN (FORMAT JSON) " + query.encode(), bound)
-            row = await cur.fetchone()
-            assert row is not None
-            plan = row[0] if not isinstance(row[0], str) else json.loads(row[0])
-            scans = _scans(plan)
+        for name, (query, bound, index) in finding.items():
+            scans = await _plan(conn, query, bound)
             # Empty partitions (future days, DEFAULT) may be read sequentially: nothing there.
             for scan in scans:
                 if scan["Node Type"] == "Seq Scan":
@@ -507,6 +537,25 @@ async def test_preloader_and_reconciler_queries_read_only_partial_indexes(
             indexes = {
                 await _parent_index(conn, s["Index Name"]) for s in scans if "Index Name" in s
             }
-            used = {index for index in indexes if index.startswith("tasks")}
-            assert expected[name] in used, f"{name} uses {used}"
-            assert used <= {expected[name]} | by_key, f"{name} uses {used}"
+            used = {i for i in indexes if i.startswith("tasks")}
+            assert index in used, f"{name} uses {used}"
+            # Row lookups by key may use the primary key or the id index.
+            assert used <= {index, "tasks_pkey", "tasks_id_idx"}, f"{name} uses {used}"
+        for name, (query, bound) in writing.items():
+            scans = await _plan(conn, query, bound)
+            touched = {s["Relation Name"] for s in scans if "Relation Name" in s}
+            partitions = {r for r in touched if r.startswith("tasks_")}
+            assert partitions == {today}, f"{name} reads {sorted(partitions)}"
+
+
+def _partition_of(at: datetime) -> str:
+    return "tasks_p" + at.astimezone(UTC).strftime("%Y%m%d")
+
+
+async def _plan(
+    conn: psycopg.AsyncConnection[Any], query: str, params: Mapping[str, Any]
+) -> list[dict[str, Any]]:
+    cur = await conn.execute(b"EXPLAIN (FORMAT JSON) " + query.encode(), params)
+    row = await cur.fetchone()
+    assert row is not None
+    return _scans(row[0] if not isinstance(row[0], str) else json.loads(row[0]))

@@ -1,0 +1,124 @@
+"""Partition maintenance on a node, against a real PostgreSQL: one node per round, future
+days created, finished days past retention dropped, and a lock it cannot get gives the
+round up quickly instead of queueing dispatch behind it."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+
+import psycopg
+import pytest
+
+from chronoshard.scheduler.config import MaintenanceConfig
+from chronoshard.scheduler.errors import StoreUnavailable
+from chronoshard.scheduler.maintenance import PartitionMaintenance
+from chronoshard.scheduler.store import Store
+
+CONFIG = MaintenanceConfig(retention_days=30, partitions_ahead_days=7, lock_timeout_s=0.2)
+# Far above the 0.2 s lock timeout: the round must give up, not wait for the lock holder.
+GIVE_UP_BOUND_S = 5.0
+
+
+@pytest.fixture
+async def store(fresh_db_dsn: str) -> AsyncIterator[Store]:
+    async with await Store.open(fresh_db_dsn, min_size=1, max_size=3) as opened:
+        yield opened
+
+
+def _day(offset: int) -> str:
+    day = datetime.now(UTC).date() + timedelta(days=offset)
+    return "tasks_p" + day.strftime("%Y%m%d")
+
+
+def _partitions(dsn: str) -> set[str]:
+    with psycopg.connect(dsn) as conn:
+        rows = conn.execute(
+            "SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid"
+            " WHERE i.inhparent = 'tasks'::regclass"
+        ).fetchall()
+    return {str(r[0]) for r in rows}
+
+
+def _old_finished_day(dsn: str, days_ago: int, status: str) -> str:
+    """A day partition ``days_ago`` back holding one task in ``status``."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(
+            "SELECT chronoshard_ensure_partitions((now() AT TIME ZONE 'UTC')::date - %s, 0)",
+            (days_ago,),
+        )
+        tenant = conn.execute(
+            "INSERT INTO tenants (name, tier, rate_limit_rps, max_concurrent_workers,"
+            " home_region, api_key_hash) VALUES (%s, 'standard', 1, 1, 'x', %s) RETURNING id",
+            (f"t-{uuid.uuid4().hex}", uuid.uuid4().hex),
+        ).fetchone()
+        assert tenant is not None
+        conn.execute(
+            "INSERT INTO tasks (id, tenant_id, type, scheduled_at, due_at, status, max_retries,"
+            " backoff_initial_s, backoff_max_s, backoff_multiplier, jitter_mode, payload,"
+            " shard, priority, queue) VALUES (gen_random_uuid(), %s, 't',"
+            " date_trunc('day', now()) - make_interval(days => %s) + interval '1 hour',"
+            " date_trunc('day', now()) - make_interval(days => %s) + interval '1 hour',"
+            " %s, 3, 1, 60, 2, 'NONE', '{}', 0, 'standard', 'default')",
+            (tenant[0], days_ago, days_ago, status),
+        )
+    return _day(-days_ago)
+
+
+async def test_a_round_creates_future_days_and_drops_finished_days_past_retention(
+    store: Store, fresh_db_dsn: str
+) -> None:
+    with psycopg.connect(fresh_db_dsn, autocommit=True) as conn:
+        conn.execute(f"DROP TABLE {_day(7)}")
+    finished = _old_finished_day(fresh_db_dsn, 40, "COMPLETED")
+    dead = _old_finished_day(fresh_db_dsn, 41, "DEAD_LETTER")
+    recent = _old_finished_day(fresh_db_dsn, 10, "COMPLETED")
+    maintenance = PartitionMaintenance(CONFIG, store)
+
+    result = await maintenance.run_once()
+
+    assert result is not None
+    assert result.created == [_day(7)]
+    assert result.dropped == [finished]
+    partitions = _partitions(fresh_db_dsn)
+    assert finished not in partitions
+    # A dead-lettered task may still be retried by an operator; recent days are kept.
+    assert {dead, recent, _day(7)} <= partitions
+    assert maintenance.stats["partitions_created"] == 1
+    assert maintenance.stats["partitions_dropped"] == 1
+    # A second round finds nothing to do.
+    again = await maintenance.run_once()
+    assert again is not None and (again.created, again.dropped) == ([], [])
+
+
+async def test_only_one_node_runs_a_round(store: Store, fresh_db_dsn: str) -> None:
+    with psycopg.connect(fresh_db_dsn, autocommit=True) as other_node:
+        other_node.execute("SELECT pg_advisory_lock(1667789423, 3)")
+        maintenance = PartitionMaintenance(CONFIG, store)
+        assert await maintenance.run_once() is None
+        assert maintenance.stats["skipped_lock_held"] == 1
+    # The other node's session ended: its lock went with it.
+    assert await maintenance.run_once() is not None
+
+
+async def test_a_table_lock_it_cannot_get_fails_the_round_quickly(
+    store: Store, fresh_db_dsn: str
+) -> None:
+    with psycopg.connect(fresh_db_dsn, autocommit=True) as conn:
+        conn.execute(f"DROP TABLE {_day(7)}")
+    with psycopg.connect(fresh_db_dsn) as reader:
+        # A long reader holds ACCESS SHARE on tasks: partition DDL must not wait for it
+        # (every statement on tasks would queue behind the waiting DDL).
+        reader.execute("SELECT count(*) FROM tasks")
+        maintenance = PartitionMaintenance(CONFIG, store)
+        started = time.monotonic()
+        with pytest.raises(StoreUnavailable):
+            await maintenance.run_once()
+        assert time.monotonic() - started < GIVE_UP_BOUND_S
+        reader.rollback()
+    # Nothing was left half done, and the lock is free for the next round.
+    assert _day(7) not in _partitions(fresh_db_dsn)
+    result = await maintenance.run_once()
+    assert result is not None and result.created == [_day(7)]
