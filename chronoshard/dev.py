@@ -32,6 +32,7 @@ import fcntl
 import hashlib
 import importlib.util
 import json
+import math
 import os
 import shlex
 import shutil
@@ -43,6 +44,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -69,6 +71,7 @@ CANARY_TOLERANCE_S = 10.0
 WATCHDOG_CHECK_INTERVAL_S = 10.0
 CHILD_STOP_GRACE_S = 15.0
 NODE_READY_TIMEOUT_S = 60.0
+WORKER_READY_TIMEOUT_S = 30.0
 WAIT_POLL_S = 0.2
 LOG_TAIL_CHARS = 3000
 
@@ -179,10 +182,12 @@ class DevCluster:
         self._say(f"schema: applied {', '.join(applied)}" if applied else "schema: up to date")
         self.api_key, self.canary_key = self._ensure_keys()
         self._start_nodes()
+        self._wait_shards_spread()
         if self.options.watchdog and _watchdog_installed():
             self._start_watchdog()
         if self.options.worker:
             self._start_worker()
+            self._wait_worker_sessions()
         self._check_children()
 
     def _say(self, line: str) -> None:
@@ -328,6 +333,40 @@ class DevCluster:
         for address in self.node_addresses:
             self._wait_serving(address)
 
+    def _wait_shards_spread(self) -> None:
+        """Until every shard has an owner and no node holds more than its share (the
+        shard map bounds each node to ⌈S/N⌉): nodes join one by one and shards move as
+        each arrives, so tasks submitted before this settles would wait for a handoff."""
+        import grpc
+
+        from chronoshard.v1 import admin_service_pb2, admin_service_pb2_grpc
+
+        wanted = min(self.options.nodes, self.options.shard_count)
+        metadata = (("authorization", f"Bearer {self.api_key}"),)
+        deadline = time.monotonic() + NODE_READY_TIMEOUT_S
+        with grpc.insecure_channel(self.node_addresses[0]) as channel:
+            stub = admin_service_pb2_grpc.AdminServiceStub(channel)
+            while True:
+                self._check_children()
+                with contextlib.suppress(grpc.RpcError):
+                    topology = stub.GetTopology(
+                        admin_service_pb2.GetTopologyRequest(), timeout=2, metadata=metadata
+                    )
+                    per_node = Counter(s.node_id for s in topology.shards)
+                    fair_share = math.ceil(topology.shard_count / wanted)
+                    if (
+                        len(topology.shards) == topology.shard_count
+                        and len(per_node) >= wanted
+                        and max(per_node.values()) <= fair_share
+                    ):
+                        self._say(
+                            f"{topology.shard_count} shards spread over {len(per_node)} node(s)"
+                        )
+                        return
+                if time.monotonic() > deadline:
+                    raise DevError(f"shards were not all claimed; see {self._logs()}")
+                time.sleep(0.2)
+
     def _start_watchdog(self) -> None:
         base = self.options.metrics_port
         port = free_ports(1)[0] if base == 0 else base + self.options.nodes
@@ -358,6 +397,25 @@ class DevCluster:
                 "CHRONOSHARD_API_KEY": self.api_key,
             },
         )
+
+    def _wait_worker_sessions(self) -> None:
+        """Until the demo worker (and the watchdog's canary worker) hold a session on
+        every node, so the first tasks do not wait for a worker to connect. Not fatal:
+        after the timeout the cluster is shown anyway."""
+        from chronoshard._cli_admin import NodeMetrics, scrape
+
+        expected = 1 + (self.watchdog is not None)
+        deadline = time.monotonic() + WORKER_READY_TIMEOUT_S
+        while time.monotonic() < deadline:
+            self._check_children()
+            sessions = [scrape(m) for m in self.metrics_addresses]
+            if all(
+                isinstance(m, NodeMetrics) and (m.worker_sessions or 0) >= expected
+                for m in sessions
+            ):
+                return
+            time.sleep(0.2)
+        self._say(f"the workers are not connected to every node yet; see {self._logs()}")
 
     def _spawn(self, name: str, argv: Sequence[str], env: dict[str, str]) -> Child:
         log_path = self.data_dir / "logs" / f"{name}.log"
