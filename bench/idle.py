@@ -19,6 +19,7 @@ import time
 from datetime import UTC, datetime, timedelta
 
 import psycopg
+import uvloop
 
 from bench._cluster import SHARDS, Infrastructure, Node, node, process_rss_mib
 from bench._report import Report, Target
@@ -108,7 +109,7 @@ def idle(
         if via == "copy":
             _copy(n, timers)
         else:
-            asyncio.run(_submit(n, timers))
+            uvloop.run(_submit(n, timers))
         written_s = time.monotonic() - t0
         deadline = time.monotonic() + 600
         while (n.scheduler.metric("chronoshard_wheel_timers") or 0) < timers:

@@ -22,6 +22,7 @@ import time
 from datetime import UTC, datetime, timedelta
 
 import psycopg
+import uvloop
 
 from bench._cluster import Infrastructure, Node, node, process_cpu_s
 from bench._report import Report, Target, ms, percentile
@@ -80,7 +81,7 @@ async def _single_clients(
 
 def submit_single(infra: Infrastructure, clients: int, duration_s: float) -> Report:
     with node(infra, "submit_single") as n:
-        acked, latencies, elapsed, cpu = asyncio.run(_single_clients(n, clients, duration_s))
+        acked, latencies, elapsed, cpu = uvloop.run(_single_clients(n, clients, duration_s))
         stored = _task_count(n.dsn)
     tps = acked / elapsed
     p99 = percentile(latencies, 99)
@@ -143,7 +144,7 @@ async def _batches(
 
 def submit_batch(infra: Infrastructure, tasks: int, batch: int, concurrency: int) -> Report:
     with node(infra, "submit_batch") as n:
-        acked, latencies, elapsed, cpu = asyncio.run(_batches(n, tasks, batch, concurrency))
+        acked, latencies, elapsed, cpu = uvloop.run(_batches(n, tasks, batch, concurrency))
         stored = _task_count(n.dsn) - 1  # the warm-up task
     tps = acked / elapsed
     row = {

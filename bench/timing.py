@@ -34,6 +34,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
+import uvloop
 from harness.history import History, check
 
 from bench._cluster import Infrastructure, Node, node
@@ -102,7 +103,7 @@ async def _submit(n: Node, dues: list[datetime], history: History) -> list[uuid.
 
 def _run(n: Node, dues: list[datetime], settle_timeout_s: float) -> Timings:
     history = History()
-    ids = asyncio.run(_submit(n, dues, history))
+    ids = uvloop.run(_submit(n, dues, history))
     first_due = min(dues)
     total = len(ids)
     # Everything in the wheel before the first task falls due, or the run is flagged.

@@ -366,15 +366,15 @@ def submit_from_pb(
         trace_context=trace_context,
     )
     try:
-        prepared = prepare(new, payload_limit_bytes=limits.payload_limit_bytes)
+        # The fingerprint is the request as sent (below), and only keyed requests need it.
+        prepared = prepare(new, payload_limit_bytes=limits.payload_limit_bytes, fingerprint=False)
     except PayloadTooLarge as exc:
         # The canonical text can be longer than what was sent ("1e5" -> "100000.0").
         raise PayloadTooLarge(field("payload_json"), exc.size_bytes, exc.limit_bytes) from None
     except InvalidArgument as exc:
         raise InvalidArgument(field(_WIRE_FIELDS.get(exc.field, exc.field)), exc.message) from None
     if new.idempotency_key is None:
-        # Only a key's owner is ever compared by fingerprint: skip the second hash.
-        return prepared
+        return prepared  # only a key's owner is ever compared by fingerprint
     # A window only matters when there is jitter; an unset one follows the server default.
     window = None if mode is JitterMode.NONE or window_s is None else round(window_s * 1000)
     return replace(prepared, fingerprint=_submit_fingerprint(prepared, when, window))

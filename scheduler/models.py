@@ -311,8 +311,11 @@ def request_fingerprint(new: NewTask, payload_json: str) -> str:
     return "sha256:" + hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-def prepare(new: NewTask, *, payload_limit_bytes: int) -> PreparedTask:
+def prepare(new: NewTask, *, payload_limit_bytes: int, fingerprint: bool = True) -> PreparedTask:
     """Validate ``new`` completely and compute its payload text and fingerprint.
+
+    ``fingerprint=False`` leaves the fingerprint empty, for a caller that computes its
+    own (the API fingerprints the request as sent).
 
     Raises:
         InvalidArgument: a field is invalid (``field`` names it); the payload is not a
@@ -326,4 +329,6 @@ def prepare(new: NewTask, *, payload_limit_bytes: int) -> PreparedTask:
     size = len(payload_json.encode("utf-8"))
     if size > payload_limit_bytes:
         raise PayloadTooLarge("payload", size, payload_limit_bytes)
-    return PreparedTask(new, payload_json, request_fingerprint(new, payload_json))
+    return PreparedTask(
+        new, payload_json, request_fingerprint(new, payload_json) if fingerprint else ""
+    )
