@@ -42,4 +42,4 @@ def test_run_benchmark_at_a_tiny_size(bench: ModuleType, fresh_db_dsn: str) -> N
         assert result.reconcile_median_ms > 0 and result.preload_median_ms > 0
     table = bench.render(results, "python bench/reconcile.py --sizes 300,600", live, 2)
     assert "| 300 |" in table and "| 600 |" in table
-    assert "Largest deviation from the smallest size" in table
+    assert "Largest deviation of the best time" in table
