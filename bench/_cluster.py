@@ -83,6 +83,47 @@ def process_cpu_s(pid: int) -> float:
     return ticks / os.sysconf("SC_CLK_TCK")
 
 
+def _parent_pid(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith("PPid:"):
+                return int(line.split()[1])
+    return 0
+
+
+def postgres_pids(dsn: str) -> list[int]:
+    """The local PostgreSQL server's processes (postmaster and every child), found
+    from the backend serving a connection; empty when the server is not on this host."""
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute("SELECT pg_backend_pid()").fetchone()
+    assert row is not None
+    try:
+        postmaster = _parent_pid(int(row[0]))
+    except OSError:
+        return []
+    pids = [postmaster]
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            with contextlib.suppress(OSError):
+                if _parent_pid(int(entry)) == postmaster:
+                    pids.append(int(entry))
+    return pids
+
+
+def cpu_by_pid(pids: list[int]) -> dict[int, float]:
+    found = {}
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            found[pid] = process_cpu_s(pid)
+    return found
+
+
+def cpu_used(before: Mapping[int, float], after: Mapping[int, float]) -> float:
+    """CPU seconds between two :func:`cpu_by_pid` readings; a process that exited in
+    between is not counted, one that started is counted whole."""
+    return sum(cpu - before.get(pid, 0.0) for pid, cpu in after.items())
+
+
 def process_rss_mib(pid: int) -> float:
     with open(f"/proc/{pid}/status") as status:
         for line in status:
@@ -113,6 +154,16 @@ class Node:
 
     def worker_pids(self) -> list[int]:
         return [w.pid for w in self.group.workers]
+
+    def cpu_snapshot(self) -> dict[str, dict[int, float]]:
+        """CPU seconds used so far, per process, by the scheduler, the workers and
+        PostgreSQL (every process of the server, whoever else uses it); subtract two
+        with :func:`cpu_used`."""
+        return {
+            "scheduler": cpu_by_pid([self.pid]),
+            "workers": cpu_by_pid(self.worker_pids()),
+            "postgres": cpu_by_pid(postgres_pids(self.dsn)),
+        }
 
     def start_workers(self, count: int, slots: int) -> None:
         for i in range(count):

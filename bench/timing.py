@@ -37,7 +37,7 @@ import psycopg
 import uvloop
 from harness.history import History, check
 
-from bench._cluster import Infrastructure, Node, node
+from bench._cluster import Infrastructure, Node, cpu_used, node
 from bench._report import Report, Target, ms, percentile
 from chronoshard import Client, SubmitResult, TaskSpec
 
@@ -67,6 +67,16 @@ class Timings:
     violations: str
     exactly_once: bool
     completed: int
+    cpu_s: dict[str, float]  # from the first due time until all completed
+    wall_s: float
+
+    def cpu_cell(self) -> str:
+        """CPU seconds of scheduler / workers / PostgreSQL over the wall seconds."""
+        c = self.cpu_s
+        return (
+            f"{c['scheduler']:.1f} / {c['workers']:.1f} / {c['postgres']:.1f}"
+            f" in {self.wall_s:.1f} s"
+        )
 
 
 def _count(dsn: str, sql: str, params: Any = None) -> int:
@@ -113,6 +123,8 @@ def _run(n: Node, dues: list[datetime], settle_timeout_s: float) -> Timings:
             break
         time.sleep(0.1)
     preloaded_in_time = preloaded >= total
+    time.sleep(max(0.0, (first_due - datetime.now(UTC)).total_seconds()))
+    cpu_before, wall_before = n.cpu_snapshot(), time.monotonic()
     deadline = time.monotonic() + (max(dues) - datetime.now(UTC)).total_seconds()
     deadline += settle_timeout_s
     completed = 0
@@ -121,6 +133,7 @@ def _run(n: Node, dues: list[datetime], settle_timeout_s: float) -> Timings:
         if completed >= total:
             break
         time.sleep(0.25)
+    cpu_after, wall = n.cpu_snapshot(), time.monotonic() - wall_before
     # The workers write the effects ledger in batches a few milliseconds behind.
     ledger_deadline = time.monotonic() + 10
     while _count(n.dsn, "SELECT count(*) FROM effects") < completed:
@@ -160,6 +173,8 @@ def _run(n: Node, dues: list[datetime], settle_timeout_s: float) -> Timings:
         violations=violations.summary(),
         exactly_once=not violations,
         completed=completed,
+        cpu_s={k: cpu_used(cpu_before[k], cpu_after[k]) for k in cpu_before},
+        wall_s=wall,
     )
 
 
@@ -202,6 +217,7 @@ def stampede(
         "lateness max": ms(max(t.lateness_s, default=float("nan"))),
         "completed": t.completed,
         "none lost or doubled": t.exactly_once,
+        "CPU s sched / workers / PG": t.cpu_cell(),
     }
     return Report(
         workload="stampede",
@@ -262,6 +278,7 @@ def steady(
         "lateness max": ms(max(t.lateness_s, default=float("nan"))),
         "early": sum(1 for x in t.lateness_s if x < 0),
         "none lost or doubled": t.exactly_once,
+        "CPU s sched / workers / PG": t.cpu_cell(),
     }
     return Report(
         workload="steady",
