@@ -57,8 +57,8 @@ from chronoshard._localproc import ServiceError, free_ports
 from chronoshard.scheduler.errors import SchedulerError
 from chronoshard.services import EtcdProcess, PostgresServer
 
-DEFAULT_NODES = 1
-"""Scheduler nodes ``dev`` starts; becomes 3 once shards move between nodes (issue 5)."""
+DEFAULT_NODES = 3
+"""Scheduler nodes ``dev`` starts: three, so the shards really are spread and moved."""
 DEFAULT_DATA_DIR = Path(".chronoshard")
 DEFAULT_GRPC_PORT = 7070
 DEFAULT_METRICS_PORT = 9464
