@@ -47,7 +47,13 @@ from chronoshard.scheduler.dispatch_store import TimerTask
 from chronoshard.scheduler.errors import StoreUnavailable
 from chronoshard.scheduler.models import TaskRef
 from chronoshard.scheduler.sharding import shard_of
-from chronoshard.scheduler.states import AttemptState, TaskEvent, TaskStatus, transition
+from chronoshard.scheduler.states import (
+    TERMINAL,
+    AttemptState,
+    TaskEvent,
+    TaskStatus,
+    transition,
+)
 
 log = logging.getLogger(__name__)
 
@@ -186,18 +192,13 @@ def workflow_outcome(statuses: Collection[TaskStatus]) -> RunState | None:
     A failed task fails the run; otherwise a cancelled one cancels it; a run whose every
     task completed (or that has none) succeeded.
     """
-    if any(s not in _TERMINAL_TASK for s in statuses):
+    if any(s not in TERMINAL for s in statuses):
         return None
     if any(s in _FAILED_TASKS for s in statuses):
         return RunState.FAILED
     if TaskStatus.CANCELLED in statuses:
         return RunState.CANCELLED
     return RunState.SUCCEEDED
-
-
-_TERMINAL_TASK = frozenset(
-    {TaskStatus.COMPLETED, TaskStatus.CANCELLED, TaskStatus.DEAD_LETTER, TaskStatus.UPSTREAM_FAILED}
-)
 
 
 # ---- the shell -----------------------------------------------------------------------------

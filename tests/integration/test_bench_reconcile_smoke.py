@@ -9,6 +9,9 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+from fixtures.databases import database_from_template
+
+from chronoshard.services import PostgresServer
 
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "reconcile.py"
 
@@ -27,9 +30,12 @@ def bench() -> Iterator[ModuleType]:
         del sys.modules[spec.name]
 
 
-def test_run_benchmark_at_a_tiny_size(bench: ModuleType, fresh_db_dsn: str) -> None:
+def test_run_benchmark_at_a_tiny_size(
+    bench: ModuleType, fresh_db_dsn: str, postgres_server: PostgresServer, template_database: str
+) -> None:
     live = bench.LiveSet(running=20, held=6, repaired=4, scheduled=30, runs=3, preload_limit=25)
-    results = bench.run_benchmark(fresh_db_dsn, [300, 600], passes=2, live=live)
+    with database_from_template(postgres_server, template_database) as control_dsn:
+        results = bench.run_benchmark(fresh_db_dsn, control_dsn, [300, 600], passes=2, live=live)
     assert [r.history_rows for r in results] == [300, 600]
     for result in results:
         # Every pass did the same work: read the expired rows, repaired and held them.
@@ -40,6 +46,7 @@ def test_run_benchmark_at_a_tiny_size(bench: ModuleType, fresh_db_dsn: str) -> N
         assert isinstance(result.reconcile_indexes, list)
         assert isinstance(result.sequential_scans, list)
         assert result.reconcile_median_ms > 0 and result.preload_median_ms > 0
+        assert result.reconcile_ratio > 0 and result.preload_ratio > 0
     table = bench.render(results, "python bench/reconcile.py --sizes 300,600", live, 2)
     assert "| 300 |" in table and "| 600 |" in table
-    assert "Largest deviation of the best time" in table
+    assert "Largest change of the ratio to no history" in table
