@@ -33,8 +33,10 @@ SPREAD_S = 10.0
 # normally written ~lead_dispatch_s *before* due.
 STRICT_DISPATCH_BOUND_S = 0.100
 # And their handlers start (worker clock) within this: dispatch plus delivery and the
-# worker's timer, on a 2-core machine shared by every process of the test.
-STRICT_START_BOUND_S = 0.250
+# worker's timer. A sanity bound, not the product's figure (bench/README.md has the
+# lateness distribution): on 2 cores shared by the scheduler, two workers, PostgreSQL
+# and whatever else runs, delivery alone was seen to take 0.4 s.
+STRICT_START_BOUND_S = 1.0
 # A SIGSTOPped worker's stream is dropped within keepalive time + timeout + this slack.
 KEEPALIVE_TIME_S = 1.0
 KEEPALIVE_TIMEOUT_S = 1.0
