@@ -18,13 +18,15 @@ acknowledged.
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from datetime import UTC, datetime, timedelta
+from typing import NamedTuple
 
 import psycopg
 import uvloop
 
-from bench._cluster import Infrastructure, Node, node, process_cpu_s
+from bench._cluster import Infrastructure, Node, cpu_by_pid, node, postgres_pids, process_cpu_s
 from bench._report import Report, Target, ms, percentile
 from chronoshard import Client, SubmitResult, TaskSpec
 
@@ -35,6 +37,26 @@ SINGLE_TARGET_P99_S = 0.025
 BATCH_TARGET_TPS = 20_000.0
 
 
+class Cpu(NamedTuple):
+    """CPU seconds of the scheduler, of this (the clients') process, and of PostgreSQL."""
+
+    scheduler: float
+    client: float
+    postgres: float
+
+    def __sub__(self, other: object) -> Cpu:
+        assert isinstance(other, Cpu)
+        return Cpu(*(a - b for a, b in zip(self, other, strict=True)))
+
+
+def _cpu(n: Node) -> Cpu:
+    return Cpu(
+        process_cpu_s(n.pid),
+        process_cpu_s(os.getpid()),
+        sum(cpu_by_pid(postgres_pids(n.dsn)).values()),
+    )
+
+
 def _task_count(dsn: str) -> int:
     with psycopg.connect(dsn) as conn:
         row = conn.execute("SELECT count(*) FROM tasks").fetchone()
@@ -43,8 +65,8 @@ def _task_count(dsn: str) -> int:
 
 async def _single_clients(
     n: Node, clients: int, duration_s: float
-) -> tuple[int, list[float], float, float]:
-    """(acknowledged, latencies of the measured window, window seconds, scheduler CPU s)."""
+) -> tuple[int, list[float], float, Cpu]:
+    """(acknowledged, latencies of the measured window, window seconds, CPU s used)."""
     channels = [Client(n.address, api_key=n.api_key, max_in_flight=clients) for _ in range(4)]
     latencies: list[float] = []
     acked = 0
@@ -68,15 +90,20 @@ async def _single_clients(
             asyncio.create_task(one_client(channels[i % len(channels)], i)) for i in range(clients)
         ]
         await asyncio.sleep(WARMUP_S)
-        measuring, cpu0, t0 = True, process_cpu_s(n.pid), time.perf_counter()
+        measuring, cpu0, t0 = True, _cpu(n), time.perf_counter()
         await asyncio.sleep(duration_s)
-        measuring, elapsed, cpu = False, time.perf_counter() - t0, process_cpu_s(n.pid) - cpu0
+        measuring, elapsed, cpu = False, time.perf_counter() - t0, _cpu(n) - cpu0
         stop = True
         await asyncio.gather(*runners)
     finally:
         for client in channels:
             await client.close()
     return acked, latencies, elapsed, cpu
+
+
+def _cpu_cell(cpu: Cpu, elapsed: float) -> str:
+    """Each as a percentage of one core over the window."""
+    return " / ".join(f"{100 * c / elapsed:.0f}" for c in cpu)
 
 
 def submit_single(infra: Infrastructure, clients: int, duration_s: float) -> Report:
@@ -92,7 +119,7 @@ def submit_single(infra: Infrastructure, clients: int, duration_s: float) -> Rep
         "ack p50": ms(percentile(latencies, 50)),
         "ack p99": ms(p99),
         "ack max": ms(max(latencies, default=float("nan"))),
-        "scheduler CPU %": 100 * cpu / elapsed,
+        "CPU % sched / client / PG": _cpu_cell(cpu, elapsed),
     }
     return Report(
         workload="submit-single",
@@ -113,7 +140,7 @@ def submit_single(infra: Infrastructure, clients: int, duration_s: float) -> Rep
 
 async def _batches(
     n: Node, tasks: int, batch: int, concurrency: int
-) -> tuple[int, list[float], float, float]:
+) -> tuple[int, list[float], float, Cpu]:
     at = datetime.now(UTC) + FAR_OUT
     specs = [TaskSpec(type="bench.noop", payload={"i": i}, at=at) for i in range(tasks)]
     chunks = [specs[i : i + batch] for i in range(0, tasks, batch)]
@@ -136,9 +163,9 @@ async def _batches(
                     raise RuntimeError(f"{len(failed)} items of a batch failed: {failed[0]}")
                 acked += len(results)
 
-        cpu0, t0 = process_cpu_s(n.pid), time.perf_counter()
+        cpu0, t0 = _cpu(n), time.perf_counter()
         await asyncio.gather(*(caller() for _ in range(concurrency)))
-        elapsed, cpu = time.perf_counter() - t0, process_cpu_s(n.pid) - cpu0
+        elapsed, cpu = time.perf_counter() - t0, _cpu(n) - cpu0
     return acked, latencies, elapsed, cpu
 
 
@@ -155,7 +182,7 @@ def submit_batch(infra: Infrastructure, tasks: int, batch: int, concurrency: int
         "tasks/s": tps,
         "call p50": ms(percentile(latencies, 50)),
         "call p99": ms(percentile(latencies, 99)),
-        "scheduler CPU %": 100 * cpu / elapsed,
+        "CPU % sched / client / PG": _cpu_cell(cpu, elapsed),
         "rows stored": stored,
     }
     return Report(
