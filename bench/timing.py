@@ -47,7 +47,7 @@ SUBMIT_CONCURRENCY = 2
 # How long before the first due time submits and preloading are given: a fixed margin
 # plus a pessimistic submit rate. A run whose tasks were not all in the wheel by then is
 # flagged in its notes, since its timings would include preloading.
-LEAD_IN_FIXED_S = 3.0
+LEAD_IN_FIXED_S = 2.0
 LEAD_IN_RATE = 1000.0
 STAMPEDE_DISPATCH_TARGET_S = 5.0
 STAMPEDE_COMPLETE_TARGET_S = 10.0
