@@ -10,45 +10,17 @@ from __future__ import annotations
 import asyncio
 import os
 from datetime import UTC, datetime
-from typing import Any
 
-import psycopg
-from psycopg_pool import AsyncConnectionPool
+from ledger_pool import ledger
 
 from chronoshard.worker import NonRetryableError, TaskContext, Worker
 
 SLOTS = int(os.environ.get("E2E_WORKER_SLOTS", "50"))
 worker = Worker([], slots=SLOTS)
-_pool: AsyncConnectionPool | None = None
-_pool_lock = asyncio.Lock()
-
-
-async def _configure(conn: psycopg.AsyncConnection[Any]) -> None:
-    # The ledger is test bookkeeping: it must not make handlers hold their slots for a
-    # disk flush each, or the ledger, not the scheduler, would set the pace.
-    await conn.execute("SET synchronous_commit = off")
-
-
-async def _ledger() -> AsyncConnectionPool:
-    """The ledger's pool, opened once (concurrent first handlers wait for the one open)."""
-    global _pool
-    async with _pool_lock:
-        if _pool is None:
-            pool = AsyncConnectionPool(
-                os.environ["E2E_DSN"],
-                min_size=1,
-                max_size=8,
-                kwargs={"autocommit": True},
-                configure=_configure,
-                open=False,
-            )
-            await pool.open(wait=True)
-            _pool = pool
-    return _pool
 
 
 async def record(ctx: TaskContext, started_at: datetime, outcome: str) -> None:
-    pool = await _ledger()
+    pool = await ledger(os.environ["E2E_DSN"])
     async with pool.connection() as conn:
         await conn.execute(
             "INSERT INTO effects (task_id, attempt, token, worker_id, started_at, due_at, outcome)"

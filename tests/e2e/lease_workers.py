@@ -20,8 +20,7 @@ import json
 import os
 from typing import Any
 
-import psycopg
-from psycopg_pool import AsyncConnectionPool
+from ledger_pool import ledger
 
 from chronoshard.worker import TaskContext, Worker
 
@@ -32,34 +31,10 @@ worker = Worker(
     drain_grace_s=float(os.environ.get("LEASE_DRAIN_GRACE_S", "30")),
     worker_id=os.environ.get("CHRONOSHARD_WORKER_ID") or None,
 )
-_pool: AsyncConnectionPool | None = None
-_pool_lock = asyncio.Lock()
-
-
-async def _configure(conn: psycopg.AsyncConnection[Any]) -> None:
-    # Test bookkeeping: no disk flush per row on a machine shared by every process.
-    await conn.execute("SET synchronous_commit = off")
-
-
-async def _ledger() -> AsyncConnectionPool:
-    global _pool
-    async with _pool_lock:
-        if _pool is None:
-            pool = AsyncConnectionPool(
-                os.environ["LEASE_DSN"],
-                min_size=1,
-                max_size=8,
-                kwargs={"autocommit": True},
-                configure=_configure,
-                open=False,
-            )
-            await pool.open(wait=True)
-            _pool = pool
-    return _pool
 
 
 async def record(ctx: TaskContext, event: str, detail: Any = None) -> None:
-    pool = await _ledger()
+    pool = await ledger(os.environ["LEASE_DSN"])
     async with pool.connection() as conn:
         await conn.execute(
             "INSERT INTO lease_effects (task_id, attempt, token, worker_id, event, detail)"
