@@ -4,8 +4,8 @@
 ``digest_size=8``, which is its own parameter, not a truncated 64-byte digest) over the
 16 raw bytes of the UUID, read as an unsigned big-endian integer. 64 bits make the modulo
 bias negligible for any shard count the ``smallint`` column can hold (under 2**-48), and
-the recipe is easy to reproduce in SQL or another language. Python's ``hash()`` is never
-used: it is salted per process (``PYTHONHASHSEED``), so two nodes would disagree.
+the recipe is easy to reproduce in SQL or another language. Python's built-in hash is
+never used: it is salted per process (``PYTHONHASHSEED``), so two nodes would disagree.
 
 The shard count is fixed when a cluster is created; changing it would move almost every
 task, so nothing here tries to be consistent across different counts.

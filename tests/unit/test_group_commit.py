@@ -6,16 +6,9 @@ import asyncio
 from collections.abc import Sequence
 
 import pytest
+from fixtures.loop import one_loop_turn
 
 from chronoshard.scheduler.group_commit import GroupCommitter
-
-
-async def _one_loop_turn() -> None:
-    """Let every task that is ready run once (no timers involved)."""
-    loop = asyncio.get_running_loop()
-    turned: asyncio.Future[None] = loop.create_future()
-    loop.call_soon(turned.set_result, None)
-    await turned
 
 
 async def test_concurrent_submits_share_batches_and_get_their_own_answers() -> None:
@@ -35,7 +28,7 @@ async def test_concurrent_submits_share_batches_and_get_their_own_answers() -> N
     # The first flush blocks; everything submitted meanwhile must form one next batch.
     await entered.wait()
     rest = [asyncio.create_task(committer.submit(n)) for n in range(2, 52)]
-    await _one_loop_turn()
+    await one_loop_turn()
     release.set()
     assert await first == 10
     assert [await t for t in rest] == [n * 10 for n in range(2, 52)]
@@ -86,7 +79,7 @@ async def test_stop_flushes_what_is_queued() -> None:
     committer: GroupCommitter[int, int] = GroupCommitter("t", flush, linger_s=10)
     committer.start()
     pending = asyncio.create_task(committer.submit(5))
-    await _one_loop_turn()
+    await one_loop_turn()
     await committer.stop()
     assert await pending == 5
     assert seen == [5]

@@ -10,6 +10,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
+from fixtures.loop import one_loop_turn
 
 from chronoshard.scheduler.errors import (
     IdempotencyConflict,
@@ -148,7 +149,7 @@ class FakeStore:
 
     async def insert_each(self, requests: Sequence[Request]) -> list[SubmitResult | SchedulerError]:
         self.batches.append(list(requests))
-        await asyncio.sleep(0)
+        await one_loop_turn()
         if self.fail_batch is not None:
             raise self.fail_batch
         if any(p.new.id in self.bad_ids for _, p in requests):
@@ -241,7 +242,7 @@ async def test_a_cancelled_caller_leaves_the_others_alone() -> None:
     submits = coalescer(store, linger_s=0.05)
     leaving = asyncio.ensure_future(submits.submit(TENANT_A, prepared()))
     staying = asyncio.ensure_future(submits.submit(TENANT_A, prepared()))
-    await asyncio.sleep(0)
+    await one_loop_turn()
     leaving.cancel()
     result = await staying
     assert isinstance(result, SubmitResult)

@@ -10,6 +10,7 @@ import uuid
 from datetime import UTC, datetime
 
 import pytest
+from fixtures.loop import one_loop_turn
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -260,7 +261,7 @@ async def test_the_delivery_is_recorded_at_the_first_acceptance_not_after_slow_s
 
     notifier.submit(notice(), record)
     await asyncio.wait_for(retrying.wait(), 5)
-    await asyncio.sleep(0)
+    await one_loop_turn()
     assert len(recorded) == 1  # recorded while webhook-2 is still being retried
     assert notifier.busy() == {alert().dedup_key}
     release.set()
