@@ -14,6 +14,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from fixtures.loop import one_loop_turn
 
 from chronoshard.clock import FakeClock
 from chronoshard.worker import NonRetryableError, StopReason, TaskCancelled, TaskContext
@@ -284,7 +285,7 @@ async def test_environment_cancel_from_a_heartbeat() -> None:
             n += 1
             await ctx.heartbeat(progress=n)
             ctx.raise_if_cancelled()
-            await asyncio.sleep(0)
+            await one_loop_turn()
 
     env = TaskEnvironment(on_heartbeat=lambda rec, env: env.cancel() if rec.progress == 3 else None)
     outcome = await env.run(counts)
