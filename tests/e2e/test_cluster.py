@@ -282,9 +282,13 @@ async def test_a_paused_owner_past_its_lease_dispatches_nothing_when_it_wakes(
     await _spread(cluster)  # and it rejoins
 
 
+@pytest.mark.slow
 async def test_an_etcd_restart_is_ridden_out(
     fresh_db_dsn: str, etcd_factory: EtcdFactory, tmp_path: Path
 ) -> None:
+    """Slow-marked for now: it passed on a quiet machine but timed out once (not every
+    task COMPLETED within 72 s) while heavy benchmarks ran beside it; under
+    investigation (issue 5 stays open until it is understood)."""
     etcd = etcd_factory()
     with _running_cluster(fresh_db_dsn, etcd.endpoint, tmp_path) as cluster:
         await _spread(cluster)
