@@ -185,14 +185,14 @@ def _parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("stampede", parents=[common], help="N tasks due in the same second")
     p.add_argument("tasks", type=int, nargs="?", default=100_000)
-    p.add_argument("--slots", type=int, default=1000, help="per worker process")
+    p.add_argument("--slots", type=int, default=200, help="per worker process")
     p.add_argument("--lead-dispatch-s", type=float, default=None)
     p.set_defaults(run=lambda a, i: timing.stampede(i, a.tasks, a.slots, a.lead_dispatch_s))
 
     p = sub.add_parser("steady", parents=[common], help="strict tasks at RATE per second")
     p.add_argument("rate", type=float, nargs="?", default=1000.0)
     p.add_argument("--duration-s", type=float, default=30.0)
-    p.add_argument("--slots", type=int, default=500, help="per worker process")
+    p.add_argument("--slots", type=int, default=200, help="per worker process")
     p.add_argument("--lead-dispatch-s", type=float, default=None)
     p.set_defaults(
         run=lambda a, i: timing.steady(i, a.rate, a.duration_s, a.slots, a.lead_dispatch_s)

@@ -35,6 +35,7 @@ REPO = Path(__file__).resolve().parent.parent
 BENCH_DIR = REPO / "bench"
 
 DSN_ENV = "CHRONOSHARD_TEST_DSN"
+LOG_DIR_ENV = "BENCH_LOG_DIR"
 SHARDS = 64
 # The benchmark tenant must not be the limit being measured.
 TENANT_RATE_LIMIT_RPS = 1_000_000.0
@@ -205,8 +206,15 @@ def node(
     workers: int = 0,
     slots: int = 200,
 ) -> Iterator[Node]:
-    """A scheduler process owning all shards (and ``workers`` worker processes)."""
-    with infra.database(label) as dsn, tempfile.TemporaryDirectory() as logs:
+    """A scheduler process owning all shards (and ``workers`` worker processes).
+
+    Their logs go to a temporary directory, or are kept under ``$BENCH_LOG_DIR``."""
+    kept = os.environ.get(LOG_DIR_ENV)
+    with infra.database(label) as dsn, contextlib.ExitStack() as stack:
+        if kept:
+            logs = tempfile.mkdtemp(prefix=f"{label}-", dir=kept)
+        else:
+            logs = stack.enter_context(tempfile.TemporaryDirectory())
         api_key = create_tenant(
             dsn,
             f"bench-{uuid.uuid4().hex[:8]}",
