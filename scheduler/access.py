@@ -22,11 +22,13 @@ without a key, and neither reveals tasks or tenants.
 
 The decision of which rule applies is the pure :func:`rule_for`; the interceptor only
 runs it and, for a refusal, answers with a handler of the same streaming shape that
-aborts at once with the status and the ``ErrorInfo`` trailer every other refusal carries.
+aborts with the status and the ``ErrorInfo`` trailer every other refusal carries.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import enum
 import logging
 from collections.abc import Awaitable, Callable
@@ -110,12 +112,30 @@ class AccessInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         return None if handler is None else refusal_handler(handler, info)
 
 
+OPENING_MESSAGE_WAIT_S = 2.0
+"""How long a refused client-streaming call waits for its opening message."""
+
+
 def refusal_handler(handler: grpc.RpcMethodHandler, info: common_pb2.ErrorInfo) -> Any:
     """A handler shaped like ``handler`` (same streaming, same serializers) that aborts
-    every call with ``info`` before reading a single request message."""
-    code = getattr(grpc.StatusCode, info.code)
+    every call with ``info``.
 
-    async def refuse(request: object, context: grpc.aio.ServicerContext[Any, Any]) -> None:
+    A client-streaming call is refused only once its opening message (a worker's
+    ``Hello``) has arrived, or after :data:`OPENING_MESSAGE_WAIT_S`: grpc.aio reports
+    ``INTERNAL: Internal error from Core`` instead of the server's status when the client's
+    write lands after the call has ended (grpc/grpc#36066), and a worker that reads
+    "invalid API key" can be fixed by its operator, one that reads INTERNAL cannot.
+    """
+    code = getattr(grpc.StatusCode, info.code)
+    request_streaming = bool(handler.request_streaming)
+
+    async def refuse(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> None:
+        if request_streaming:
+            # Whatever the read ends in (message, timeout, a broken or garbled stream),
+            # the answer is the same refusal.
+            with contextlib.suppress(Exception):
+                async with asyncio.timeout(OPENING_MESSAGE_WAIT_S):
+                    await anext(aiter(request), None)
         context.set_trailing_metadata(error_info_metadata(info))
         await context.abort(code, info.message)
 

@@ -103,11 +103,9 @@ def _hello(worker_id: str, types: list[str]) -> worker_service_pb2.WorkerMessage
 async def test_a_worker_without_a_valid_key_opens_no_session(
     node: SchedulerNode, channel: grpc.aio.Channel, metadata: Metadata
 ) -> None:
+    # As the SDK does: Hello, then nothing until Welcome.
     async def messages() -> AsyncIterator[worker_service_pb2.WorkerMessage]:
         yield _hello("intruder", ["anything"])
-        yield worker_service_pb2.WorkerMessage(
-            credit_grant=worker_service_pb2.CreditGrant(credits=1)
-        )
         await asyncio.sleep(30)
 
     stream = worker_service_pb2_grpc.WorkerServiceStub(channel).Connect(
