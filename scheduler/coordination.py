@@ -117,10 +117,16 @@ class EtcdCoordinator:
         self._client = Etcd3Client(
             list(config.endpoints),
             rpc_max_attempts=2,
+            watch_reconnect_backoff_seconds=WATCH_RECONNECT_MIN_S,
+            watch_max_reconnect_backoff_seconds=reconnect_cap_s(self._ttl_s),
             ca_cert=_read(config.ca_cert) if config.ca_cert else None,
             cert_key=_read(config.cert_key) if config.cert_key else None,
             cert_chain=_read(config.cert_cert) if config.cert_cert else None,
         )
+        # etcd3aio builds its channel from its manager's options and has no parameter for
+        # the reconnect backoff; gRPC's default grows to 120 s, so after an etcd restart a
+        # node could wait out its whole lease before it even tries to reconnect.
+        self._client._manager.grpc_options.extend(channel_reconnect_options(self._ttl_s))
         await self._client.connect()
         if self._config.username:
             auth = self._client.auth
@@ -164,6 +170,7 @@ class EtcdCoordinator:
     async def _keepalive_loop(self, lease_id: int) -> None:
         lease = self._lease_service()
         interval_s = self._ttl_s / 3
+        fenced = False
         while True:
             await asyncio.sleep(interval_s)
             sent_at = self._clock.monotonic()
@@ -173,8 +180,15 @@ class EtcdCoordinator:
                 )
             except (TimeoutError, EtcdError, grpc.aio.AioRpcError) as exc:
                 log.warning(
-                    "etcd keep-alive failed", extra={"lease_id": lease_id, "error": str(exc)}
+                    "etcd keep-alive failed",
+                    extra={"lease_id": lease_id, "error": describe_error(exc)},
                 )
+                if not fenced and not self.lease_valid(self._clock.monotonic()):
+                    fenced = True
+                    log.warning(
+                        "self-fenced: etcd lease not renewed in time; dispatch paused",
+                        extra={"lease_id": lease_id},
+                    )
                 # Retry soon: a renewal that lands before the deadline keeps every shard.
                 interval_s = min(1.0, self._ttl_s / 6)
                 continue
@@ -185,6 +199,9 @@ class EtcdCoordinator:
             # Renewed at send time, not receive time: the server may have counted from then.
             self._last_renewal = sent_at
             interval_s = self._ttl_s / 3
+            if fenced:
+                fenced = False
+                log.info("etcd lease renewed; dispatch resumes", extra={"lease_id": lease_id})
 
     @staticmethod
     async def _keepalive_once(lease: Any, lease_id: int) -> int:
@@ -360,7 +377,36 @@ class EtcdCoordinator:
         try:
             return await make()
         except (EtcdError, grpc.aio.AioRpcError, TimeoutError) as exc:
-            raise CoordinationError(f"etcd call failed: {exc}") from exc
+            raise CoordinationError(f"etcd call failed: {describe_error(exc)}") from exc
+
+
+WATCH_RECONNECT_MIN_S = 0.25
+
+
+def reconnect_cap_s(ttl_s: float) -> float:
+    """The longest wait between reconnect attempts to etcd: a fraction of the lease TTL,
+    so a node reconnects several times before a lease that etcd kept through a restart
+    runs out."""
+    return max(0.2, min(2.0, ttl_s / 5))
+
+
+def channel_reconnect_options(ttl_s: float) -> list[tuple[str, int]]:
+    """gRPC channel options that bound the etcd channel's reconnect backoff."""
+    cap_ms = int(reconnect_cap_s(ttl_s) * 1000)
+    return [
+        ("grpc.initial_reconnect_backoff_ms", min(100, cap_ms)),
+        ("grpc.min_reconnect_backoff_ms", min(100, cap_ms)),
+        ("grpc.max_reconnect_backoff_ms", cap_ms),
+    ]
+
+
+def describe_error(exc: BaseException) -> str:
+    """One line for a log field: gRPC errors print several lines on their own."""
+    if isinstance(exc, grpc.aio.AioRpcError):
+        return f"{exc.code().name}: {exc.details()}"
+    if isinstance(exc, TimeoutError):
+        return "timed out"
+    return " ".join(str(exc).split()) or type(exc).__name__
 
 
 def _read(path: str) -> bytes:
