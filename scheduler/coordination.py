@@ -108,6 +108,11 @@ class EtcdCoordinator:
         self._last_renewal = -math.inf
         self._keepalive_task: asyncio.Task[None] | None = None
         self.lease_lost = asyncio.Event()
+        # Set once the lease may have lapsed; only lift_fence() clears it, after the shard
+        # manager gave back every shard it held, so nothing resumes under an old epoch.
+        self._fenced = False
+        # Called when a renewal lands while fenced (the shard manager wakes up on it).
+        self.on_renewed_while_fenced: Callable[[], None] | None = None
         self._prefix = f"/{config.cluster}/"
 
     # ---- connection and lease -----------------------------------------------------------
@@ -144,6 +149,7 @@ class EtcdCoordinator:
         self._lease_id = int(response.ID)
         self._last_renewal = granted_at
         self.lease_lost = asyncio.Event()
+        self._fenced = False
         if self._keepalive_task is not None:
             self._keepalive_task.cancel()
         self._keepalive_task = asyncio.create_task(
@@ -165,12 +171,28 @@ class EtcdCoordinator:
         return self._last_renewal + self._ttl_s - self._config.self_fence_margin_s
 
     def lease_valid(self, now: float) -> bool:
+        """Whether the node may dispatch: the lease is surely alive and no fence is up."""
+        return not self._fenced and self.lease_alive(now)
+
+    def lease_alive(self, now: float) -> bool:
+        """Whether the lease is surely alive in etcd (renewed within TTL − margin)."""
         return not self.lease_lost.is_set() and now < self.lease_deadline()
+
+    @property
+    def fenced(self) -> bool:
+        """The node fenced itself and has not yet given back and re-claimed its shards."""
+        return self._fenced
+
+    def lift_fence(self) -> None:
+        """Called once every shard held before the fence was released: claims made from
+        now on get new epochs, so no write prepared before the fence can land."""
+        if self._fenced:
+            self._fenced = False
+            log.info("self-fence lifted; re-claiming shards", extra={"lease_id": self._lease_id})
 
     async def _keepalive_loop(self, lease_id: int) -> None:
         lease = self._lease_service()
         interval_s = self._ttl_s / 3
-        fenced = False
         while True:
             await asyncio.sleep(interval_s)
             sent_at = self._clock.monotonic()
@@ -183,12 +205,8 @@ class EtcdCoordinator:
                     "etcd keep-alive failed",
                     extra={"lease_id": lease_id, "error": describe_error(exc)},
                 )
-                if not fenced and not self.lease_valid(self._clock.monotonic()):
-                    fenced = True
-                    log.warning(
-                        "self-fenced: etcd lease not renewed in time; dispatch paused",
-                        extra={"lease_id": lease_id},
-                    )
+                if not self.lease_alive(self._clock.monotonic()):
+                    self._fence(lease_id)
                 # Retry soon: a renewal that lands before the deadline keeps every shard.
                 interval_s = min(1.0, self._ttl_s / 6)
                 continue
@@ -196,12 +214,27 @@ class EtcdCoordinator:
                 log.error("etcd lease expired", extra={"lease_id": lease_id})
                 self.lease_lost.set()
                 return
+            if sent_at >= self.lease_deadline():
+                # The deadline passed unnoticed (the process was paused): fenced all the same.
+                self._fence(lease_id)
             # Renewed at send time, not receive time: the server may have counted from then.
             self._last_renewal = sent_at
             interval_s = self._ttl_s / 3
-            if fenced:
-                fenced = False
-                log.info("etcd lease renewed; dispatch resumes", extra={"lease_id": lease_id})
+            if self._fenced:
+                log.info(
+                    "etcd lease renewed while fenced; shards go back and are re-claimed",
+                    extra={"lease_id": lease_id},
+                )
+                if self.on_renewed_while_fenced is not None:
+                    self.on_renewed_while_fenced()
+
+    def _fence(self, lease_id: int) -> None:
+        if not self._fenced:
+            self._fenced = True
+            log.warning(
+                "self-fenced: etcd lease not renewed in time; dispatch paused",
+                extra={"lease_id": lease_id},
+            )
 
     @staticmethod
     async def _keepalive_once(lease: Any, lease_id: int) -> int:

@@ -18,9 +18,10 @@ the ones it should (DESIGN §5):
 A write that finds another epoch in ``shard_owners`` reports the shard lost
 (:meth:`ShardManager.epochs_lost`) and the node stops it without touching anything.
 The node also fences itself: :meth:`ShardManager.dispatch_allowed` is false once the
-etcd lease may have lapsed (last renewal + TTL − margin). If etcd says the lease is gone,
-every shard is dropped and the node re-registers under a new lease; it resumes only
-after re-claiming, under new epochs.
+etcd lease may have lapsed (last renewal + TTL − margin). It resumes only after
+re-claiming its shards under new epochs: if the lease survived (a short etcd outage) it
+gives every shard back and claims it again at once; if etcd says the lease is gone, every
+shard is dropped and the node re-registers under a new lease first.
 """
 
 from __future__ import annotations
@@ -74,12 +75,14 @@ class ShardManager:
         self._stopping = False
         # Set by the node: tell a shard's owner elsewhere that a task became due.
         self.on_remote_due: Callable[[int, datetime], None] | None = None
+        coordinator.on_renewed_while_fenced = self._kick.set
         self.handoffs: list[tuple[str, int, int]] = []
         self.stats: dict[str, int] = {
             "claims": 0,
             "releases": 0,
             "epochs_lost": 0,
             "lease_losses": 0,
+            "fence_reclaims": 0,
         }
 
     def attach(self, dispatcher: Dispatcher, preloader: Preloader) -> None:
@@ -133,6 +136,10 @@ class ShardManager:
                 self._kick.clear()
                 if self._coordinator.lease_lost.is_set():
                     await self._recover_lease()
+                elif self._coordinator.fenced and self._coordinator.lease_alive(
+                    self._clock.monotonic()
+                ):
+                    await self._give_back_after_fence()
                 try:
                     await self.reconcile()
                 except (CoordinationError, StoreUnavailable) as exc:
@@ -214,6 +221,14 @@ class ShardManager:
         self.stats["releases"] += 1
         self.handoffs.append(("released", shard, epoch))
         log.info("shard released", extra={"shard": shard, "epoch": epoch, "reason": reason})
+
+    async def _give_back_after_fence(self) -> None:
+        """The lease outlived a fence: release every shard (its wheel entries and
+        preloads go with it) so that the claims that follow raise every epoch."""
+        self.stats["fence_reclaims"] += 1
+        for shard in sorted(self._owned):
+            await self._release(shard, reason="self-fenced")
+        self._coordinator.lift_fence()
 
     async def _recover_lease(self) -> None:
         """etcd dropped our lease: every claim went with it. Start over under a new one."""

@@ -287,7 +287,8 @@ async def test_an_etcd_restart_is_ridden_out(
 ) -> None:
     """etcd down past the self-fence point, then back: every node fences, reconnects
     within its lease (the etcd channel's reconnect backoff is capped, see
-    ``coordination.reconnect_cap_s``) and every task still completes exactly once."""
+    ``coordination.reconnect_cap_s``), gives its shards back and re-claims them under
+    new epochs, and every task still completes exactly once."""
     etcd = etcd_factory()
     with _running_cluster(fresh_db_dsn, etcd.endpoint, tmp_path) as cluster:
         await _spread(cluster)
@@ -310,4 +311,5 @@ async def test_an_etcd_restart_is_ridden_out(
             log = node.process.log()
             assert "self-fenced" in log, name
             # Back under the same lease, or (had the lease run out) under a new one.
-            assert "dispatch resumes" in log or "etcd lease expired" in log, name
+            assert "self-fence lifted" in log or "etcd lease expired" in log, name
+            assert "reason=self-fenced" in log or "etcd lease expired" in log, name

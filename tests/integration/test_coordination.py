@@ -175,11 +175,15 @@ async def test_a_lease_rides_out_an_etcd_outage_shorter_than_its_ttl(
         # One reconnect attempt (at most the cap), one keep-alive retry, and slack for it.
         bound_s = reconnect_cap_s(config.lease_ttl_s) + min(1.0, config.lease_ttl_s / 6) + 1.0
         await eventually(
-            lambda: a.lease_valid(clock.monotonic()),
+            lambda: a.lease_alive(clock.monotonic()),
             timeout_s=bound_s,
             what=f"the lease renewed within {bound_s:.1f} s of etcd coming back",
         )
         assert not a.lease_lost.is_set() and a.lease_id == lease_id
+        # Renewed, but no dispatch until the shard manager gave its shards back.
+        assert a.fenced and not a.lease_valid(clock.monotonic())
+        a.lift_fence()
+        assert a.lease_valid(clock.monotonic())
         nodes, _ = await a.live_nodes()
         assert set(nodes) == {"node-a"}
     finally:
