@@ -99,6 +99,11 @@ def cluster(fresh_db_dsn: str, etcd: EtcdProcess, tmp_path: Path) -> Iterator[Cl
         yield running
 
 
+def _epochs(dsn: str) -> dict[int, int]:
+    with psycopg.connect(dsn) as conn:
+        return dict(conn.execute("SELECT shard, epoch FROM shard_owners").fetchall())
+
+
 def _owners(dsn: str) -> dict[int, str]:
     with psycopg.connect(dsn) as conn:
         return dict(conn.execute("SELECT shard, node_id FROM shard_owners").fetchall())
@@ -298,6 +303,7 @@ async def test_an_etcd_restart_is_ridden_out(
         async with Client(cluster.targets(), api_key=cluster.api_key) as client:
             ids = await _submit(client, history, 1000, start, spread_s)
         await asyncio.sleep(max(0.0, (start - datetime.now(UTC)).total_seconds()) + 3)
+        before = _epochs(cluster.dsn)
         etcd.stop()
         # Down past the self-fence point (TTL - margin): nodes stop dispatching on their own.
         await asyncio.sleep(LEASE_TTL_S)
@@ -307,6 +313,9 @@ async def test_an_etcd_restart_is_ridden_out(
         assert not violations, violations.summary()
         assert epoch_regressions(cluster.dsn, history.acknowledged()) == []
         await _spread(cluster)
+        after = _epochs(cluster.dsn)
+        # No shard is written under the epoch it had before the fence.
+        assert all(after[shard] > epoch for shard, epoch in before.items()), (before, after)
         for name, node in cluster.nodes.items():
             log = node.process.log()
             assert "self-fenced" in log, name
