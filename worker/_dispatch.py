@@ -72,6 +72,12 @@ from chronoshard.worker._topology import Topology
 logger = logging.getLogger("chronoshard.worker")
 
 SKEW_WARNING_S = 5.0
+ACK_DELAY_S = 0.05
+"""How long after its start a run is acked. A run that settles sooner is never acked:
+its Complete (or Fail, Release) moves the task straight from DISPATCHED, which spares the
+node one write and the stream two messages per task."""
+ACK_WAIT_CAP_S = 1.0
+"""The longest an ack waits for ``due_at``: far inside the node's ack timeout (10 s)."""
 """An assignment due further ahead than this on the worker's clock is logged as skew."""
 OUTCOMES = ("completed", "failed", "timed_out", "cancelled", "released", "abandoned")
 """The counters of :attr:`Dispatcher.counts` that count ended attempts."""
@@ -86,6 +92,7 @@ class _Run:
     execution: Execution
     task: asyncio.Task[None] | None = None
     decided: bool = False  # outcome known (settlement queued, or abandoned)
+    ack_timer: asyncio.TimerHandle | None = None
 
     @property
     def ctx(self) -> TaskContext:
@@ -263,9 +270,7 @@ class Dispatcher:
             self.settlements.send(node, release)
             self._regrant()
             return
-        # Ack at once: the node moves the task to RUNNING while we wait for due_at. The
-        # credit the assignment used is granted again (to whichever node needs it most).
-        self.settlements.send(node, Ack(a.task, a.fencing_token))
+        # The credit the assignment used is granted again (to whichever node needs it most).
         self._regrant()
         spec = self._handlers[a.type]
         timeout_s = effective_timeout(spec.timeout_s, a.timeout_s)
@@ -290,6 +295,10 @@ class Dispatcher:
         run = _Run(a, node, execution)
         self.runs[a.run_key] = run
         run.task = asyncio.create_task(self._drive(run), name=f"chronoshard-run {a.task.id}")
+        wait_s = (a.due_at - self._clock.now()).total_seconds()
+        run.ack_timer = asyncio.get_running_loop().call_later(
+            min(max(0.0, wait_s), ACK_WAIT_CAP_S) + ACK_DELAY_S, self._ack_if_running, run
+        )
         self._log(
             logging.DEBUG,
             "accepted %s attempt %d, due %s",
@@ -370,14 +379,27 @@ class Dispatcher:
             await run.execution.handler_stopped()
         finally:
             run.decided = True
+            if run.ack_timer is not None:
+                run.ack_timer.cancel()
             self.runs.pop(key, None)
             self.ledger.release_slot()
             self._regrant()
             self._changed()
 
+    def _ack_if_running(self, run: _Run) -> None:
+        """Still running (or waiting for due_at) ACK_DELAY_S after its start: tell the node,
+        which moves the task to RUNNING."""
+        run.ack_timer = None
+        a = run.assignment
+        if not run.decided and self.runs.get(a.run_key) is run:
+            self.settlements.send(run.node, Ack(a.task, a.fencing_token))
+
     def _conclude(self, run: _Run, outcome: Outcome) -> None:
         a = run.assignment
         run.decided = True
+        if run.ack_timer is not None:
+            run.ack_timer.cancel()
+            run.ack_timer = None
         counter = type(outcome).__name__.lower()
         if isinstance(outcome, Failed):
             counter = (

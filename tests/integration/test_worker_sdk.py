@@ -44,6 +44,7 @@ from chronoshard.worker import (
     TaskContext,
     Worker,
 )
+from chronoshard.worker._dispatch import ACK_DELAY_S
 
 pb = worker_service_pb2
 WAIT_S = 5.0
@@ -376,17 +377,38 @@ async def running(worker: Worker) -> AsyncIterator[asyncio.Task[DrainReport]]:
 # ---- the happy path ------------------------------------------------------------------
 
 
-async def test_assignment_is_acked_started_at_due_at_and_completed(
+async def test_a_run_still_going_after_the_ack_delay_is_acked_then_completed(
     fake: FakeScheduler,
 ) -> None:
+    worker = make_worker(fake)
+    release = asyncio.Event()
+
+    @worker.task("slow")
+    async def slow(ctx: TaskContext) -> None:
+        await release.wait()
+
+    async with running(worker):
+        session = await fake.session_with_credit()
+        task_id = session.assign("slow", {}, token=3, due_in_s=0.05)
+        acks = await fake.wait_for(lambda: session.of("ack"))
+        assert [_task_of(a) for a in acks] == [(task_id, 3)]
+        assert session.of("complete") == []
+        release.set()
+        complete = await fake.wait_for(lambda: session.of("complete"))
+        assert _task_of(complete[0]) == (task_id, 3)
+        assert len(session.of("ack")) == 1
+
+
+async def test_assignment_is_started_at_due_at_and_completed_without_an_ack(
+    fake: FakeScheduler,
+) -> None:
+    """A run that settles within ACK_DELAY_S of its start sends its Complete alone."""
     worker = make_worker(fake, api_key="secret-key")
     started_at: list[datetime] = []
-    acks_seen_at_start: list[int] = []
 
     @worker.task("echo")
     async def echo(ctx: TaskContext) -> dict[str, Any]:
         started_at.append(datetime.now(UTC))
-        acks_seen_at_start.append(len(fake.all_of("ack")))
         return {"echo": ctx.payload, "attempt": ctx.attempt, "token": ctx.fencing_token}
 
     async with running(worker):
@@ -401,13 +423,13 @@ async def test_assignment_is_acked_started_at_due_at_and_completed(
         due = datetime.now(UTC) + timedelta(seconds=0.3)
         complete = await fake.wait_for(lambda: session.of("complete"))
         assert started_at and started_at[0] >= due - timedelta(milliseconds=5)
-        assert acks_seen_at_start == [1]  # acked before the handler started
-        assert _task_of(session.of("ack")[0]) == (task_id, 5)
         assert _task_of(complete[0]) == (task_id, 5)
         assert json.loads(complete[0].result_json) == {"echo": {"n": 7}, "attempt": 1, "token": 5}
         # The receipt confirms it: nothing is left to resend, the slot is granted again.
         await fake.wait_for(lambda: worker.stats()["outbox"]["stream"] == 0 and session.credits)
         assert fake.unary == []
+        await asyncio.sleep(2 * ACK_DELAY_S)  # time for a wrongly kept ack timer to fire
+        assert session.of("ack") == []
 
 
 async def test_failures_carry_error_type_message_and_retryability(fake: FakeScheduler) -> None:
