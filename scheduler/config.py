@@ -212,9 +212,13 @@ class MaintenanceConfig:
     lock_timeout_s: float = 0.5
     # After a failed round (lock not granted, database away), try again this soon.
     retry_interval_s: float = 60.0
+    # How often a node looks for a new day partition that took rows but has no planner
+    # statistics yet, and analyzes it (see docs/operations.md, partitions).
+    stats_interval_s: float = 5.0
 
     def validate(self) -> None:
         require(self.interval_s > 0, "maintenance.interval_s", "must be positive")
+        require(self.stats_interval_s > 0, "maintenance.stats_interval_s", "must be positive")
         require(
             self.partitions_ahead_days >= 1,
             "maintenance.partitions_ahead_days",

@@ -10,6 +10,15 @@ gets it (the others skip the round) creates the day partitions for the next
 still holds an unfinished or dead-lettered task), then forgets worker-session rows
 nobody refreshed for a day.
 
+Statistics for new partitions: a day partition has none until autovacuum first analyzes
+it, up to a minute after it takes rows, and meanwhile the planner's default guesses turn
+the batched completion into a scan of the partition's in-flight index per row (measured:
+85 ms per batch instead of 1 ms, at 1,000 tasks/s). So every ``stats_interval_s`` the
+loop also analyzes any ``tasks`` partition (or ``task_attempts``) that took
+:data:`ANALYZE_MIN_CHANGES` rows and was never analyzed; autovacuum keeps the statistics
+current from then on. This needs no lock: several nodes may do it, and only the first
+finds anything to do.
+
 Without blocking dispatch: creating or detaching a partition needs the ``tasks`` table's
 ACCESS EXCLUSIVE lock for a moment, and while that lock request waits (behind a long
 reader, say) every other statement on ``tasks`` queues behind it. So each step runs with
@@ -26,6 +35,8 @@ import logging
 from dataclasses import dataclass
 from typing import LiteralString
 
+from psycopg import sql
+
 from chronoshard.scheduler import queries
 from chronoshard.scheduler.config import MaintenanceConfig
 from chronoshard.scheduler.errors import StoreUnavailable
@@ -34,6 +45,7 @@ from chronoshard.scheduler.store import Connection, Store
 log = logging.getLogger(__name__)
 
 WORKER_SESSION_RETENTION_S = 86400.0
+ANALYZE_MIN_CHANGES = 1000
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,18 +67,50 @@ class PartitionMaintenance:
             "partitions_created": 0,
             "partitions_dropped": 0,
             "failures": 0,
+            "tables_analyzed": 0,
         }
 
     async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        next_round = loop.time()
         while True:
-            delay_s = self._config.interval_s
+            if loop.time() >= next_round:
+                delay_s = self._config.interval_s
+                try:
+                    await self.run_once()
+                except StoreUnavailable as exc:
+                    self.stats["failures"] += 1
+                    delay_s = min(delay_s, self._config.retry_interval_s)
+                    log.warning(
+                        "partition maintenance failed; will retry", extra={"error": str(exc)}
+                    )
+                next_round = loop.time() + delay_s
             try:
-                await self.run_once()
+                await self.analyze_new_tables()
             except StoreUnavailable as exc:
-                self.stats["failures"] += 1
-                delay_s = min(delay_s, self._config.retry_interval_s)
-                log.warning("partition maintenance failed; will retry", extra={"error": str(exc)})
-            await asyncio.sleep(delay_s)
+                log.warning("analyzing new partitions failed", extra={"error": str(exc)})
+            await asyncio.sleep(
+                max(0.0, min(self._config.stats_interval_s, next_round - loop.time()))
+            )
+
+    async def analyze_new_tables(self) -> list[str]:
+        """ANALYZE the hot tables that took rows but never had statistics; their names.
+
+        Raises:
+            StoreUnavailable: the database is away.
+        """
+        analyzed: list[str] = []
+        async with self._store.connection() as conn:
+            cur = await conn.execute(
+                self._q["never_analyzed_tables"], {"min_changes": ANALYZE_MIN_CHANGES}
+            )
+            for schema, table in await cur.fetchall():
+                await conn.execute(sql.SQL("ANALYZE {}").format(sql.Identifier(schema, table)))
+                analyzed.append(f"{schema}.{table}")
+        if analyzed:
+            self.stats["tables_analyzed"] += len(analyzed)
+            log.info("analyzed new tables", extra={"tables": analyzed})
+        return analyzed
 
     async def run_once(self) -> MaintenanceResult | None:
         """One round; None when another node holds the maintenance lock.

@@ -145,3 +145,17 @@ SELECT pg_advisory_unlock(1667789423, 3);
 -- How long partition DDL may wait for the `tasks` lock; statements queue behind it while
 -- it waits, so the node keeps this short and tries again next round.
 SELECT set_config('lock_timeout', %(lock_timeout)s, true);
+
+-- name: never_analyzed_tables
+-- The hot tables (every partition of `tasks`, and `task_attempts`) that took rows but
+-- never had statistics: a new day partition until autovacuum first analyzes it (up to a
+-- minute). Without statistics the planner guesses, and for the batched hot statements it
+-- guesses scans of the whole partition or of the in-flight index per row.
+SELECT s.schemaname, s.relname
+FROM pg_stat_user_tables AS s
+WHERE (s.relid IN (SELECT inhrelid FROM pg_inherits WHERE inhparent = to_regclass('tasks'))
+       OR s.relid = to_regclass('task_attempts'))
+  AND s.last_analyze IS NULL
+  AND s.last_autoanalyze IS NULL
+  AND s.n_mod_since_analyze >= %(min_changes)s
+ORDER BY s.n_mod_since_analyze DESC;

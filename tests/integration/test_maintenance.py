@@ -15,7 +15,7 @@ from fixtures.waiting import eventually
 
 from chronoshard.scheduler.config import MaintenanceConfig
 from chronoshard.scheduler.errors import StoreUnavailable
-from chronoshard.scheduler.maintenance import PartitionMaintenance
+from chronoshard.scheduler.maintenance import ANALYZE_MIN_CHANGES, PartitionMaintenance
 from chronoshard.scheduler.store import Store
 
 CONFIG = MaintenanceConfig(retention_days=30, partitions_ahead_days=7, lock_timeout_s=0.2)
@@ -124,3 +124,45 @@ async def test_a_table_lock_it_cannot_get_fails_the_round_quickly(
     assert _day(7) not in _partitions(fresh_db_dsn)
     result = await maintenance.run_once()
     assert result is not None and result.created == [_day(7)]
+
+
+def _analyzed(dsn: str, table: str) -> bool:
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute(
+            "SELECT last_analyze IS NOT NULL FROM pg_stat_user_tables WHERE relname = %s",
+            (table,),
+        ).fetchone()
+    return bool(row and row[0])
+
+
+async def test_a_new_partition_that_took_rows_is_analyzed_once(
+    store: Store, fresh_db_dsn: str
+) -> None:
+    today = _day(0)
+    with psycopg.connect(fresh_db_dsn, autocommit=True) as conn:
+        # Autovacuum must not get there first: this test is about our own pass.
+        conn.execute(f"ALTER TABLE {today} SET (autovacuum_enabled = false)")
+        tenant = conn.execute(
+            "INSERT INTO tenants (name, tier, rate_limit_rps, max_concurrent_workers,"
+            " home_region, api_key_hash) VALUES ('stats', 'standard', 1, 1, 'x', 'h')"
+            " RETURNING id"
+        ).fetchone()
+        assert tenant is not None
+        conn.execute(
+            "INSERT INTO tasks (id, tenant_id, type, scheduled_at, due_at, status, max_retries,"
+            " backoff_initial_s, backoff_max_s, backoff_multiplier, jitter_mode, payload,"
+            " shard, priority, queue)"
+            " SELECT gen_random_uuid(), %s, 't', now(), now(), 'SCHEDULED', 3, 1, 60, 2,"
+            " 'NONE', '{}', i %% 64, 'standard', 'default' FROM generate_series(1, %s) AS i",
+            (tenant[0], ANALYZE_MIN_CHANGES + 200),
+        )
+    maintenance = PartitionMaintenance(CONFIG, store)
+    assert not _analyzed(fresh_db_dsn, today)
+
+    # Row counts reach pg_stat_user_tables within a second or so of the commit.
+    analyzed = await eventually(
+        maintenance.analyze_new_tables, timeout_s=10, what="the new partition analyzed"
+    )
+    assert analyzed == [f"public.{today}"]
+    assert _analyzed(fresh_db_dsn, today)
+    assert await maintenance.analyze_new_tables() == []  # autovacuum's from here on
