@@ -30,6 +30,7 @@ from typing import Any, Protocol
 
 import grpc
 
+from chronoshard.batching import MAX_BATCH_MESSAGES, pack, take_queued
 from chronoshard.clock import Clock
 from chronoshard.scheduler import convert, faults
 from chronoshard.scheduler.config import SchedulerConfig
@@ -90,6 +91,8 @@ class WorkerSession:
     credits: int = 0
     draining: bool = False
     closed: bool = False
+    # The worker reads SchedulerBatch (its Hello said so).
+    accepts_batches: bool = False
     # Tasks this node assigned and the worker has not settled: id -> (task, token).
     assigned: dict[uuid.UUID, tuple[TimerTask, int]] = field(default_factory=dict)
     # The task refs the last heartbeat carried, by id as sent: (seconds, nanos, ref).
@@ -116,6 +119,18 @@ class WorkerSession:
             self.closed = True
             return False
         return True
+
+
+def _pb_size(message: worker_service_pb2.SchedulerMessage) -> int:
+    return int(message.ByteSize())
+
+
+def _scheduler_batch(
+    messages: list[worker_service_pb2.SchedulerMessage],
+) -> worker_service_pb2.SchedulerMessage:
+    return worker_service_pb2.SchedulerMessage(
+        batch=worker_service_pb2.SchedulerBatch(messages=messages)
+    )
 
 
 class Gateway(worker_service_pb2_grpc.WorkerServiceServicer):
@@ -321,6 +336,7 @@ class Gateway(worker_service_pb2_grpc.WorkerServiceServicer):
                         self._config.workers.heartbeat_interval_s
                     ),
                     lease_duration=convert.duration_to_pb(self._config.workers.task_lease_s),
+                    accepts_batches=True,
                 )
             )
             while not session.closed:
@@ -329,7 +345,14 @@ class Gateway(worker_service_pb2_grpc.WorkerServiceServicer):
                 if get not in done:
                     get.cancel()
                     break
-                yield get.result()
+                first_out = get.result()
+                if not session.accepts_batches or session.outbox.empty():
+                    yield first_out
+                    continue
+                # Everything queued goes out in one write (bounded in count and bytes).
+                queued = take_queued(first_out, session.outbox, MAX_BATCH_MESSAGES)
+                for out in pack(queued, _pb_size, _scheduler_batch):
+                    yield out
         finally:
             reader.cancel()
             try:
@@ -366,6 +389,7 @@ class Gateway(worker_service_pb2_grpc.WorkerServiceServicer):
             queues=frozenset(hello.queues) or frozenset({"default"}),
             types=frozenset(hello.task_types),
             slots=hello.slots,
+            accepts_batches=hello.accepts_batches,
             outbox=asyncio.Queue(maxsize=self._config.grpc.worker_send_queue),
             opened_at=self._clock.monotonic(),
         )
@@ -412,37 +436,51 @@ class Gateway(worker_service_pb2_grpc.WorkerServiceServicer):
     ) -> None:
         async for message in request_iterator:
             kind = message.WhichOneof("message")
-            if kind == "credit_grant":
-                if not session.draining:
-                    # Never more outstanding credits than slots, whatever the worker says.
-                    session.credits = min(
-                        session.slots, session.credits + message.credit_grant.credits
-                    )
-                    if self._listener is not None:
-                        self._listener.credits_available()
-            elif kind == "credit_recall":
-                # Exact by construction: every assignment this session was sent before
-                # this answer used a credit; the worker frees what we report.
-                returned = min(session.credits, message.credit_recall.credits)
-                session.credits -= returned
-                session.send(
-                    worker_service_pb2.SchedulerMessage(
-                        credit_return=worker_service_pb2.CreditReturn(credits=returned)
-                    )
-                )
-            elif kind == "drain_started":
-                session.draining = True
-                session.credits = 0
-            elif kind in ("ack", "heartbeat", "complete", "fail", "release"):
-                if kind == "ack":
-                    # Fault injection (test builds): the send reached the worker.
-                    faults.reached(CrashPoint.AFTER_SEND)
-                self._spawn(self._handle(session, kind, message))
+            if kind == "batch":
+                for inner in message.batch.messages:
+                    inner_kind = inner.WhichOneof("message")
+                    if inner_kind in ("batch", "hello"):
+                        log.warning(
+                            "unexpected message in a batch",
+                            extra={"worker_id": session.worker_id, "kind": inner_kind},
+                        )
+                        continue
+                    self._on_message(session, inner_kind, inner)
             else:
-                log.warning(
-                    "unexpected worker message",
-                    extra={"worker_id": session.worker_id, "kind": kind},
+                self._on_message(session, kind, message)
+
+    def _on_message(
+        self, session: WorkerSession, kind: str | None, message: worker_service_pb2.WorkerMessage
+    ) -> None:
+        if kind == "credit_grant":
+            if not session.draining:
+                # Never more outstanding credits than slots, whatever the worker says.
+                session.credits = min(session.slots, session.credits + message.credit_grant.credits)
+                if self._listener is not None:
+                    self._listener.credits_available()
+        elif kind == "credit_recall":
+            # Exact by construction: every assignment this session was sent before
+            # this answer used a credit; the worker frees what we report.
+            returned = min(session.credits, message.credit_recall.credits)
+            session.credits -= returned
+            session.send(
+                worker_service_pb2.SchedulerMessage(
+                    credit_return=worker_service_pb2.CreditReturn(credits=returned)
                 )
+            )
+        elif kind == "drain_started":
+            session.draining = True
+            session.credits = 0
+        elif kind in ("ack", "heartbeat", "complete", "fail", "release"):
+            if kind == "ack":
+                # Fault injection (test builds): the send reached the worker.
+                faults.reached(CrashPoint.AFTER_SEND)
+            self._spawn(self._handle(session, kind, message))
+        else:
+            log.warning(
+                "unexpected worker message",
+                extra={"worker_id": session.worker_id, "kind": kind},
+            )
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.create_task(coro)

@@ -152,6 +152,7 @@ def to_pb(msg: Outbound) -> worker_service_pb2.WorkerMessage:
                     task_types=list(msg.task_types),
                     slots=msg.slots,
                     sdk_version=msg.sdk_version,
+                    accepts_batches=msg.accepts_batches,
                 )
             )
         case CreditGrant():
@@ -180,7 +181,31 @@ def to_pb(msg: Outbound) -> worker_service_pb2.WorkerMessage:
             return w.WorkerMessage(drain_started=w.DrainStarted(grace=_duration(msg.grace_s)))
 
 
+def batch_to_pb(
+    messages: list[worker_service_pb2.WorkerMessage],
+) -> worker_service_pb2.WorkerMessage:
+    """Several encoded messages as one ``WorkerBatch`` (for a node that reads them)."""
+    w = worker_service_pb2
+    return w.WorkerMessage(batch=w.WorkerBatch(messages=messages))
+
+
 # ---- scheduler -> worker -------------------------------------------------------------
+
+
+def from_pb_many(msg: worker_service_pb2.SchedulerMessage) -> list[Inbound]:
+    """The messages one stream message carries: several for a ``SchedulerBatch``, none
+    for a kind newer than this SDK (or one a batch may not hold)."""
+    if msg.WhichOneof("message") != "batch":
+        one = from_pb(msg)
+        return [] if one is None else [one]
+    out: list[Inbound] = []
+    for inner in msg.batch.messages:
+        if inner.WhichOneof("message") in ("batch", "welcome", "reject"):
+            continue
+        decoded = from_pb(inner)
+        if decoded is not None:
+            out.append(decoded)
+    return out
 
 
 def _assignment(pb: worker_service_pb2.Assignment) -> Assignment:
@@ -219,6 +244,7 @@ def from_pb(msg: worker_service_pb2.SchedulerMessage) -> Inbound | None:
             lease_duration_s=(
                 _seconds(pb.lease_duration) if pb.HasField("lease_duration") else None
             ),
+            accepts_batches=pb.accepts_batches,
         )
     if which == "assignment":
         return _assignment(msg.assignment)

@@ -64,6 +64,8 @@ class Hello:
     task_types: tuple[str, ...]
     slots: int
     sdk_version: str
+    # This SDK reads SchedulerBatch.
+    accepts_batches: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,6 +166,8 @@ class Welcome:
     # None when the node left it unset: the SDK's default applies.
     heartbeat_interval_s: float | None
     lease_duration_s: float | None
+    # The node reads WorkerBatch: queued messages may go out as one.
+    accepts_batches: bool = False
 
 
 @dataclass(frozen=True, slots=True)

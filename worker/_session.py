@@ -22,6 +22,7 @@ import random
 from collections import deque
 from typing import Any, Protocol
 
+from chronoshard.batching import MAX_BATCH_MESSAGES, take_queued
 from chronoshard.worker._backoff import backoff_s
 from chronoshard.worker._models import (
     Heartbeat,
@@ -261,7 +262,11 @@ class NodeSession:
         while True:
             msg = await queue.get()
             try:
-                await stream.send(msg)
+                if queue.empty() or self.welcome is None or not self.welcome.accepts_batches:
+                    await stream.send(msg)
+                else:
+                    # Whatever else is queued goes out with it, in as few writes as may be.
+                    await stream.send_many(take_queued(msg, queue, MAX_BATCH_MESSAGES))
             except StreamClosed as exc:
                 # Breaking the call off ends the reader too; whatever was queued but not
                 # written is still in the worker's outbox and is resent from there.

@@ -15,6 +15,7 @@ may succeed); a stream that broke, was cancelled or timed out a write becomes
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -22,11 +23,18 @@ from typing import Any
 import grpc
 import grpc.aio
 
-from chronoshard.v1 import admin_service_pb2, admin_service_pb2_grpc, worker_service_pb2_grpc
+from chronoshard.batching import pack
+from chronoshard.v1 import (
+    admin_service_pb2,
+    admin_service_pb2_grpc,
+    worker_service_pb2,
+    worker_service_pb2_grpc,
+)
 from chronoshard.wire import error_info_from_metadata
 from chronoshard.worker._convert import (
+    batch_to_pb,
     error_info_from_pb,
-    from_pb,
+    from_pb_many,
     settlement_request,
     to_pb,
     topology_from_pb,
@@ -106,6 +114,10 @@ class TLSConfig:
     server_name: str | None = None
 
 
+def _pb_size(pb: worker_service_pb2.WorkerMessage) -> int:
+    return int(pb.ByteSize())
+
+
 class StreamClosed(WorkerError):
     """The Connect stream ended, broke, was cancelled or could not be written in time."""
 
@@ -128,11 +140,24 @@ class Stream:
     def __init__(self, call: Any, address: str) -> None:
         self._call = call
         self.address = address
+        # Messages of a SchedulerBatch not yet handed out by receive().
+        self._unread: deque[Inbound] = deque()
 
     async def send(self, msg: Outbound, timeout_s: float = STREAM_WRITE_TIMEOUT_S) -> None:
+        await self._write(to_pb(msg), timeout_s)
+
+    async def send_many(
+        self, msgs: list[Outbound], timeout_s: float = STREAM_WRITE_TIMEOUT_S
+    ) -> None:
+        """``msgs`` in order, packed into as few ``WorkerBatch`` writes as the bounds allow
+        (only for a node whose Welcome said it reads them)."""
+        for pb in pack([to_pb(m) for m in msgs], _pb_size, batch_to_pb):
+            await self._write(pb, timeout_s)
+
+    async def _write(self, pb: worker_service_pb2.WorkerMessage, timeout_s: float) -> None:
         try:
             async with asyncio.timeout(timeout_s):
-                await self._call.write(to_pb(msg))
+                await self._call.write(pb)
         except (grpc.RpcError, grpc.aio.UsageError, asyncio.InvalidStateError, TimeoutError) as exc:
             raise StreamClosed(f"write to {self.address} failed: {exc!r}") from exc
         except asyncio.CancelledError:
@@ -141,6 +166,8 @@ class Stream:
 
     async def receive(self) -> Inbound | None:
         """The next message; None when the node ended the stream."""
+        if self._unread:
+            return self._unread.popleft()
         while True:
             try:
                 pb = await self._call.read()
@@ -151,9 +178,10 @@ class Stream:
                 raise StreamClosed(f"stream to {self.address} was cancelled") from None
             if pb is grpc.aio.EOF:
                 return None
-            msg = from_pb(pb)
-            if msg is not None:  # a message kind newer than this SDK: skip it
-                return msg
+            # A message kind newer than this SDK decodes to nothing: skip it.
+            self._unread.extend(from_pb_many(pb))
+            if self._unread:
+                return self._unread.popleft()
 
     def cancel(self) -> None:
         self._call.cancel()

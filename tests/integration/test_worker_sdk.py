@@ -166,6 +166,9 @@ class FakeScheduler(
         self.slots = slots
         self.violations: list[str] = []
         self.changed = Notifier()
+        # Say in Welcome that this node reads WorkerBatch, and count the batches read.
+        self.accepts_batches = False
+        self.batches_received = 0
 
     # ---- what the tests look at ---------------------------------------------------------
 
@@ -230,52 +233,62 @@ class FakeScheduler(
             self.changed.notify()
 
     async def _read(self, requests: AsyncIterator[pb.WorkerMessage], session: FakeSession) -> None:
-        async for msg in requests:
-            session.received.append(msg)
-            which = msg.WhichOneof("message")
-            if which == "hello":
+        async for received in requests:
+            if received.WhichOneof("message") == "batch":
+                assert self.accepts_batches, "a batch to a node that did not ask for them"
+                self.batches_received += 1
+                for msg in received.batch.messages:
+                    self._on_message(msg, session)
+            else:
+                self._on_message(received, session)
+            self.changed.notify()
+
+    def _on_message(self, msg: pb.WorkerMessage, session: FakeSession) -> None:
+        session.received.append(msg)
+        which = msg.WhichOneof("message")
+        if which == "hello":
+            session.send(
+                welcome=pb.Welcome(
+                    node_id=self.node_id,
+                    session_id=f"session-{len(self.sessions)}",
+                    heartbeat_interval=duration_pb2.Duration(
+                        nanos=int(self.heartbeat_interval_s * 1e9)
+                    ),
+                    lease_duration=duration_pb2.Duration(seconds=30),
+                    accepts_batches=self.accepts_batches,
+                )
+            )
+        elif which == "credit_grant":
+            session.credits += msg.credit_grant.credits
+            self.check_invariant()
+        elif which == "credit_recall":
+            # Like the real gateway: give back what is unused, exactly.
+            returned = min(max(0, session.credits), msg.credit_recall.credits)
+            session.credits -= returned
+            session.send(credit_return=pb.CreditReturn(credits=returned))
+        elif which == "drain_started":
+            session.credits = 0
+        elif which == "heartbeat":
+            revoked = [
+                pb.RevokedTask(task=r.task, fencing_token=r.fencing_token, reason="CANCELLED")
+                for r in msg.heartbeat.running
+                if _task_of(r) in self.revoked
+            ]
+            session.send(heartbeat_reply=pb.HeartbeatReply(revoked=revoked))
+        elif which in _KIND:
+            settled = getattr(msg, which)
+            if which != "ack":
+                session.running.discard(_task_of(settled))
+            error = self.receipt_errors.get((settled.task.id, which))
+            if self.auto_receipts:
                 session.send(
-                    welcome=pb.Welcome(
-                        node_id=self.node_id,
-                        session_id=f"session-{len(self.sessions)}",
-                        heartbeat_interval=duration_pb2.Duration(
-                            nanos=int(self.heartbeat_interval_s * 1e9)
-                        ),
-                        lease_duration=duration_pb2.Duration(seconds=30),
+                    receipt=pb.Receipt(
+                        task=settled.task,
+                        fencing_token=settled.fencing_token,
+                        kind=_KIND[which],
+                        error=error,
                     )
                 )
-            elif which == "credit_grant":
-                session.credits += msg.credit_grant.credits
-                self.check_invariant()
-            elif which == "credit_recall":
-                # Like the real gateway: give back what is unused, exactly.
-                returned = min(max(0, session.credits), msg.credit_recall.credits)
-                session.credits -= returned
-                session.send(credit_return=pb.CreditReturn(credits=returned))
-            elif which == "drain_started":
-                session.credits = 0
-            elif which == "heartbeat":
-                revoked = [
-                    pb.RevokedTask(task=r.task, fencing_token=r.fencing_token, reason="CANCELLED")
-                    for r in msg.heartbeat.running
-                    if _task_of(r) in self.revoked
-                ]
-                session.send(heartbeat_reply=pb.HeartbeatReply(revoked=revoked))
-            elif which in _KIND:
-                settled = getattr(msg, which)
-                if which != "ack":
-                    session.running.discard(_task_of(settled))
-                error = self.receipt_errors.get((settled.task.id, which))
-                if self.auto_receipts:
-                    session.send(
-                        receipt=pb.Receipt(
-                            task=settled.task,
-                            fencing_token=settled.fencing_token,
-                            kind=_KIND[which],
-                            error=error,
-                        )
-                    )
-            self.changed.notify()
 
     async def _unary(self, kind: str, request: Any, context: Any) -> None:
         self.unary.append((kind, request))
@@ -397,6 +410,37 @@ async def test_a_run_still_going_after_the_ack_delay_is_acked_then_completed(
         complete = await fake.wait_for(lambda: session.of("complete"))
         assert _task_of(complete[0]) == (task_id, 3)
         assert len(session.of("ack")) == 1
+
+
+async def test_batched_streams_carry_every_message_both_ways(fake: FakeScheduler) -> None:
+    """A SchedulerBatch of assignments runs each one; with a node that reads WorkerBatch
+    the worker's settlements and grants arrive all the same, each once."""
+    fake.accepts_batches = True
+    worker = make_worker(fake, slots=20)
+    ran: list[int] = []
+
+    @worker.task("echo")
+    async def echo(ctx: TaskContext) -> None:
+        ran.append(ctx.fencing_token)
+
+    async with running(worker):
+        session = await fake.session_with_credit(20)
+        assert session.of("hello")[0].accepts_batches
+        ids: dict[str, int] = {}
+        assignments = []
+        for token in range(1, 21):
+            task_id = session.assign("echo", {}, token=token)
+            assignments.append(session.outgoing.get_nowait())
+            ids[task_id] = token
+        session.send(batch=pb.SchedulerBatch(messages=assignments))
+        completes = await fake.wait_for(
+            lambda: len(session.of("complete")) == 20 and session.of("complete")
+        )
+        assert sorted(ran) == list(range(1, 21))
+        assert sorted(_task_of(c) for c in completes) == sorted(ids.items())
+        await fake.wait_for(lambda: session.credits == 20)
+        fake.check_invariant()
+        assert fake.violations == []
 
 
 async def test_assignment_is_started_at_due_at_and_completed_without_an_ack(

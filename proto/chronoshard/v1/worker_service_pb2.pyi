@@ -35,7 +35,7 @@ SETTLEMENT_KIND_FAIL: SettlementKind
 SETTLEMENT_KIND_RELEASE: SettlementKind
 
 class WorkerMessage(_message.Message):
-    __slots__ = ("hello", "credit_grant", "ack", "heartbeat", "complete", "fail", "release", "drain_started", "credit_recall")
+    __slots__ = ("hello", "credit_grant", "ack", "heartbeat", "complete", "fail", "release", "drain_started", "credit_recall", "batch")
     HELLO_FIELD_NUMBER: _ClassVar[int]
     CREDIT_GRANT_FIELD_NUMBER: _ClassVar[int]
     ACK_FIELD_NUMBER: _ClassVar[int]
@@ -45,6 +45,7 @@ class WorkerMessage(_message.Message):
     RELEASE_FIELD_NUMBER: _ClassVar[int]
     DRAIN_STARTED_FIELD_NUMBER: _ClassVar[int]
     CREDIT_RECALL_FIELD_NUMBER: _ClassVar[int]
+    BATCH_FIELD_NUMBER: _ClassVar[int]
     hello: Hello
     credit_grant: CreditGrant
     ack: Ack
@@ -54,21 +55,30 @@ class WorkerMessage(_message.Message):
     release: Release
     drain_started: DrainStarted
     credit_recall: CreditRecall
-    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., credit_grant: _Optional[_Union[CreditGrant, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., complete: _Optional[_Union[Complete, _Mapping]] = ..., fail: _Optional[_Union[Fail, _Mapping]] = ..., release: _Optional[_Union[Release, _Mapping]] = ..., drain_started: _Optional[_Union[DrainStarted, _Mapping]] = ..., credit_recall: _Optional[_Union[CreditRecall, _Mapping]] = ...) -> None: ...
+    batch: WorkerBatch
+    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., credit_grant: _Optional[_Union[CreditGrant, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., complete: _Optional[_Union[Complete, _Mapping]] = ..., fail: _Optional[_Union[Fail, _Mapping]] = ..., release: _Optional[_Union[Release, _Mapping]] = ..., drain_started: _Optional[_Union[DrainStarted, _Mapping]] = ..., credit_recall: _Optional[_Union[CreditRecall, _Mapping]] = ..., batch: _Optional[_Union[WorkerBatch, _Mapping]] = ...) -> None: ...
+
+class WorkerBatch(_message.Message):
+    __slots__ = ("messages",)
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    messages: _containers.RepeatedCompositeFieldContainer[WorkerMessage]
+    def __init__(self, messages: _Optional[_Iterable[_Union[WorkerMessage, _Mapping]]] = ...) -> None: ...
 
 class Hello(_message.Message):
-    __slots__ = ("worker_id", "queues", "task_types", "slots", "sdk_version")
+    __slots__ = ("worker_id", "queues", "task_types", "slots", "sdk_version", "accepts_batches")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     QUEUES_FIELD_NUMBER: _ClassVar[int]
     TASK_TYPES_FIELD_NUMBER: _ClassVar[int]
     SLOTS_FIELD_NUMBER: _ClassVar[int]
     SDK_VERSION_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTS_BATCHES_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     queues: _containers.RepeatedScalarFieldContainer[str]
     task_types: _containers.RepeatedScalarFieldContainer[str]
     slots: int
     sdk_version: str
-    def __init__(self, worker_id: _Optional[str] = ..., queues: _Optional[_Iterable[str]] = ..., task_types: _Optional[_Iterable[str]] = ..., slots: _Optional[int] = ..., sdk_version: _Optional[str] = ...) -> None: ...
+    accepts_batches: bool
+    def __init__(self, worker_id: _Optional[str] = ..., queues: _Optional[_Iterable[str]] = ..., task_types: _Optional[_Iterable[str]] = ..., slots: _Optional[int] = ..., sdk_version: _Optional[str] = ..., accepts_batches: _Optional[bool] = ...) -> None: ...
 
 class CreditGrant(_message.Message):
     __slots__ = ("credits",)
@@ -155,7 +165,7 @@ class DrainStarted(_message.Message):
     def __init__(self, grace: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
 
 class SchedulerMessage(_message.Message):
-    __slots__ = ("welcome", "assignment", "heartbeat_reply", "cancel", "drain", "backlog", "receipt", "reject", "credit_return")
+    __slots__ = ("welcome", "assignment", "heartbeat_reply", "cancel", "drain", "backlog", "receipt", "reject", "credit_return", "batch")
     WELCOME_FIELD_NUMBER: _ClassVar[int]
     ASSIGNMENT_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_REPLY_FIELD_NUMBER: _ClassVar[int]
@@ -165,6 +175,7 @@ class SchedulerMessage(_message.Message):
     RECEIPT_FIELD_NUMBER: _ClassVar[int]
     REJECT_FIELD_NUMBER: _ClassVar[int]
     CREDIT_RETURN_FIELD_NUMBER: _ClassVar[int]
+    BATCH_FIELD_NUMBER: _ClassVar[int]
     welcome: Welcome
     assignment: Assignment
     heartbeat_reply: HeartbeatReply
@@ -174,19 +185,28 @@ class SchedulerMessage(_message.Message):
     receipt: Receipt
     reject: Reject
     credit_return: CreditReturn
-    def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., assignment: _Optional[_Union[Assignment, _Mapping]] = ..., heartbeat_reply: _Optional[_Union[HeartbeatReply, _Mapping]] = ..., cancel: _Optional[_Union[Cancel, _Mapping]] = ..., drain: _Optional[_Union[Drain, _Mapping]] = ..., backlog: _Optional[_Union[Backlog, _Mapping]] = ..., receipt: _Optional[_Union[Receipt, _Mapping]] = ..., reject: _Optional[_Union[Reject, _Mapping]] = ..., credit_return: _Optional[_Union[CreditReturn, _Mapping]] = ...) -> None: ...
+    batch: SchedulerBatch
+    def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., assignment: _Optional[_Union[Assignment, _Mapping]] = ..., heartbeat_reply: _Optional[_Union[HeartbeatReply, _Mapping]] = ..., cancel: _Optional[_Union[Cancel, _Mapping]] = ..., drain: _Optional[_Union[Drain, _Mapping]] = ..., backlog: _Optional[_Union[Backlog, _Mapping]] = ..., receipt: _Optional[_Union[Receipt, _Mapping]] = ..., reject: _Optional[_Union[Reject, _Mapping]] = ..., credit_return: _Optional[_Union[CreditReturn, _Mapping]] = ..., batch: _Optional[_Union[SchedulerBatch, _Mapping]] = ...) -> None: ...
+
+class SchedulerBatch(_message.Message):
+    __slots__ = ("messages",)
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    messages: _containers.RepeatedCompositeFieldContainer[SchedulerMessage]
+    def __init__(self, messages: _Optional[_Iterable[_Union[SchedulerMessage, _Mapping]]] = ...) -> None: ...
 
 class Welcome(_message.Message):
-    __slots__ = ("node_id", "session_id", "heartbeat_interval", "lease_duration")
+    __slots__ = ("node_id", "session_id", "heartbeat_interval", "lease_duration", "accepts_batches")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_INTERVAL_FIELD_NUMBER: _ClassVar[int]
     LEASE_DURATION_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTS_BATCHES_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     session_id: str
     heartbeat_interval: _duration_pb2.Duration
     lease_duration: _duration_pb2.Duration
-    def __init__(self, node_id: _Optional[str] = ..., session_id: _Optional[str] = ..., heartbeat_interval: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., lease_duration: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+    accepts_batches: bool
+    def __init__(self, node_id: _Optional[str] = ..., session_id: _Optional[str] = ..., heartbeat_interval: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., lease_duration: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., accepts_batches: _Optional[bool] = ...) -> None: ...
 
 class Assignment(_message.Message):
     __slots__ = ("task", "type", "payload_json", "fencing_token", "attempt", "max_retries", "due_at", "lease_expires_at", "timeout", "checkpoint", "trace_context", "queue", "priority", "idempotent")
