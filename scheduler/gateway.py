@@ -59,6 +59,7 @@ from chronoshard.wire import error_info_metadata
 log = logging.getLogger(__name__)
 
 HELLO_TIMEOUT_S = 10.0
+MAX_WORKER_SLOTS = 100_000
 MAX_ERROR_CHARS = 8192
 
 _OUTCOME_CODES = {
@@ -374,8 +375,8 @@ class Gateway(worker_service_pb2_grpc.WorkerServiceServicer):
         hello = message.hello
         if not hello.worker_id or len(hello.worker_id) > 200:
             raise InvalidArgument("hello.worker_id", "required, at most 200 characters")
-        if hello.slots < 1:
-            raise InvalidArgument("hello.slots", "must be at least 1")
+        if not 1 <= hello.slots <= MAX_WORKER_SLOTS:
+            raise InvalidArgument("hello.slots", f"must be between 1 and {MAX_WORKER_SLOTS}")
         if not hello.task_types:
             raise InvalidArgument("hello.task_types", "a worker must serve at least one type")
         previous = self._by_worker.get(hello.worker_id)
@@ -390,7 +391,9 @@ class Gateway(worker_service_pb2_grpc.WorkerServiceServicer):
             types=frozenset(hello.task_types),
             slots=hello.slots,
             accepts_batches=hello.accepts_batches,
-            outbox=asyncio.Queue(maxsize=self._config.grpc.worker_send_queue),
+            # Up to `slots` assignments and a receipt or two per task can be queued at
+            # once for a worker that settles everything together.
+            outbox=asyncio.Queue(maxsize=max(self._config.grpc.worker_send_queue, 4 * hello.slots)),
             opened_at=self._clock.monotonic(),
         )
         self._sessions[session.session_id] = session

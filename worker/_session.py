@@ -41,7 +41,17 @@ logger = logging.getLogger("chronoshard.worker")
 DEFAULT_HEARTBEAT_INTERVAL_S = 5.0
 """Used when the node's Welcome leaves heartbeat_interval unset (DESIGN §7)."""
 HELLO_TIMEOUT_S = 10.0
-SEND_QUEUE_MAX = 1024
+SEND_QUEUE_MIN = 1024
+SEND_QUEUE_PER_SLOT = 4
+"""A run can leave an Ack, its settlement and a credit grant queued for its node at
+once: the queue holds four messages per slot (and at least SEND_QUEUE_MIN), so a
+worker with many slots that settles them together does not overflow it."""
+
+
+def send_queue_size(slots: int) -> int:
+    return max(SEND_QUEUE_MIN, SEND_QUEUE_PER_SLOT * slots)
+
+
 PENDING_HEARTBEATS_MAX = 64
 
 
@@ -220,7 +230,7 @@ class NodeSession:
         self.welcome = welcome
         self.node_id = welcome.node_id or self.node_id
         self.drained = False
-        self._queue = asyncio.Queue(maxsize=SEND_QUEUE_MAX)
+        self._queue = asyncio.Queue(maxsize=send_queue_size(self._host.hello().slots))
         self._pending_heartbeats.clear()
         self.live = True
         logger.info(

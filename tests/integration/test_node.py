@@ -8,6 +8,7 @@ import uuid
 from collections.abc import AsyncIterator
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import grpc
 import pytest
@@ -231,3 +232,68 @@ async def test_credit_recall_returns_exactly_the_unused_credits(node: SchedulerN
         stream.cancel()
     # Nothing was assigned (no task of type "none"): 3 back, then the remaining 2.
     assert returned == [3, 2]
+
+
+async def _open(
+    node: SchedulerNode, *messages: worker_service_pb2.WorkerMessage
+) -> tuple[grpc.aio.Channel, Any]:
+    assert node.addresses is not None
+    channel = grpc.aio.insecure_channel(node.addresses.grpc)
+    outgoing: asyncio.Queue[worker_service_pb2.WorkerMessage] = asyncio.Queue()
+    for message in messages:
+        outgoing.put_nowait(message)
+
+    async def requests() -> AsyncIterator[worker_service_pb2.WorkerMessage]:
+        while True:
+            yield await outgoing.get()
+
+    stream = worker_service_pb2_grpc.WorkerServiceStub(channel).Connect(
+        requests(), metadata=await _auth(node.store)
+    )
+    return channel, stream
+
+
+async def test_a_worker_batch_is_read_as_its_messages_in_order(node: SchedulerNode) -> None:
+    w = worker_service_pb2
+    hello = w.WorkerMessage(
+        hello=w.Hello(worker_id="raw-3", task_types=["none"], slots=5, accepts_batches=True)
+    )
+    batch = w.WorkerMessage(
+        batch=w.WorkerBatch(
+            messages=[
+                w.WorkerMessage(credit_grant=w.CreditGrant(credits=5)),
+                hello,  # never valid inside a batch: skipped, the rest still read
+                w.WorkerMessage(credit_recall=w.CreditRecall(credits=3)),
+                w.WorkerMessage(credit_recall=w.CreditRecall(credits=9)),
+            ]
+        )
+    )
+    channel, stream = await _open(node, hello, batch)
+    returned: list[int] = []
+    welcome: Any = None
+    async with channel, asyncio.timeout(10):
+        async for message in stream:
+            kind = message.WhichOneof("message")
+            inner = list(message.batch.messages) if kind == "batch" else [message]
+            for item in inner:
+                if item.WhichOneof("message") == "welcome":
+                    welcome = item.welcome
+                elif item.WhichOneof("message") == "credit_return":
+                    returned.append(item.credit_return.credits)
+            if len(returned) == 2:
+                break
+        stream.cancel()
+    assert welcome is not None and welcome.accepts_batches
+    assert returned == [3, 2]
+
+
+@pytest.mark.parametrize("slots", [0, 100_001])
+async def test_a_hello_with_slots_out_of_range_is_rejected(node: SchedulerNode, slots: int) -> None:
+    w = worker_service_pb2
+    hello = w.WorkerMessage(hello=w.Hello(worker_id="raw-4", task_types=["none"], slots=slots))
+    channel, stream = await _open(node, hello)
+    async with channel, asyncio.timeout(10):
+        first = await stream.read()
+    assert first.WhichOneof("message") == "reject"
+    assert first.reject.error.field == "hello.slots"
+    assert node.gateway.sessions() == []
