@@ -101,7 +101,8 @@ class GrpcConfig:
     keepalive_timeout_s: float = 5.0
     # The fastest client ping rate the server tolerates before sending GOAWAY.
     min_client_ping_interval_s: float = 1.0
-    # Bounded per-worker send queue: a stalled worker never blocks others.
+    # Bounded per-worker send queue (this, or 4 per slot of the worker if more): a stalled
+    # worker never blocks others.
     worker_send_queue: int = 4096
     stream_write_timeout_s: float = 5.0
     tls_cert: str | None = None
