@@ -9,9 +9,10 @@ buffer is flushed):
 * ``after_intent``: a dispatch round's intents are committed, nothing was sent;
 * ``inside_batch``: half of a round's assignments (at least one) went out to workers,
   the rest were committed and never sent;
-* ``after_send``: a worker received its assignment and acknowledged it; the node dies
-  before the acknowledgement is committed (the point is the ack's arrival at the
-  gateway, the first moment the node knows a send reached the worker).
+* ``after_send``: a worker received its assignment and answered it (its Ack, or the
+  settlement of a run that ended before it was acked); the node dies before that answer
+  is committed (the point is the answer's arrival at the gateway, the first moment the
+  node knows a send reached the worker).
 
 Production never crashes here: the variable is honoured only together with
 ``CHRONOSHARD_TESTING=1``, and is read once, at import.

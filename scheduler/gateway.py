@@ -475,7 +475,7 @@ class Gateway(worker_service_pb2_grpc.WorkerServiceServicer):
             session.draining = True
             session.credits = 0
         elif kind in ("ack", "heartbeat", "complete", "fail", "release"):
-            if kind == "ack":
+            if kind != "heartbeat":
                 # Fault injection (test builds): the send reached the worker.
                 faults.reached(CrashPoint.AFTER_SEND)
             self._spawn(self._handle(session, kind, message))
