@@ -135,7 +135,8 @@ _ALREADY = {
 }
 
 
-def _timer(row: Mapping[str, Any]) -> TimerTask:
+def timer_from_row(row: Mapping[str, Any]) -> TimerTask:
+    """A wheel entry from a ``tasks`` row read with ``dict_row``."""
     return TimerTask(
         id=row["id"],
         scheduled_at=row["scheduled_at"],
@@ -234,7 +235,7 @@ class DispatchStore:
                 {"scheduled_ats": [r[0] for r in due], "ids": [r[1] for r in due]},
             )
             rows = await dict_cur.fetchall()
-        return [_timer(r) for r in rows], frozenset(epochs.keys() - owned)
+        return [timer_from_row(r) for r in rows], frozenset(epochs.keys() - owned)
 
     async def load_preloaded(self, epochs: Mapping[int, int]) -> list[TimerTask]:
         """The PRELOADED tasks of shards just claimed (left by a previous owner)."""
@@ -244,7 +245,7 @@ class DispatchStore:
                 return []
             cur = conn.cursor(row_factory=dict_row)
             await cur.execute(self._q["load_preloaded"], {"shards": sorted(owned)})
-            return [_timer(r) for r in await cur.fetchall()]
+            return [timer_from_row(r) for r in await cur.fetchall()]
 
     async def load_preloaded_refs(
         self, epochs: Mapping[int, int], refs: Sequence[TaskRef]
@@ -265,7 +266,7 @@ class DispatchStore:
                     "shards": sorted(owned),
                 },
             )
-            return [_timer(r) for r in await cur.fetchall()]
+            return [timer_from_row(r) for r in await cur.fetchall()]
 
     async def unload_preloaded(self, epochs: Mapping[int, int]) -> int:
         """Hand-off: PRELOADED rows of the shards back to SCHEDULED; how many moved."""
@@ -408,7 +409,7 @@ class DispatchStore:
                     "details": [r.detail for r in releases],
                 },
             )
-            ready = [_timer(r) for r in await cur.fetchall()]
+            ready = [timer_from_row(r) for r in await cur.fetchall()]
             outcomes = await self._classify(conn, releases, {t.id for t in ready}, "release")
         return outcomes, ready
 

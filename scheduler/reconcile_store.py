@@ -17,8 +17,7 @@ from typing import Any
 from psycopg.rows import dict_row
 
 from chronoshard.scheduler import queries
-from chronoshard.scheduler.dispatch_store import TimerTask
-from chronoshard.scheduler.models import Priority
+from chronoshard.scheduler.dispatch_store import timer_from_row
 from chronoshard.scheduler.reconciler import (
     InFlight,
     Repair,
@@ -34,23 +33,9 @@ _BEFORE_EVERY_RUN = (datetime.fromisoformat("0001-01-01T00:00:00+00:00"), uuid.U
 MAINTENANCE_LOCK_HELD = "held by another node"
 
 
-def _timer(row: Mapping[str, Any]) -> TimerTask:
-    return TimerTask(
-        id=row["id"],
-        scheduled_at=row["scheduled_at"],
-        shard=row["shard"],
-        tenant_id=row["tenant_id"],
-        priority=Priority(row["priority"]),
-        queue=row["queue"],
-        type=row["type"],
-        due_at=row["due_at"],
-        strict_timing=row["strict_timing"],
-    )
-
-
 def _in_flight(row: Mapping[str, Any]) -> InFlight:
     return InFlight(
-        timer=_timer(row),
+        timer=timer_from_row(row),
         status=TaskStatus(row["status"]),
         fencing_token=row["fencing_token"],
         attempt=row["attempt"],
@@ -132,7 +117,7 @@ class ReconcileStore:
                 },
             )
             rows = await cur.fetchall()
-        ready = [_timer(r) for r in rows if r["status"] == TaskStatus.PRELOADED]
+        ready = [timer_from_row(r) for r in rows if r["status"] == TaskStatus.PRELOADED]
         cancelled = [r["id"] for r in rows if r["status"] == TaskStatus.CANCELLED]
         return RepairResult(ready, cancelled, frozenset(r["id"] for r in rows), lost)
 
