@@ -68,6 +68,8 @@ class ShardManager:
         self._store = store
         self._runs = runs
         self._owned: dict[int, int] = {}
+        # Claims (shard -> epoch) a fenced node still has to delete before it re-claims.
+        self._to_give_back: dict[int, int] = {}
         self._members: dict[str, NodeInfo] = {}
         self._kick = asyncio.Event()
         self._dispatcher: Dispatcher | None = None
@@ -141,7 +143,8 @@ class ShardManager:
                 ):
                     await self._give_back_after_fence()
                 try:
-                    await self.reconcile()
+                    if not self._coordinator.fenced:
+                        await self.reconcile()
                 except (CoordinationError, StoreUnavailable) as exc:
                     log.warning("shard reconcile failed; retrying", extra={"error": str(exc)})
                 with contextlib.suppress(TimeoutError):
@@ -224,15 +227,34 @@ class ShardManager:
 
     async def _give_back_after_fence(self) -> None:
         """The lease outlived a fence: release every shard (its wheel entries and
-        preloads go with it) so that the claims that follow raise every epoch."""
-        self.stats["fence_reclaims"] += 1
+        preloads go with it) so that the claims that follow raise every epoch.
+
+        The fence is lifted only once every claim held before it is gone from etcd (a
+        claim left behind would be handed back with its old epoch); until then this
+        runs again on the next pass.
+        """
+        if self._owned:
+            self.stats["fence_reclaims"] += 1
         for shard in sorted(self._owned):
+            self._to_give_back[shard] = self._owned[shard]
             await self._release(shard, reason="self-fenced")
-        self._coordinator.lift_fence()
+        for shard, epoch in sorted(self._to_give_back.items()):
+            try:
+                # Idempotent: False means the claim at that epoch is gone already.
+                await self._coordinator.release_shard(shard, epoch)
+            except CoordinationError as exc:
+                log.warning(
+                    "cannot give a shard back yet", extra={"shard": shard, "error": str(exc)}
+                )
+                continue
+            del self._to_give_back[shard]
+        if not self._to_give_back:
+            self._coordinator.lift_fence()
 
     async def _recover_lease(self) -> None:
         """etcd dropped our lease: every claim went with it. Start over under a new one."""
         self.stats["lease_losses"] += 1
+        self._to_give_back.clear()
         lost = list(self._owned)
         self._owned.clear()
         if lost and self._dispatcher is not None:
