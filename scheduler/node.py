@@ -22,7 +22,6 @@ alive. Shutdown (SIGTERM) runs in this order (STYLE #4):
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import uuid
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
@@ -72,6 +71,7 @@ from chronoshard.v1 import (
 
 log = logging.getLogger(__name__)
 
+TASK_STOP_TIMEOUT_S = 5.0
 SERVER_GRACE_S = 5.0
 TENANT_REFRESH_S = 10.0
 BACKLOG_REPORT_S = 1.0
@@ -409,9 +409,7 @@ class SchedulerNode:
         await self.drain()
         for task in [*self._tasks, *self._side_tasks]:
             task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        await self._wait_stopped(self._tasks)
         await self.gateway.stop()
         if self._server is not None:
             await self._server.stop(SERVER_GRACE_S)
@@ -422,6 +420,25 @@ class SchedulerNode:
             self._metrics_server.server_close()
         self.stopped.set()
         log.info("scheduler node stopped", extra={"node_id": self.config.node_id})
+
+    @staticmethod
+    async def _wait_stopped(tasks: list[asyncio.Task[None]]) -> None:
+        """Wait for cancelled loops to end, but not forever: a shutdown must finish even
+        if a loop is stuck in a driver call that ignores cancellation."""
+        if not tasks:
+            return
+        done, stuck = await asyncio.wait(tasks, timeout=TASK_STOP_TIMEOUT_S)
+        for task in done:
+            if not task.cancelled() and task.exception() is not None:
+                log.warning(
+                    "loop ended with an error while stopping",
+                    extra={"task": task.get_name(), "error": repr(task.exception())},
+                )
+        for task in stuck:
+            log.error(
+                "loop did not stop in time; abandoned",
+                extra={"task": task.get_name(), "stack": repr(task.get_stack(limit=5))},
+            )
 
     # ---- metrics ------------------------------------------------------------------------------
 
