@@ -11,7 +11,6 @@ own members with `etcd_factory`.
 from __future__ import annotations
 
 import asyncio
-import gc
 import os
 import uuid
 from collections.abc import Callable, Iterator, Mapping
@@ -34,22 +33,6 @@ def pytest_asyncio_loop_factories(
 ) -> Mapping[str, Callable[[], asyncio.AbstractEventLoop]]:
     """Run every async test on uvloop, the loop Chronoshard runs on in production."""
     return {"uvloop": uvloop.new_event_loop}
-
-
-@pytest.fixture(autouse=True)
-def _collect_grpc_objects_between_tests() -> Iterator[None]:
-    """Free what each test left in reference cycles before the next one starts.
-
-    grpc.aio keeps one process-wide poller, bound to the event loop that was running when
-    its first channel or server was made, until the last of them is freed. Every test runs
-    on a loop of its own, and a client stream whose request iterator never ended (a stream
-    cancelled mid-test) stays alive in a reference cycle until the collector runs. If that
-    happens after the next test has begun, grpc still delivers that test's events to the
-    old, closed loop, and a fixture teardown waits forever (seen under CPU contention).
-    Collecting here, after the test's loop has closed, frees them while no test runs.
-    """
-    yield
-    gc.collect()
 
 
 @pytest.fixture(scope="session")
