@@ -310,10 +310,13 @@ async def test_cancel_reaches_the_running_handler_and_the_task_ends_cancelled(
         )
         task_id = submitted.task.id
 
-        async def started() -> bool:
-            return bool(_events(await _ledger(cluster.dsn, [task_id]), "started"))
+        async def running() -> bool:
+            # The handler has started, and the worker's ack (sent once a run has gone
+            # on for ACK_DELAY_S) has moved the task to RUNNING.
+            started = _events(await _ledger(cluster.dsn, [task_id]), "started")
+            return bool(started) and (await client.get(task_id)).status.value == "RUNNING"
 
-        await eventually(started, timeout_s=WORKER_READY_S, what="cancellable handler started")
+        await eventually(running, timeout_s=WORKER_READY_S, what="cancellable handler running")
         asked_at = time.monotonic()
         answer = await client.cancel(task_id, reason="test says stop")
         # A running task is asked to stop: it stays RUNNING until its worker confirms.
