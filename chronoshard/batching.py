@@ -13,13 +13,22 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Sequence
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 M = TypeVar("M")
 
 MAX_BATCH_MESSAGES = 256
 MAX_BATCH_BYTES = 1 << 20
 """1 MiB: a quarter of gRPC's default receive limit."""
+
+
+class SizedMessage(Protocol):
+    def ByteSize(self) -> int: ...
+
+
+def encoded_size(message: SizedMessage) -> int:
+    """A protobuf message's encoded size: the ``size_of`` for :func:`pack`."""
+    return int(message.ByteSize())
 
 
 def take_queued(first: M, queue: asyncio.Queue[M], limit: int) -> list[M]:

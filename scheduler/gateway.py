@@ -30,7 +30,7 @@ from typing import Any, Protocol
 
 import grpc
 
-from chronoshard.batching import MAX_BATCH_MESSAGES, pack, take_queued
+from chronoshard.batching import MAX_BATCH_MESSAGES, encoded_size, pack, take_queued
 from chronoshard.clock import Clock
 from chronoshard.scheduler import convert, faults
 from chronoshard.scheduler.config import SchedulerConfig
@@ -120,10 +120,6 @@ class WorkerSession:
             self.closed = True
             return False
         return True
-
-
-def _pb_size(message: worker_service_pb2.SchedulerMessage) -> int:
-    return int(message.ByteSize())
 
 
 def _scheduler_batch(
@@ -352,7 +348,7 @@ class Gateway(worker_service_pb2_grpc.WorkerServiceServicer):
                     continue
                 # Everything queued goes out in one write (bounded in count and bytes).
                 queued = take_queued(first_out, session.outbox, MAX_BATCH_MESSAGES)
-                for out in pack(queued, _pb_size, _scheduler_batch):
+                for out in pack(queued, encoded_size, _scheduler_batch):
                     yield out
         finally:
             reader.cancel()

@@ -23,7 +23,7 @@ from typing import Any
 import grpc
 import grpc.aio
 
-from chronoshard.batching import pack
+from chronoshard.batching import encoded_size, pack
 from chronoshard.v1 import (
     admin_service_pb2,
     admin_service_pb2_grpc,
@@ -114,10 +114,6 @@ class TLSConfig:
     server_name: str | None = None
 
 
-def _pb_size(pb: worker_service_pb2.WorkerMessage) -> int:
-    return int(pb.ByteSize())
-
-
 class StreamClosed(WorkerError):
     """The Connect stream ended, broke, was cancelled or could not be written in time."""
 
@@ -151,7 +147,7 @@ class Stream:
     ) -> None:
         """``msgs`` in order, packed into as few ``WorkerBatch`` writes as the bounds allow
         (only for a node whose Welcome said it reads them)."""
-        for pb in pack([to_pb(m) for m in msgs], _pb_size, batch_to_pb):
+        for pb in pack([to_pb(m) for m in msgs], encoded_size, batch_to_pb):
             await self._write(pb, timeout_s)
 
     async def _write(self, pb: worker_service_pb2.WorkerMessage, timeout_s: float) -> None:
