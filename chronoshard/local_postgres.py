@@ -122,8 +122,11 @@ def _copy_install(root: Path, scratch: Path) -> Path:
     package_dir = root.parent
     site = scratch / "site-packages"
     target = site / package_dir.name / root.name
-    shutil.copytree(root, target, ignore=shutil.ignore_patterns("include", "doc"))
     vendored = package_dir.parent / f"{package_dir.name}.libs"
+    # A copy left by an earlier start in the same data dir is replaced, not reused: it
+    # may be from another version of the wheel, or cut short by a crash.
+    shutil.rmtree(site, ignore_errors=True)
+    shutil.copytree(root, target, ignore=shutil.ignore_patterns("include", "doc"))
     if vendored.is_dir():
         shutil.copytree(vendored, site / vendored.name)
     for dirpath, _dirnames, filenames in os.walk(site):
