@@ -5,6 +5,10 @@
 set -euo pipefail
 . "$(dirname "$0")/_venv.sh"
 
+# Debian tools for the fault tests (as root with apt); prints the export that makes their
+# skips failures once they could be installed.
+eval "$(scripts/system-tools.sh)"
+
 echo "== ruff"
 .venv/bin/ruff check .
 echo "== mypy"
