@@ -28,10 +28,10 @@ Two rules make that hold whatever happens to the launcher:
 
 - *Shutdown never depends on stdout.* With ``| tee log``, Ctrl-C ends ``tee`` too, and
   every later write to stdout fails (``BrokenPipeError``). Everything the launcher prints
-  goes through :class:`QuietStream`, which turns a dead stream into a silent one (and
-  points its descriptor at /dev/null so the interpreter's last flush cannot fail
-  either); stderr, which logging writes to, is wrapped the same way for the whole run. A
-  stop step that fails is reported and the next one still runs.
+  goes through a :class:`~chronoshard._quiet_stream.QuietStream`, which turns a dead
+  stream into a silent one (and points its descriptor at /dev/null so the interpreter's
+  last flush cannot fail either); stderr, which logging writes to, is wrapped the same
+  way for the whole run. A stop step that fails is reported and the next one still runs.
 - *Children die with the launcher, even a SIGKILLed one.* Each child is tied to a
   lifeline pipe whose keeper process stops them, in the same order, when the launcher's
   end of the pipe closes (:mod:`chronoshard._lifeline` explains the design and why not
@@ -50,7 +50,6 @@ import fcntl
 import functools
 import hashlib
 import importlib.util
-import io
 import json
 import math
 import os
@@ -68,12 +67,13 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import IO, Any, TextIO, cast
+from typing import IO, Any, TextIO
 
 import psycopg
 
 from chronoshard._lifeline import Lifeline, start_ticks, stop_groups
 from chronoshard._localproc import ServiceError, free_ports
+from chronoshard._quiet_stream import quiet
 from chronoshard.scheduler.errors import SchedulerError
 from chronoshard.services import EtcdProcess, PostgresServer
 
@@ -696,56 +696,6 @@ def _stop_children(procs: Sequence[subprocess.Popen[bytes]]) -> None:
         proc.wait()
 
 
-class QuietStream(io.TextIOBase):
-    """A text stream that outlives its reader: once a write fails (``BrokenPipeError``
-    when the reader of a pipe is gone, ValueError when the stream was closed), every
-    later write is dropped, and the stream's descriptor is pointed at /dev/null so the
-    interpreter's last flush at exit cannot fail on it either."""
-
-    def __init__(self, inner: TextIO) -> None:
-        super().__init__()
-        self._inner = inner
-        self.broken = False
-
-    def write(self, text: str) -> int:
-        if not self.broken:
-            try:
-                self._inner.write(text)
-            except (OSError, ValueError):
-                self._silence()
-        return len(text)
-
-    def flush(self) -> None:
-        if not self.broken:
-            try:
-                self._inner.flush()
-            except (OSError, ValueError):
-                self._silence()
-
-    def isatty(self) -> bool:
-        try:
-            return not self.broken and self._inner.isatty()
-        except (OSError, ValueError):
-            return False
-
-    def writable(self) -> bool:
-        return True
-
-    def _silence(self) -> None:
-        self.broken = True
-        with contextlib.suppress(OSError, ValueError, io.UnsupportedOperation, AttributeError):
-            fd = self._inner.fileno()
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            try:
-                os.dup2(devnull, fd)
-            finally:
-                os.close(devnull)
-
-
-def _quiet(stream: TextIO) -> TextIO:
-    return cast(TextIO, stream if isinstance(stream, QuietStream) else QuietStream(stream))
-
-
 def _tail(path: Path, chars: int = LOG_TAIL_CHARS) -> str:
     try:
         return path.read_text(errors="replace")[-chars:]
@@ -774,8 +724,8 @@ def _stop_signals() -> Iterator[list[int]]:
 def run(options: DevOptions, out: TextIO) -> int:
     """Start the cluster, run until a stop signal or a child's death, stop everything;
     the exit code (0 after a requested stop, even when stdout died on the way)."""
-    out = _quiet(out)
-    stderr, sys.stderr = sys.stderr, _quiet(sys.stderr)
+    out = quiet(out)
+    stderr, sys.stderr = sys.stderr, quiet(sys.stderr)
     try:
         with _stop_signals() as received:
             cluster = DevCluster(options, out)
