@@ -20,11 +20,12 @@ Connection discipline follows DESIGN §12, where each rule answers a failure mea
   not. Bulk submission should use :meth:`Client.submit_batch` anyway: it packs up to 1,000
   tasks (and ~3.5 MiB, under the server's 4 MiB limit) into one call.
 
-With several targets the client opens one channel per target and spreads calls round-robin,
-skipping channels in TRANSIENT_FAILURE while another is usable. Any node accepts every
-TaskService call. The client never retries on its own: whether a write may be repeated
-depends on the caller's idempotency key, so errors carry ``retryable`` and the caller
-decides.
+With several targets the client opens one channel per target and sends each call to a
+connected one, round-robin; any node accepts every TaskService call, so a dead node is
+skipped. A call that a node failed with UNAVAILABLE goes on to another node — within the
+same deadline, each node at most once — when repeating it is harmless: reads, cancels,
+and submits whose every task has an idempotency key (:mod:`chronoshard._failover` holds
+the policy and says why). Anything else the caller decides: errors carry ``retryable``.
 
 gRPC's asyncio channels belong to the event loop that created them, so a :class:`Client`
 opens its channels on first use and is then bound to that loop (using it from another loop
@@ -47,10 +48,12 @@ import grpc
 
 from chronoshard import __version__
 from chronoshard import _convert as convert
+from chronoshard import _failover as failover
 from chronoshard.errors import (
     ChronoshardError,
     DeadlineExceededError,
     NotSentError,
+    UnavailableError,
     from_rpc_error,
 )
 from chronoshard.types import (
@@ -89,6 +92,10 @@ KEEPALIVE_TIMEOUT_S = 10.0
 # After a node restarts, a channel waits this long at most between reconnect attempts
 # (gRPC's default grows to 120 s, during which every call fails UNAVAILABLE at once).
 MAX_RECONNECT_BACKOFF_S = 5.0
+# While no channel is connected yet (the first call, a node restarting), a call looks
+# again after this long, doubling up to the cap: a local connection takes ~1 ms.
+READY_POLL_INITIAL_S = 0.002
+READY_POLL_MAX_S = 0.05
 
 ChannelOption = tuple[str, int | str]
 
@@ -169,9 +176,10 @@ class _Endpoint:
         self.stub = task_service_pb2_grpc.TaskServiceStub(channel)
         self.slots = asyncio.Semaphore(max_in_flight)
 
-    def usable(self) -> bool:
-        state = self.channel.get_state(try_to_connect=False)
-        return bool(state != grpc.ChannelConnectivity.TRANSIENT_FAILURE)
+    def state(self) -> failover.TargetState:
+        # try_to_connect: an idle channel (a new one, or one whose node went away) starts
+        # connecting, so a node that is back is found without waiting for a call to it.
+        return failover.state_of(self.channel.get_state(try_to_connect=True))
 
 
 class Client:
@@ -445,10 +453,64 @@ class Client:
     # --- plumbing ------------------------------------------------------------------------
 
     async def _call(self, method: str, request: Any) -> Any:
-        """One unary call under the client's deadline and the chosen channel's semaphore."""
+        """One unary call under the client's deadline, failed over between targets as
+        :mod:`chronoshard._failover` decides."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._timeout_s
-        endpoint = self._pick(loop)
+        self._check_loop(loop)
+        repeatable = failover.repeatable(method, keyed=_keyed(method, request))
+        start = self._next
+        self._next = (start + 1) % len(self._endpoints)
+        tried: set[int] = set()
+        failure: ChronoshardError | None = None
+        while True:
+            index = await self._connected_target(loop, deadline, start, tried)
+            if self._closed:
+                raise ChronoshardError(
+                    f"the client was closed while {method} waited for a node; it was not sent",
+                    code=grpc.StatusCode.CANCELLED,
+                    reason="CLIENT_CLOSED",
+                )
+            if index is None:
+                raise failure or self._none_ready(method)
+            tried.add(index)
+            try:
+                return await self._attempt(self._endpoints[index], method, request, deadline)
+            except ChronoshardError as exc:
+                if not failover.may_try_another(exc.code, repeatable=repeatable):
+                    raise
+                failure = exc
+
+    async def _connected_target(
+        self, loop: asyncio.AbstractEventLoop, deadline: float, start: int, tried: set[int]
+    ) -> int | None:
+        """The target to send to next, waiting (within the deadline) while none is
+        connected but one is connecting; None when there is none."""
+        pause = READY_POLL_INITIAL_S
+        while not self._closed:
+            choice = failover.choose([e.state() for e in self._endpoints], start, tried)
+            if isinstance(choice, failover.Send):
+                return choice.index
+            left = deadline - loop.time()
+            if choice is failover.Hold.GIVE_UP or left <= 0:
+                return None
+            await asyncio.sleep(min(pause, left))
+            pause = min(pause * 2, READY_POLL_MAX_S)
+        return None
+
+    def _none_ready(self, method: str) -> UnavailableError:
+        states = ", ".join(f"{e.target} {e.state().value}" for e in self._endpoints)
+        return UnavailableError(
+            f"no node could take {method} ({states}); the call was not sent",
+            code=grpc.StatusCode.UNAVAILABLE,
+            reason="NO_TARGET_READY",
+        )
+
+    async def _attempt(
+        self, endpoint: _Endpoint, method: str, request: Any, deadline: float
+    ) -> Any:
+        """One attempt on one target, under the chosen channel's semaphore."""
+        loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout_at(deadline):
                 await endpoint.slots.acquire()
@@ -481,7 +543,7 @@ class Client:
         finally:
             endpoint.slots.release()
 
-    def _pick(self, loop: asyncio.AbstractEventLoop) -> _Endpoint:
+    def _check_loop(self, loop: asyncio.AbstractEventLoop) -> None:
         if self._closed:
             raise RuntimeError("the Chronoshard client is closed")
         if self._loop is None:
@@ -491,15 +553,6 @@ class Client:
                 "this Client belongs to another event loop (gRPC channels cannot move "
                 "between loops): create one Client per loop, or use SyncClient"
             )
-        count = len(self._endpoints)
-        start = self._next
-        self._next = (start + 1) % count
-        for offset in range(count):
-            endpoint = self._endpoints[(start + offset) % count]
-            if endpoint.usable():
-                return endpoint
-        # All failing: try the next anyway; gRPC reports why (UNAVAILABLE) at once.
-        return self._endpoints[start]
 
     def _open(self, loop: asyncio.AbstractEventLoop) -> None:
         credentials = self._tls.credentials() if self._tls else None
@@ -510,3 +563,12 @@ class Client:
                 channel = grpc.aio.secure_channel(target, credentials, options=self._options)
             self._endpoints.append(_Endpoint(target, channel, self._max_in_flight))
         self._loop = loop
+
+
+def _keyed(method: str, request: Any) -> bool:
+    """Whether every task a submit request carries has an idempotency key."""
+    if method == "SubmitTask":
+        return bool(request.idempotency_key)
+    if method == "SubmitBatch":
+        return all(task.idempotency_key for task in request.tasks)
+    return False

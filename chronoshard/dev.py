@@ -11,16 +11,34 @@ State lives in ``./.chronoshard/`` (``--data-dir``) between runs — etcd's and
 PostgreSQL's data, the API keys (``dev.json``; the database has only their hashes), the
 logs — and ``--fresh`` wipes it first. Keeping etcd's data with PostgreSQL's matters:
 shard epochs are etcd revisions recorded in PostgreSQL, and a fresh etcd against an old
-database would start below them. ``cluster.json`` lists the addresses and every pid;
-``env`` is a file to source in another shell.
+database would start below them. PostgreSQL's data stays in the data dir even under root
+with the data dir inside a directory only root may enter (``/root``): see
+:mod:`chronoshard.local_postgres` for how the unprivileged server reaches it.
+``cluster.json`` lists the addresses and every pid; ``env`` is a file to source in
+another shell.
 
-Ctrl-C, SIGTERM or SIGHUP (a closed terminal) stops every child: the worker first (it
-drains), then the watchdog, then the nodes together (they hand their shards back), then
-PostgreSQL and etcd; each gets SIGTERM and a grace period, then its whole process group
-gets SIGKILL, so nothing is left behind. Children run in their own sessions, so a
-terminal's Ctrl-C reaches only this process, which stops them in that order. A lock on
-the data dir refuses a second ``dev`` on it; processes left by a ``dev`` that was itself
-SIGKILLed are found through ``cluster.json`` (pid and start time) and stopped first.
+**Stopping.** Ctrl-C, SIGTERM or SIGHUP (a closed terminal) stops every child: the worker
+first (it drains), then the watchdog, then the nodes together (they hand their shards
+back), then PostgreSQL and etcd; each gets SIGTERM (PostgreSQL SIGINT, its fast shutdown)
+and a grace period, then its whole process group gets SIGKILL, so nothing is left behind.
+Children run in their own sessions, so a terminal's Ctrl-C reaches only this process
+(and, in ``chronoshard dev | tee log``, ``tee``), which stops them in that order.
+
+Two rules make that hold whatever happens to the launcher:
+
+- *Shutdown never depends on stdout.* With ``| tee log``, Ctrl-C ends ``tee`` too, and
+  every later write to stdout fails (``BrokenPipeError``). Everything the launcher prints
+  goes through a :class:`~chronoshard._quiet_stream.QuietStream`, which turns a dead
+  stream into a silent one (and points its descriptor at /dev/null so the interpreter's
+  last flush cannot fail either); stderr, which logging writes to, is wrapped the same
+  way for the whole run. A stop step that fails is reported and the next one still runs.
+- *Children die with the launcher, even a SIGKILLed one.* Each child is tied to a
+  lifeline pipe whose keeper process stops them, in the same order, when the launcher's
+  end of the pipe closes (:mod:`chronoshard._lifeline` explains the design and why not
+  ``PR_SET_PDEATHSIG``). Processes left by an earlier run that died with its keeper are
+  found through ``cluster.json`` (pid and start time) and stopped first.
+
+A lock on the data dir refuses a second ``dev`` on it.
 
 Development only: no TLS, PostgreSQL trusts every local connection, one etcd member.
 """
@@ -29,6 +47,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import hashlib
 import importlib.util
 import json
@@ -37,7 +56,6 @@ import os
 import shlex
 import shutil
 import signal
-import stat
 import subprocess
 import sys
 import tempfile
@@ -45,7 +63,7 @@ import time
 import urllib.error
 import urllib.request
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -53,7 +71,9 @@ from typing import IO, Any, TextIO
 
 import psycopg
 
+from chronoshard._lifeline import Lifeline, start_ticks, stop_groups
 from chronoshard._localproc import ServiceError, free_ports
+from chronoshard._quiet_stream import quiet
 from chronoshard.scheduler.errors import SchedulerError
 from chronoshard.services import EtcdProcess, PostgresServer
 
@@ -67,7 +87,9 @@ DEV_CLUSTER = "dev"
 DEV_TENANT = "default"
 CANARY_TENANT = "dev-canary"
 CANARY_INTERVAL_S = 10.0
-CANARY_TOLERANCE_S = 10.0
+CANARY_TOLERANCE_S = 30.0
+"""The watchdog's default: longer than a crashed node's failover (its shards move after
+the 10 s lease TTL and a few seconds more), so killing one of the nodes is not an alert."""
 WATCHDOG_CHECK_INTERVAL_S = 10.0
 CHILD_STOP_GRACE_S = 15.0
 NODE_READY_TIMEOUT_S = 60.0
@@ -136,6 +158,7 @@ class DevCluster:
         self.interrupted: Sequence[int] = ()
         """Signals received so far; starting gives up when one arrives."""
         self._lock: IO[bytes] | None = None
+        self._lifeline: Lifeline | None = None
 
     @property
     def children(self) -> list[Child]:
@@ -149,9 +172,7 @@ class DevCluster:
         self._stop_leftovers()
         if self.options.fresh:
             self._say(f"--fresh: wiping {self.data_dir}")
-            outside = self._postgres_dir().parent
-            if outside != self.data_dir:
-                shutil.rmtree(outside, ignore_errors=True)
+            shutil.rmtree(self._legacy_postgres_dir().parent, ignore_errors=True)
             for entry in self.data_dir.iterdir():
                 if entry.name == "dev.lock":
                     continue  # ours, held
@@ -161,6 +182,9 @@ class DevCluster:
                     entry.unlink()
         for sub in ("logs", "etcd"):
             (self.data_dir / sub).mkdir(parents=True, exist_ok=True)
+        # First of all: from here on, whatever we start dies with us.
+        self._lifeline = Lifeline(self._logs() / "lifeline.log", CHILD_STOP_GRACE_S)
+        self._lifeline.start()
         self._say("starting etcd")
         client_port, peer_port = self._etcd_ports()
         self.etcd = EtcdProcess(
@@ -168,6 +192,7 @@ class DevCluster:
             name="chronoshard-dev",
             client_port=client_port,
             peer_port=peer_port,
+            lifeline=self._lifeline,
         )
         try:
             self.etcd.start()
@@ -192,6 +217,12 @@ class DevCluster:
 
     def _say(self, line: str) -> None:
         print(f"  · {line}", file=self.out, flush=True)
+
+    @property
+    def lifeline(self) -> Lifeline:
+        if self._lifeline is None:
+            raise DevError("the cluster is not started")
+        return self._lifeline
 
     def _take_lock(self) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)
@@ -218,12 +249,17 @@ class DevCluster:
         left = [
             p
             for p in previous.get("processes", [])
-            if p.get("start_ticks") is not None and _start_ticks(int(p["pid"])) == p["start_ticks"]
+            if p.get("start_ticks") is not None and start_ticks(int(p["pid"])) == p["start_ticks"]
         ]
         if left:
             names = ", ".join(f"{p['name']} ({p['pid']})" for p in left)
             self._say(f"stopping processes a killed earlier run left behind: {names}")
-            _stop_groups([int(p["pid"]) for p in left], CHILD_STOP_GRACE_S)
+            ticks = {int(p["pid"]): int(p["start_ticks"]) for p in left}
+            stop_groups(
+                dict.fromkeys(ticks, signal.SIGTERM),
+                CHILD_STOP_GRACE_S,
+                lambda pid: start_ticks(pid) == ticks[pid],
+            )
 
     def _etcd_ports(self) -> tuple[int, int]:
         """etcd's client and peer ports: chosen on the first run, then kept. The member
@@ -239,14 +275,28 @@ class DevCluster:
             return client, peer
 
     def _postgres_dir(self) -> Path:
-        """Where the embedded PostgreSQL keeps its data: in the data dir, unless we are
-        root and an unprivileged user (PostgreSQL refuses to run as root) cannot reach
-        it, as in /root; then in a directory of the system's temp dir named after it."""
-        inside = self.data_dir / "postgres"
-        if os.geteuid() != 0 or _traversable(self.data_dir):
-            return inside
+        """Where the embedded PostgreSQL keeps its data: always in the data dir."""
+        return self.data_dir / "postgres"
+
+    def _legacy_postgres_dir(self) -> Path:
+        """Where earlier versions kept PostgreSQL's data under root when the data dir was
+        out of the server user's reach: a directory of the system temp dir named after
+        the data dir."""
         digest = hashlib.blake2b(str(self.data_dir).encode(), digest_size=6).hexdigest()
         return Path(tempfile.gettempdir()) / f"chronoshard-dev-{digest}" / "postgres"
+
+    def _adopt_legacy_postgres_dir(self) -> None:
+        """Bring an earlier version's PostgreSQL data home from the temp dir (or drop it
+        when the data dir has its own), so none of it is left behind there."""
+        legacy = self._legacy_postgres_dir()
+        if not legacy.parent.exists():
+            return
+        home = self._postgres_dir()
+        if (legacy / "data" / "PG_VERSION").exists() and not (home / "data").exists():
+            self._say(f"moving PostgreSQL's data from {legacy} into the data dir")
+            home.mkdir(parents=True, exist_ok=True)
+            shutil.move(legacy / "data", home / "data")
+        shutil.rmtree(legacy.parent, ignore_errors=True)
 
     def _start_postgres(self) -> None:
         if self.options.dsn:
@@ -255,11 +305,9 @@ class DevCluster:
             self.postgres.start()
             self.dsn = self.options.dsn
             return
-        pg_dir = self._postgres_dir()
-        where = "" if pg_dir.parent == self.data_dir else f" (data in {pg_dir})"
-        self._say("starting PostgreSQL" + where)
-        pg_dir.parent.mkdir(parents=True, exist_ok=True)
-        self.postgres = PostgresServer(base_dir=pg_dir)
+        self._adopt_legacy_postgres_dir()
+        self._say("starting PostgreSQL")
+        self.postgres = PostgresServer(base_dir=self._postgres_dir(), lifeline=self.lifeline)
         self.postgres.start()
         with psycopg.connect(self.postgres.admin_dsn, autocommit=True) as conn:
             exists = conn.execute(
@@ -325,7 +373,9 @@ class DevCluster:
                 "CHRONOSHARD_LOG_FORMAT": "text",
             }
             self.nodes.append(
-                self._spawn(node_id, [sys.executable, "-m", "chronoshard.scheduler"], env)
+                self._spawn(
+                    node_id, [sys.executable, "-m", "chronoshard.scheduler"], env, stage="nodes"
+                )
             )
             self.node_addresses.append(address)
             self.metrics_addresses.append(metrics)
@@ -417,7 +467,10 @@ class DevCluster:
             time.sleep(0.2)
         self._say(f"the workers are not connected to every node yet; see {self._logs()}")
 
-    def _spawn(self, name: str, argv: Sequence[str], env: dict[str, str]) -> Child:
+    def _spawn(
+        self, name: str, argv: Sequence[str], env: dict[str, str], stage: str = ""
+    ) -> Child:
+        """Start a child process; children of one ``stage`` stop together."""
         log_path = self.data_dir / "logs" / f"{name}.log"
         inherited = {k: v for k, v in os.environ.items() if k != "CHRONOSHARD_CONFIG"}
         with log_path.open("ab") as log_file:
@@ -430,6 +483,7 @@ class DevCluster:
                 # Its own session and process group: a terminal's Ctrl-C reaches only us,
                 # we stop the children in order, and a group can be swept whole.
                 start_new_session=True,
+                preexec_fn=self.lifeline.tie(name, stage=stage or name),
             )
         child = Child(name, proc, log_path)
         self._spawned.append(child)
@@ -478,7 +532,14 @@ class DevCluster:
             raise DevError(dead)
 
     def dead_child(self) -> str | None:
-        """A description of the first child that exited, with its log's tail; or None."""
+        """A description of the first child that exited, with its log's tail; or None.
+        The lifeline keeper counts: without it, a killed launcher would leave orphans."""
+        if self._lifeline is not None and (code := self._lifeline.exited()) is not None:
+            log_path = self._logs() / "lifeline.log"
+            return (
+                f"the lifeline keeper exited with code {code}; its log is {log_path}:\n"
+                + _tail(log_path)
+            )
         for child in self.children:
             code = child.proc.poll()
             if code is not None:
@@ -500,12 +561,14 @@ class DevCluster:
         processes: list[dict[str, Any]] = [
             {"name": c.name, "pid": c.proc.pid} for c in self.children
         ]
+        if self._lifeline is not None and self._lifeline.pid is not None:
+            processes.append({"name": "lifeline", "pid": self._lifeline.pid})
         if self.etcd is not None and self.etcd.running:
             processes.append({"name": "etcd", "pid": self.etcd.pid})
         if self.postgres is not None and self.postgres.pid is not None:
             processes.append({"name": "postgres", "pid": self.postgres.pid})
         for process in processes:
-            process["start_ticks"] = _start_ticks(process["pid"])
+            process["start_ticks"] = start_ticks(process["pid"])
         return {
             "pid": os.getpid(),
             "grpc": self.node_addresses,
@@ -589,17 +652,26 @@ class DevCluster:
 
     def stop(self) -> None:
         """The worker (it drains while the nodes still answer), the watchdog, every node
-        at once, then PostgreSQL and etcd. Each step bounded; process groups swept."""
-        for child in (self.worker, self.watchdog):
-            if child is not None:
-                _stop_groups([child.proc.pid], CHILD_STOP_GRACE_S, [child.proc])
-        if self.nodes:
-            procs = [c.proc for c in self.nodes]
-            _stop_groups([p.pid for p in procs], CHILD_STOP_GRACE_S, procs)
+        at once, then PostgreSQL and etcd; then the lifeline (nothing left to stop).
+        Each step bounded; process groups swept; a step that fails does not stop the
+        next one."""
+        steps: list[tuple[str, Callable[[], None]]] = []
+        for group in ([self.worker], [self.watchdog], self.nodes):
+            procs = [c.proc for c in group if c is not None]
+            if procs:
+                names = ", ".join(c.name for c in group if c is not None)
+                steps.append((names, functools.partial(_stop_children, procs)))
         if self.postgres is not None:
-            self.postgres.stop()
+            steps.append(("PostgreSQL", self.postgres.stop))
         if self.etcd is not None:
-            self.etcd.stop()
+            steps.append(("etcd", self.etcd.stop))
+        if self._lifeline is not None:
+            steps.append(("the lifeline", self._lifeline.close))
+        for what, step in steps:
+            try:
+                step()
+            except Exception as exc:
+                print(f"chronoshard dev: stopping {what} failed: {exc}", file=sys.stderr)
         if self._lock is not None:
             self._lock.close()
             self._lock = None
@@ -612,55 +684,16 @@ def _watchdog_installed() -> bool:
         return False
 
 
-def _traversable(path: Path) -> bool:
-    """Whether any user may pass through ``path`` and each of its parents."""
-    return all(p.stat().st_mode & stat.S_IXOTH for p in [path, *path.parents] if p.exists())
-
-
-def _start_ticks(pid: int) -> int | None:
-    """The process's start time (clock ticks since boot), or None if it is gone or a
-    zombie: together with the pid it names one process, never a later one reusing it."""
-    try:
-        with open(f"/proc/{pid}/stat") as handle:
-            fields = handle.read().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-    if fields[0] == "Z":
-        return None
-    return int(fields[19])
-
-
-def _stop_groups(
-    pids: Sequence[int],
-    grace_s: float,
-    procs: Sequence[subprocess.Popen[bytes]] = (),
-) -> None:
-    """SIGTERM each leader, wait for all within ``grace_s``, then SIGKILL every group.
-
-    Children are session (and group) leaders, so their pid is their group id; Linux does
-    not reuse a group id while any member lives, so the sweep cannot hit a stranger.
-    """
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGCONT)  # a paused process acts on nothing but SIGKILL
-            os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + grace_s
+def _stop_children(procs: Sequence[subprocess.Popen[bytes]]) -> None:
+    """SIGTERM each, wait for all within the grace period, SIGKILL their groups, reap."""
     by_pid = {p.pid: p for p in procs}
-    for pid in pids:
-        while _alive(pid, by_pid.get(pid)) and time.monotonic() < deadline:
-            time.sleep(0.05)
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pid, signal.SIGKILL)
-        proc = by_pid.get(pid)
-        if proc is not None:
-            proc.wait()
-
-
-def _alive(pid: int, proc: subprocess.Popen[bytes] | None) -> bool:
-    if proc is not None:
-        return proc.poll() is None
-    return _start_ticks(pid) is not None
+    stop_groups(
+        dict.fromkeys(by_pid, signal.SIGTERM),
+        CHILD_STOP_GRACE_S,
+        lambda pid: by_pid[pid].poll() is None,
+    )
+    for proc in procs:
+        proc.wait()
 
 
 def _tail(path: Path, chars: int = LOG_TAIL_CHARS) -> str:
@@ -690,30 +723,35 @@ def _stop_signals() -> Iterator[list[int]]:
 
 def run(options: DevOptions, out: TextIO) -> int:
     """Start the cluster, run until a stop signal or a child's death, stop everything;
-    the exit code (0 after a requested stop)."""
-    with _stop_signals() as received:
-        cluster = DevCluster(options, out)
-        cluster.interrupted = received
-        code = 1
-        try:
-            print("", file=out)
-            print(BANNER, file=out, flush=True)
-            print("", file=out)
-            cluster.start()
-            cluster.write_files()
-            cluster.print_banner()
-            code = _serve(cluster, options, out, received)
-        except Interrupted:
-            code = 0
-        except (DevError, ServiceError, SchedulerError, OSError, psycopg.Error) as exc:
-            # A service that would not start: one readable message, then clean up.
-            print(f"chronoshard dev: {exc}", file=sys.stderr)
-        finally:
-            print("  · stopping", file=out, flush=True)
-            cluster.stop()
-            cluster.mark_stopped()
-            print("  · stopped", file=out, flush=True)
-        return code
+    the exit code (0 after a requested stop, even when stdout died on the way)."""
+    out = quiet(out)
+    stderr, sys.stderr = sys.stderr, quiet(sys.stderr)
+    try:
+        with _stop_signals() as received:
+            cluster = DevCluster(options, out)
+            cluster.interrupted = received
+            code = 1
+            try:
+                print("", file=out)
+                print(BANNER, file=out, flush=True)
+                print("", file=out)
+                cluster.start()
+                cluster.write_files()
+                cluster.print_banner()
+                code = _serve(cluster, options, out, received)
+            except Interrupted:
+                code = 0
+            except (DevError, ServiceError, SchedulerError, OSError, psycopg.Error) as exc:
+                # A service that would not start: one readable message, then clean up.
+                print(f"chronoshard dev: {exc}", file=sys.stderr)
+            finally:
+                print("  · stopping", file=out, flush=True)
+                cluster.stop()
+                cluster.mark_stopped()
+                print("  · stopped", file=out, flush=True)
+            return code
+    finally:
+        sys.stderr = stderr
 
 
 def _serve(cluster: DevCluster, options: DevOptions, out: TextIO, received: list[int]) -> int:

@@ -25,6 +25,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Self
 
+from chronoshard._lifeline import Lifeline
 from chronoshard._localproc import (
     DEFAULT_START_TIMEOUT_S,
     DEFAULT_STOP_TIMEOUT_S,
@@ -102,7 +103,8 @@ class EtcdProcess:
     Without a `data_dir` a temporary one is made and deleted by `close()`. `stop()`,
     `kill()` and `restart()` keep the data and the ports, so a test can crash etcd and
     bring the same member back. `fsync=False` is for tests only: data still survives a
-    killed process (it sits in the page cache), not a machine crash.
+    killed process (it sits in the page cache), not a machine crash. With a `lifeline`
+    (the dev launcher's) the etcd process is tied to it.
     """
 
     def __init__(
@@ -118,6 +120,7 @@ class EtcdProcess:
         binary: str | None = None,
         start_timeout_s: float = DEFAULT_START_TIMEOUT_S,
         stop_timeout_s: float = DEFAULT_STOP_TIMEOUT_S,
+        lifeline: Lifeline | None = None,
     ) -> None:
         if (client_port is None) != (peer_port is None):
             raise ValueError("give both client_port and peer_port, or neither")
@@ -135,6 +138,7 @@ class EtcdProcess:
         self._stop_timeout_s = stop_timeout_s
         # A fresh cluster token per instance: two test etcds can never join each other.
         self._cluster_token = f"{name}-{secrets.token_hex(4)}"
+        self._lifeline = lifeline
         self._proc: subprocess.Popen[bytes] | None = None
 
     # -- addresses and state
@@ -283,6 +287,7 @@ class EtcdProcess:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
+                preexec_fn=None if self._lifeline is None else self._lifeline.tie("etcd"),
             )
         try:
             self._wait_healthy(time.monotonic() + self._start_timeout_s, log_start)

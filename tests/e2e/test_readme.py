@@ -41,7 +41,8 @@ def test_the_blocks_are_there() -> None:
 @pytest.fixture
 def workdir() -> Iterator[Path]:
     path = Path(tempfile.mkdtemp(prefix="chronoshard-readme-test-"))
-    path.chmod(0o755)  # see test_dev.workdir
+    # A project directory as most have it (test_dev covers one only root may enter).
+    path.chmod(0o755)
     yield path
     shutil.rmtree(path, ignore_errors=True)
 

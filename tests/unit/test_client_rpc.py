@@ -13,7 +13,7 @@ import asyncio
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -370,13 +370,16 @@ async def test_not_found_from_the_servers_own_logic(client: Client) -> None:
     assert caught.value.reason == "TASK_NOT_FOUND" and caught.value.field == "id"
 
 
-async def test_unreachable_server_is_unavailable() -> None:
+async def test_unreachable_server_is_unavailable_at_once_and_nothing_is_sent() -> None:
     dead = await start_server()
     await dead.server.stop(None)  # the port is now closed
-    async with Client(dead.target, timeout_s=2.0) as c:
+    async with Client(dead.target, timeout_s=5.0) as c:
+        started = time.monotonic()
         with pytest.raises(UnavailableError) as caught:
-            await c.get("x")
-    assert caught.value.retryable
+            await c.submit("t")
+    assert time.monotonic() - started < 2.0  # not the 5 s deadline
+    assert caught.value.retryable and caught.value.reason == "NO_TARGET_READY"
+    assert "not sent" in str(caught.value) and dead.target in str(caught.value)
 
 
 # --- deadlines and concurrency -------------------------------------------------------------
@@ -502,23 +505,100 @@ async def test_several_targets_share_the_calls(fake: Server) -> None:
     other = await start_server()
     try:
         async with Client([fake.target, other.target]) as c:
-            for _ in range(4):
+            for _ in range(8):
                 with pytest.raises(NotFoundError):
                     await c.get("missing")
-        assert len(fake.service.seen) == 2 and len(other.service.seen) == 2
+        # Round-robin over connected targets (the very first call may find only one).
+        assert len(fake.service.seen) + len(other.service.seen) == 8
+        assert min(len(fake.service.seen), len(other.service.seen)) >= 3
     finally:
         await other.server.stop(None)
 
 
-async def test_a_failing_target_is_skipped_while_another_works(fake: Server) -> None:
+async def test_a_dead_target_is_skipped_by_every_call(fake: Server) -> None:
     dead = await start_server()
     await dead.server.stop(None)
     async with Client([dead.target, fake.target], timeout_s=2.0) as c:
-        with pytest.raises(UnavailableError):
-            await c.submit("t")  # round-robin starts at the dead node: it is found out
+        # Unkeyed submits too: no call is sent to a node that is not connected.
+        submitted = [await c.submit("t") for _ in range(5)]
+        await c.submit_batch([TaskSpec(type="t")] * 3)
+        for result in submitted:
+            await c.get(result.task.id)
+            await c.cancel(result.task.id)
+            await c.retry(result.task.id)
+        await c.list()
+    assert len(dead.service.seen) == 0
+    assert len(fake.service.seen) == 5 + 1 + 5 * 3 + 1
+
+
+async def test_a_node_that_dies_is_skipped_from_then_on(fake: Server) -> None:
+    doomed = await start_server()
+    async with Client([doomed.target, fake.target], timeout_s=2.0) as c:
         for _ in range(4):
+            await c.list()
+        assert doomed.service.seen  # both served
+        await doomed.server.stop(None)
+        for _ in range(10):
+            await c.list()  # the first may find the connection's end: it goes on elsewhere
             await c.submit("t")
-    assert len(fake.service.seen) == 4
+    assert len(fake.service.seen) >= 20
+
+
+def _unavailable_forever(service: FakeTaskService, *methods: str) -> None:
+    for method in methods:
+        service.fail[method] = [Failure(grpc.StatusCode.UNAVAILABLE, "cannot serve")] * 100
+
+
+async def test_calls_safe_to_repeat_go_on_to_another_node_after_unavailable(
+    fake: Server,
+) -> None:
+    failing = await start_server()
+    _unavailable_forever(failing.service, "ListTasks", "GetTask", "CancelTask", "SubmitTask")
+    _unavailable_forever(failing.service, "SubmitBatch")
+    try:
+        async with Client([failing.target, fake.target], timeout_s=2.0) as c:
+            task = (await c.submit("t", idempotency_key="k-0")).task
+            for i in range(10):
+                await c.list()
+                await c.get(task.id)
+                await c.cancel(task.id)
+                await c.submit("t", idempotency_key=f"k-{i + 1}")
+                await c.submit_batch([TaskSpec(type="t", idempotency_key=f"b-{i}")])
+        # Half the calls start at the failing node (round-robin), all end on the other.
+        assert len(failing.service.seen) >= 10
+        assert len(fake.service.seen) == 1 + 10 * 5
+    finally:
+        await failing.server.stop(None)
+
+
+async def test_calls_unsafe_to_repeat_are_not_sent_twice(fake: Server) -> None:
+    failing = await start_server()
+    _unavailable_forever(failing.service, "SubmitTask", "SubmitBatch", "RetryTask")
+    task_id = fake.service._new_task(task_service_pb2.SubmitTaskRequest(type="t")).id
+    unsafe: list[Callable[[Client], Awaitable[object]]] = [
+        lambda c: c.submit("t"),
+        lambda c: c.retry(task_id),
+        # One item without a key makes the whole batch unsafe to repeat.
+        lambda c: c.submit_batch([TaskSpec(type="t", idempotency_key="b"), TaskSpec("t")]),
+    ]
+    unavailable = 0
+    try:
+        async with Client([failing.target, fake.target], timeout_s=2.0) as c:
+            for _ in range(6):
+                for call in unsafe:
+                    try:
+                        result = await call(c)
+                    except UnavailableError:
+                        unavailable += 1
+                        continue
+                    if isinstance(result, list) and isinstance(result[0], UnavailableError):
+                        unavailable += 1
+        # Every attempt that reached the failing node came back to the caller as
+        # UNAVAILABLE (it may have been applied): none was sent again elsewhere.
+        assert unavailable == len(failing.service.seen) >= 6
+        assert len(fake.service.seen) == 18 - unavailable
+    finally:
+        await failing.server.stop(None)
 
 
 async def test_closed_client_refuses_calls(fake: Server) -> None:
