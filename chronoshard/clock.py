@@ -82,9 +82,10 @@ class Anchor:
         return self.reference + timedelta(seconds=monotonic - self.monotonic)
 
     def error_at(self, monotonic: float, drift_rate: float) -> float:
-        """How far :meth:`at` may be off: the reading's own error, plus the drift of the
-        two clocks' rates (``drift_rate`` seconds per second) since the reading."""
-        return self.error_s + drift_rate * abs(monotonic - self.monotonic)
+        """How far :meth:`at` may be off if the two clocks' rates differ by up to
+        ``drift_rate`` seconds per second: the reading's own error, plus the drift since
+        the reading (counted from the far end of the reading's own window)."""
+        return self.error_s + drift_rate * (abs(monotonic - self.monotonic) + self.error_s)
 
 
 @dataclass(frozen=True, slots=True)

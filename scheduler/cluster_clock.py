@@ -20,9 +20,10 @@ node comes from :class:`ClusterClock`:
   contradicts the anchor beyond both error bounds means PostgreSQL's clock (or this
   host's monotonic clock) jumped, and it is taken at once.
 * **The offset** (local wall clock minus cluster clock) reveals a local step at the next
-  check. :class:`SkewGuard` judges it against ``clock.max_offset_s``: beyond the bound
-  for sure (or too uncertain to tell) and the node is *skewed*; back within it for sure
-  for :data:`RECOVER_AFTER_CHECKS` checks in a row and it is trusted again.
+  check (every :data:`CHECK_INTERVAL_S`: no reading is needed for that). :class:`SkewGuard`
+  judges it against ``clock.max_offset_s``: beyond the bound for sure (or too uncertain
+  to tell) and the node is *skewed*; surely back within it for :data:`RECOVER_AFTER_S`
+  and it is trusted again.
 
 A skewed node dispatches nothing, gives its shards to its peers and claims none until it
 recovers (``shards.py``); it says so once in the log on entering and once on leaving, in
@@ -36,6 +37,7 @@ async shell reads the database through an injected reader.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -49,9 +51,12 @@ log = logging.getLogger(__name__)
 
 DRIFT_RATE = 1e-3
 """Seconds per second two clocks' rates may differ: NTP slews each by up to 500 ppm."""
-RECOVER_AFTER_CHECKS = 3
-"""A skewed node is trusted again after this many checks in a row surely within bound,
-so a clock that keeps stepping (a broken NTP setup) does not flap the node in and out."""
+CHECK_INTERVAL_S = 0.2
+"""How often the offset is checked against the anchor held: two clock reads, no I/O, so a
+step is seen within this, whatever the sample interval."""
+RECOVER_AFTER_S = 2.0
+"""A skewed node is trusted again once its clock has been surely within bound for this
+long, so a clock that keeps stepping (a broken NTP setup) does not flap it in and out."""
 
 MIN_READ_TIMEOUT_S = 1.0
 """The shortest a sample may take before it counts as failed (else the interval)."""
@@ -114,22 +119,31 @@ def within_bound(offset_s: float, error_s: float, max_offset_s: float) -> bool |
 class SkewGuard:
     """Whether the node's clock is trusted, from one offset check after another."""
 
-    def __init__(self, max_offset_s: float, recover_after: int = RECOVER_AFTER_CHECKS) -> None:
-        if recover_after < 1:
-            raise ValueError("recover_after must be at least 1")
+    def __init__(self, max_offset_s: float, recover_after_s: float = RECOVER_AFTER_S) -> None:
+        if recover_after_s < 0:
+            raise ValueError("recover_after_s must not be negative")
         self.max_offset_s = max_offset_s
-        self._recover_after = recover_after
-        self._in_bound_streak = 0
+        self._recover_after_s = recover_after_s
+        # Since when (monotonic) every check was surely within bound; None: the last not.
+        self._in_bound_since: float | None = None
         self.skewed = False
 
-    def observe(self, offset_s: float, error_s: float) -> bool:
-        """Judge one check; True when it changed :attr:`skewed`."""
+    def observe(self, offset_s: float, error_s: float, at: float) -> bool:
+        """Judge the check made at monotonic time ``at``; True when it changed
+        :attr:`skewed`."""
         verdict = within_bound(offset_s, error_s, self.max_offset_s)
-        self._in_bound_streak = self._in_bound_streak + 1 if verdict is True else 0
+        if verdict is not True:
+            self._in_bound_since = None
+        elif self._in_bound_since is None:
+            self._in_bound_since = at
         if verdict is False and not self.skewed:
             self.skewed = True
             return True
-        if self.skewed and self._in_bound_streak >= self._recover_after:
+        if (
+            self.skewed
+            and self._in_bound_since is not None
+            and at - self._in_bound_since >= self._recover_after_s
+        ):
             self.skewed = False
             return True
         return False
@@ -208,7 +222,7 @@ class ClusterClock:
         wall = self._local.now()
         self.offset_s = (wall - self._anchor.at(at)).total_seconds()
         self.error_s = self._anchor.error_at(at, DRIFT_RATE)
-        if not self._guard.observe(self.offset_s, self.error_s):
+        if not self._guard.observe(self.offset_s, self.error_s, at):
             return False
         fields = {
             "offset_s": round(self.offset_s, 6),
@@ -232,12 +246,25 @@ class ClusterClock:
         return True
 
     async def run(self) -> None:
-        """Read and check every ``sample_interval_s``; never returns.
+        """Check every :data:`CHECK_INTERVAL_S`, read every ``sample_interval_s``; never
+        returns. The checks run on their own, so neither a slow reading nor a database
+        that cannot be read delays them: they go on against the anchor held, its error
+        bound growing, and a local step is still seen at once."""
+        sampler = asyncio.create_task(self._sample_loop(), name="cluster-clock-readings")
+        try:
+            while True:
+                await asyncio.sleep(min(CHECK_INTERVAL_S, self._config.sample_interval_s))
+                if sampler.done():
+                    # Readings fail only as StoreUnavailable; anything else is a bug, and
+                    # the node's supervisor stops the node on it, as for any loop.
+                    sampler.result()
+                self.check()
+        finally:
+            sampler.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await sampler
 
-        A reading is bounded by the interval: while the database cannot be read the
-        checks go on against the anchor held (its error bound growing), so a local step
-        is still seen at once.
-        """
+    async def _sample_loop(self) -> None:
         interval_s = self._config.sample_interval_s
         while True:
             await asyncio.sleep(interval_s)
@@ -255,4 +282,3 @@ class ClusterClock:
                 if self._read_failing:
                     self._read_failing = False
                     log.info("reading PostgreSQL's clock again")
-            self.check()
