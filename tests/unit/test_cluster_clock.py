@@ -30,6 +30,7 @@ from chronoshard.scheduler.dispatcher import Dispatcher, ShardView
 from chronoshard.scheduler.fairness import UNLIMITED
 from chronoshard.scheduler.gateway import Gateway
 from chronoshard.scheduler.models import Priority
+from chronoshard.settings import ConfigError, load
 
 PROPERTY_SETTINGS = settings(max_examples=300, deadline=None)
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
@@ -333,3 +334,20 @@ async def test_the_wheel_deadline_follows_the_cluster_clock_whatever_the_host_cl
     # The host's wall clock would have moved it by the step (the filed bug).
     on_host_clock = _wheel_deadline(local, due_at)
     assert on_host_clock == pytest.approx(local.monotonic() + 5 - lead_s - step_s, abs=0.002)
+
+
+# ---- configuration -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [("MAX_OFFSET_S", "0"), ("SAMPLE_INTERVAL_S", "0.001"), ("READINGS_PER_SAMPLE", "0")],
+)
+def test_clock_settings_out_of_range_are_refused_naming_the_key(key: str, value: str) -> None:
+    with pytest.raises(ConfigError, match=f"clock.{key.lower()}"):
+        load(SchedulerConfig, env={f"CHRONOSHARD_CLOCK__{key}": value})
+
+
+def test_clock_settings_load_from_the_environment() -> None:
+    config = load(SchedulerConfig, env={"CHRONOSHARD_CLOCK__MAX_OFFSET_S": "0.25"})
+    assert config.clock == ClockConfig(max_offset_s=0.25)
