@@ -199,6 +199,8 @@ class SchedulerNode:
             address=grpc_address,
             metrics_address=metrics_address,
             started_at=self.clock.now().isoformat().replace("+00:00", "Z"),
+            # Out of bound already at start: peers must not count on this node's shards.
+            clock_skewed=self.clock.skewed,
         )
         self.shards = ShardManager(
             self.info, shard_count, self.clock, self.coordinator, self.store, self.runs

@@ -501,26 +501,16 @@ async def test_clock_steps_on_a_node_move_no_task(
             f" {step.recovered_s:.2f} s, shards back after {step.rejoined_s:.2f} s"
         )
         window = timedelta(seconds=2)
-        print(
-            "  moved shards, due from the step to 2 s after the handoff: "
-            + _summary(
-                [
-                    d.late_s
-                    for d in moved
-                    if step.stepped_at <= d.due_at <= step.handed_off_at + window
-                ]
-            )
-        )
-        print(
-            "  moved shards, due from the clock's return to 2 s after the re-join: "
-            + _summary(
-                [
-                    d.late_s
-                    for d in moved
-                    if step.restored_at <= d.due_at <= step.rejoined_at + window
-                ]
-            )
-        )
+        for label, start, end in (
+            ("from the step to 2 s after the handoff", step.stepped_at, step.handed_off_at),
+            (
+                "from the clock's return to 2 s after the re-join",
+                step.restored_at,
+                step.rejoined_at,
+            ),
+        ):
+            due = [d.late_s for d in moved if start <= d.due_at <= end + window]
+            print(f"  moved shards, due {label}: {_summary(due)}")
 
     early = [d for d in dispatches if d.late_s < -LEAD_S - EARLY_TOLERANCE_S]
     assert early == [], early[:5]
