@@ -25,6 +25,7 @@ from chronoshard.scheduler.cluster_clock import (
     within_bound,
 )
 from chronoshard.scheduler.config import ClockConfig, SchedulerConfig
+from chronoshard.scheduler.coordination import NodeInfo
 from chronoshard.scheduler.dispatch_store import DispatchStore, TimerTask
 from chronoshard.scheduler.dispatcher import Dispatcher, ShardView
 from chronoshard.scheduler.fairness import UNLIMITED
@@ -351,3 +352,16 @@ def test_clock_settings_out_of_range_are_refused_naming_the_key(key: str, value:
 def test_clock_settings_load_from_the_environment() -> None:
     config = load(SchedulerConfig, env={"CHRONOSHARD_CLOCK__MAX_OFFSET_S": "0.25"})
     assert config.clock == ClockConfig(max_offset_s=0.25)
+
+
+# ---- what peers are told -------------------------------------------------------------------
+
+
+def test_a_skewed_node_is_published_and_left_out_of_the_shard_map() -> None:
+    info = NodeInfo("a", "127.0.0.1:1", "", "2026-01-01T00:00:00Z", clock_skewed=True)
+    again = NodeInfo.from_json(info.to_json())
+    assert again == info and not again.takes_shards
+    # A node of an older version publishes no flag: it takes shards.
+    older = NodeInfo.from_json(b'{"node_id": "b", "address": "127.0.0.1:2"}')
+    assert not older.clock_skewed and older.takes_shards
+    assert not NodeInfo("c", "", "", "", draining=True).takes_shards
