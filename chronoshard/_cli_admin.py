@@ -39,6 +39,8 @@ GAUGES = {
     "chronoshard_shards_owned": "shards_owned",
     "chronoshard_self_fenced": "self_fenced",
     "chronoshard_stalled_tasks": "stalled_tasks",
+    "chronoshard_clock_skewed": "clock_skewed",
+    "chronoshard_clock_offset_seconds": "clock_offset_s",
 }
 
 
@@ -88,6 +90,10 @@ class NodeMetrics:
     self_fenced: float | None = None
     stalled_tasks: float | None = None
     """Non-idempotent tasks whose lease expired while their worker may still be alive."""
+    clock_skewed: float | None = None
+    """1 while the node's clock is beyond clock.max_offset_s from PostgreSQL's."""
+    clock_offset_s: float | None = None
+    """The node's wall clock minus PostgreSQL's."""
     dispatched: float = 0.0
     """Tasks dispatched since the node started (the lateness histogram's count)."""
     lateness_mean_s: float | None = None
@@ -215,6 +221,7 @@ def status_report(topology: Any, metrics: dict[str, NodeMetrics | str]) -> dict[
                 if node.HasField("started_at")
                 else None,
                 "draining": node.draining,
+                "clock_skewed": node.clock_skewed,
                 "shards": list(node.shards),
                 "metrics": output.jsonable(scraped) if isinstance(scraped, NodeMetrics) else None,
                 "metrics_error": scraped if isinstance(scraped, str) else None,
@@ -246,6 +253,9 @@ def status_text(report: dict[str, Any], *, show_shards: bool) -> str:
         state = "draining" if node["draining"] else "serving"
         if m.get("self_fenced"):
             state = "SELF-FENCED"
+        if node["clock_skewed"] or m.get("clock_skewed"):
+            offset = m.get("clock_offset_s")
+            state = "CLOCK SKEWED" + (f" ({offset:+.1f} s)" if offset is not None else "")
         if m.get("stalled_tasks"):
             state += f", {int(m['stalled_tasks'])} stalled"
         if node["metrics_error"]:

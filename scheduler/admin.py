@@ -51,6 +51,7 @@ class AdminServicer(admin_service_pb2_grpc.AdminServiceServicer):
                 metrics_address=info.metrics_address,
                 shards=sorted(by_node.get(info.node_id, [])),
                 draining=info.node_id == self._node_id and self._is_draining(),
+                clock_skewed=info.clock_skewed,
             )
             if info.started_at:
                 node.started_at.FromJsonString(info.started_at)

@@ -40,7 +40,7 @@ from chronoshard.scheduler.errors import (
     SchedulerError,
     TaskNotFound,
 )
-from chronoshard.scheduler.ids import new_task_id
+from chronoshard.scheduler.ids import new_task_id, unix_ms
 from chronoshard.scheduler.models import PreparedTask, SubmitResult, Task, Tenant
 from chronoshard.scheduler.store import Store
 from chronoshard.scheduler.submits import SubmitCoalescer
@@ -271,11 +271,14 @@ class TaskServiceServicer(task_service_pb2_grpc.TaskServiceServicer):
         *,
         prefix: str,
     ) -> PreparedTask:
+        # The cluster clock (node.py): a stepped wall clock of this node must move neither
+        # the submit time nor the time in the id.
+        now = self._clock.now()
         return convert.submit_from_pb(
             request,
             tenant_id=tenant.id,
-            task_id=new_task_id(),
-            now=self._clock.now(),
+            task_id=new_task_id(lambda: unix_ms(now)),
+            now=now,
             limits=self._limits,
             trace_context=trace,
             prefix=prefix,

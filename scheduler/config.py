@@ -27,6 +27,8 @@ DEFAULT_LEAD_DISPATCH_S = 0.1
 DEFAULT_RECONCILE_INTERVAL_S = 5.0
 DEFAULT_RETENTION_DAYS = 30
 DEFAULT_MAINTENANCE_INTERVAL_S = 3600.0
+DEFAULT_MAX_CLOCK_OFFSET_S = 1.0
+DEFAULT_CLOCK_SAMPLE_INTERVAL_S = 1.0
 
 
 def default_node_id() -> str:
@@ -231,6 +233,33 @@ class MaintenanceConfig:
 
 
 @dataclass(frozen=True)
+class ClockConfig:
+    # A node whose wall clock is further than this from PostgreSQL's stops dispatching and
+    # hands its shards to its peers until it is back (docs/failure-model.md, clock steps).
+    max_offset_s: float = DEFAULT_MAX_CLOCK_OFFSET_S
+    # How often the node reads PostgreSQL's clock; a step of the local clock is seen at
+    # the next reading.
+    sample_interval_s: float = DEFAULT_CLOCK_SAMPLE_INTERVAL_S
+    # Readings per sample, back to back; the one with the shortest round trip is kept.
+    readings_per_sample: int = 3
+
+    def validate(self) -> None:
+        require(
+            0.01 <= self.max_offset_s <= 3600,
+            "clock.max_offset_s",
+            "between 0.01 and 3600 seconds",
+        )
+        require(
+            0.05 <= self.sample_interval_s <= 60,
+            "clock.sample_interval_s",
+            "between 0.05 and 60 seconds",
+        )
+        require(
+            1 <= self.readings_per_sample <= 10, "clock.readings_per_sample", "between 1 and 10"
+        )
+
+
+@dataclass(frozen=True)
 class LimitsConfig:
     payload_limit_bytes: int = DEFAULT_PAYLOAD_LIMIT_BYTES
     max_batch_tasks: int = 10_000
@@ -261,6 +290,7 @@ class SchedulerConfig:
     limits: LimitsConfig = field(default_factory=LimitsConfig)
     reconcile: ReconcileConfig = field(default_factory=ReconcileConfig)
     maintenance: MaintenanceConfig = field(default_factory=MaintenanceConfig)
+    clock: ClockConfig = field(default_factory=ClockConfig)
 
     def validate(self) -> None:
         require(self.node_id != "" and "/" not in self.node_id, "node_id", "non-empty, no '/'")

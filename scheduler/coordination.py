@@ -72,6 +72,13 @@ class NodeInfo:
     started_at: str
     # A draining node stays registered (it still serves the API) but owns no shards.
     draining: bool = False
+    # So does a node whose clock is out of bound (cluster_clock.py), until it is back.
+    clock_skewed: bool = False
+
+    @property
+    def takes_shards(self) -> bool:
+        """Whether rendezvous assigns this node shards."""
+        return not (self.draining or self.clock_skewed)
 
     def to_json(self) -> bytes:
         return json.dumps(self.__dict__, sort_keys=True).encode()
@@ -85,6 +92,7 @@ class NodeInfo:
             metrics_address=str(data.get("metrics_address", "")),
             started_at=str(data.get("started_at", "")),
             draining=bool(data.get("draining", False)),
+            clock_skewed=bool(data.get("clock_skewed", False)),
         )
 
 

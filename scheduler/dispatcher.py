@@ -105,7 +105,12 @@ class Dispatcher:
     # ---- what others tell the dispatcher --------------------------------------------------
 
     def schedule(self, timers: Iterable[TimerTask]) -> None:
-        """Put PRELOADED tasks on the wheel, firing ``lead_dispatch_s`` before due."""
+        """Put PRELOADED tasks on the wheel, firing ``lead_dispatch_s`` before due.
+
+        ``due_at`` becomes a monotonic deadline through the clock's ``now()``, which on a
+        node is the cluster clock (``cluster_clock.py``): the host's wall clock would
+        move every deadline by its own error, and a step of it by the step.
+        """
         mono_now = self._clock.monotonic()
         wall_now = self._clock.now()
         added = False

@@ -230,6 +230,8 @@ class Gateway(worker_service_pb2_grpc.WorkerServiceServicer):
             queue=task.queue,
             priority=convert.priority_to_pb(task.priority),
             idempotent=task.idempotent,
+            # The cluster clock: the worker waits due_at - sent_at on its monotonic clock.
+            sent_at=convert.ts_to_pb(self._clock.now()),
         )
         if task.lease_expires_at is not None:
             assignment.lease_expires_at.CopyFrom(convert.ts_to_pb(task.lease_expires_at))

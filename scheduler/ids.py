@@ -73,6 +73,11 @@ def wall_clock_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
+def unix_ms(instant: datetime) -> int:
+    """``instant`` (timezone-aware) as Unix time in whole milliseconds, exactly."""
+    return (instant - _EPOCH) // timedelta(milliseconds=1)
+
+
 class UUIDv7Generator:
     """Makes UUIDv7s that sort in creation order, with injected clock and randomness.
 

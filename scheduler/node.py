@@ -1,12 +1,13 @@
 """A scheduler node: the pieces wired together, supervised, and shut down in order.
 
-Start-up order: store pool → etcd (lease, cluster shard count) → gateway, dispatcher,
-preloader, shard manager → gRPC server (TaskService, WorkerService, AdminService,
+Start-up order: store pool → cluster clock (a first reading of PostgreSQL's clock: every
+"now" from here on is the cluster's) → etcd (lease, cluster shard count) → gateway,
+dispatcher, preloader, shard manager → gRPC server (TaskService, WorkerService, AdminService,
 health, reflection) → node registered in etcd (only now can peers assign it shards and
 workers find it) → metrics endpoint → the supervised loops.
 
-The loops (shard manager, dispatcher, preloader, reconciler, worker liveness, partition
-maintenance, tenant refresher) are named tasks; the node waits on them with
+The loops (cluster clock, shard manager, dispatcher, preloader, reconciler, worker
+liveness, partition maintenance, tenant refresher) are named tasks; the node waits on them with
 FIRST_EXCEPTION, so a crashed loop stops the node loudly rather than leaving it half
 alive. Shutdown (SIGTERM) runs in this order (STYLE #4):
 
@@ -26,7 +27,7 @@ import logging
 import uuid
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, replace
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import grpc
@@ -40,6 +41,7 @@ from chronoshard.scheduler.access import AccessInterceptor
 from chronoshard.scheduler.admin import AdminServicer
 from chronoshard.scheduler.api import TaskServiceServicer
 from chronoshard.scheduler.auth import Authenticator
+from chronoshard.scheduler.cluster_clock import ClusterClock
 from chronoshard.scheduler.config import SchedulerConfig
 from chronoshard.scheduler.coordination import CoordinationError, EtcdCoordinator, NodeInfo
 from chronoshard.scheduler.dispatch_store import DispatchStore, TimerTask
@@ -75,6 +77,10 @@ TASK_STOP_TIMEOUT_S = 5.0
 SERVER_GRACE_S = 5.0
 TENANT_REFRESH_S = 10.0
 BACKLOG_REPORT_S = 1.0
+CLOCK_HEALTH_SERVICE = "chronoshard.scheduler.Clock"
+"""gRPC health service name: SERVING while this node's clock is within its bound,
+NOT_SERVING while it is skewed and hands its shards off. The overall status ("") and the
+API stay SERVING: submits take their time from the cluster clock (docs/operations.md)."""
 
 
 def server_options(config: SchedulerConfig) -> list[tuple[str, Any]]:
@@ -135,7 +141,8 @@ class TenantLimitsCache:
 class SchedulerNode:
     def __init__(self, config: SchedulerConfig, clock: Clock | None = None) -> None:
         self.config = config
-        self.clock = clock or SystemClock()
+        # The host's clocks: only the cluster clock reads its wall clock (for the offset).
+        self.host_clock = clock or SystemClock()
         self.metrics = SchedulerMetrics(config.node_id)
         self._tasks: list[asyncio.Task[None]] = []
         self._side_tasks: set[asyncio.Task[None]] = set()
@@ -161,6 +168,14 @@ class SchedulerNode:
             ),
         )
         self.runs = DispatchStore(self.store)
+        store = self.store
+        self.clock = ClusterClock(
+            self.host_clock,
+            config.clock,
+            lambda count: store.read_clock(count, self.host_clock),
+        )
+        await self.clock.sample()
+        self.clock.check()
         self.coordinator = EtcdCoordinator(config.etcd, config.node_id, self.clock)
         await self.coordinator.connect()
         await self.coordinator.start_lease()
@@ -183,7 +198,9 @@ class SchedulerNode:
             node_id=config.node_id,
             address=grpc_address,
             metrics_address=metrics_address,
-            started_at=datetime.now(UTC).isoformat().replace("+00:00", "Z"),
+            started_at=self.clock.now().isoformat().replace("+00:00", "Z"),
+            # Out of bound already at start: peers must not count on this node's shards.
+            clock_skewed=self.clock.skewed,
         )
         self.shards = ShardManager(
             self.info, shard_count, self.clock, self.coordinator, self.store, self.runs
@@ -203,6 +220,10 @@ class SchedulerNode:
             config.database.dsn, self.store, on_due=self._signal_due, on_ready=self._signal_ready
         )
         self.shards.on_remote_due = self._remote_due
+        self.shards.publish_clock_skewed = self._publish_clock_skewed
+        self.clock.on_skew_changed = self._clock_skew_changed
+        if self.clock.skewed:
+            self._clock_skew_changed(True)
         self.shards.attach(self.dispatcher, self.preloader)
         self.reconciler = Reconciler(
             config,
@@ -227,6 +248,7 @@ class SchedulerNode:
         self.gateway.start()
         await self._server.start()
         await self.coordinator.register_node(self.info)
+        self._supervise("clock", self.clock.run())
         self._supervise("shards", self.shards.run())
         self._supervise("dispatcher", self.dispatcher.run())
         self._supervise("preloader", self.preloader.run())
@@ -291,6 +313,7 @@ class SchedulerNode:
         watch = WatchdogServiceServicer(store=self.store, authenticator=Authenticator(self.store))
         watchdog_service_pb2_grpc.add_WatchdogServiceServicer_to_server(watch, server)
         names.append(watchdog_service_pb2.DESCRIPTOR.services_by_name["WatchdogService"].full_name)
+        self._set_clock_health()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         names.append(health_pb2.DESCRIPTOR.services_by_name["Health"].full_name)
         reflection.enable_server_reflection([*names, reflection.SERVICE_NAME], server)
@@ -370,6 +393,25 @@ class SchedulerNode:
             for session in list(self.gateway.sessions()):
                 self.gateway.send_backlog(session, self.dispatcher.backlog_for(session))
 
+    # ---- clock skew -------------------------------------------------------------------------
+
+    def _clock_skew_changed(self, skewed: bool) -> None:
+        """The cluster clock judged this node's clock out of bound, or back within it."""
+        self.shards.set_clock_skewed(skewed)
+        self._set_clock_health()
+
+    def _set_clock_health(self) -> None:
+        status = (
+            health_pb2.HealthCheckResponse.NOT_SERVING
+            if self.clock.skewed
+            else health_pb2.HealthCheckResponse.SERVING
+        )
+        self._background(self._health.set(CLOCK_HEALTH_SERVICE, status))
+
+    async def _publish_clock_skewed(self, skewed: bool) -> None:
+        self.info = replace(self.info, clock_skewed=skewed)
+        await self.coordinator.register_node(self.info)
+
     def _on_dispatched(self, timer: TimerTask, lateness_s: float) -> None:
         self.metrics.observe_dispatch(lateness_s)
 
@@ -448,6 +490,7 @@ class SchedulerNode:
             "gateway": dict(self.gateway.stats),
             "preloader": dict(self.preloader.stats),
             "shards": dict(self.shards.stats),
+            "clock": dict(self.clock.stats),
             "reconciler": dict(self.reconciler.stats),
             "liveness": dict(self.liveness.stats),
             "maintenance": dict(self.maintenance.stats),
@@ -459,7 +502,12 @@ class SchedulerNode:
             "ready_tasks": self.dispatcher.ready_size(),
             "shards_owned": len(self.shards.epochs()),
             "worker_sessions": len(list(self.gateway.sessions())),
-            "self_fenced": 0 if self.shards.dispatch_allowed() else 1,
+            "self_fenced": 0 if self.coordinator.lease_valid(self.clock.monotonic()) else 1,
+            # Local wall clock minus the cluster's (PostgreSQL's), and whether that is
+            # beyond clock.max_offset_s (nothing dispatched, shards handed off).
+            "clock_offset_seconds": self.clock.offset_s,
+            "clock_offset_error_seconds": self.clock.error_s,
+            "clock_skewed": 1 if self.clock.skewed else 0,
             # Non-idempotent tasks whose lease expired while their worker may be alive.
             "stalled_tasks": self.reconciler.stalled,
         }

@@ -6,7 +6,8 @@ with ``due_at < now + lookahead`` to PRELOADED, in batches, under the shards' ep
 (one statement for all shards), and hands them to the dispatcher's wheel. The memory cap
 (``max_preloaded``) bounds how many tasks wait in memory: past it, the preloader waits
 for the wheel to drain; far-future tasks simply stay in the database until they come
-within reach.
+within reach. The horizon is read from the cluster clock (``cluster_clock.py``), not the
+host's wall clock: stepped an hour ahead, that pulled in an hour too much.
 """
 
 from __future__ import annotations

@@ -22,6 +22,11 @@ etcd lease may have lapsed (last renewal + TTL − margin). It resumes only afte
 re-claiming its shards under new epochs: if the lease survived (a short etcd outage) it
 gives every shard back and claims it again at once; if etcd says the lease is gone, every
 shard is dropped and the node re-registers under a new lease first.
+
+A node whose clock is out of bound (``cluster_clock.py``) goes the same way, except that
+its peers take over: it stops dispatching at once, gives every shard back, publishes
+itself as ``clock_skewed`` (every target map leaves it out, so its peers claim the
+shards) and claims nothing until :meth:`ShardManager.set_clock_skewed` says it is back.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from datetime import datetime
 from types import MappingProxyType
 from typing import TYPE_CHECKING
@@ -77,6 +82,10 @@ class ShardManager:
         self._stopping = False
         # Set by the node: tell a shard's owner elsewhere that a task became due.
         self.on_remote_due: Callable[[int, datetime], None] | None = None
+        # Set by the node: register it in etcd with this clock_skewed flag.
+        self.publish_clock_skewed: Callable[[bool], Awaitable[None]] | None = None
+        self._clock_skewed = False
+        self._published_skewed: bool | None = False
         coordinator.on_renewed_while_fenced = self._kick.set
         self.handoffs: list[tuple[str, int, int]] = []
         self.stats: dict[str, int] = {
@@ -97,7 +106,17 @@ class ShardManager:
         return MappingProxyType(self._owned)
 
     def dispatch_allowed(self) -> bool:
-        return not self._stopping and self._coordinator.lease_valid(self._clock.monotonic())
+        return (
+            not self._stopping
+            and not self._clock_skewed
+            and self._coordinator.lease_valid(self._clock.monotonic())
+        )
+
+    def set_clock_skewed(self, skewed: bool) -> None:
+        """The node's clock left its bound (True) or is back (False). Dispatch stops at
+        once; the loop gives the shards away and publishes the flag."""
+        self._clock_skewed = skewed
+        self._kick.set()
 
     def epochs_lost(self, shards: Iterable[int]) -> None:
         lost = [s for s in shards if s in self._owned]
@@ -125,7 +144,7 @@ class ShardManager:
 
     def target_map(self) -> dict[int, str]:
         """Shard -> the node that should own it: rendezvous over live, non-draining nodes."""
-        candidates = [n for n, info in self._members.items() if not info.draining]
+        candidates = [n for n, info in self._members.items() if info.takes_shards]
         return rendezvous.assign(candidates, self._shard_count)
 
     # ---- loops --------------------------------------------------------------------------
@@ -141,9 +160,16 @@ class ShardManager:
                 elif self._coordinator.fenced and self._coordinator.lease_alive(
                     self._clock.monotonic()
                 ):
-                    await self._give_back_after_fence()
+                    if await self._give_back_all(reason="self-fenced"):
+                        self._coordinator.lift_fence()
+                elif self._clock_skewed:
+                    await self._give_back_all(reason="clock skewed")
                 try:
-                    if not self._coordinator.fenced:
+                    # Skewed: published after the shards are given back, so the peers'
+                    # first claims find them free; back: before claiming, so the peers
+                    # give this node its shards.
+                    await self._publish_clock_skewed()
+                    if not self._coordinator.fenced and not self._clock_skewed:
                         await self.reconcile()
                 except (CoordinationError, StoreUnavailable) as exc:
                     log.warning("shard reconcile failed; retrying", extra={"error": str(exc)})
@@ -225,19 +251,20 @@ class ShardManager:
         self.handoffs.append(("released", shard, epoch))
         log.info("shard released", extra={"shard": shard, "epoch": epoch, "reason": reason})
 
-    async def _give_back_after_fence(self) -> None:
-        """The lease outlived a fence: release every shard (its wheel entries and
-        preloads go with it) so that the claims that follow raise every epoch.
+    async def _give_back_all(self, *, reason: str) -> bool:
+        """Release every shard (its wheel entries and preloads go with it); whether every
+        claim held before is gone from etcd.
 
-        The fence is lifted only once every claim held before it is gone from etcd (a
-        claim left behind would be handed back with its old epoch); until then this
-        runs again on the next pass.
+        After a self-fence (the lease outlived it) the fence is lifted only then, so that
+        the claims that follow raise every epoch (a claim left behind would be handed
+        back with its old epoch); until then this runs again on the next pass. A skewed
+        clock gives the shards back the same way, for the peers to claim.
         """
-        if self._owned:
+        if self._owned and reason == "self-fenced":
             self.stats["fence_reclaims"] += 1
         for shard in sorted(self._owned):
             self._to_give_back[shard] = self._owned[shard]
-            await self._release(shard, reason="self-fenced")
+            await self._release(shard, reason=reason)
         for shard, epoch in sorted(self._to_give_back.items()):
             try:
                 # Idempotent: False means the claim at that epoch is gone already.
@@ -248,8 +275,16 @@ class ShardManager:
                 )
                 continue
             del self._to_give_back[shard]
-        if not self._to_give_back:
-            self._coordinator.lift_fence()
+        return not self._to_give_back
+
+    async def _publish_clock_skewed(self) -> None:
+        """Tell the peers (through the node's etcd registration) whether to leave this
+        node out of their target maps; retried on the next pass if etcd refuses."""
+        wanted = self._clock_skewed
+        if self._published_skewed == wanted or self.publish_clock_skewed is None:
+            return
+        await self.publish_clock_skewed(wanted)
+        self._published_skewed = wanted
 
     async def _recover_lease(self) -> None:
         """etcd dropped our lease: every claim went with it. Start over under a new one."""
@@ -264,6 +299,8 @@ class ShardManager:
             try:
                 await self._coordinator.start_lease()
                 await self._coordinator.register_node(self._node)
+                # The registration above is the one made at start: publish the flag again.
+                self._published_skewed = None
                 return
             except CoordinationError as exc:
                 log.warning("cannot renew etcd lease yet", extra={"error": str(exc)})

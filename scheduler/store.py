@@ -37,6 +37,7 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
+from chronoshard.clock import Clock, ClockReading
 from chronoshard.scheduler import queries, states, submits
 from chronoshard.scheduler.errors import (
     IdempotencyConflict,
@@ -463,6 +464,26 @@ class Store:
             cur = conn.cursor(row_factory=dict_row)
             await cur.execute(self._q["get_attempts"], {"task_id": task_id})
             return [_attempt(row) for row in await cur.fetchall()]
+
+    # --- the database's clock ----------------------------------------------------------
+
+    async def read_clock(self, count: int, clock: Clock) -> list[ClockReading]:
+        """``count`` readings of PostgreSQL's clock, back to back on one connection, each
+        timed by ``clock`` around its own round trip (the pool's wait is not in it).
+
+        Raises:
+            StoreUnavailable: the database could not be reached.
+        """
+        readings = []
+        async with self.connection() as conn:
+            for _ in range(count):
+                sent = clock.monotonic()
+                cur = await conn.execute(self._q["database_clock"])
+                row = await cur.fetchone()
+                received = clock.monotonic()
+                assert row is not None
+                readings.append(ClockReading(sent, received, row[0], clock.now()))
+        return readings
 
     # --- shards -----------------------------------------------------------------------
 

@@ -227,6 +227,7 @@ def _assignment(pb: worker_service_pb2.Assignment) -> Assignment:
         queue=pb.queue,
         priority="STANDARD" if priority == "UNSPECIFIED" else priority,
         idempotent=pb.idempotent,
+        sent_at=_datetime(pb.sent_at) if pb.HasField("sent_at") else None,
     )
 
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import chronoshard
-from chronoshard.clock import Clock
+from chronoshard.clock import Anchor, AnchoredClock, Clock
 from chronoshard.worker._context import (
     DEFAULT_QUEUE,
     BadAttempt,
@@ -72,13 +72,16 @@ from chronoshard.worker._topology import Topology
 logger = logging.getLogger("chronoshard.worker")
 
 SKEW_WARNING_S = 5.0
+"""A wall clock this far from the assigning node's cluster clock (or, from an older node,
+an assignment due further ahead than this by it) is logged as skew."""
+SKEW_LOG_INTERVAL_S = 60.0
+"""At most one skew warning per this long: every assignment would show it."""
 ACK_DELAY_S = 0.05
 """How long after its start a run is acked. A run that settles sooner is never acked:
 its Complete (or Fail, Release) moves the task straight from DISPATCHED, which spares the
 node one write and the stream two messages per task."""
 ACK_WAIT_CAP_S = 1.0
 """The longest an ack waits for ``due_at``: far inside the node's ack timeout (10 s)."""
-"""An assignment due further ahead than this on the worker's clock is logged as skew."""
 OUTCOMES = ("completed", "failed", "timed_out", "cancelled", "released", "abandoned")
 """The counters of :attr:`Dispatcher.counts` that count ended attempts."""
 
@@ -125,6 +128,7 @@ class Dispatcher:
         self.counts: Counter[str] = Counter()
         self.draining = False
         self.executor: Executor | None = None
+        self._skew_logged_at: float | None = None
         # Wired by bind(): the topology needs the dispatcher as its host first.
         self._topology: Topology | None = None
         self._settlements: Settlements | None = None
@@ -252,7 +256,18 @@ class Dispatcher:
             return "no free slot"
         return None
 
+    def _start_clock(self, a: Assignment) -> Clock:
+        """The clock a run waits for ``due_at`` on: the node's cluster clock as it was
+        when the node sent ``a``, carried on from now (its receipt) by this host's
+        monotonic clock, so a wrong or stepped wall clock here neither starts it early
+        nor late. Transit time makes it start that much late, never early. From a node
+        that sends no time: this host's wall clock."""
+        if a.sent_at is None:
+            return self._clock
+        return AnchoredClock(self._clock, Anchor(a.sent_at, self._clock.monotonic()))
+
     def _on_assignment(self, session: NodeSession, a: Assignment) -> None:
+        start_clock = self._start_clock(a)
         node = session.address
         fields = {"task_id": a.task.id, "token": a.fencing_token, "node": session.node_id}
         if not self.ledger.consume(node):
@@ -287,7 +302,7 @@ class Dispatcher:
         execution = Execution(
             spec,
             ctx,
-            now=self._clock.now,
+            now=start_clock.now,
             timeout_s=timeout_s,
             executor=self.executor,
             drain_stop_s=self._drain_stop_s,
@@ -295,7 +310,7 @@ class Dispatcher:
         run = _Run(a, node, execution)
         self.runs[a.run_key] = run
         run.task = asyncio.create_task(self._drive(run), name=f"chronoshard-run {a.task.id}")
-        wait_s = (a.due_at - self._clock.now()).total_seconds()
+        wait_s = (a.due_at - start_clock.now()).total_seconds()
         run.ack_timer = asyncio.get_running_loop().call_later(
             min(max(0.0, wait_s), ACK_WAIT_CAP_S) + ACK_DELAY_S, self._ack_if_running, run
         )
@@ -308,8 +323,22 @@ class Dispatcher:
             event="assigned",
             **fields,
         )
+        if a.sent_at is not None:
+            # Transit time counts in, but it is far below the warning's threshold.
+            ahead_s = (self._clock.now() - a.sent_at).total_seconds()
+            if abs(ahead_s) > SKEW_WARNING_S and self._skew_log_due():
+                self._log(
+                    logging.WARNING,
+                    "this host's clock is %.1f s %s the scheduler's cluster clock; tasks"
+                    " start by the cluster clock, but handlers reading the time see this one",
+                    abs(ahead_s),
+                    "ahead of" if ahead_s > 0 else "behind",
+                    event="clock_skew",
+                    **fields,
+                )
+            return
         lead_s = (a.due_at - self._clock.now()).total_seconds()
-        if lead_s > SKEW_WARNING_S:
+        if lead_s > SKEW_WARNING_S and self._skew_log_due():
             # Lead dispatch is ~100 ms: a task due much later means this host's clock is
             # behind the scheduler's, and every task here will start that much late.
             self._log(
@@ -319,6 +348,13 @@ class Dispatcher:
                 event="clock_skew",
                 **fields,
             )
+
+    def _skew_log_due(self) -> bool:
+        now = self._clock.monotonic()
+        if self._skew_logged_at is not None and now - self._skew_logged_at < SKEW_LOG_INTERVAL_S:
+            return False
+        self._skew_logged_at = now
+        return True
 
     def _on_cancel(self, session: NodeSession, msg: Cancel) -> None:
         run = self.runs.get((msg.task.id, msg.fencing_token))

@@ -186,6 +186,8 @@ class Assignment:
     queue: str = ""
     priority: str = "STANDARD"
     idempotent: bool = False
+    # The node's cluster clock when it sent this (None from an older node).
+    sent_at: datetime | None = None
 
     @property
     def run_key(self) -> RunKey:

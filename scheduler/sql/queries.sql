@@ -176,3 +176,8 @@ UPDATE tenants SET api_key_hash = %(api_key_hash)s
 WHERE name = %(name)s
 RETURNING id, name, tier, rate_limit_rps, max_concurrent_workers, home_region, api_key_hash,
           created_at, operator;
+
+-- name: database_clock
+-- PostgreSQL's clock for the node's cluster clock (cluster_clock.py): the instant the
+-- function runs, where now() would be the start of the transaction.
+SELECT clock_timestamp()

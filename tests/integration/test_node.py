@@ -13,6 +13,8 @@ from typing import Any
 import grpc
 import pytest
 from fixtures.waiting import eventually
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from prometheus_client import generate_latest
 
 from chronoshard.scheduler.auth import hash_api_key, new_api_key
 from chronoshard.scheduler.config import (
@@ -25,7 +27,7 @@ from chronoshard.scheduler.config import (
 from chronoshard.scheduler.ids import new_task_id
 from chronoshard.scheduler.jitter import JitterMode
 from chronoshard.scheduler.models import NewTask, Tenant
-from chronoshard.scheduler.node import SchedulerNode
+from chronoshard.scheduler.node import CLOCK_HEALTH_SERVICE, SchedulerNode
 from chronoshard.scheduler.sharding import shard_of
 from chronoshard.scheduler.store import Store
 from chronoshard.services import EtcdProcess
@@ -139,6 +141,9 @@ async def test_tasks_fire_and_complete_through_a_raw_worker(node: SchedulerNode)
                     started_late.append(
                         (datetime.now(UTC) - a.due_at.ToDatetime(tzinfo=UTC)).total_seconds()
                     )
+                    # Stamped with the node's cluster clock: this host's, here, closely.
+                    sent_s = (datetime.now(UTC) - a.sent_at.ToDatetime(tzinfo=UTC)).total_seconds()
+                    assert a.HasField("sent_at") and 0 <= sent_s < 1, sent_s
                     await outgoing.put(
                         worker_service_pb2.WorkerMessage(
                             ack=worker_service_pb2.Ack(task=a.task, fencing_token=a.fencing_token)
@@ -174,6 +179,26 @@ async def test_tasks_fire_and_complete_through_a_raw_worker(node: SchedulerNode)
         assert task.attempt == 1 and task.fencing_token == 1
     # Lead dispatch sends at most lead_dispatch_s early.
     assert min(started_late) >= -node.config.scheduling.lead_dispatch_s - 0.05
+
+
+async def test_the_clock_is_measured_and_reported_in_bound(node: SchedulerNode) -> None:
+    """PostgreSQL runs on this host: the measured offset is tiny, the node is trusted, its
+    clock health service says SERVING, and the gauges are exported."""
+    assert node.clock.stats["samples"] >= 1
+    assert not node.clock.skewed
+    assert abs(node.clock.offset_s) < 0.05 and node.clock.error_s < 0.05
+    assert abs((node.clock.now() - datetime.now(UTC)).total_seconds()) < 0.05
+    assert node.addresses is not None
+    async with grpc.aio.insecure_channel(node.addresses.grpc) as channel:
+        health = health_pb2_grpc.HealthStub(channel)
+        reply = await health.Check(
+            health_pb2.HealthCheckRequest(service=CLOCK_HEALTH_SERVICE), timeout=5
+        )
+    assert reply.status == health_pb2.HealthCheckResponse.SERVING
+    scrape = generate_latest(node.metrics.registry).decode()
+    for gauge in ("chronoshard_clock_offset_seconds", "chronoshard_clock_skewed"):
+        assert f"{gauge}{{node=" in scrape, gauge
+    assert f'chronoshard_clock_skewed{{node="{node.config.node_id}"}} 0.0' in scrape
 
 
 async def test_stale_unary_completion_is_failed_precondition(node: SchedulerNode) -> None:

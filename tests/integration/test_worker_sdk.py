@@ -18,6 +18,7 @@ import logging
 import signal
 import sys
 import threading
+import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -112,15 +113,18 @@ class FakeSession:
         timeout_s: float | None = None,
         checkpoint: Any = None,
         force: bool = False,
+        with_sent_at: bool = False,
     ) -> str:
-        """Send an Assignment against one credit (``force``: even without one)."""
+        """Send an Assignment against one credit (``force``: even without one);
+        ``with_sent_at``: stamped with the (true) time it is sent, as a node does."""
         assert force or self.credits > 0, "the fake never assigns without a credit"
         self.credits -= 1
         task_id = task_id or str(uuid.uuid4())
         scheduled = timestamp_pb2.Timestamp()
         scheduled.FromDatetime(datetime(2026, 1, 1, tzinfo=UTC))
+        now = datetime.now(UTC)
         due = timestamp_pb2.Timestamp()
-        due.FromDatetime(datetime.now(UTC) + timedelta(seconds=due_in_s))
+        due.FromDatetime(now + timedelta(seconds=due_in_s))
         assignment = pb.Assignment(
             task=common_pb2.TaskRef(id=task_id, scheduled_at=scheduled),
             type=task_type,
@@ -135,6 +139,8 @@ class FakeSession:
             assignment.timeout.CopyFrom(duration_pb2.Duration(nanos=int(timeout_s * 1e9)))
         if checkpoint is not None:
             assignment.checkpoint = json.dumps(checkpoint).encode()
+        if with_sent_at:
+            assignment.sent_at.FromDatetime(now)
         self.running.add((task_id, token))
         if not force:  # a forced assignment is the fake's own violation, on purpose
             self.fake.check_invariant()
@@ -966,6 +972,44 @@ async def test_a_lost_node_s_tasks_are_heartbeated_and_settled_through_another()
             gate.set()
             kind, request = await a.wait_for(lambda: a.unary and a.unary[0])
         assert kind == "complete" and _task_of(request.complete) == (task_id, 6)
+
+
+class _WrongClock:
+    """This host's clocks with a wall clock ``off_s`` ahead (negative: behind)."""
+
+    def __init__(self, off_s: float) -> None:
+        self._off = timedelta(seconds=off_s)
+
+    def monotonic(self) -> float:
+        return time.monotonic()
+
+    def now(self) -> datetime:
+        return datetime.now(UTC) + self._off
+
+
+@pytest.mark.parametrize("off_s", [30.0, -30.0])
+async def test_a_worker_with_a_wrong_clock_starts_by_the_nodes_clock(
+    fake: FakeScheduler, logs: LogCapture, off_s: float
+) -> None:
+    """The assignment's sent_at is the node's cluster time: the worker waits due_at -
+    sent_at on its monotonic clock. By its own wall clock it would have started at once
+    (30 s ahead: 0.5 s early) or 30 s late."""
+    worker = make_worker(fake, clock=_WrongClock(off_s))
+    started: list[float] = []
+
+    @worker.task("echo")
+    async def echo(ctx: TaskContext) -> None:
+        started.append(time.monotonic())
+
+    async with running(worker):
+        session = await fake.session_with_credit()
+        sent = time.monotonic()
+        session.assign("echo", due_in_s=0.5, with_sent_at=True)
+        await fake.wait_for(lambda: started)
+        skew = await fake.wait_for(lambda: logs.events("clock_skew"))
+    waited_s = started[0] - sent
+    assert 0.5 <= waited_s < 0.5 + 1.0, waited_s
+    assert ("ahead of" if off_s > 0 else "behind") in skew[0].getMessage()
 
 
 async def test_an_assignment_due_far_ahead_is_held_and_logged_as_clock_skew(

@@ -117,6 +117,10 @@ chronoshard_ready_tasks{node="n1"} 3.0
 chronoshard_worker_sessions{node="n1"} 2.0
 # TYPE chronoshard_self_fenced gauge
 chronoshard_self_fenced{node="n1"} 0.0
+# TYPE chronoshard_clock_skewed gauge
+chronoshard_clock_skewed{node="n1"} 1.0
+# TYPE chronoshard_clock_offset_seconds gauge
+chronoshard_clock_offset_seconds{node="n1"} -600.25
 # TYPE chronoshard_dispatch_lateness_seconds histogram
 chronoshard_dispatch_lateness_seconds_bucket{le="-0.1"} 0.0
 chronoshard_dispatch_lateness_seconds_bucket{le="0.0"} 50.0
@@ -131,6 +135,7 @@ def test_node_metrics_are_read_from_the_exposition() -> None:
     metrics = parse_node_metrics(NODE_METRICS)
     assert (metrics.wheel_timers, metrics.ready_tasks, metrics.worker_sessions) == (42, 3, 2)
     assert metrics.self_fenced == 0 and metrics.shards_owned is None
+    assert metrics.clock_skewed == 1 and metrics.clock_offset_s == -600.25
     assert metrics.dispatched == 100 and metrics.lateness_mean_s == pytest.approx(-0.025)
     assert metrics.lateness_p50_s == pytest.approx(0.0)
     assert metrics.lateness_p99_s == pytest.approx(0.0098)

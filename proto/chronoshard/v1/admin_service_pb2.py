@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\"chronoshard/v1/admin_service.proto\x12\x0e\x63hronoshard.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\x93\x01\n\x04Node\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x17\n\x0fmetrics_address\x18\x03 \x01(\t\x12.\n\nstarted_at\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0e\n\x06shards\x18\x05 \x03(\r\x12\x10\n\x08\x64raining\x18\x06 \x01(\x08\";\n\nShardOwner\x12\r\n\x05shard\x18\x01 \x01(\r\x12\x0f\n\x07node_id\x18\x02 \x01(\t\x12\r\n\x05\x65poch\x18\x03 \x01(\x03\"\x14\n\x12GetTopologyRequest\"\x8c\x01\n\x13GetTopologyResponse\x12#\n\x05nodes\x18\x01 \x03(\x0b\x32\x14.chronoshard.v1.Node\x12*\n\x06shards\x18\x02 \x03(\x0b\x32\x1a.chronoshard.v1.ShardOwner\x12\x13\n\x0bshard_count\x18\x03 \x01(\r\x12\x0f\n\x07node_id\x18\x04 \x01(\t\"\x13\n\x11ListShardsRequest\"O\n\nShardState\x12)\n\x05owner\x18\x01 \x01(\x0b\x32\x1a.chronoshard.v1.ShardOwner\x12\x16\n\x0etarget_node_id\x18\x02 \x01(\t\"U\n\x12ListShardsResponse\x12*\n\x06shards\x18\x01 \x03(\x0b\x32\x1a.chronoshard.v1.ShardState\x12\x13\n\x0bshard_count\x18\x02 \x01(\r\"#\n\x10\x44rainNodeRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\"7\n\x11\x44rainNodeResponse\x12\"\n\x04node\x18\x01 \x01(\x0b\x32\x14.chronoshard.v1.Node2\x8d\x02\n\x0c\x41\x64minService\x12V\n\x0bGetTopology\x12\".chronoshard.v1.GetTopologyRequest\x1a#.chronoshard.v1.GetTopologyResponse\x12S\n\nListShards\x12!.chronoshard.v1.ListShardsRequest\x1a\".chronoshard.v1.ListShardsResponse\x12P\n\tDrainNode\x12 .chronoshard.v1.DrainNodeRequest\x1a!.chronoshard.v1.DrainNodeResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\"chronoshard/v1/admin_service.proto\x12\x0e\x63hronoshard.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xa9\x01\n\x04Node\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x17\n\x0fmetrics_address\x18\x03 \x01(\t\x12.\n\nstarted_at\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0e\n\x06shards\x18\x05 \x03(\r\x12\x10\n\x08\x64raining\x18\x06 \x01(\x08\x12\x14\n\x0c\x63lock_skewed\x18\x07 \x01(\x08\";\n\nShardOwner\x12\r\n\x05shard\x18\x01 \x01(\r\x12\x0f\n\x07node_id\x18\x02 \x01(\t\x12\r\n\x05\x65poch\x18\x03 \x01(\x03\"\x14\n\x12GetTopologyRequest\"\x8c\x01\n\x13GetTopologyResponse\x12#\n\x05nodes\x18\x01 \x03(\x0b\x32\x14.chronoshard.v1.Node\x12*\n\x06shards\x18\x02 \x03(\x0b\x32\x1a.chronoshard.v1.ShardOwner\x12\x13\n\x0bshard_count\x18\x03 \x01(\r\x12\x0f\n\x07node_id\x18\x04 \x01(\t\"\x13\n\x11ListShardsRequest\"O\n\nShardState\x12)\n\x05owner\x18\x01 \x01(\x0b\x32\x1a.chronoshard.v1.ShardOwner\x12\x16\n\x0etarget_node_id\x18\x02 \x01(\t\"U\n\x12ListShardsResponse\x12*\n\x06shards\x18\x01 \x03(\x0b\x32\x1a.chronoshard.v1.ShardState\x12\x13\n\x0bshard_count\x18\x02 \x01(\r\"#\n\x10\x44rainNodeRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\"7\n\x11\x44rainNodeResponse\x12\"\n\x04node\x18\x01 \x01(\x0b\x32\x14.chronoshard.v1.Node2\x8d\x02\n\x0c\x41\x64minService\x12V\n\x0bGetTopology\x12\".chronoshard.v1.GetTopologyRequest\x1a#.chronoshard.v1.GetTopologyResponse\x12S\n\nListShards\x12!.chronoshard.v1.ListShardsRequest\x1a\".chronoshard.v1.ListShardsResponse\x12P\n\tDrainNode\x12 .chronoshard.v1.DrainNodeRequest\x1a!.chronoshard.v1.DrainNodeResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,23 +33,23 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'chronoshard.v1.admin_servic
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_NODE']._serialized_start=88
-  _globals['_NODE']._serialized_end=235
-  _globals['_SHARDOWNER']._serialized_start=237
-  _globals['_SHARDOWNER']._serialized_end=296
-  _globals['_GETTOPOLOGYREQUEST']._serialized_start=298
-  _globals['_GETTOPOLOGYREQUEST']._serialized_end=318
-  _globals['_GETTOPOLOGYRESPONSE']._serialized_start=321
-  _globals['_GETTOPOLOGYRESPONSE']._serialized_end=461
-  _globals['_LISTSHARDSREQUEST']._serialized_start=463
-  _globals['_LISTSHARDSREQUEST']._serialized_end=482
-  _globals['_SHARDSTATE']._serialized_start=484
-  _globals['_SHARDSTATE']._serialized_end=563
-  _globals['_LISTSHARDSRESPONSE']._serialized_start=565
-  _globals['_LISTSHARDSRESPONSE']._serialized_end=650
-  _globals['_DRAINNODEREQUEST']._serialized_start=652
-  _globals['_DRAINNODEREQUEST']._serialized_end=687
-  _globals['_DRAINNODERESPONSE']._serialized_start=689
-  _globals['_DRAINNODERESPONSE']._serialized_end=744
-  _globals['_ADMINSERVICE']._serialized_start=747
-  _globals['_ADMINSERVICE']._serialized_end=1016
+  _globals['_NODE']._serialized_end=257
+  _globals['_SHARDOWNER']._serialized_start=259
+  _globals['_SHARDOWNER']._serialized_end=318
+  _globals['_GETTOPOLOGYREQUEST']._serialized_start=320
+  _globals['_GETTOPOLOGYREQUEST']._serialized_end=340
+  _globals['_GETTOPOLOGYRESPONSE']._serialized_start=343
+  _globals['_GETTOPOLOGYRESPONSE']._serialized_end=483
+  _globals['_LISTSHARDSREQUEST']._serialized_start=485
+  _globals['_LISTSHARDSREQUEST']._serialized_end=504
+  _globals['_SHARDSTATE']._serialized_start=506
+  _globals['_SHARDSTATE']._serialized_end=585
+  _globals['_LISTSHARDSRESPONSE']._serialized_start=587
+  _globals['_LISTSHARDSRESPONSE']._serialized_end=672
+  _globals['_DRAINNODEREQUEST']._serialized_start=674
+  _globals['_DRAINNODEREQUEST']._serialized_end=709
+  _globals['_DRAINNODERESPONSE']._serialized_start=711
+  _globals['_DRAINNODERESPONSE']._serialized_end=766
+  _globals['_ADMINSERVICE']._serialized_start=769
+  _globals['_ADMINSERVICE']._serialized_end=1038
 # @@protoc_insertion_point(module_scope)

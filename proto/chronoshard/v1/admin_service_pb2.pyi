@@ -10,20 +10,22 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class Node(_message.Message):
-    __slots__ = ("node_id", "address", "metrics_address", "started_at", "shards", "draining")
+    __slots__ = ("node_id", "address", "metrics_address", "started_at", "shards", "draining", "clock_skewed")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     METRICS_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     STARTED_AT_FIELD_NUMBER: _ClassVar[int]
     SHARDS_FIELD_NUMBER: _ClassVar[int]
     DRAINING_FIELD_NUMBER: _ClassVar[int]
+    CLOCK_SKEWED_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     address: str
     metrics_address: str
     started_at: _timestamp_pb2.Timestamp
     shards: _containers.RepeatedScalarFieldContainer[int]
     draining: bool
-    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., metrics_address: _Optional[str] = ..., started_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., shards: _Optional[_Iterable[int]] = ..., draining: _Optional[bool] = ...) -> None: ...
+    clock_skewed: bool
+    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., metrics_address: _Optional[str] = ..., started_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., shards: _Optional[_Iterable[int]] = ..., draining: _Optional[bool] = ..., clock_skewed: _Optional[bool] = ...) -> None: ...
 
 class ShardOwner(_message.Message):
     __slots__ = ("shard", "node_id", "epoch")
