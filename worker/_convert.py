@@ -38,6 +38,7 @@ from chronoshard.worker._models import (
     Reject,
     Release,
     ReleaseReason,
+    Resume,
     RevokedTask,
     Settlement,
     SettlementKind,
@@ -262,6 +263,8 @@ def from_pb(msg: worker_service_pb2.SchedulerMessage) -> Inbound | None:
         return Cancel(task=task_ref_from_pb(c.task), fencing_token=c.fencing_token, reason=c.reason)
     if which == "drain":
         return Drain(reason=msg.drain.reason)
+    if which == "resume":
+        return Resume()
     if which == "credit_return":
         return CreditReturn(credits=msg.credit_return.credits)
     if which == "backlog":

@@ -217,6 +217,11 @@ class Drain:
 
 
 @dataclass(frozen=True, slots=True)
+class Resume:
+    """The node was undrained: it takes work (and credits) again."""
+
+
+@dataclass(frozen=True, slots=True)
 class CreditReturn:
     """The node dropped ``credits`` unused credits, as a CreditRecall asked."""
 
@@ -253,6 +258,7 @@ Inbound = (
     | HeartbeatReply
     | Cancel
     | Drain
+    | Resume
     | Backlog
     | CreditReturn
     | Receipt

@@ -884,6 +884,30 @@ async def test_node_drain_moves_settlement_to_unary_and_stops_credits(
         assert kind == "complete" and request.complete.task.id == task_id
         assert session.of("complete") == []
         assert len(session.of("credit_grant")) == grants
+        # The credit the node still held was asked back, and its answer freed it.
+        [recall] = await fake.wait_for(lambda: session.of("credit_recall"))
+        assert recall.credits == 1 and session.credits == 0
+
+
+async def test_a_resumed_node_is_granted_credits_again(fake: FakeScheduler) -> None:
+    worker = make_worker(fake, slots=3)
+
+    @worker.task("echo")
+    async def echo(ctx: TaskContext) -> str:
+        return "ok"
+
+    async with running(worker):
+        session = await fake.session_with_credit()
+        await fake.wait_for(lambda: session.credits == 3)
+        session.send(drain=pb.Drain(reason="operator drain"))
+        await fake.wait_for(lambda: session.of("credit_recall") and session.credits == 0)
+        grants = len(session.of("credit_grant"))
+        session.send(resume=pb.Resume())
+        await fake.wait_for(lambda: session.credits == 3)
+        assert len(session.of("credit_grant")) > grants
+        session.assign("echo")
+        complete = (await fake.wait_for(lambda: session.of("complete")))[0]
+        assert json.loads(complete.result_json) == "ok"
 
 
 # ---- the runner as a process -----------------------------------------------------------
