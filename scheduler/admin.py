@@ -130,14 +130,13 @@ class AdminServicer(admin_service_pb2_grpc.AdminServiceServicer):
         info = self._shards.members.get(node_id)
         shown = node_id if len(node_id) <= MAX_NODE_ID_SHOWN else node_id[:MAX_NODE_ID_SHOWN] + "…"
         if info is None:
-            reason, message = "NODE_NOT_FOUND", f"no live node {shown!r}"
+            code, reason, message = "NOT_FOUND", "NODE_NOT_FOUND", f"no live node {shown!r}"
         else:
-            reason, message = "WRONG_NODE", f"ask node {shown} (at {info.address}) to {verb} itself"
+            code, reason = "FAILED_PRECONDITION", "WRONG_NODE"
+            message = f"ask node {shown} (at {info.address}) to {verb} itself"
         await _abort(
             context,
-            common_pb2.ErrorInfo(
-                code="FAILED_PRECONDITION", reason=reason, message=message, field="node_id"
-            ),
+            common_pb2.ErrorInfo(code=code, reason=reason, message=message, field="node_id"),
         )
 
     async def _claims(self, context: grpc.aio.ServicerContext[Any, Any]) -> dict[int, Any]:

@@ -151,6 +151,7 @@ class Gateway(worker_service_pb2_grpc.WorkerServiceServicer):
         # The node is draining (DrainNode, or shutting down): it sends nothing more and
         # has told every worker so; credits granted meanwhile stay here until recalled.
         self._draining = False
+        self._shutting_down = False
         self._drain_reason = ""
         self._background: set[asyncio.Task[Any]] = set()
         linger = config.workers.group_commit_interval_s
@@ -190,21 +191,23 @@ class Gateway(worker_service_pb2_grpc.WorkerServiceServicer):
 
     async def stop(self) -> None:
         """Tell every worker to go elsewhere, then flush what is queued."""
-        self.drain_all("scheduler node shutting down")
+        self.drain_all("scheduler node shutting down", shutting_down=True)
         for committer in self._committers:
             await committer.stop()
         for task in list(self._background):
             task.cancel()
 
-    def drain_all(self, reason: str) -> None:
+    def drain_all(self, reason: str, *, shutting_down: bool = False) -> None:
         """Send nothing more to any worker and tell each (``Drain``); a worker that
         connects meanwhile is told at once. The credits the workers granted stay counted
         here: each worker recalls them, and the answer (``CreditReturn``) is what frees
         its slots. Zeroing them silently left them counted on the worker, where nothing
-        ever freed them while the node lived on drained."""
-        if self._draining:
+        ever freed them while the node lived on drained. ``shutting_down`` also tells
+        the workers not to reconnect (a drained node that stops says so once more)."""
+        if self._draining and (self._shutting_down or not shutting_down):
             return
         self._draining = True
+        self._shutting_down = shutting_down
         self._drain_reason = reason
         for session in list(self._sessions.values()):
             session.send(self._drain_message())
@@ -217,7 +220,9 @@ class Gateway(worker_service_pb2_grpc.WorkerServiceServicer):
 
     def _drain_message(self) -> worker_service_pb2.SchedulerMessage:
         return worker_service_pb2.SchedulerMessage(
-            drain=worker_service_pb2.Drain(reason=self._drain_reason)
+            drain=worker_service_pb2.Drain(
+                reason=self._drain_reason, shutting_down=self._shutting_down
+            )
         )
 
     # ---- what the dispatcher uses --------------------------------------------------------

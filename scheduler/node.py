@@ -406,7 +406,9 @@ class SchedulerNode:
 
     # ---- drain and stop ----------------------------------------------------------------------
 
-    async def drain(self, reason: str = "scheduler node draining") -> None:
+    async def drain(
+        self, reason: str = "scheduler node draining", *, shutting_down: bool = False
+    ) -> None:
         """Give up every shard and send workers elsewhere, but keep answering API calls.
 
         Health turns NOT_SERVING (load balancers stop sending new calls), and the node
@@ -415,12 +417,14 @@ class SchedulerNode:
         """
         async with self._drain_lock:
             if self._draining:
+                if shutting_down:
+                    self.gateway.drain_all(reason, shutting_down=True)
                 return
             self._draining = True
             log.info("node draining", extra={"node_id": self.config.node_id, "reason": reason})
             await self._health.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
             await self._register(draining=True)
-            self.gateway.drain_all(reason)
+            self.gateway.drain_all(reason, shutting_down=shutting_down)
             await self.shards.release_all()
 
     async def undrain(self) -> None:
@@ -453,7 +457,7 @@ class SchedulerNode:
     async def stop(self) -> None:
         log.info("scheduler node stopping", extra={"node_id": self.config.node_id})
         await self._health.enter_graceful_shutdown()
-        await self.drain("scheduler node shutting down")
+        await self.drain("scheduler node shutting down", shutting_down=True)
         for task in [*self._tasks, *self._side_tasks]:
             task.cancel()
         await self._wait_stopped(self._tasks)

@@ -262,7 +262,7 @@ def from_pb(msg: worker_service_pb2.SchedulerMessage) -> Inbound | None:
         c = msg.cancel
         return Cancel(task=task_ref_from_pb(c.task), fencing_token=c.fencing_token, reason=c.reason)
     if which == "drain":
-        return Drain(reason=msg.drain.reason)
+        return Drain(reason=msg.drain.reason, shutting_down=msg.drain.shutting_down)
     if which == "resume":
         return Resume()
     if which == "credit_return":

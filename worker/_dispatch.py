@@ -347,6 +347,8 @@ class Dispatcher:
             event="node_drain",
         )
         session.drained = True
+        if msg.shutting_down:
+            self.topology.node_leaving(session.address)
         # No more credits for it, and the ones it holds are recalled (its answer frees
         # them for the other nodes).
         self.ledger.stop_node(session.address)

@@ -214,6 +214,7 @@ class Cancel:
 @dataclass(frozen=True, slots=True)
 class Drain:
     reason: str
+    shutting_down: bool = False  # the node is stopping: do not reconnect
 
 
 @dataclass(frozen=True, slots=True)

@@ -134,14 +134,17 @@ def _owners(dsn: str) -> dict[int, str]:
 
 
 async def _ready(cluster: Cluster, workers: list[ManagedProcess]) -> None:
-    """Every shard owned, by every live non-draining node, and every worker streaming to
-    all three nodes."""
+    """Every shard owned, by all three nodes, and every worker streaming to all three."""
 
     def spread() -> bool:
         owners = _owners(cluster.dsn)
         return len(owners) == SHARDS and set(owners.values()) == set(NODES)
 
     await eventually(spread, timeout_s=30, what="shards spread over three nodes")
+    await _connected(workers)
+
+
+async def _connected(workers: list[ManagedProcess]) -> None:
     for process in workers:
         await eventually(
             lambda p=process: p.log(tail_chars=1_000_000).count("event=session_open") >= 3,
@@ -433,6 +436,7 @@ async def test_drain_shows_everywhere_frees_the_workers_credits_and_undrain_brin
     assert await _refusal(
         _admin(cluster, "node-1", "DrainNode", "node-3", cluster.operator_key)
     ) == (grpc.StatusCode.FAILED_PRECONDITION, "WRONG_NODE")
+    late: list[ManagedProcess] = []
     try:
         reply = await _admin(cluster, "node-3", "DrainNode", "node-3", cluster.operator_key)
         assert reply.node.node_id == "node-3" and reply.node.draining
@@ -462,6 +466,10 @@ async def test_drain_shows_everywhere_frees_the_workers_credits_and_undrain_brin
         )
         # ... so all 20 slots serve the two other nodes.
         await _all_start_on_time(cluster, "stampede", 20)
+        # A worker that starts now streams to the drained node too (it hears Drain, and
+        # later Resume, there).
+        late = cluster.workers("late", ["late-1"], CREDITS_SLOTS="10")
+        await _connected(late)
 
         reply = await _admin(cluster, "node-3", "UndrainNode", "node-3", cluster.operator_key)
         assert reply.node.node_id == "node-3" and not reply.node.draining
@@ -484,12 +492,15 @@ async def test_drain_shows_everywhere_frees_the_workers_credits_and_undrain_brin
             timeout_s=HANDOFF_S,
             what="the workers granting node-3 credits again",
         )
-        # Tasks on node-3's shards too start on time again.
+        # Tasks on node-3's shards too start on time again, also on the late worker.
         await _all_start_on_time(cluster, "stampede", 20)
+        await _all_start_on_time(cluster, "late", 10)
     except BaseException:
         print(cluster.group.logs())
         raise
     finally:
+        for process in late:
+            process.kill()
         if await _health(drained.address) != serving:
             await _admin(cluster, "node-3", "UndrainNode", "node-3", cluster.operator_key)
 

@@ -276,10 +276,12 @@ class Cancel(_message.Message):
     def __init__(self, task: _Optional[_Union[_common_pb2.TaskRef, _Mapping]] = ..., fencing_token: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class Drain(_message.Message):
-    __slots__ = ("reason",)
+    __slots__ = ("reason", "shutting_down")
     REASON_FIELD_NUMBER: _ClassVar[int]
+    SHUTTING_DOWN_FIELD_NUMBER: _ClassVar[int]
     reason: str
-    def __init__(self, reason: _Optional[str] = ...) -> None: ...
+    shutting_down: bool
+    def __init__(self, reason: _Optional[str] = ..., shutting_down: _Optional[bool] = ...) -> None: ...
 
 class Resume(_message.Message):
     __slots__ = ()
