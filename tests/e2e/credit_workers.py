@@ -15,7 +15,7 @@ import asyncio
 import os
 from datetime import UTC, datetime
 
-from ledger_pool import ledger
+from ledger_pool import record as record_effect
 
 from chronoshard.worker import TaskContext, Worker
 
@@ -29,21 +29,7 @@ worker = Worker(
 
 
 async def record(ctx: TaskContext, started_at: datetime, outcome: str) -> None:
-    pool = await ledger(os.environ["CREDITS_DSN"])
-    async with pool.connection() as conn:
-        await conn.execute(
-            "INSERT INTO effects (task_id, attempt, token, worker_id, started_at, due_at, outcome)"
-            " VALUES (%s, %s, %s, %s, %s, %s, %s)",
-            (
-                ctx.task_id,
-                ctx.attempt,
-                ctx.fencing_token,
-                ctx.worker_id,
-                started_at,
-                ctx.due_at,
-                outcome,
-            ),
-        )
+    await record_effect(os.environ["CREDITS_DSN"], ctx, started_at, outcome)
 
 
 @worker.task("credits.hold")
