@@ -1,4 +1,4 @@
-"""``chronoshard status``, ``chronoshard drain`` and ``chronoshard expect add|ls|rm``: the
+"""``chronoshard status``, ``drain``, ``undrain`` and ``chronoshard expect add|ls|rm``: the
 cluster as the operator sees it, and the watchdog's expectations.
 
 ``status`` asks one node for the topology (``AdminService.GetTopology``: live nodes, shard
@@ -344,15 +344,25 @@ def run_status(args: argparse.Namespace, out: TextIO) -> int:
     return EXIT_OK
 
 
-# --- drain ----------------------------------------------------------------------------------
+# --- drain and undrain ----------------------------------------------------------------------
 
 DRAIN_EPILOG = """\
 examples:
   chronoshard drain dev-node-2 --api-key "$OPERATOR_KEY"
 
 The node gives up its shards (peers claim them within a second), tells its workers to
-go elsewhere, and keeps answering API calls until it is stopped. Needs an operator key:
+go elsewhere, reports NOT_SERVING on its gRPC health check and keeps answering API
+calls until it is undrained (`chronoshard undrain`) or restarted. Every node's
+`chronoshard status` shows it draining. Needs an operator key:
 `chronoshard tenants create ops --operator`; any other key gets PERMISSION_DENIED."""
+
+UNDRAIN_EPILOG = """\
+examples:
+  chronoshard undrain dev-node-2 --api-key "$OPERATOR_KEY"
+
+Undoes `chronoshard drain`: the node reports SERVING again, claims its share of the
+shards (peers hand them over within a second) and its workers grant it credits again.
+Needs an operator key."""
 
 
 def configure_drain(parser: argparse.ArgumentParser) -> None:
@@ -360,7 +370,21 @@ def configure_drain(parser: argparse.ArgumentParser) -> None:
     add_api(parser)
 
 
+def configure_undrain(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("node_id", help="the drained node to put back (see chronoshard status)")
+    add_api(parser)
+
+
 def run_drain(args: argparse.Namespace, out: TextIO) -> int:
+    return _set_draining(args, out, draining=True)
+
+
+def run_undrain(args: argparse.Namespace, out: TextIO) -> int:
+    return _set_draining(args, out, draining=False)
+
+
+def _set_draining(args: argparse.Namespace, out: TextIO, *, draining: bool) -> int:
+    """Ask the node itself (found through any node's topology) to drain or undrain."""
     from chronoshard.errors import NotFoundError
     from chronoshard.v1 import admin_service_pb2, admin_service_pb2_grpc
 
@@ -370,14 +394,19 @@ def run_drain(args: argparse.Namespace, out: TextIO) -> int:
     if address is None:
         known = ", ".join(n.node_id for n in topology.nodes) or "none"
         raise NotFoundError(f"no live node {args.node_id!r} (live: {known})")
-    reply = unary_at(
-        args, address, stub, "DrainNode", admin_service_pb2.DrainNodeRequest(node_id=args.node_id)
-    )
+    request: admin_service_pb2.DrainNodeRequest | admin_service_pb2.UndrainNodeRequest
+    if draining:
+        method, request = "DrainNode", admin_service_pb2.DrainNodeRequest(node_id=args.node_id)
+    else:
+        method = "UndrainNode"
+        request = admin_service_pb2.UndrainNodeRequest(node_id=args.node_id)
+    reply = unary_at(args, address, stub, method, request)
     if args.output == "json":
         data = {"node_id": reply.node.node_id, "draining": reply.node.draining}
         print(output.dumps(data), file=out)
     else:
-        print(f"draining {reply.node.node_id}", file=out)
+        verb = "draining" if reply.node.draining else "undrained"
+        print(f"{verb} {reply.node.node_id}", file=out)
     return EXIT_OK
 
 

@@ -108,6 +108,12 @@ COMMANDS: dict[str, Command] = {
         _cli_admin.run_drain,
         _cli_admin.DRAIN_EPILOG,
     ),
+    "undrain": Command(
+        "put a drained scheduler node back to work (operator key)",
+        _cli_admin.configure_undrain,
+        _cli_admin.run_undrain,
+        _cli_admin.UNDRAIN_EPILOG,
+    ),
     "worker": Command(
         "run a worker defined in your code (pkg.module:attr)",
         _cli_ops.configure_worker,

@@ -13,9 +13,9 @@ format, same cache, same single "invalid API key" answer):
   refused settlement is never queued, so nothing is written for a bad key;
 - **reading the topology** (``GetTopology``, ``ListShards``) needs a valid key too:
   workers discover nodes with it and the CLI's ``status`` shows it;
-- **changing the cluster** (``DrainNode``) needs an *operator* key: a tenant row with
-  ``operator = true`` (``chronoshard tenants create NAME --operator``). Any other valid key
-  gets ``PERMISSION_DENIED``.
+- **changing the cluster** (``DrainNode``, ``UndrainNode``) needs an *operator* key: a
+  tenant row with ``operator = true`` (``chronoshard tenants create NAME --operator``).
+  Any other valid key gets ``PERMISSION_DENIED``.
 
 Health checks and reflection stay open: load balancers and ``grpcurl`` must work
 without a key, and neither reveals tasks or tenants.
@@ -45,7 +45,9 @@ log = logging.getLogger(__name__)
 
 WORKER_SERVICE_PREFIX = "/chronoshard.v1.WorkerService/"
 ADMIN_SERVICE_PREFIX = "/chronoshard.v1.AdminService/"
-OPERATOR_METHODS = frozenset({"/chronoshard.v1.AdminService/DrainNode"})
+OPERATOR_METHODS = frozenset(
+    {"/chronoshard.v1.AdminService/DrainNode", "/chronoshard.v1.AdminService/UndrainNode"}
+)
 
 
 class Rule(enum.Enum):

@@ -1,7 +1,10 @@
-"""``AdminService``: the cluster as this node sees it (topology, shards) and node drain.
+"""``AdminService``: the cluster as this node sees it (topology, shards), node drain and
+undrain.
 
-Topology comes from etcd (live nodes, current claims with their epochs), so any node
-answers for the whole cluster; workers use it to discover every node.
+Topology comes from etcd (live nodes with their draining flag, current claims with their
+epochs), so any node answers for the whole cluster; workers use it to discover every
+node. Drain and undrain act on the node asked; asked of another node they answer
+FAILED_PRECONDITION naming where to ask.
 """
 
 from __future__ import annotations
@@ -16,6 +19,9 @@ from chronoshard.scheduler.shards import ShardManager
 from chronoshard.v1 import admin_service_pb2, admin_service_pb2_grpc, common_pb2
 from chronoshard.wire import error_info_metadata
 
+MAX_NODE_ID_SHOWN = 64
+"""A node id echoed in an error is cut to this many characters (input is unbounded)."""
+
 
 class AdminServicer(admin_service_pb2_grpc.AdminServiceServicer):
     def __init__(
@@ -25,6 +31,7 @@ class AdminServicer(admin_service_pb2_grpc.AdminServiceServicer):
         coordinator: EtcdCoordinator,
         shards: ShardManager,
         drain: Callable[[], Awaitable[None]],
+        undrain: Callable[[], Awaitable[None]],
         is_draining: Callable[[], bool],
     ) -> None:
         self._node_id = node_id
@@ -32,6 +39,7 @@ class AdminServicer(admin_service_pb2_grpc.AdminServiceServicer):
         self._coordinator = coordinator
         self._shards = shards
         self._drain = drain
+        self._undrain = undrain
         self._is_draining = is_draining
 
     async def GetTopology(
@@ -50,7 +58,9 @@ class AdminServicer(admin_service_pb2_grpc.AdminServiceServicer):
                 address=info.address,
                 metrics_address=info.metrics_address,
                 shards=sorted(by_node.get(info.node_id, [])),
-                draining=info.node_id == self._node_id and self._is_draining(),
+                # etcd's record, so every node answers alike; this node's own state wins
+                # for itself (it may not have seen its re-registration come back yet).
+                draining=self._is_draining() if info.node_id == self._node_id else info.draining,
                 clock_skewed=info.clock_skewed,
             )
             if info.started_at:
@@ -90,21 +100,44 @@ class AdminServicer(admin_service_pb2_grpc.AdminServiceServicer):
         request: admin_service_pb2.DrainNodeRequest,
         context: grpc.aio.ServicerContext[Any, Any],
     ) -> admin_service_pb2.DrainNodeResponse:
-        if request.node_id not in ("", self._node_id):
-            info = self._shards.members.get(request.node_id)
-            where = f" (at {info.address})" if info else ""
-            await _abort(
-                context,
-                common_pb2.ErrorInfo(
-                    code="FAILED_PRECONDITION",
-                    reason="WRONG_NODE",
-                    message=f"ask node {request.node_id}{where} to drain itself",
-                    field="node_id",
-                ),
-            )
+        await self._check_node(request.node_id, "drain", context)
         await self._drain()
-        return admin_service_pb2.DrainNodeResponse(
-            node=admin_service_pb2.Node(node_id=self._node_id, draining=True)
+        return admin_service_pb2.DrainNodeResponse(node=self._self_node(draining=True))
+
+    async def UndrainNode(
+        self,
+        request: admin_service_pb2.UndrainNodeRequest,
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> admin_service_pb2.UndrainNodeResponse:
+        await self._check_node(request.node_id, "undrain", context)
+        await self._undrain()
+        return admin_service_pb2.UndrainNodeResponse(node=self._self_node(draining=False))
+
+    def _self_node(self, *, draining: bool) -> admin_service_pb2.Node:
+        node = admin_service_pb2.Node(node_id=self._node_id, draining=draining)
+        info = self._shards.members.get(self._node_id)
+        if info is not None:
+            node.address = info.address
+            node.metrics_address = info.metrics_address
+        return node
+
+    async def _check_node(
+        self, node_id: str, verb: str, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> None:
+        """The request names this node (or none): else FAILED_PRECONDITION, saying where
+        that node is, or that no such node is live."""
+        if node_id in ("", self._node_id):
+            return
+        info = self._shards.members.get(node_id)
+        shown = node_id if len(node_id) <= MAX_NODE_ID_SHOWN else node_id[:MAX_NODE_ID_SHOWN] + "…"
+        if info is None:
+            code, reason, message = "NOT_FOUND", "NODE_NOT_FOUND", f"no live node {shown!r}"
+        else:
+            code, reason = "FAILED_PRECONDITION", "WRONG_NODE"
+            message = f"ask node {shown} (at {info.address}) to {verb} itself"
+        await _abort(
+            context,
+            common_pb2.ErrorInfo(code=code, reason=reason, message=message, field="node_id"),
         )
 
     async def _claims(self, context: grpc.aio.ServicerContext[Any, Any]) -> dict[int, Any]:

@@ -91,6 +91,8 @@ class Dispatcher:
         self._ready = ReadyQueues(tenant_limits=tenant_limits)
         self._by_shard: dict[int, set[uuid.UUID]] = {}
         self._wake = asyncio.Event()
+        # Set whenever the ready queues changed: the node reports backlogs on change.
+        self.backlog_changed = asyncio.Event()
         self._on_dispatched = on_dispatched
         self._on_remote_ready = on_remote_ready
         self.stats: dict[str, int] = {
@@ -124,7 +126,10 @@ class Dispatcher:
 
     def forget(self, task_id: uuid.UUID) -> bool:
         """Take a task off the wheel or the ready queues (cancelled); whether it was here."""
-        return self._wheel.cancel(task_id) | self._ready.remove(task_id)
+        was_ready = self._ready.remove(task_id)
+        if was_ready:
+            self.backlog_changed.set()
+        return self._wheel.cancel(task_id) | was_ready
 
     def drop_shards(self, shards: Iterable[int]) -> int:
         """Forget every task of shards this node no longer owns; how many were dropped."""
@@ -182,6 +187,7 @@ class Dispatcher:
             await self._sleep(now)
 
     def _push_ready(self, timer: TimerTask, now: float) -> None:
+        self.backlog_changed.set()
         self._ready.push(
             ReadyTask(
                 id=timer.id,
@@ -219,6 +225,7 @@ class Dispatcher:
                 chosen.append((session, ready))
         if not chosen:
             return 0
+        self.backlog_changed.set()
         epochs = dict(self._shards.epochs())
         intents = [Intent(_timer(r), s.worker_id) for s, r in chosen]
         try:
@@ -233,6 +240,7 @@ class Dispatcher:
                 session.credits += 1
                 self._ready.task_finished(ready.tenant_id, ready.priority)
                 self._ready.push(ready, now)
+            self.backlog_changed.set()
             await asyncio.sleep(STORE_RETRY_S)
             return 0
         self.stats["intent_batches"] += 1

@@ -94,6 +94,8 @@ class WorkerSession:
     closed: bool = False
     # The worker reads SchedulerBatch (its Hello said so).
     accepts_batches: bool = False
+    # The last Backlog.ready sent on this stream (None: none yet); reports go on change.
+    backlog_sent: int | None = None
     # Tasks this node assigned and the worker has not settled: id -> (task, token).
     assigned: dict[uuid.UUID, tuple[TimerTask, int]] = field(default_factory=dict)
     # The task refs the last heartbeat carried, by id as sent: (seconds, nanos, ref).
@@ -146,6 +148,11 @@ class Gateway(worker_service_pb2_grpc.WorkerServiceServicer):
         self._sessions: dict[str, WorkerSession] = {}
         self._by_worker: dict[str, WorkerSession] = {}
         self._session_ids = itertools.count(1)
+        # The node is draining (DrainNode, or shutting down): it sends nothing more and
+        # has told every worker so; credits granted meanwhile stay here until recalled.
+        self._draining = False
+        self._shutting_down = False
+        self._drain_reason = ""
         self._background: set[asyncio.Task[Any]] = set()
         linger = config.workers.group_commit_interval_s
         self._acks = GroupCommitter("ack", self._ack_batch, linger_s=linger)
@@ -184,25 +191,52 @@ class Gateway(worker_service_pb2_grpc.WorkerServiceServicer):
 
     async def stop(self) -> None:
         """Tell every worker to go elsewhere, then flush what is queued."""
-        self.drain_all("scheduler node shutting down")
+        self.drain_all("scheduler node shutting down", shutting_down=True)
         for committer in self._committers:
             await committer.stop()
         for task in list(self._background):
             task.cancel()
 
-    def drain_all(self, reason: str) -> None:
+    def drain_all(self, reason: str, *, shutting_down: bool = False) -> None:
+        """Send nothing more to any worker and tell each (``Drain``); a worker that
+        connects meanwhile is told at once. The credits the workers granted stay counted
+        here: each worker recalls them, and the answer (``CreditReturn``) is what frees
+        its slots. Zeroing them silently left them counted on the worker, where nothing
+        ever freed them while the node lived on drained. ``shutting_down`` also tells
+        the workers not to reconnect (a drained node that stops says so once more)."""
+        if self._draining and (self._shutting_down or not shutting_down):
+            return
+        self._draining = True
+        self._shutting_down = shutting_down
+        self._drain_reason = reason
         for session in list(self._sessions.values()):
-            session.send(
-                worker_service_pb2.SchedulerMessage(drain=worker_service_pb2.Drain(reason=reason))
+            session.send(self._drain_message())
+
+    def resume(self) -> None:
+        """Undrained: tell every worker it may grant credits here again (``Resume``)."""
+        self._draining = False
+        for session in list(self._sessions.values()):
+            session.send(worker_service_pb2.SchedulerMessage(resume=worker_service_pb2.Resume()))
+
+    def _drain_message(self) -> worker_service_pb2.SchedulerMessage:
+        return worker_service_pb2.SchedulerMessage(
+            drain=worker_service_pb2.Drain(
+                reason=self._drain_reason, shutting_down=self._shutting_down
             )
-            session.credits = 0
+        )
 
     # ---- what the dispatcher uses --------------------------------------------------------
 
     def sessions_with_credit(self) -> list[WorkerSession]:
+        if self._draining:
+            return []
         return [
             s for s in self._sessions.values() if s.credits > 0 and not s.closed and not s.draining
         ]
+
+    def credits_held(self) -> int:
+        """Credits the workers granted this node and it has not used (a gauge)."""
+        return sum(s.credits for s in self._sessions.values() if not s.closed)
 
     def sessions(self) -> list[WorkerSession]:
         return [s for s in self._sessions.values() if not s.closed]
@@ -299,9 +333,12 @@ class Gateway(worker_service_pb2_grpc.WorkerServiceServicer):
         return False
 
     def send_backlog(self, session: WorkerSession, ready: int) -> None:
-        session.send(
-            worker_service_pb2.SchedulerMessage(backlog=worker_service_pb2.Backlog(ready=ready))
-        )
+        """Report ``ready`` to the worker if it is not what the stream last carried."""
+        if ready == session.backlog_sent:
+            return
+        message = worker_service_pb2.Backlog(ready=ready)
+        if session.send(worker_service_pb2.SchedulerMessage(backlog=message)):
+            session.backlog_sent = ready
 
     # ---- Connect ------------------------------------------------------------------------
 
@@ -338,6 +375,8 @@ class Gateway(worker_service_pb2_grpc.WorkerServiceServicer):
                     accepts_batches=True,
                 )
             )
+            if self._draining:
+                yield self._drain_message()
             while not session.closed:
                 get = asyncio.ensure_future(session.outbox.get())
                 done, _ = await asyncio.wait({get, reader}, return_when=asyncio.FIRST_COMPLETED)

@@ -23,6 +23,7 @@ alive. Shutdown (SIGTERM) runs in this order (STYLE #4):
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import uuid
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
@@ -77,6 +78,10 @@ TASK_STOP_TIMEOUT_S = 5.0
 SERVER_GRACE_S = 5.0
 TENANT_REFRESH_S = 10.0
 BACKLOG_REPORT_S = 1.0
+"""Look at every session's backlog at least this often, changed or not."""
+BACKLOG_COALESCE_S = 0.005
+"""After a change, wait this long before reporting: a burst of changes (a dispatch round,
+a wheel tick) becomes one report per session, not one per task."""
 CLOCK_HEALTH_SERVICE = "chronoshard.scheduler.Clock"
 """gRPC health service name: SERVING while this node's clock is within its bound,
 NOT_SERVING while it is skewed and hands its shards off. The overall status ("") and the
@@ -150,6 +155,9 @@ class SchedulerNode:
         self._health = health_aio.HealthServicer()
         self._metrics_server: Any = None
         self._draining = False
+        # Drain and undrain run one at a time (an undrain waits for the shards to be
+        # released before it lets the node claim again).
+        self._drain_lock = asyncio.Lock()
         self.addresses: NodeAddresses | None = None
         self.stopped = asyncio.Event()
 
@@ -240,7 +248,7 @@ class SchedulerNode:
             self.gateway,
             ReconcileStore(self.store),
         )
-        self.gateway.on_sessions_changed = self.liveness.sessions_changed
+        self.gateway.on_sessions_changed = self._sessions_changed
         self.maintenance = PartitionMaintenance(config.maintenance, self.store)
         self._add_services(self._server, shard_count)
         self.metrics.register(NodeCollector(config.node_id, self._counters, self._gauges))
@@ -294,6 +302,7 @@ class SchedulerNode:
             self.coordinator,
             self.shards,
             drain=self.drain,
+            undrain=self.undrain,
             is_draining=lambda: self._draining,
         )
         admin_service_pb2_grpc.add_AdminServiceServicer_to_server(admin, server)
@@ -386,10 +395,22 @@ class SchedulerNode:
             except Exception as exc:  # a failed refresh keeps the previous limits
                 log.warning("tenant refresh failed", extra={"error": str(exc)})
 
+    def _sessions_changed(self) -> None:
+        self.liveness.sessions_changed()
+        self.dispatcher.backlog_changed.set()  # a new stream hears the backlog at once
+
     async def _report_backlog(self) -> None:
-        """Tell each worker how much waits for it here, to guide its credits (§7)."""
+        """Tell each worker how much waits for it here whenever that changed, to guide
+        its credits (§7). A node whose tasks became ready while it holds no credit says
+        so within milliseconds, and the worker moves credits to it; a report only every
+        second left such tasks waiting that long, or for good while the worker's
+        credits sat on nodes with no work."""
+        changed = self.dispatcher.backlog_changed
         while True:
-            await asyncio.sleep(BACKLOG_REPORT_S)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(changed.wait(), BACKLOG_REPORT_S)
+            await asyncio.sleep(BACKLOG_COALESCE_S)
+            changed.clear()
             for session in list(self.gateway.sessions()):
                 self.gateway.send_backlog(session, self.dispatcher.backlog_for(session))
 
@@ -410,6 +431,8 @@ class SchedulerNode:
 
     async def _publish_clock_skewed(self, skewed: bool) -> None:
         self.info = replace(self.info, clock_skewed=skewed)
+        # The registration a lost lease is recovered with must carry the flag too.
+        self.shards.set_node_info(self.info)
         await self.coordinator.register_node(self.info)
 
     def _on_dispatched(self, timer: TimerTask, lateness_s: float) -> None:
@@ -427,28 +450,58 @@ class SchedulerNode:
 
     # ---- drain and stop ----------------------------------------------------------------------
 
-    async def drain(self) -> None:
-        """Give up every shard and send workers elsewhere, but keep serving the API.
+    async def drain(
+        self, reason: str = "scheduler node draining", *, shutting_down: bool = False
+    ) -> None:
+        """Give up every shard and send workers elsewhere, but keep answering API calls.
 
-        The node re-registers as draining, so every node's target map leaves it out and
-        its peers claim the shards it releases.
+        Health turns NOT_SERVING (load balancers stop sending new calls), and the node
+        re-registers as draining in etcd, so every node's target map leaves it out, every
+        node's GetTopology shows it draining, and its peers claim the shards it releases.
         """
-        if self._draining:
-            return
-        self._draining = True
-        self.info = replace(self.info, draining=True)
+        async with self._drain_lock:
+            if self._draining:
+                if shutting_down:
+                    self.gateway.drain_all(reason, shutting_down=True)
+                return
+            self._draining = True
+            log.info("node draining", extra={"node_id": self.config.node_id, "reason": reason})
+            await self._health.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
+            await self._register(draining=True)
+            self.gateway.drain_all(reason, shutting_down=shutting_down)
+            await self.shards.release_all()
+
+    async def undrain(self) -> None:
+        """Undo :meth:`drain`: registered as available again (peers hand back its share
+        of the shards and it claims them), SERVING, and its workers told to grant it
+        credits again."""
+        async with self._drain_lock:
+            if not self._draining:
+                return
+            self._draining = False
+            log.info("node undrained", extra={"node_id": self.config.node_id})
+            self.shards.resume()
+            await self._register(draining=False)
+            self.gateway.resume()
+            await self._health.set("", health_pb2.HealthCheckResponse.SERVING)
+
+    async def _register(self, *, draining: bool) -> None:
+        self.info = replace(self.info, draining=draining)
+        self.shards.set_node_info(self.info)
         try:
             await self.coordinator.register_node(self.info)
         except CoordinationError as exc:
-            # Still release: the shards come back to the others once our lease expires.
-            log.warning("cannot mark the node draining in etcd", extra={"error": str(exc)})
-        self.gateway.drain_all("scheduler node draining")
-        await self.shards.release_all()
+            # Carry on: a drain still releases (the shards come back to the others once
+            # our lease expires); an undrain is re-registered with the next lease.
+            log.warning(
+                "cannot record the node's draining state in etcd",
+                extra={"draining": draining, "error": str(exc)},
+            )
 
     async def stop(self) -> None:
         log.info("scheduler node stopping", extra={"node_id": self.config.node_id})
         await self._health.enter_graceful_shutdown()
-        await self.drain()
+        await self.drain("scheduler node shutting down", shutting_down=True)
         for task in [*self._tasks, *self._side_tasks]:
             task.cancel()
         await self._wait_stopped(self._tasks)
@@ -502,6 +555,9 @@ class SchedulerNode:
             "ready_tasks": self.dispatcher.ready_size(),
             "shards_owned": len(self.shards.epochs()),
             "worker_sessions": len(list(self.gateway.sessions())),
+            # Credits workers granted this node, unused: ready tasks with none here mean
+            # every worker is busy (or, if they idle, credits are stuck elsewhere).
+            "worker_credits": self.gateway.credits_held(),
             "self_fenced": 0 if self.coordinator.lease_valid(self.clock.monotonic()) else 1,
             # Local wall clock minus the cluster's (PostgreSQL's), and whether that is
             # beyond clock.max_offset_s (nothing dispatched, shards handed off).

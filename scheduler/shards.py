@@ -306,8 +306,19 @@ class ShardManager:
                 log.warning("cannot renew etcd lease yet", extra={"error": str(exc)})
                 await asyncio.sleep(RECONCILE_INTERVAL_S)
 
+    def set_node_info(self, info: NodeInfo) -> None:
+        """The node's registration changed (drained, undrained): re-register with this
+        one if the lease is ever lost."""
+        self._node = info
+
+    def resume(self) -> None:
+        """Undrained: claim shards again from the next pass on."""
+        self._stopping = False
+        self._kick.set()
+
     async def release_all(self) -> None:
-        """Graceful shutdown: give every shard back so peers take them at once."""
+        """Drain or shutdown: give every shard back so peers take them at once, and claim
+        none until :meth:`resume`."""
         self._stopping = True
         for shard in sorted(self._owned):
             await self._release(shard, reason="shutdown")

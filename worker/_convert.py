@@ -38,6 +38,7 @@ from chronoshard.worker._models import (
     Reject,
     Release,
     ReleaseReason,
+    Resume,
     RevokedTask,
     Settlement,
     SettlementKind,
@@ -262,7 +263,9 @@ def from_pb(msg: worker_service_pb2.SchedulerMessage) -> Inbound | None:
         c = msg.cancel
         return Cancel(task=task_ref_from_pb(c.task), fencing_token=c.fencing_token, reason=c.reason)
     if which == "drain":
-        return Drain(reason=msg.drain.reason)
+        return Drain(reason=msg.drain.reason, shutting_down=msg.drain.shutting_down)
+    if which == "resume":
+        return Resume()
     if which == "credit_return":
         return CreditReturn(credits=msg.credit_return.credits)
     if which == "backlog":

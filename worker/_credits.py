@@ -3,28 +3,41 @@
 The invariant (docs/worker-protocol.md, "Credits") is ``occupied + outstanding <= slots``
 where ``occupied`` counts the slots held by accepted tasks (from their Assignment until
 the handler has really stopped) and ``outstanding`` sums the credits granted to all nodes
-and not yet consumed by an Assignment. Every method keeps it:
+and not yet consumed by an Assignment or given back. Every method keeps it:
 
-- :meth:`plan` grants only ``slots - occupied - outstanding``, aiming at
-  :meth:`desired`: one credit per node, then up to each node's backlog, then the rest
-  evenly, so no slot sits idle while a node could send work. When a node holds fewer
-  than it should and no slot is free, :meth:`plan` recalls the excess from others; a
-  recall frees nothing until the node answers (:meth:`returned`), so the invariant holds
-  whatever the node did with those credits meanwhile.
-- An Assignment first consumes its node's credit (:meth:`consume`), then takes a slot
-  (:meth:`try_occupy`) only if the sum is still below ``slots``: an Assignment sent
-  without a credit, or after the credits were withdrawn, is refused, not run.
-- A node whose stream ended forgot the session and its credits (:meth:`close`). A node
-  that sent ``Drain`` gets no new credits but keeps its outstanding ones counted until
-  its stream ends, because nothing withdraws them on its side. ``DrainStarted`` (the
-  worker draining) withdraws everything (:meth:`stop_granting`).
+- :meth:`CreditLedger.plan` grants only ``slots - occupied - outstanding``, aiming at
+  :func:`allocate`: first each node's reported backlog (shared max-min fairly when slots
+  are short), then one credit for every node that has none (a task that becomes due
+  there is sent at once), then the rest evenly. So a slot never idles while a node
+  reports work this worker can run.
+- When a node holds fewer credits than its backlog share (or its one) and no slot is
+  free, :meth:`CreditLedger.plan` recalls the difference from nodes holding more than
+  theirs, and always recalls every credit of a node that stopped accepting (it sent
+  ``Drain``). A recall frees nothing until the node answers (:meth:`CreditLedger.returned`):
+  the node may already have used those credits, and the Assignments it sent before its
+  answer reach the worker before the answer does (one ordered stream).
+- Every ``CreditRecall`` is answered by exactly one ``CreditReturn``, in order, so an
+  answer closes the oldest recall of that node *whatever it returned*: what it did not
+  return, it had used. (Counting only the returned credits as answered left the rest
+  "being recalled" forever, and the ledger then never asked those nodes again: credits
+  stranded on nodes without work while another node's tasks waited, issue 12 items 7, 8
+  and 11.)
+- An Assignment first consumes its node's credit (:meth:`CreditLedger.consume`), then
+  takes a slot (:meth:`CreditLedger.try_occupy`) only if the sum is still below ``slots``:
+  an Assignment sent without a credit, or after the credits were withdrawn, is refused,
+  not run.
+- A node whose stream ended forgot the session and its credits
+  (:meth:`CreditLedger.close`). ``DrainStarted`` (the worker draining) withdraws
+  everything (:meth:`CreditLedger.stop_granting`).
 
-Pure: no I/O, no clock; the session layer sends what :meth:`plan` returns.
+Pure: no I/O, no clock; the session layer sends what :meth:`CreditLedger.plan` returns.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 
 @dataclass
@@ -32,8 +45,114 @@ class _NodeCredit:
     outstanding: int = 0
     ready: int = 0
     accepting: bool = True
-    # Credits asked back and not yet answered (still counted in outstanding).
-    recalling: int = 0
+    # The amounts of the recalls not answered yet, oldest first (still in outstanding).
+    recalls: deque[int] = field(default_factory=deque)
+
+    @property
+    def recalling(self) -> int:
+        return sum(self.recalls)
+
+    @property
+    def kept(self) -> int:
+        """Credits the node keeps once its pending recalls are answered (at least)."""
+        return self.outstanding - min(self.recalling, self.outstanding)
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """How many credits each accepting node should hold, by tier.
+
+    ``backlog``: each node's share of its reported backlog; ``needed``: that plus one for
+    every node left with none (worth a recall from a node holding more); ``desired``:
+    that plus the rest spread evenly (granted from free slots, never recalled for).
+    """
+
+    backlog: dict[str, int]
+    needed: dict[str, int]
+    desired: dict[str, int]
+
+
+def allocate(avail: int, backlogs: Mapping[str, int]) -> Allocation:
+    """Share ``avail`` credits among the nodes of ``backlogs`` (node -> reported backlog).
+
+    Backlog first, max-min fair (each node in turn gets one more until it has its
+    backlog or nothing is left, the node holding fewest first, ties by name), then one
+    each for the nodes still at zero (by name), then the rest evenly.
+    """
+    zero = dict.fromkeys(backlogs, 0)
+    backlog, avail = water_fill(zero, {n: max(0, b) for n, b in backlogs.items()}, avail)
+    needed = dict(backlog)
+    for name in sorted(needed):
+        if avail == 0:
+            break
+        if needed[name] == 0:
+            needed[name] = 1
+            avail -= 1
+    desired = needed
+    if avail > 0 and needed:
+        desired, avail = water_fill(needed, None, avail)
+    return Allocation(backlog, needed, desired)
+
+
+def water_fill(
+    base: Mapping[str, int], caps: Mapping[str, int] | None, avail: int
+) -> tuple[dict[str, int], int]:
+    """Hand out up to ``avail`` credits one at a time, each to the node holding fewest
+    (ties by name) that may take more (``caps``: how many more each may take; None:
+    unlimited). Returns the new holdings and what was left over.
+
+    Computed by levels, O(nodes log slots), not O(avail x nodes): this runs after every
+    settlement, with ``avail`` up to the worker's slot count.
+    """
+    if avail <= 0 or not base:
+        return dict(base), max(0, avail)
+
+    def room(name: str) -> int | None:
+        return None if caps is None else caps.get(name, 0)
+
+    def given_at(level: int) -> int:
+        """Credits needed to bring every node that may grow up to ``level``."""
+        total = 0
+        for name, held in base.items():
+            extra = max(0, level - held)
+            cap = room(name)
+            total += extra if cap is None else min(extra, cap)
+        return total
+
+    low = min(base.values())
+    # No level above this gives more: every node that may grow is full by then (with no
+    # caps, the node holding fewest alone would have taken everything).
+    if caps is None:
+        high = max(base.values()) + avail
+    else:
+        high = max(held + caps.get(name, 0) for name, held in base.items())
+    if given_at(high) <= avail:
+        level = high
+    else:
+        # The highest level that does not take more than avail.
+        while low < high:
+            mid = (low + high + 1) // 2
+            if given_at(mid) <= avail:
+                low = mid
+            else:
+                high = mid - 1
+        level = low
+    filled: dict[str, int] = {}
+    for name, held in base.items():
+        extra = max(0, level - held)
+        cap = room(name)
+        filled[name] = held + (extra if cap is None else min(extra, cap))
+    left = avail - (sum(filled.values()) - sum(base.values()))
+    # What is left (fewer than the nodes at `level` that may grow) goes one each to those
+    # nodes by name, as the one-at-a-time rule would.
+    for name in sorted(filled):
+        if left == 0:
+            break
+        cap = room(name)
+        if filled[name] == level and (cap is None or filled[name] - base[name] < cap):
+            filled[name] += 1
+            left -= 1
+    return filled, left
 
 
 class CreditLedger:
@@ -45,6 +164,7 @@ class CreditLedger:
         self.granting = True
         self._nodes: dict[str, _NodeCredit] = {}
         self.unexpected_assignments = 0
+        self.recalls_sent = 0
 
     # ---- nodes ---------------------------------------------------------------------
 
@@ -57,10 +177,17 @@ class CreditLedger:
         self._nodes.pop(node, None)
 
     def stop_node(self, node: str) -> None:
-        """The node sent Drain: no more credits for it (its outstanding ones stay counted)."""
+        """The node sent Drain: no more credits for it, and the next plan recalls its
+        outstanding ones (they stay counted until it answers)."""
         state = self._nodes.get(node)
         if state is not None:
             state.accepting = False
+
+    def resume_node(self, node: str) -> None:
+        """The node sent Resume (it was undrained): it may get credits again."""
+        state = self._nodes.get(node)
+        if state is not None:
+            state.accepting = True
 
     def set_backlog(self, node: str, ready: int) -> None:
         state = self._nodes.get(node)
@@ -72,6 +199,7 @@ class CreditLedger:
         self.granting = False
         for state in self._nodes.values():
             state.outstanding = 0
+            state.recalls.clear()
 
     # ---- assignments and slots -----------------------------------------------------
 
@@ -111,80 +239,84 @@ class CreditLedger:
         state = self._nodes.get(node)
         return state.outstanding if state is not None else 0
 
+    def recalling_for(self, node: str) -> int:
+        state = self._nodes.get(node)
+        return state.recalling if state is not None else 0
+
     @property
     def free(self) -> int:
         return self.slots - self.occupied - self.outstanding
 
-    def desired(self) -> dict[str, int]:
-        """How many credits each accepting node should hold, given ``slots - occupied``.
+    def allocation(self) -> Allocation:
+        """The target holdings of the accepting nodes, given ``slots - occupied``."""
+        backlogs = {name: s.ready for name, s in self._nodes.items() if s.accepting}
+        avail = self.slots - self.occupied if self.granting else 0
+        return allocate(avail, backlogs)
 
-        One each first (a task that becomes due anywhere is sent at once), then up to
-        each node's reported backlog (largest first), then the rest evenly: no slot idles.
-        """
-        nodes = sorted(
-            ((name, state) for name, state in self._nodes.items() if state.accepting),
-            key=lambda item: (-item[1].ready, item[0]),
-        )
-        want = {name: 0 for name, _ in nodes}
-        if not self.granting:
-            return want
-        avail = self.slots - self.occupied
-        for name, _ in nodes:
-            if avail == 0:
-                return want
-            want[name] = 1
-            avail -= 1
-        for name, state in nodes:
-            extra = min(avail, max(0, state.ready - want[name]))
-            want[name] += extra
-            avail -= extra
-        if avail > 0 and nodes:
-            _fill_evenly(want, avail)
-        return want
+    def desired(self) -> dict[str, int]:
+        return self.allocation().desired
 
     def plan(self) -> tuple[dict[str, int], dict[str, int]]:
         """Credits to grant now and credits to recall now, by node.
 
-        Grants are recorded as outstanding at once. A recall is only recorded as pending:
-        the credits stay outstanding until the node answers (:meth:`returned`), because
-        the node may already have used them. Recalls happen only to serve a node that
-        holds fewer credits than it should while no slot is free.
+        Grants come from free slots, tier by tier (backlog shares first, then the one
+        each, then the even spread) and are recorded as outstanding at once. Recalls are
+        recorded as pending: the credits stay outstanding until the node answers,
+        because it may already have used them. A node that stopped accepting has all its
+        credits recalled; otherwise credits are recalled only while a node holds fewer
+        than it needs (its backlog share, or its one), no slot is free, and the recalls
+        already on their way do not cover it.
         """
         if not self.granting:
             return {}, {}
-        want = self.desired()
+        alloc = self.allocation()
         free = self.free
         grants: dict[str, int] = {}
-        for name in sorted(want, key=lambda n: (self._nodes[n].outstanding - want[n], n)):
-            state = self._nodes[name]
-            give = min(free, want[name] - state.outstanding)
-            if give > 0:
-                state.outstanding += give
-                grants[name] = give
-                free -= give
-        shortfall = sum(max(0, want[n] - self._nodes[n].outstanding) for n in want)
+        for target in (alloc.backlog, alloc.needed, alloc.desired):
+            for name in sorted(target):
+                if free == 0:
+                    break
+                state = self._nodes[name]
+                give = min(free, target[name] - state.kept)
+                if give > 0:
+                    state.outstanding += give
+                    grants[name] = grants.get(name, 0) + give
+                    free -= give
         recalls: dict[str, int] = {}
+        for name, state in sorted(self._nodes.items()):
+            if not state.accepting and state.kept > 0:
+                recalls[name] = state.kept
+        shortfall = sum(max(0, alloc.needed[n] - self._nodes[n].kept) for n in alloc.needed)
+        shortfall -= sum(s.recalling for s in self._nodes.values()) + sum(recalls.values())
         if shortfall > 0:
-            for name, state in sorted(self._nodes.items()):
-                excess = state.outstanding - state.recalling - want.get(name, 0)
-                if excess <= 0:
-                    continue
+            spare = sorted(
+                (
+                    (state.kept - alloc.needed[name], name)
+                    for name, state in self._nodes.items()
+                    if state.accepting and state.kept > alloc.needed[name]
+                ),
+                key=lambda item: (-item[0], item[1]),
+            )
+            for excess, name in spare:
                 take = min(excess, shortfall)
-                state.recalling += take
                 recalls[name] = take
                 shortfall -= take
                 if shortfall == 0:
                     break
+        for name, credits in recalls.items():
+            self._nodes[name].recalls.append(credits)
+        self.recalls_sent += len(recalls)
         return grants, recalls
 
     def returned(self, node: str, credits: int) -> None:
-        """The node gave back ``credits`` unused credits (its answer to a recall)."""
+        """The node answered its oldest pending recall, giving back ``credits`` unused
+        credits (the rest of what was asked it had used: those Assignments came first)."""
         state = self._nodes.get(node)
         if state is None:
             return
-        credits = min(credits, state.outstanding)
-        state.outstanding -= credits
-        state.recalling = max(0, state.recalling - credits)
+        state.outstanding -= min(max(0, credits), state.outstanding)
+        if state.recalls:
+            state.recalls.popleft()
 
     def stats(self) -> dict[str, int]:
         return {
@@ -192,28 +324,17 @@ class CreditLedger:
             "occupied": self.occupied,
             "outstanding": self.outstanding,
             "unexpected_assignments": self.unexpected_assignments,
+            "recalls_sent": self.recalls_sent,
         }
 
-
-def _fill_evenly(want: dict[str, int], avail: int) -> None:
-    """Hand out ``avail`` credits one at a time, each to the node holding fewest (ties
-    by name), computed by levels: O(nodes log nodes), not O(avail x nodes). This runs
-    after every settlement, with ``avail`` up to the worker's slot count."""
-    order = sorted(want, key=lambda n: (want[n], n))
-    level = want[order[0]]
-    raised = 0  # nodes at `level`: order[:raised]
-    while True:
-        while raised < len(order) and want[order[raised]] <= level:
-            raised += 1
-        above = want[order[raised]] if raised < len(order) else None
-        step = avail // raised if above is None else min(avail // raised, above - level)
-        if step == 0:
-            break
-        level += step
-        avail -= step * raised
-    # Every node below `level` comes up to it; what is left (fewer than `raised`) goes one
-    # each to the nodes now at `level`, by name, as the one-at-a-time rule would.
-    for name in order[:raised]:
-        want[name] = level
-    for name in sorted(order[:raised])[:avail]:
-        want[name] += 1
+    def by_node(self) -> dict[str, dict[str, int]]:
+        """Per node: credits outstanding, being recalled, reported backlog (for logs)."""
+        return {
+            name: {
+                "outstanding": s.outstanding,
+                "recalling": s.recalling,
+                "backlog": s.ready,
+                "accepting": int(s.accepting),
+            }
+            for name, s in sorted(self._nodes.items())
+        }

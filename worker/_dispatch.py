@@ -60,6 +60,7 @@ from chronoshard.worker._models import (
     Receipt,
     Release,
     ReleaseReason,
+    Resume,
     RunKey,
     RunningTask,
     Settlement,
@@ -211,6 +212,8 @@ class Dispatcher:
                 self._regrant()
             case Drain():
                 self._on_drain(session, msg)
+            case Resume():
+                self._on_resume(session)
             case Welcome():
                 self._log(logging.WARNING, "second Welcome ignored", node=session.node_id)
             case _:
@@ -380,7 +383,23 @@ class Dispatcher:
             event="node_drain",
         )
         session.drained = True
+        if msg.shutting_down:
+            self.topology.node_leaving(session.address)
+        # No more credits for it, and the ones it holds are recalled (its answer frees
+        # them for the other nodes).
         self.ledger.stop_node(session.address)
+        self.topology.request_refresh()
+        self._regrant()
+
+    def _on_resume(self, session: NodeSession) -> None:
+        self._log(
+            logging.INFO,
+            "node is taking work again",
+            node=session.node_id,
+            event="node_resume",
+        )
+        session.drained = False
+        self.ledger.resume_node(session.address)
         self.topology.request_refresh()
         self._regrant()
 

@@ -216,6 +216,12 @@ class Cancel:
 @dataclass(frozen=True, slots=True)
 class Drain:
     reason: str
+    shutting_down: bool = False  # the node is stopping: do not reconnect
+
+
+@dataclass(frozen=True, slots=True)
+class Resume:
+    """The node was undrained: it takes work (and credits) again."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -255,6 +261,7 @@ Inbound = (
     | HeartbeatReply
     | Cancel
     | Drain
+    | Resume
     | Backlog
     | CreditReturn
     | Receipt

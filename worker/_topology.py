@@ -3,8 +3,11 @@
 The worker is given a few addresses; the cluster tells it the rest. :class:`Topology`
 asks the first address that answers (live sessions first, then the given targets) for
 ``GetTopology`` every ``refresh_s`` and soon after a stream ends or a node sends
-``Drain``, then keeps exactly one :class:`NodeSession` per listed, non-draining node,
-keyed by address (a node that restarts on the same address gets the same session back).
+``Drain``, then keeps exactly one :class:`NodeSession` per listed node, keyed by address
+(a node that restarts on the same address gets the same session back). A draining node
+is kept too: it says ``Drain`` on the stream (the worker grants it nothing and takes its
+credits back) and ``Resume`` once undrained, so an undrain reaches every worker at once,
+also one that started while the node was drained.
 A node that left the list is *retired*: a live stream is kept until it ends (receipts
 may still come on it), a disconnected one stops reconnecting at once.
 
@@ -59,6 +62,9 @@ class Topology:
         self._rng = rng or random.Random()
         self._refresh = asyncio.Event()
         self.sessions: dict[str, NodeSession] = {}
+        # Nodes that said they are stopping (Drain.shutting_down): no session to them
+        # while they are still listed, draining, in the membership.
+        self._leaving: set[str] = set()
 
     def _log(self, level: int, msg: str, *args: Any, **fields: Any) -> None:
         logger.log(level, msg, *args, extra={"worker_id": self._host.worker_id, **fields})
@@ -72,6 +78,15 @@ class Topology:
 
     def request_refresh(self) -> None:
         self._refresh.set()
+
+    def node_leaving(self, address: str) -> None:
+        """The node at ``address`` is stopping: keep its stream while it lasts, never
+        reconnect, and open no new session to it until it is listed again as available
+        (restarted)."""
+        self._leaving.add(address)
+        session = self.sessions.get(address)
+        if session is not None:
+            session.retire()
 
     def addresses(self) -> list[str]:
         """Where to send a call: usable sessions first, then the targets, then the rest."""
@@ -125,7 +140,9 @@ class Topology:
 
     def apply(self, nodes: Sequence[NodeInfo]) -> None:
         """Open sessions to new nodes, retire those of nodes no longer listed."""
-        wanted = {n.address: n for n in nodes if not n.draining}
+        listed = {n.address: n for n in nodes}
+        self._leaving &= {a for a, n in listed.items() if n.draining}
+        wanted = {a: n for a, n in listed.items() if a not in self._leaving}
         for address, node in wanted.items():
             session = self.sessions.get(address)
             if session is None:

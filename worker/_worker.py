@@ -47,8 +47,22 @@ HandlerT = TypeVar("HandlerT", bound=Callable[[TaskContext], Any])
 DEFAULT_QUEUES = (DEFAULT_QUEUE,)
 DEFAULT_SLOTS = 10
 DEFAULT_DRAIN_GRACE_S = 30.0
+"""On SIGTERM, how long running tasks may go on before they are asked to stop."""
+DRAIN_STOP_MARGIN_S = 2.0
+"""After ``drain_stop_s``, how long the releases of stopped handlers may take to queue."""
 DRAIN_FLUSH_S = 10.0
 """After the drain, how long to wait for the receipts of the last settlements."""
+CLOSE_S = 3.0
+"""The last step (loops, streams, handlers cancelled by a forced stop) waits this long."""
+SHUTDOWN_MARGIN_S = DRAIN_STOP_MARGIN_S + DRAIN_FLUSH_S + CLOSE_S
+"""What a shutdown adds to ``drain_grace_s + drain_stop_s`` at most (15 s)."""
+
+
+def shutdown_bound_s(drain_grace_s: float, drain_stop_s: float) -> float:
+    """The longest a graceful shutdown takes, signal to exit: every phase is capped.
+    50 s with the defaults; the process manager must allow at least this much
+    (Kubernetes ``terminationGracePeriodSeconds``, whose default of 30 s is shorter)."""
+    return drain_grace_s + drain_stop_s + SHUTDOWN_MARGIN_S
 
 
 @dataclass(frozen=True)
@@ -58,7 +72,8 @@ class DrainReport:
     finished: int  # tasks that ended on their own during the grace period
     released: int  # tasks handed back (Release DRAINING) with their last checkpoint
     unsettled: int  # settlements still without a receipt when the worker gave up
-    stuck: int  # sync handlers still running in their threads at exit
+    stuck: int  # handlers still running at exit (a sync one in its thread, or an async one
+    # that ignored its cancellation)
     forced: bool  # an immediate stop (second signal) cut the drain short
 
     @property
@@ -270,6 +285,11 @@ class Worker:
         return self._dispatcher.draining
 
     @property
+    def shutdown_bound_s(self) -> float:
+        """The longest a graceful drain takes, from ``stop()`` (or SIGTERM) to exit."""
+        return shutdown_bound_s(self.drain_grace_s, self.drain_stop_s)
+
+    @property
     def running(self) -> int:
         """Slots held by tasks (waiting for due_at, running, or a handler still stopping)."""
         return self._dispatcher.ledger.occupied
@@ -417,9 +437,10 @@ class Worker:
         d.start_drain()
         self._log(
             logging.INFO,
-            "draining: %d tasks running, grace %.1f s",
+            "draining: %d tasks running, grace %.1f s, exit within %.1f s",
             len(d.runs),
             self.drain_grace_s,
+            self.shutdown_bound_s,
             event="drain_start",
         )
         ended_before, released_before = d.ended(), d.counts["released"]
@@ -431,7 +452,7 @@ class Worker:
         d.stop_all(StopReason.DRAINING)
         await self._changed.wait_until(
             lambda: all(r.decided for r in d.runs.values()) or forced(),
-            self.drain_stop_s + 2.0,
+            self.drain_stop_s + DRAIN_STOP_MARGIN_S,
         )
         released = d.counts["released"] - released_before
         # 4. Flush settlements: sessions and the resend loop still run, so receipts
@@ -473,7 +494,11 @@ class Worker:
         run_tasks = [r.task for r in runs if r.task is not None]
         for task in run_tasks:
             task.cancel()
-        await asyncio.gather(*run_tasks, return_exceptions=True)
+        if run_tasks:
+            # A handler that swallows its cancellation must not hold the exit past the
+            # documented bound: it is counted as stuck and left behind.
+            _, pending = await asyncio.wait(run_tasks, timeout=CLOSE_S)
+            stuck += sum(1 for r in runs if r.task in pending and r.execution.spec.is_async)
         if self._executor is not None:
             self._executor.shutdown(wait=False, cancel_futures=True)
         await self._transport.close()

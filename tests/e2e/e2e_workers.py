@@ -11,7 +11,7 @@ import asyncio
 import os
 from datetime import UTC, datetime
 
-from ledger_pool import ledger
+from ledger_pool import record as record_effect
 
 from chronoshard.worker import NonRetryableError, TaskContext, Worker
 
@@ -20,21 +20,7 @@ worker = Worker([], slots=SLOTS)
 
 
 async def record(ctx: TaskContext, started_at: datetime, outcome: str) -> None:
-    pool = await ledger(os.environ["E2E_DSN"])
-    async with pool.connection() as conn:
-        await conn.execute(
-            "INSERT INTO effects (task_id, attempt, token, worker_id, started_at, due_at, outcome)"
-            " VALUES (%s, %s, %s, %s, %s, %s, %s)",
-            (
-                ctx.task_id,
-                ctx.attempt,
-                ctx.fencing_token,
-                ctx.worker_id,
-                started_at,
-                ctx.due_at,
-                outcome,
-            ),
-        )
+    await record_effect(os.environ["E2E_DSN"], ctx, started_at, outcome)
 
 
 @worker.task("e2e.record")

@@ -293,6 +293,14 @@ async def test_status_and_drain(
         capsys, "drain", node_id, "-o", "json", *cluster.common(cluster.operator_key)
     )
     assert drained.code == 0 and drained.json() == {"node_id": node_id, "draining": True}
+    shown = await run(capsys, "status", "-o", "json", *cluster.common())
+    assert shown.json()["nodes"][0]["draining"] is True
+    denied = await run(capsys, "undrain", node_id, *cluster.common())
+    assert denied.code == cli.EXIT_FAILURE and "PERMISSION_DENIED" in denied.err
+    undrained = await run(capsys, "undrain", node_id, *cluster.common(cluster.operator_key))
+    assert undrained.code == 0 and undrained.out.strip() == f"undrained {node_id}"
+    back = await run(capsys, "status", "-o", "json", *cluster.common())
+    assert back.json()["nodes"][0]["draining"] is False
 
 
 async def test_tenants_on_the_database(

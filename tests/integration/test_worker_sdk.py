@@ -161,6 +161,7 @@ class FakeScheduler(
         self.address = ""
         self.node_id = "fake-node"
         self.extra_nodes: list[admin_service_pb2.Node] = []
+        self.draining = False  # how GetTopology lists this node
         self.sessions: list[FakeSession] = []
         self.unary: list[tuple[str, Any]] = []
         self.topology_calls = 0
@@ -217,7 +218,12 @@ class FakeScheduler(
         self, request: admin_service_pb2.GetTopologyRequest, context: Any
     ) -> admin_service_pb2.GetTopologyResponse:
         self.topology_calls += 1
-        nodes = [admin_service_pb2.Node(node_id=self.node_id, address=self.address)]
+        self.changed.notify()
+        nodes = [
+            admin_service_pb2.Node(
+                node_id=self.node_id, address=self.address, draining=self.draining
+            )
+        ]
         return admin_service_pb2.GetTopologyResponse(
             nodes=[*nodes, *self.extra_nodes], shard_count=1, node_id=self.node_id
         )
@@ -890,6 +896,52 @@ async def test_node_drain_moves_settlement_to_unary_and_stops_credits(
         assert kind == "complete" and request.complete.task.id == task_id
         assert session.of("complete") == []
         assert len(session.of("credit_grant")) == grants
+        # The credit the node still held was asked back, and its answer freed it.
+        [recall] = await fake.wait_for(lambda: session.of("credit_recall"))
+        assert recall.credits == 1 and session.credits == 0
+
+
+async def test_a_node_shutting_down_is_not_reconnected_to(fake: FakeScheduler) -> None:
+    """Drain{shutting_down} then the stream ends: the worker opens no new stream to the
+    node, not even when a topology read still lists it (draining, about to leave)."""
+    worker = make_worker(fake)
+
+    @worker.task("echo")
+    async def echo(ctx: TaskContext) -> str:
+        return "ok"
+
+    async with running(worker):
+        session = await fake.session_with_credit()
+        fake.draining = True
+        calls = fake.topology_calls
+        session.send(drain=pb.Drain(reason="stopping", shutting_down=True))
+        await fake.wait_for(lambda: fake.topology_calls > calls)
+        calls = fake.topology_calls
+        session.close()
+        # The stream's end asks for the topology again; the node is still listed.
+        await fake.wait_for(lambda: fake.topology_calls > calls)
+        assert len(fake.sessions) == 1, "reconnected to a node that said it was stopping"
+
+
+async def test_a_resumed_node_is_granted_credits_again(fake: FakeScheduler) -> None:
+    worker = make_worker(fake, slots=3)
+
+    @worker.task("echo")
+    async def echo(ctx: TaskContext) -> str:
+        return "ok"
+
+    async with running(worker):
+        session = await fake.session_with_credit()
+        await fake.wait_for(lambda: session.credits == 3)
+        session.send(drain=pb.Drain(reason="operator drain"))
+        await fake.wait_for(lambda: session.of("credit_recall") and session.credits == 0)
+        grants = len(session.of("credit_grant"))
+        session.send(resume=pb.Resume())
+        await fake.wait_for(lambda: session.credits == 3)
+        assert len(session.of("credit_grant")) > grants
+        session.assign("echo")
+        complete = (await fake.wait_for(lambda: session.of("complete")))[0]
+        assert json.loads(complete.result_json) == "ok"
 
 
 # ---- the runner as a process -----------------------------------------------------------

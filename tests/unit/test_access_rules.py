@@ -27,6 +27,7 @@ def test_every_worker_call_needs_a_key(method: str) -> None:
 def test_admin_reads_need_a_key_and_changes_an_operator() -> None:
     rules = {m.rsplit("/", 1)[1]: rule_for(m) for m in _methods(admin_service_pb2, "AdminService")}
     assert rules.pop("DrainNode") is Rule.OPERATOR
+    assert rules.pop("UndrainNode") is Rule.OPERATOR
     assert rules and set(rules.values()) == {Rule.ANY_KEY}
 
 

@@ -149,6 +149,7 @@ def test_services_expose_their_rpcs() -> None:
         "GetTopology": unary,
         "ListShards": unary,
         "DrainNode": unary,
+        "UndrainNode": unary,
     }
     # The grpc modules import (their generated-version check passes) and register.
     assert callable(task_service_pb2_grpc.add_TaskServiceServicer_to_server)

@@ -26,13 +26,25 @@ def test_a_single_node_gets_every_free_slot() -> None:
 
 
 def test_backlog_first_then_one_each_then_evenly() -> None:
+    ledger = CreditLedger(8)
+    for node in ("a", "b", "c"):
+        ledger.open(node)
+    ledger.set_backlog("b", 1)
+    ledger.set_backlog("c", 4)
+    # Backlog 1 + 4, then one for a, then the last two evenly (fewest first, by name).
+    assert ledger.desired() == {"a": 2, "b": 2, "c": 4}
+    assert ledger.plan() == ({"a": 2, "b": 2, "c": 4}, {})
+
+
+def test_when_slots_are_short_the_backlog_is_shared_fairly_and_idle_nodes_get_none() -> None:
     ledger = CreditLedger(5)
     for node in ("a", "b", "c"):
         ledger.open(node)
     ledger.set_backlog("b", 1)
     ledger.set_backlog("c", 10)
-    assert ledger.desired() == {"a": 1, "b": 1, "c": 3}
-    assert ledger.plan() == ({"a": 1, "b": 1, "c": 3}, {})
+    assert ledger.desired() == {"a": 0, "b": 1, "c": 4}
+    ledger.set_backlog("a", 1000)
+    assert ledger.desired() == {"a": 2, "b": 1, "c": 2}
 
 
 def test_a_new_node_gets_credits_recalled_from_an_idle_one() -> None:
@@ -62,6 +74,48 @@ def test_a_recall_answered_with_fewer_credits_frees_only_those() -> None:
     ledger.release_slot()
     grants, recalls = ledger.plan()
     assert sum(grants.values()) == 1 and recalls == {} and ledger.free == 0
+
+
+def test_an_answered_recall_is_closed_whatever_came_back() -> None:
+    """Issue 12 items 7, 8, 11: a recall answered with fewer credits than asked (the node
+    had used some) used to stay "being recalled" for the difference, forever, and the
+    node's credits were never asked back again while another node's tasks waited."""
+    ledger = CreditLedger(10)
+    for node in ("a", "b"):
+        ledger.open(node)
+    ledger.set_backlog("a", 100)
+    # All slots to the backlog while it exceeds them: none for the idle node.
+    assert ledger.plan() == ({"a": 10}, {})
+    ledger.set_backlog("a", 0)
+    ledger.set_backlog("b", 100)
+    assert ledger.plan() == ({}, {"a": 10})
+    # a used 7 of them before the recall reached it: 3 come back.
+    for _ in range(7):
+        assert ledger.consume("a") and ledger.try_occupy()
+    ledger.returned("a", 3)
+    assert ledger.recalling_for("a") == 0
+    assert ledger.plan() == ({"b": 3}, {})
+    # The 7 runs end; a holds nothing now, b gets the slots.
+    for _ in range(7):
+        ledger.release_slot()
+    assert ledger.plan() == ({"b": 7}, {})
+    assert ledger.outstanding_for("b") == 10
+
+
+def test_recalls_already_on_their_way_are_not_repeated() -> None:
+    ledger = CreditLedger(4)
+    for node in ("a", "b"):
+        ledger.open(node)
+    ledger.set_backlog("a", 4)
+    assert ledger.plan() == ({"a": 4}, {})
+    ledger.set_backlog("a", 0)
+    ledger.set_backlog("b", 3)
+    assert ledger.plan() == ({}, {"a": 3})
+    ledger.set_backlog("b", 4)  # one more: one more recall, not four
+    assert ledger.plan() == ({}, {"a": 1})
+    ledger.returned("a", 3)
+    ledger.returned("a", 1)
+    assert ledger.plan() == ({"b": 4}, {})
 
 
 def test_assignment_moves_a_credit_to_a_slot_and_a_freed_slot_is_granted_again() -> None:
@@ -98,6 +152,22 @@ def test_a_draining_node_gets_no_more_and_its_credits_are_recalled() -> None:
     assert ledger.outstanding_for("a") == 2
     ledger.returned("a", 2)
     assert ledger.plan() == ({"b": 2}, {})
+
+
+def test_a_resumed_node_gets_credits_again() -> None:
+    ledger = CreditLedger(4)
+    ledger.open("a")
+    ledger.open("b")
+    ledger.plan()
+    ledger.stop_node("a")
+    ledger.plan()
+    ledger.returned("a", 2)
+    assert ledger.plan() == ({"b": 2}, {})
+    ledger.resume_node("a")
+    # No free slot: b gives one back for a's one credit.
+    assert ledger.plan() == ({}, {"b": 1})
+    ledger.returned("b", 1)
+    assert ledger.plan() == ({"a": 1}, {})
 
 
 def test_worker_drain_withdraws_everything_and_refuses_assignments() -> None:
@@ -138,7 +208,7 @@ def test_running_plus_outstanding_never_exceeds_slots(slots: int, ops: list[tupl
     ledger = CreditLedger(slots)
     # The scheduler side: a node sends an assignment only against a credit it holds.
     held: dict[str, int] = {}
-    asked: dict[str, int] = {}
+    asked: dict[str, list[int]] = {}
     for op in ops:
         match op:
             case ("open", node):
@@ -166,12 +236,14 @@ def test_running_plus_outstanding_never_exceeds_slots(slots: int, ops: list[tupl
                     held[node] += n
                 for node, n in recalls.items():
                     assert n > 0
-                    asked[node] = asked.get(node, 0) + n
-            case ("answer_recalls", node) if node in held:
-                # The node drops what it still holds of what was asked, exactly.
-                give = min(held[node], asked.pop(node, 0))
+                    asked.setdefault(node, []).append(n)
+            case ("answer_recalls", node) if node in held and asked.get(node):
+                # The node answers its oldest recall: it drops what it still holds of
+                # what was asked, exactly.
+                give = min(held[node], asked[node].pop(0))
                 held[node] -= give
                 ledger.returned(node, give)
+                assert ledger.recalling_for(node) == sum(asked[node])
         assert 0 <= ledger.occupied + ledger.outstanding <= slots
         assert ledger.outstanding == sum(held.values())
 

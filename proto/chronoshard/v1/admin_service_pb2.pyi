@@ -84,3 +84,15 @@ class DrainNodeResponse(_message.Message):
     NODE_FIELD_NUMBER: _ClassVar[int]
     node: Node
     def __init__(self, node: _Optional[_Union[Node, _Mapping]] = ...) -> None: ...
+
+class UndrainNodeRequest(_message.Message):
+    __slots__ = ("node_id",)
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    def __init__(self, node_id: _Optional[str] = ...) -> None: ...
+
+class UndrainNodeResponse(_message.Message):
+    __slots__ = ("node",)
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    node: Node
+    def __init__(self, node: _Optional[_Union[Node, _Mapping]] = ...) -> None: ...

@@ -50,6 +50,11 @@ class AdminServiceStub:
                 request_serializer=chronoshard_dot_v1_dot_admin__service__pb2.DrainNodeRequest.SerializeToString,
                 response_deserializer=chronoshard_dot_v1_dot_admin__service__pb2.DrainNodeResponse.FromString,
                 _registered_method=True)
+        self.UndrainNode = channel.unary_unary(
+                '/chronoshard.v1.AdminService/UndrainNode',
+                request_serializer=chronoshard_dot_v1_dot_admin__service__pb2.UndrainNodeRequest.SerializeToString,
+                response_deserializer=chronoshard_dot_v1_dot_admin__service__pb2.UndrainNodeResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServiceServicer:
@@ -72,8 +77,19 @@ class AdminServiceServicer:
 
     def DrainNode(self, request, context):
         """Asks a node to drain: it hands its shards to the others, tells its workers to
-        reconnect elsewhere, and leaves the cluster. Returns once the request is recorded,
-        not when the drain ends (watch GetTopology).
+        reconnect elsewhere, reports NOT_SERVING on grpc.health.v1, and stays out of the
+        shard map (every node's GetTopology shows it draining) until undrained or
+        restarted. It keeps answering API calls. Returns once its shards are released.
+        Needs an operator key.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UndrainNode(self, request, context):
+        """Undoes DrainNode: the node registers as available again, reports SERVING, claims
+        its share of the shards and tells its workers to send it credits again (Resume).
+        Needs an operator key.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -96,6 +112,11 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.DrainNode,
                     request_deserializer=chronoshard_dot_v1_dot_admin__service__pb2.DrainNodeRequest.FromString,
                     response_serializer=chronoshard_dot_v1_dot_admin__service__pb2.DrainNodeResponse.SerializeToString,
+            ),
+            'UndrainNode': grpc.unary_unary_rpc_method_handler(
+                    servicer.UndrainNode,
+                    request_deserializer=chronoshard_dot_v1_dot_admin__service__pb2.UndrainNodeRequest.FromString,
+                    response_serializer=chronoshard_dot_v1_dot_admin__service__pb2.UndrainNodeResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -180,6 +201,33 @@ class AdminService:
             '/chronoshard.v1.AdminService/DrainNode',
             chronoshard_dot_v1_dot_admin__service__pb2.DrainNodeRequest.SerializeToString,
             chronoshard_dot_v1_dot_admin__service__pb2.DrainNodeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UndrainNode(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/chronoshard.v1.AdminService/UndrainNode',
+            chronoshard_dot_v1_dot_admin__service__pb2.UndrainNodeRequest.SerializeToString,
+            chronoshard_dot_v1_dot_admin__service__pb2.UndrainNodeResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -165,7 +165,7 @@ class DrainStarted(_message.Message):
     def __init__(self, grace: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
 
 class SchedulerMessage(_message.Message):
-    __slots__ = ("welcome", "assignment", "heartbeat_reply", "cancel", "drain", "backlog", "receipt", "reject", "credit_return", "batch")
+    __slots__ = ("welcome", "assignment", "heartbeat_reply", "cancel", "drain", "backlog", "receipt", "reject", "credit_return", "batch", "resume")
     WELCOME_FIELD_NUMBER: _ClassVar[int]
     ASSIGNMENT_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_REPLY_FIELD_NUMBER: _ClassVar[int]
@@ -176,6 +176,7 @@ class SchedulerMessage(_message.Message):
     REJECT_FIELD_NUMBER: _ClassVar[int]
     CREDIT_RETURN_FIELD_NUMBER: _ClassVar[int]
     BATCH_FIELD_NUMBER: _ClassVar[int]
+    RESUME_FIELD_NUMBER: _ClassVar[int]
     welcome: Welcome
     assignment: Assignment
     heartbeat_reply: HeartbeatReply
@@ -186,7 +187,8 @@ class SchedulerMessage(_message.Message):
     reject: Reject
     credit_return: CreditReturn
     batch: SchedulerBatch
-    def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., assignment: _Optional[_Union[Assignment, _Mapping]] = ..., heartbeat_reply: _Optional[_Union[HeartbeatReply, _Mapping]] = ..., cancel: _Optional[_Union[Cancel, _Mapping]] = ..., drain: _Optional[_Union[Drain, _Mapping]] = ..., backlog: _Optional[_Union[Backlog, _Mapping]] = ..., receipt: _Optional[_Union[Receipt, _Mapping]] = ..., reject: _Optional[_Union[Reject, _Mapping]] = ..., credit_return: _Optional[_Union[CreditReturn, _Mapping]] = ..., batch: _Optional[_Union[SchedulerBatch, _Mapping]] = ...) -> None: ...
+    resume: Resume
+    def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., assignment: _Optional[_Union[Assignment, _Mapping]] = ..., heartbeat_reply: _Optional[_Union[HeartbeatReply, _Mapping]] = ..., cancel: _Optional[_Union[Cancel, _Mapping]] = ..., drain: _Optional[_Union[Drain, _Mapping]] = ..., backlog: _Optional[_Union[Backlog, _Mapping]] = ..., receipt: _Optional[_Union[Receipt, _Mapping]] = ..., reject: _Optional[_Union[Reject, _Mapping]] = ..., credit_return: _Optional[_Union[CreditReturn, _Mapping]] = ..., batch: _Optional[_Union[SchedulerBatch, _Mapping]] = ..., resume: _Optional[_Union[Resume, _Mapping]] = ...) -> None: ...
 
 class SchedulerBatch(_message.Message):
     __slots__ = ("messages",)
@@ -276,10 +278,16 @@ class Cancel(_message.Message):
     def __init__(self, task: _Optional[_Union[_common_pb2.TaskRef, _Mapping]] = ..., fencing_token: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class Drain(_message.Message):
-    __slots__ = ("reason",)
+    __slots__ = ("reason", "shutting_down")
     REASON_FIELD_NUMBER: _ClassVar[int]
+    SHUTTING_DOWN_FIELD_NUMBER: _ClassVar[int]
     reason: str
-    def __init__(self, reason: _Optional[str] = ...) -> None: ...
+    shutting_down: bool
+    def __init__(self, reason: _Optional[str] = ..., shutting_down: _Optional[bool] = ...) -> None: ...
+
+class Resume(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
 
 class CreditReturn(_message.Message):
     __slots__ = ("credits",)
