@@ -11,10 +11,11 @@ from typing import Any
 
 import grpc
 
+from chronoshard.scheduler import boundary
 from chronoshard.scheduler.coordination import CoordinationError, EtcdCoordinator
+from chronoshard.scheduler.errors import shown
 from chronoshard.scheduler.shards import ShardManager
 from chronoshard.v1 import admin_service_pb2, admin_service_pb2_grpc, common_pb2
-from chronoshard.wire import error_info_metadata
 
 
 class AdminServicer(admin_service_pb2_grpc.AdminServiceServicer):
@@ -92,12 +93,12 @@ class AdminServicer(admin_service_pb2_grpc.AdminServiceServicer):
         if request.node_id not in ("", self._node_id):
             info = self._shards.members.get(request.node_id)
             where = f" (at {info.address})" if info else ""
-            await _abort(
+            await boundary.abort(
                 context,
                 common_pb2.ErrorInfo(
                     code="FAILED_PRECONDITION",
                     reason="WRONG_NODE",
-                    message=f"ask node {request.node_id}{where} to drain itself",
+                    message=f"ask node {shown(request.node_id)}{where} to drain itself",
                     field="node_id",
                 ),
             )
@@ -110,15 +111,9 @@ class AdminServicer(admin_service_pb2_grpc.AdminServiceServicer):
         try:
             return await self._coordinator.shard_claims()
         except CoordinationError as exc:
-            await _abort(
+            await boundary.abort(
                 context,
                 common_pb2.ErrorInfo(
                     code="UNAVAILABLE", reason=exc.reason, message=str(exc), retryable=True
                 ),
             )
-            raise  # unreachable: abort raises
-
-
-async def _abort(context: grpc.aio.ServicerContext[Any, Any], info: common_pb2.ErrorInfo) -> None:
-    context.set_trailing_metadata(error_info_metadata(info))
-    await context.abort(getattr(grpc.StatusCode, info.code), info.message)

@@ -40,6 +40,7 @@ from chronoshard.scheduler.access import AccessInterceptor
 from chronoshard.scheduler.admin import AdminServicer
 from chronoshard.scheduler.api import TaskServiceServicer
 from chronoshard.scheduler.auth import Authenticator
+from chronoshard.scheduler.boundary import RequestDecoding
 from chronoshard.scheduler.config import SchedulerConfig
 from chronoshard.scheduler.coordination import CoordinationError, EtcdCoordinator, NodeInfo
 from chronoshard.scheduler.dispatch_store import DispatchStore, TimerTask
@@ -173,7 +174,8 @@ class SchedulerNode:
         # and WatchdogService check theirs in the servicer, scoped to the key's tenant.
         self._server = grpc.aio.server(
             options=server_options(config),
-            interceptors=[AccessInterceptor(Authenticator(self.store))],
+            # Decoding first: garbage is INVALID_ARGUMENT whatever the key (boundary.py).
+            interceptors=[RequestDecoding(), AccessInterceptor(Authenticator(self.store))],
         )
         port = self._bind(self._server)
         host = config.grpc.listen.rsplit(":", 1)[0]
