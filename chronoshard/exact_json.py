@@ -9,8 +9,9 @@ module is the one codec the client, the worker SDK and the scheduler use instead
 - :func:`loads` reads an integer as ``int`` and any other number as ``float`` when the
   float *is* that number (its shortest text denotes the same decimal value: ``0.1``,
   ``1.5e-7``, ``5e-324``), else as :class:`decimal.Decimal`, which holds it exactly
-  (``-0.46211904005971607552``, ``1e400``). Most payloads therefore still read as plain
-  floats, and only numbers a double cannot hold arrive as ``Decimal``. An integer too
+  (``-0.46211904005971607552``, ``1e400``), without trailing zeros (``1.2300...0001``
+  keeps them all, ``0.1000...000`` is ``0.1``). Most payloads therefore still read as
+  plain floats, and only numbers a double cannot hold arrive as ``Decimal``. An integer too
   long for ``int()`` (over 4,000 digits, Python's conversion limit) arrives as a Decimal too.
   ``NaN`` and ``Infinity`` are not JSON and are refused.
 - :func:`dumps` writes compact text (non-ASCII kept) and accepts ``Decimal`` besides
@@ -48,7 +49,21 @@ def is_exact_float(text: str, value: float) -> bool:
 
 def _number(text: str) -> float | decimal.Decimal:
     value = float(text)
-    return value if is_exact_float(text, value) else _Decimal(text)
+    return value if is_exact_float(text, value) else _without_trailing_zeros(_Decimal(text))
+
+
+def _without_trailing_zeros(number: decimal.Decimal) -> decimal.Decimal:
+    """The same value without the zeros that end its digits (``1.2300`` -> ``1.23``,
+    ``1.5E+3`` stays): exact, unlike ``Decimal.normalize``, which rounds to the context's
+    28 digits."""
+    sign, digits, exponent = number.as_tuple()
+    assert isinstance(exponent, int)  # parsed from a JSON number: finite
+    kept = len(digits)
+    while kept > 1 and digits[kept - 1] == 0:
+        kept -= 1
+    if kept == len(digits):
+        return number
+    return _Decimal((sign, digits[:kept], exponent + len(digits) - kept))
 
 
 def _integer(text: str) -> int | decimal.Decimal:

@@ -191,7 +191,10 @@ def page_token_from_pb(token: str) -> str:
         if len(token) > MAX_PAGE_TOKEN_CHARS:
             raise ValueError("too long")
         raw = base64.b64decode(token + "=" * (-len(token) % 4), altchars=b"-_", validate=True)
-        return raw.decode("utf-8")
+        after = raw.decode("utf-8")
+        if "\x00" in after:  # no job id has one; PostgreSQL text cannot hold it
+            raise ValueError("NUL")
+        return after
     except (ValueError, binascii.Error, UnicodeDecodeError):
         raise InvalidArgument("page_token", "not a token this server issued") from None
 

@@ -510,7 +510,7 @@ class Gateway(worker_service_pb2_grpc.WorkerServiceServicer):
                 return
             body = getattr(message, kind)
             ref = convert.ref_from_pb(body.task, f"{kind}.task")
-            token = int(body.fencing_token)
+            token = _token(body.fencing_token, f"{kind}.fencing_token")
             outcome = await self._settle(kind, body, ref, token, session.worker_id)
         except InvalidArgument as exc:
             log.warning(
@@ -675,7 +675,8 @@ class Gateway(worker_service_pb2_grpc.WorkerServiceServicer):
     ) -> None:
         async def settle() -> Outcome:
             ref = convert.ref_from_pb(body.task, f"{kind}.task")
-            return await self._settle(kind, body, ref, int(body.fencing_token), "")
+            token = _token(body.fencing_token, f"{kind}.fencing_token")
+            return await self._settle(kind, body, ref, token, "")
 
         outcome = await boundary.serve(f"WorkerService.{kind.capitalize()}", context, settle)
         if outcome is not Outcome.OK:
@@ -707,6 +708,7 @@ def _beats(
                 ref = known[2]
             else:
                 ref = convert.ref_from_pb(pb, f"{field}.task")
+            token = _token(running.fencing_token, f"{field}.fencing_token")
             checkpoint = _checkpoint(running, f"{field}.checkpoint", checkpoint_limit)
         except InvalidArgument as exc:
             # One bad entry must not cost the worker the leases of all its other tasks:
@@ -717,9 +719,21 @@ def _beats(
             )
             continue
         current[pb.id] = (at.seconds, at.nanos, ref)
-        beats.append(Beat(ref, int(running.fencing_token), checkpoint))
+        beats.append(Beat(ref, token, checkpoint))
     session.heartbeat_refs = current
     return beats
+
+
+MAX_TOKEN = 2**63 - 1
+"""``tasks.fencing_token`` is a bigint; the wire's uint64 can say more."""
+
+
+def _token(value: int, field: str) -> int:
+    # A token no task can have would fail the whole group-committed statement (bigint out
+    # of range), taking its neighbours' settlements down with it.
+    if value > MAX_TOKEN:
+        raise InvalidArgument(field, f"must be at most {MAX_TOKEN}")
+    return int(value)
 
 
 def _checkpoint(body: Any, field: str, limit_bytes: int) -> bytes | None:

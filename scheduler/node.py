@@ -78,6 +78,21 @@ TENANT_REFRESH_S = 10.0
 BACKLOG_REPORT_S = 1.0
 
 
+class HealthServicer(health_aio.HealthServicer):  # type: ignore[misc]
+    """grpc's asyncio health servicer, with the ``List`` RPC its proto has and it lacks
+    (grpcio-health-checking 1.85 answers it UNKNOWN with a NotImplementedError traceback)."""
+
+    async def List(
+        self, request: health_pb2.HealthListRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> health_pb2.HealthListResponse:
+        return health_pb2.HealthListResponse(
+            statuses={
+                service: health_pb2.HealthCheckResponse(status=status)
+                for service, status in self._server_status.items()
+            }
+        )
+
+
 def server_options(config: SchedulerConfig) -> list[tuple[str, Any]]:
     """gRPC server settings of DESIGN §12: explicit keepalives and a ping policy that
     allows the clients' rate, so a stopped peer is detected in seconds, not minutes."""
@@ -141,7 +156,7 @@ class SchedulerNode:
         self._tasks: list[asyncio.Task[None]] = []
         self._side_tasks: set[asyncio.Task[None]] = set()
         self._server: grpc.aio.Server | None = None
-        self._health = health_aio.HealthServicer()
+        self._health = HealthServicer()
         self._metrics_server: Any = None
         self._draining = False
         self.addresses: NodeAddresses | None = None
