@@ -13,12 +13,12 @@ from __future__ import annotations
 import base64
 import dataclasses
 import enum
-import json
 import uuid
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+from chronoshard import exact_json
 from chronoshard.types import Task
 
 EMPTY = "-"
@@ -47,7 +47,7 @@ def jsonable(value: Any) -> Any:
 
 
 def dumps(value: Any) -> str:
-    return json.dumps(jsonable(value), indent=2, ensure_ascii=False)
+    return exact_json.dumps(jsonable(value), indent=2, separators=(",", ": "))
 
 
 def iso(value: datetime) -> str:
@@ -138,7 +138,7 @@ def fields(pairs: Sequence[tuple[str, object]]) -> str:
 
 
 def one_line_json(value: Any) -> str:
-    return json.dumps(jsonable(value), separators=(", ", ": "), ensure_ascii=False)
+    return exact_json.dumps(jsonable(value), separators=(", ", ": "))
 
 
 # --- tasks -----------------------------------------------------------------------------------

@@ -9,7 +9,6 @@ as the client's exceptions and turned into exit codes by ``cli.main``.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from datetime import UTC, datetime
@@ -17,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from chronoshard import _cli_output as output
+from chronoshard import exact_json
 from chronoshard._cli_common import (
     EXIT_FAILURE,
     EXIT_OK,
@@ -131,8 +131,8 @@ def _payload(args: argparse.Namespace) -> dict[str, Any] | None:
     else:
         return None
     try:
-        value = json.loads(text)
-    except json.JSONDecodeError as exc:
+        value = exact_json.loads(text)
+    except (ValueError, RecursionError) as exc:
         raise UsageError(f"{source} is not JSON: {exc}") from None
     if not isinstance(value, dict):
         raise UsageError(f"{source} must be a JSON object ({{...}}), got {type(value).__name__}")

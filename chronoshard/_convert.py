@@ -6,16 +6,18 @@ enum's prefix plus the DESIGN name (``TASK_STATUS_DEAD_LETTER`` <-> ``TaskStatus
 ``PRIORITY_BULK`` <-> ``Priority.BULK``); an unset Timestamp/Duration and an empty string or
 ``bytes`` become ``None``; Timestamps become aware UTC datetimes (microsecond precision, as
 PostgreSQL stores them) and Durations float seconds; ``*_json`` bytes are decoded with
-:mod:`json`. Anything the server sends that this client cannot read raises
-:class:`~chronoshard.errors.ProtocolError` instead of a bare ValueError deep inside a call.
+exact numbers (:mod:`chronoshard.exact_json`: a number a float cannot hold exactly comes
+back as a ``decimal.Decimal``, never rounded). Anything the server sends that this client
+cannot read raises :class:`~chronoshard.errors.ProtocolError` instead of a bare ValueError
+deep inside a call.
 
 Payloads are encoded compactly (``separators=(",", ":")``, UTF-8, no NaN/Infinity since
-neither is JSON nor storable in JSONB), because the server bounds payloads by their size.
+neither is JSON nor storable in JSONB), because the server bounds payloads by their size;
+a ``decimal.Decimal`` in a payload is sent exactly.
 """
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
@@ -25,6 +27,7 @@ from typing import Any, TypeVar
 import grpc
 from google.protobuf import duration_pb2, timestamp_pb2
 
+from chronoshard import exact_json
 from chronoshard.errors import ChronoshardError, ProtocolError, error_for, status_code_from_name
 from chronoshard.types import (
     AttemptState,
@@ -63,19 +66,19 @@ def encode_payload(payload: Mapping[str, Any] | None) -> bytes:
     if not isinstance(payload, Mapping):
         raise TypeError(f"payload must be a dict (a JSON object), got {type(payload).__name__}")
     try:
-        text = json.dumps(dict(payload), separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-        return text.encode("utf-8")
-    except (TypeError, ValueError) as exc:  # ValueError: NaN, cycles, lone surrogates
+        return exact_json.dumps(dict(payload)).encode("utf-8")
+    except (TypeError, ValueError, RecursionError) as exc:  # NaN, cycles, lone surrogates
         raise TypeError(f"payload is not JSON-serialisable: {exc}") from exc
 
 
 def decode_json(data: bytes, what: str) -> Any:
-    """Decode a ``*_json`` field; empty bytes (not sent) are None."""
+    """Decode a ``*_json`` field, numbers exact (:mod:`chronoshard.exact_json`: a float
+    where a float is the number, else a Decimal); empty bytes (not sent) are None."""
     if not data:
         return None
     try:
-        return json.loads(data)
-    except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        return exact_json.loads(data)
+    except (ValueError, RecursionError) as exc:  # incl. JSONDecodeError, UnicodeDecodeError
         raise ProtocolError(
             f"server sent {what} that is not UTF-8 JSON: {exc}", reason="PROTOCOL_ERROR"
         ) from exc
@@ -439,7 +442,7 @@ def _set_time(msg: Any, field: str, value: datetime | None) -> None:
 
 
 def _encode_any(value: Any) -> bytes:
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    return exact_json.dumps(value).encode("utf-8")
 
 
 def chunk_requests(

@@ -4,7 +4,7 @@
 call they answer is scoped to the caller's tenant and they need it. ``WorkerService`` and
 ``AdminService`` serve the cluster rather than one tenant, so a server interceptor guards
 them before any handler runs, with the same :class:`~.auth.Authenticator` (same key
-format, same cache, same single "invalid API key" answer):
+format, same cache, same single "missing or invalid API key" answer):
 
 - **worker calls** (``Connect`` and the unary ``Complete``/``Fail``/``Release``) need a valid
   API key of any tenant. Workers serve every tenant of the cluster: which tasks a worker
@@ -36,10 +36,10 @@ from typing import Any
 
 import grpc
 
+from chronoshard.scheduler import boundary
 from chronoshard.scheduler.auth import Authenticator
 from chronoshard.scheduler.errors import PermissionDenied, SchedulerError
 from chronoshard.v1 import common_pb2
-from chronoshard.wire import error_info_metadata
 
 log = logging.getLogger(__name__)
 
@@ -97,17 +97,10 @@ class AccessInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
                     "(chronoshard tenants create NAME --operator)"
                 )
         except SchedulerError as exc:
-            info = common_pb2.ErrorInfo(
-                code=exc.grpc_code_name,
-                reason=exc.reason,
-                message=str(exc),
-                retryable=exc.retryable,
-            )
+            info = boundary.error_info(exc)
         except Exception:  # a bug must not let the call through, nor kill the server
             log.exception("authentication failed unexpectedly", extra={"method": method})
-            info = common_pb2.ErrorInfo(
-                code="INTERNAL", reason="INTERNAL", message="internal error"
-            )
+            info = boundary.internal_error()
         else:
             return await continuation(handler_call_details)
         handler = await continuation(handler_call_details)
@@ -126,9 +119,8 @@ def refusal_handler(handler: grpc.RpcMethodHandler, info: common_pb2.ErrorInfo) 
     ``Hello``) has arrived, or after :data:`OPENING_MESSAGE_WAIT_S`: grpc.aio reports
     ``INTERNAL: Internal error from Core`` instead of the server's status when the client's
     write lands after the call has ended (grpc/grpc#36066), and a worker that reads
-    "invalid API key" can be fixed by its operator, one that reads INTERNAL cannot.
+    "missing or invalid API key" can be fixed by its operator, one that reads INTERNAL cannot.
     """
-    code = getattr(grpc.StatusCode, info.code)
     request_streaming = bool(handler.request_streaming)
 
     async def refuse(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> None:
@@ -138,8 +130,7 @@ def refusal_handler(handler: grpc.RpcMethodHandler, info: common_pb2.ErrorInfo) 
             with contextlib.suppress(Exception):
                 async with asyncio.timeout(OPENING_MESSAGE_WAIT_S):
                     await anext(aiter(request), None)
-        context.set_trailing_metadata(error_info_metadata(info))
-        await context.abort(code, info.message)
+        await boundary.abort(context, info)
 
     shapes = {
         (False, False): grpc.unary_unary_rpc_method_handler,

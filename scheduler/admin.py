@@ -14,13 +14,11 @@ from typing import Any
 
 import grpc
 
+from chronoshard.scheduler import boundary
 from chronoshard.scheduler.coordination import CoordinationError, EtcdCoordinator
+from chronoshard.scheduler.errors import shown
 from chronoshard.scheduler.shards import ShardManager
 from chronoshard.v1 import admin_service_pb2, admin_service_pb2_grpc, common_pb2
-from chronoshard.wire import error_info_metadata
-
-MAX_NODE_ID_SHOWN = 64
-"""A node id echoed in an error is cut to this many characters (input is unbounded)."""
 
 
 class AdminServicer(admin_service_pb2_grpc.AdminServiceServicer):
@@ -129,13 +127,13 @@ class AdminServicer(admin_service_pb2_grpc.AdminServiceServicer):
         if node_id in ("", self._node_id):
             return
         info = self._shards.members.get(node_id)
-        shown = node_id if len(node_id) <= MAX_NODE_ID_SHOWN else node_id[:MAX_NODE_ID_SHOWN] + "…"
         if info is None:
-            code, reason, message = "NOT_FOUND", "NODE_NOT_FOUND", f"no live node {shown!r}"
+            code, reason = "NOT_FOUND", "NODE_NOT_FOUND"
+            message = f"no live node {shown(node_id)}"
         else:
             code, reason = "FAILED_PRECONDITION", "WRONG_NODE"
-            message = f"ask node {shown} (at {info.address}) to {verb} itself"
-        await _abort(
+            message = f"ask node {shown(node_id)} (at {info.address}) to {verb} itself"
+        await boundary.abort(
             context,
             common_pb2.ErrorInfo(code=code, reason=reason, message=message, field="node_id"),
         )
@@ -144,15 +142,9 @@ class AdminServicer(admin_service_pb2_grpc.AdminServiceServicer):
         try:
             return await self._coordinator.shard_claims()
         except CoordinationError as exc:
-            await _abort(
+            await boundary.abort(
                 context,
                 common_pb2.ErrorInfo(
                     code="UNAVAILABLE", reason=exc.reason, message=str(exc), retryable=True
                 ),
             )
-            raise  # unreachable: abort raises
-
-
-async def _abort(context: grpc.aio.ServicerContext[Any, Any], info: common_pb2.ErrorInfo) -> None:
-    context.set_trailing_metadata(error_info_metadata(info))
-    await context.abort(getattr(grpc.StatusCode, info.code), info.message)

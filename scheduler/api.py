@@ -9,11 +9,12 @@ store call does the work, in one transaction. Single ``SubmitTask`` calls share 
 transaction with concurrent ones (group commit, :class:`~.submits.SubmitCoalescer`):
 each is still answered only after its row committed, with its own outcome.
 
-Errors leave in exactly one place, :meth:`TaskServiceServicer._serve`: a
-:class:`~.errors.SchedulerError` becomes the gRPC status its class names plus an
-``ErrorInfo`` (reason, field, retryable) in the trailing metadata (see
-``chronoshard.wire``); anything else is a bug, logged with its traceback and answered
-``INTERNAL`` with a generic message, so internals never reach a client.
+Errors leave in exactly one place, :meth:`TaskServiceServicer._serve`, through the
+node's one error boundary (:func:`.boundary.serve`): a :class:`~.errors.SchedulerError`
+becomes the gRPC status its class names plus an ``ErrorInfo`` (reason, field,
+retryable) in the trailing metadata (see ``chronoshard.wire``), both bounded in size;
+anything else is a bug, logged with its traceback and answered ``INTERNAL`` with a
+generic message, so internals never reach a client.
 
 What the node must do when tasks appear or are cancelled (wake the preloader, forget a
 timer, tell a worker) it learns through the :class:`SubmitListener` it passes in, called
@@ -26,18 +27,17 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import timedelta
-from typing import Any, NoReturn, Protocol, TypeAlias, TypeVar
+from typing import Any, Protocol, TypeAlias, TypeVar
 
 import grpc
 
 from chronoshard.clock import Clock, SystemClock
-from chronoshard.scheduler import convert
+from chronoshard.scheduler import boundary, convert
 from chronoshard.scheduler.auth import Authenticator
 from chronoshard.scheduler.config import SchedulerConfig
 from chronoshard.scheduler.errors import (
     IdempotencyConflict,
     InvalidArgument,
-    SchedulerError,
     TaskNotFound,
 )
 from chronoshard.scheduler.ids import new_task_id, unix_ms
@@ -45,15 +45,13 @@ from chronoshard.scheduler.models import PreparedTask, SubmitResult, Task, Tenan
 from chronoshard.scheduler.store import Store
 from chronoshard.scheduler.submits import SubmitCoalescer
 from chronoshard.scheduler.task_queries import PageCursor, TaskQueries
-from chronoshard.v1 import common_pb2, task_service_pb2, task_service_pb2_grpc
-from chronoshard.wire import error_info_metadata
+from chronoshard.v1 import task_service_pb2, task_service_pb2_grpc
 
 log = logging.getLogger(__name__)
 
 _Req = TypeVar("_Req")
 _Resp = TypeVar("_Resp")
 Context: TypeAlias = grpc.aio.ServicerContext[Any, Any]
-_INTERNAL_MESSAGE = "internal error; the server logged the details"
 
 
 class SubmitListener(Protocol):
@@ -143,21 +141,13 @@ class TaskServiceServicer(task_service_pb2_grpc.TaskServiceServicer):
         request: _Req,
         context: Context,
     ) -> _Resp:
-        """Authenticate, run ``handler``, and translate every error: the one place gRPC
-        status codes are chosen."""
-        try:
+        """Authenticate, run ``handler``, and translate every error (:mod:`.boundary`)."""
+
+        async def call() -> _Resp:
             tenant = await self._auth.authenticate(context.invocation_metadata())
             return await handler(tenant, request, context)
-        except SchedulerError as exc:
-            if exc.retryable:
-                log.warning("TaskService.%s: %s", method, exc, extra={"reason": exc.reason})
-            await _abort(context, convert.error_info(exc))
-        except Exception:
-            log.exception("TaskService.%s failed", method)
-            info = common_pb2.ErrorInfo(
-                code="INTERNAL", reason="INTERNAL", message=_INTERNAL_MESSAGE
-            )
-            await _abort(context, info)
+
+        return await boundary.serve(f"TaskService.{method}", context, call)
 
     # --- handlers -------------------------------------------------------------------------
 
@@ -329,9 +319,3 @@ def _submit_response(result: SubmitResult) -> task_service_pb2.SubmitTaskRespons
     return task_service_pb2.SubmitTaskResponse(
         task=convert.task_to_pb(result.task), created=result.created
     )
-
-
-async def _abort(context: Context, info: common_pb2.ErrorInfo) -> NoReturn:
-    context.set_trailing_metadata(error_info_metadata(info))
-    await context.abort(getattr(grpc.StatusCode, info.code), info.message)
-    raise AssertionError("context.abort returned")  # it always raises

@@ -63,11 +63,11 @@ def bearer_key(metadata: Iterable[Any] | None) -> str:
         if key == AUTHORIZATION_KEY:
             values.append(value)
     if not values:
-        raise Unauthenticated("missing API key: send 'authorization: Bearer <key>'")
+        raise Unauthenticated()
     # Two credentials on one call is a confused client, or someone hoping one of them
     # is checked and the other used; refuse rather than pick.
     if len(values) > 1 or not isinstance(values[0], str):
-        raise Unauthenticated("invalid API key")
+        raise Unauthenticated()
     scheme, _, token = values[0].strip().partition(" ")
     token = token.strip()
     if (
@@ -76,7 +76,7 @@ def bearer_key(metadata: Iterable[Any] | None) -> str:
         or len(token) > MAX_API_KEY_CHARS
         or any(c.isspace() for c in token)
     ):
-        raise Unauthenticated("invalid API key")
+        raise Unauthenticated()
     return token
 
 
@@ -157,6 +157,6 @@ class Authenticator:
             return tenant
         tenant = await self._store.get_tenant_by_key_hash(key_hash)
         if tenant is None:
-            raise Unauthenticated("invalid API key")
+            raise Unauthenticated()
         self._cache.put(key_hash, tenant, self._clock.monotonic())
         return tenant

@@ -31,8 +31,10 @@ from typing import Any
 
 from google.protobuf import duration_pb2, timestamp_pb2
 
+from chronoshard import exact_json
+from chronoshard.scheduler import payloads
 from chronoshard.scheduler.config import SchedulerConfig
-from chronoshard.scheduler.errors import InvalidArgument, PayloadTooLarge, SchedulerError
+from chronoshard.scheduler.errors import InvalidArgument, PayloadTooLarge, seconds_text, shown
 from chronoshard.scheduler.jitter import MAX_WINDOW_S, JitterMode, jittered_due
 from chronoshard.scheduler.models import (
     DEFAULT_BACKOFF_INITIAL_S,
@@ -118,11 +120,22 @@ def ts_to_pb(value: datetime) -> timestamp_pb2.Timestamp:
     )
 
 
+_MIN_TIMESTAMP_SECONDS = -62_135_596_800
+"""0001-01-01T00:00:00Z, the earliest instant a Timestamp (and a datetime) can hold."""
+_MAX_TIMESTAMP_SECONDS = 253_402_300_799
+"""9999-12-31T23:59:59Z, the latest."""
+
+
 def ts_from_pb(value: timestamp_pb2.Timestamp, field: str) -> datetime:
-    try:
-        return value.ToDatetime(tzinfo=UTC)
-    except (ValueError, OverflowError) as exc:
-        raise InvalidArgument(field, f"not a valid timestamp: {exc}") from exc
+    # Checked here rather than left to protobuf, whose message ("Nanos -1 must be in a
+    # range [0, 999999]") names neither the field nor what a valid value is.
+    if not 0 <= value.nanos <= 999_999_999:
+        raise InvalidArgument(field, "is not a valid timestamp: nanos must be 0..999999999")
+    if not _MIN_TIMESTAMP_SECONDS <= value.seconds <= _MAX_TIMESTAMP_SECONDS:
+        raise InvalidArgument(
+            field, "is not a valid timestamp: it must lie between years 0001 and 9999"
+        )
+    return _UNIX_EPOCH + timedelta(seconds=value.seconds, microseconds=value.nanos // 1000)
 
 
 def duration_to_pb(seconds: float) -> duration_pb2.Duration:
@@ -138,15 +151,15 @@ def duration_to_pb(seconds: float) -> duration_pb2.Duration:
 
 def duration_from_pb(value: duration_pb2.Duration, field: str) -> float:
     if value.nanos < -999_999_999 or value.nanos > 999_999_999:
-        raise InvalidArgument(field, "nanos out of range")
+        raise InvalidArgument(field, "is not a valid duration: nanos must be within +-999999999")
     return value.seconds + value.nanos / 1e9
 
 
 def uuid_from_pb(value: str, field: str) -> uuid.UUID:
     try:
         return uuid.UUID(value)
-    except (ValueError, AttributeError, TypeError) as exc:
-        raise InvalidArgument(field, f"not a UUID: {value!r}") from exc
+    except (ValueError, AttributeError, TypeError):
+        raise InvalidArgument(field, f"is not a UUID: {shown(value)}") from None
 
 
 def ref_from_pb(ref: common_pb2.TaskRef, field: str = "task") -> TaskRef:
@@ -162,9 +175,11 @@ def ref_to_pb(ref: TaskRef) -> common_pb2.TaskRef:
 
 
 def json_bytes(value: object) -> bytes:
+    """A stored payload or result as the wire carries it: compact UTF-8 JSON, numbers
+    exact (``chronoshard.exact_json``); None is empty."""
     if value is None:
         return b""
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
+    return exact_json.dumps(value).encode()
 
 
 def task_to_pb(task: Task, *, include_payload: bool = True) -> common_pb2.Task:
@@ -226,16 +241,6 @@ def attempt_to_pb(attempt: TaskAttempt) -> common_pb2.TaskAttempt:
     return msg
 
 
-def error_info(error: SchedulerError) -> common_pb2.ErrorInfo:
-    return common_pb2.ErrorInfo(
-        code=error.grpc_code_name,
-        reason=error.reason,
-        message=str(error),
-        field=getattr(error, "field", "") or "",
-        retryable=error.retryable,
-    )
-
-
 # --- TaskService requests --------------------------------------------------------------
 
 MAX_DELAY_S = 10 * 365 * 86_400.0
@@ -254,9 +259,6 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MAX_DURATION_SECONDS = 315_576_000_000
 """google.protobuf.Duration's own range: +-10,000 years."""
 _TRACEPARENT = re.compile(r"^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}(-[\x21-\x7e]*)?$")
-# NUL cannot be stored in jsonb or text; lone surrogates (from "\\ud800" escapes) are not
-# encodable as UTF-8. Both would otherwise fail late, as a driver error.
-_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
 # Model field -> request field, for the (defensive) re-check of models.prepare.
 _WIRE_FIELDS = {
     "payload": "payload_json",
@@ -315,7 +317,11 @@ def submit_from_pb(
     task_type = _text(req.type, field("type"), MAX_TYPE_LENGTH)
     if task_type is None:
         raise InvalidArgument(field("type"), "is required")
-    payload = _payload_from_pb(req.payload_json, field("payload_json"), limits.payload_limit_bytes)
+    payload: dict[str, Any] = {}
+    if req.payload_json:
+        payload = payloads.parse(
+            req.payload_json, field("payload_json"), limits.payload_limit_bytes, object_only=True
+        )
     scheduled_at, when = _when_from_pb(req, now, prefix)
     queue = req.queue or DEFAULT_QUEUE
     if not QUEUE_PATTERN.match(queue):
@@ -397,7 +403,7 @@ def _when_from_pb(
         field = prefix + "scheduled_at"
         at = ts_from_pb(req.scheduled_at, field)
         if at < now - timedelta(seconds=MAX_PAST_S):
-            raise InvalidArgument(field, f"is more than {MAX_PAST_S / 86_400:g} days in the past")
+            raise InvalidArgument(field, f"is more than {MAX_PAST_S / 86_400:.0f} days in the past")
         if at > now + timedelta(seconds=MAX_DELAY_S):
             raise InvalidArgument(field, "is more than 10 years ahead")
         return at, {"at": at.isoformat()}
@@ -424,7 +430,9 @@ def _backoff_from_pb(
     if backoff.HasField("max"):
         max_s = _duration(backoff.max, field + "max")
         if max_s < initial_s:
-            raise InvalidArgument(field + "max", f"must be at least initial ({initial_s:g} s)")
+            raise InvalidArgument(
+                field + "max", f"must be at least initial ({seconds_text(initial_s)})"
+            )
     multiplier = backoff.multiplier or DEFAULT_BACKOFF_MULTIPLIER
     if not (math.isfinite(multiplier) and multiplier >= 1):
         raise InvalidArgument(field + "multiplier", "must be a finite number >= 1")
@@ -452,7 +460,7 @@ def _duration(
     if result < 0 or (positive and result == 0):
         raise InvalidArgument(field, "must be positive" if positive else "must not be negative")
     if result > limit_s:
-        raise InvalidArgument(field, f"must be at most {limit_s:g} s")
+        raise InvalidArgument(field, f"must be at most {seconds_text(limit_s)}")
     return result
 
 
@@ -472,43 +480,6 @@ def _text(value: str, field: str, max_chars: int) -> str | None:
     if any(unicodedata.category(c) == "Cc" for c in value):
         raise InvalidArgument(field, "must not contain control characters")
     return value
-
-
-def _payload_from_pb(data: bytes, field: str, limit_bytes: int) -> dict[str, Any]:
-    # Bounded before parsing: a huge document is refused without building it in memory.
-    if len(data) > limit_bytes:
-        raise PayloadTooLarge(field, len(data), limit_bytes)
-    if not data:
-        return {}
-    try:
-        value = json.loads(data.decode("utf-8"), parse_constant=_reject_constant)
-    except UnicodeDecodeError:
-        raise InvalidArgument(field, "is not UTF-8") from None
-    except (ValueError, RecursionError) as exc:
-        # ValueError covers JSONDecodeError, NaN/Infinity and over-long integers.
-        raise InvalidArgument(field, f"is not valid JSON: {exc}") from None
-    if not isinstance(value, dict):
-        raise InvalidArgument(field, "must be a JSON object")
-    _check_storable(value, field)
-    return value
-
-
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
-
-
-def _check_storable(value: object, field: str) -> None:
-    stack = [value]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, str):
-            if _UNSTORABLE.search(item):
-                raise InvalidArgument(field, "contains a NUL character or a lone surrogate")
-        elif isinstance(item, dict):
-            stack.extend(item.keys())
-            stack.extend(item.values())
-        elif isinstance(item, list):
-            stack.extend(item)
 
 
 def trace_context_from_metadata(metadata: Iterable[Any] | None) -> dict[str, str] | None:

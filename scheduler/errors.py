@@ -9,8 +9,41 @@ The servicer alone chooses gRPC status codes (see ``grpc_code`` below, the one t
 
 from __future__ import annotations
 
+import math
 import uuid
 from typing import ClassVar
+
+SHOWN_CHARS = 40
+"""How much of a value taken from a request an error message quotes (see :func:`shown`)."""
+
+
+def shown(value: str, limit: int = SHOWN_CHARS) -> str:
+    """``value`` quoted for an error message, cut to ``limit`` characters.
+
+    A message never echoes a request field whole: a 1 MiB id quoted in full made the
+    error trailer overflow gRPC's header limit, and the client saw ``RESOURCE_EXHAUSTED:
+    Stream removed`` instead of the refusal.
+    """
+    if len(value) <= limit:
+        return repr(value)
+    return f"{value[:limit]!r}... ({len(value)} characters)"
+
+
+_UNITS = (("year", 365 * 86_400), ("day", 86_400), ("hour", 3_600), ("minute", 60))
+
+
+def seconds_text(seconds: float) -> str:
+    """A duration as people read it: ``315360000 s (10 years)``, ``1.5 s``, never
+    ``3.1536e+08 s``."""
+    if math.isfinite(seconds) and seconds == int(seconds):
+        text = f"{int(seconds)} s"
+    else:
+        text = f"{seconds:.9f}".rstrip("0").rstrip(".") + " s"
+    for unit, size in _UNITS:
+        if seconds >= size and seconds % size == 0:
+            count = int(seconds // size)
+            return f"{text} ({count} {unit}{'' if count == 1 else 's'})"
+    return text
 
 
 class SchedulerError(Exception):
@@ -156,14 +189,21 @@ class MigrationError(SchedulerError):
     grpc_code_name = "FAILED_PRECONDITION"
 
 
+UNAUTHENTICATED_MESSAGE = "missing or invalid API key: send 'authorization: Bearer <key>'"
+
+
 class Unauthenticated(SchedulerError):
     """Raised when a call carries no API key, a malformed one, or one no tenant holds.
 
-    The message never says which: a caller learns nothing about which keys exist.
+    The message is always :data:`UNAUTHENTICATED_MESSAGE`, whichever it was: a caller
+    learns nothing about which keys exist.
     """
 
     reason = "UNAUTHENTICATED"
     grpc_code_name = "UNAUTHENTICATED"
+
+    def __init__(self) -> None:
+        super().__init__(UNAUTHENTICATED_MESSAGE)
 
 
 class TaskAlreadyFinished(SchedulerError):

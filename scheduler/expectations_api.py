@@ -6,8 +6,8 @@ The servicer follows :mod:`.api` step for step: the caller's API key names the t
 (:class:`~.auth.Authenticator`; an unknown key is ``UNAUTHENTICATED``), the request is
 validated completely by the pure :func:`spec_from_pb` before anything is written (a bad
 field is ``INVALID_ARGUMENT`` naming it), then one statement does the work. Errors leave
-through :meth:`WatchdogServiceServicer._serve` only, as a gRPC status plus an
-``ErrorInfo`` in the trailing metadata.
+through :meth:`WatchdogServiceServicer._serve` only (the node's one error boundary,
+:mod:`.boundary`), as a gRPC status plus an ``ErrorInfo`` in the trailing metadata.
 
 Expectations defined in the watchdog's config file live in the same table with
 ``source = 'config'``: the API lists them but refuses to change or delete them
@@ -23,18 +23,17 @@ import math
 import unicodedata
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, NoReturn, TypeAlias, TypeVar
+from typing import Any, TypeAlias, TypeVar
 
 import grpc
 from psycopg.rows import dict_row
 
-from chronoshard.scheduler import convert, queries
+from chronoshard.scheduler import boundary, convert, queries
 from chronoshard.scheduler.auth import Authenticator
-from chronoshard.scheduler.errors import InvalidArgument, SchedulerError
+from chronoshard.scheduler.errors import InvalidArgument, SchedulerError, seconds_text, shown
 from chronoshard.scheduler.models import MAX_KEY_LENGTH, Tenant
 from chronoshard.scheduler.store import Store
-from chronoshard.v1 import common_pb2, watchdog_service_pb2, watchdog_service_pb2_grpc
-from chronoshard.wire import error_info_metadata
+from chronoshard.v1 import watchdog_service_pb2, watchdog_service_pb2_grpc
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +50,6 @@ DEFAULT_PAGE_SIZE = 100
 MAX_PAGE_SIZE = 1000
 MAX_PAGE_TOKEN_CHARS = 1024
 SEVERITIES = ("critical", "error", "warning", "info")
-_INTERNAL_MESSAGE = "internal error; the server logged the details"
 
 
 class ExpectationNotFound(SchedulerError):
@@ -61,7 +59,7 @@ class ExpectationNotFound(SchedulerError):
     grpc_code_name = "NOT_FOUND"
 
     def __init__(self, job_id: str) -> None:
-        super().__init__(f"no expectation for job {job_id!r}")
+        super().__init__(f"no expectation for job {shown(job_id)}")
         self.field = "job_id"
 
 
@@ -74,7 +72,7 @@ class ExpectationManagedByConfig(SchedulerError):
 
     def __init__(self, job_id: str) -> None:
         super().__init__(
-            f"the expectation for job {job_id!r} is defined in the watchdog's config file; "
+            f"the expectation for job {shown(job_id)} is defined in the watchdog's config file; "
             "change it there"
         )
         self.field = "job_id"
@@ -118,7 +116,7 @@ def _seconds(value: Any, field: str, *, positive: bool, limit_s: float) -> float
     if result < 0:
         raise InvalidArgument(field, "must not be negative")
     if not math.isfinite(result) or result > limit_s:
-        raise InvalidArgument(field, f"must be at most {limit_s:g} s")
+        raise InvalidArgument(field, f"must be at most {seconds_text(limit_s)}")
     return result
 
 
@@ -193,7 +191,10 @@ def page_token_from_pb(token: str) -> str:
         if len(token) > MAX_PAGE_TOKEN_CHARS:
             raise ValueError("too long")
         raw = base64.b64decode(token + "=" * (-len(token) % 4), altchars=b"-_", validate=True)
-        return raw.decode("utf-8")
+        after = raw.decode("utf-8")
+        if "\x00" in after:  # no job id has one; PostgreSQL text cannot hold it
+            raise ValueError("NUL")
+        return after
     except (ValueError, binascii.Error, UnicodeDecodeError):
         raise InvalidArgument("page_token", "not a token this server issued") from None
 
@@ -231,21 +232,13 @@ class WatchdogServiceServicer(watchdog_service_pb2_grpc.WatchdogServiceServicer)
         request: _Req,
         context: Context,
     ) -> _Resp:
-        """Authenticate, run ``handler``, translate every error: the one place gRPC status
-        codes are chosen for this service."""
-        try:
+        """Authenticate, run ``handler``, translate every error (:mod:`.boundary`)."""
+
+        async def call() -> _Resp:
             tenant = await self._auth.authenticate(context.invocation_metadata())
             return await handler(tenant, request)
-        except SchedulerError as exc:
-            if exc.retryable:
-                log.warning("WatchdogService.%s: %s", method, exc, extra={"reason": exc.reason})
-            await _abort(context, convert.error_info(exc))
-        except Exception:
-            log.exception("WatchdogService.%s failed", method)
-            info = common_pb2.ErrorInfo(
-                code="INTERNAL", reason="INTERNAL", message=_INTERNAL_MESSAGE
-            )
-            await _abort(context, info)
+
+        return await boundary.serve(f"WatchdogService.{method}", context, call)
 
     async def _create(
         self, tenant: Tenant, request: watchdog_service_pb2.CreateExpectationRequest
@@ -305,9 +298,3 @@ class WatchdogServiceServicer(watchdog_service_pb2_grpc.WatchdogServiceServicer)
                 raise ExpectationNotFound(job_id)
         log.info("expectation deleted", extra={"tenant_id": str(tenant.id), "job_id": job_id})
         return watchdog_service_pb2.DeleteExpectationResponse(expectation=expectation_to_pb(row))
-
-
-async def _abort(context: Context, info: common_pb2.ErrorInfo) -> NoReturn:
-    context.set_trailing_metadata(error_info_metadata(info))
-    await context.abort(getattr(grpc.StatusCode, info.code), info.message)
-    raise AssertionError("context.abort returned")  # it always raises

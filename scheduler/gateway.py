@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import unicodedata
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
@@ -32,7 +33,7 @@ import grpc
 
 from chronoshard.batching import MAX_BATCH_MESSAGES, encoded_size, pack, take_queued
 from chronoshard.clock import Clock
-from chronoshard.scheduler import convert, faults
+from chronoshard.scheduler import boundary, convert, faults, payloads
 from chronoshard.scheduler.config import SchedulerConfig
 from chronoshard.scheduler.dispatch_store import (
     Beat,
@@ -46,7 +47,12 @@ from chronoshard.scheduler.dispatch_store import (
     Settle,
     TimerTask,
 )
-from chronoshard.scheduler.errors import InvalidArgument, SchedulerError, StoreUnavailable
+from chronoshard.scheduler.errors import (
+    InvalidArgument,
+    PayloadTooLarge,
+    SchedulerError,
+    StoreUnavailable,
+)
 from chronoshard.scheduler.failures import FailureReport
 from chronoshard.scheduler.fairness import WorkerOffer
 from chronoshard.scheduler.faults import CrashPoint
@@ -54,13 +60,15 @@ from chronoshard.scheduler.group_commit import GroupCommitter
 from chronoshard.scheduler.models import Task, TaskRef
 from chronoshard.scheduler.states import AttemptState
 from chronoshard.v1 import common_pb2, worker_service_pb2, worker_service_pb2_grpc
-from chronoshard.wire import error_info_metadata
 
 log = logging.getLogger(__name__)
 
 HELLO_TIMEOUT_S = 10.0
 MAX_WORKER_SLOTS = 100_000
 MAX_ERROR_CHARS = 8192
+MAX_NAME_CHARS = 200
+"""Worker ids, and each queue and task type a Hello names."""
+MAX_HELLO_NAMES = 1000
 
 _OUTCOME_CODES = {
     Outcome.STALE_FENCING_TOKEN: "FAILED_PRECONDITION",
@@ -357,7 +365,7 @@ class Gateway(worker_service_pb2_grpc.WorkerServiceServicer):
         except InvalidArgument as exc:
             self.stats["sessions_rejected"] += 1
             yield worker_service_pb2.SchedulerMessage(
-                reject=worker_service_pb2.Reject(error=convert.error_info(exc))
+                reject=worker_service_pb2.Reject(error=boundary.error_info(exc))
             )
             return
         reader = asyncio.create_task(
@@ -410,12 +418,19 @@ class Gateway(worker_service_pb2_grpc.WorkerServiceServicer):
         if message.WhichOneof("message") != "hello":
             raise InvalidArgument("hello", "the first message on a stream must be Hello")
         hello = message.hello
-        if not hello.worker_id or len(hello.worker_id) > 200:
-            raise InvalidArgument("hello.worker_id", "required, at most 200 characters")
+        if not hello.worker_id:
+            raise InvalidArgument("hello.worker_id", "is required")
+        _identifier(hello.worker_id, "hello.worker_id")
         if not 1 <= hello.slots <= MAX_WORKER_SLOTS:
             raise InvalidArgument("hello.slots", f"must be between 1 and {MAX_WORKER_SLOTS}")
         if not hello.task_types:
             raise InvalidArgument("hello.task_types", "a worker must serve at least one type")
+        for name in ("queues", "task_types"):
+            values = getattr(hello, name)
+            if len(values) > MAX_HELLO_NAMES:
+                raise InvalidArgument(f"hello.{name}", f"at most {MAX_HELLO_NAMES} entries")
+            for i, value in enumerate(values):
+                _identifier(value, f"hello.{name}[{i}]")
         previous = self._by_worker.get(hello.worker_id)
         if previous is not None:
             # A reconnect: the new stream replaces the old one, which may be half-dead.
@@ -536,7 +551,7 @@ class Gateway(worker_service_pb2_grpc.WorkerServiceServicer):
                 return
             body = getattr(message, kind)
             ref = convert.ref_from_pb(body.task, f"{kind}.task")
-            token = int(body.fencing_token)
+            token = _token(body.fencing_token, f"{kind}.fencing_token")
             outcome = await self._settle(kind, body, ref, token, session.worker_id)
         except InvalidArgument as exc:
             log.warning(
@@ -548,6 +563,12 @@ class Gateway(worker_service_pb2_grpc.WorkerServiceServicer):
         except StoreUnavailable as exc:
             # No receipt: the worker resends (stream or unary) until one arrives.
             log.warning("settlement not committed", extra={"kind": kind, "error": str(exc)})
+            return
+        except Exception:
+            # A bug: logged here, not left to asyncio as "exception was never retrieved".
+            log.exception(
+                "worker message failed", extra={"worker_id": session.worker_id, "kind": kind}
+            )
             return
         if kind != "ack" and outcome in (
             Outcome.OK,
@@ -564,23 +585,26 @@ class Gateway(worker_service_pb2_grpc.WorkerServiceServicer):
     ) -> Outcome:
         if kind == "ack":
             return await self._acks.submit(Settle(ref, token))
+        limit = self._config.limits.payload_limit_bytes
         if kind == "complete":
-            result = body.result_json.decode() if body.result_json else None
+            # Checked like a submit's payload (exact numbers, nesting, size): a document
+            # the database would refuse must not fail the whole group-committed batch.
+            result = payloads.stored_form(body.result_json, f"{kind}.result_json", limit)
             return await self._completions.submit(Completion(ref, token, result))
         if kind == "fail":
             report = FailureReport(
                 retryable=body.retryable, timed_out=body.timed_out, cancelled=body.cancelled
             )
-            error = body.error_message[:MAX_ERROR_CHARS]
+            error = _free_text(body.error_message)
             if body.error_type:
-                error = f"{body.error_type}: {error}"
+                error = f"{_free_text(body.error_type)}: {error}"
             return await self._failures.submit(Failure(ref, token, error, report))
         assert kind == "release"
         cannot_run = body.reason == worker_service_pb2.RELEASE_REASON_CANNOT_RUN
         state = AttemptState.ABANDONED if cannot_run else AttemptState.RELEASED
-        checkpoint = body.checkpoint if body.HasField("checkpoint") else None
+        checkpoint = _checkpoint(body, f"{kind}.checkpoint", limit)
         return await self._releases.submit(
-            Release(ref, token, checkpoint, state, body.detail[:MAX_ERROR_CHARS])
+            Release(ref, token, checkpoint, state, _free_text(body.detail))
         )
 
     def _receipt(
@@ -593,7 +617,7 @@ class Gateway(worker_service_pb2_grpc.WorkerServiceServicer):
             receipt.task.CopyFrom(body.task)
             receipt.fencing_token = body.fencing_token
         if isinstance(result, SchedulerError):
-            receipt.error.CopyFrom(convert.error_info(result))
+            receipt.error.CopyFrom(boundary.error_info(result))
         elif result is not Outcome.OK:
             self.stats["stale_settlements"] += 1
             receipt.error.CopyFrom(_outcome_error(result))
@@ -602,7 +626,7 @@ class Gateway(worker_service_pb2_grpc.WorkerServiceServicer):
     async def _heartbeat(
         self, session: WorkerSession, heartbeat: worker_service_pb2.Heartbeat
     ) -> None:
-        beats = _beats(session, heartbeat)
+        beats = _beats(session, heartbeat, self._config.limits.payload_limit_bytes)
         update: LeaseUpdate = await self._beats.submit(beats)
         reply = worker_service_pb2.HeartbeatReply()
         for beat in beats:
@@ -690,18 +714,20 @@ class Gateway(worker_service_pb2_grpc.WorkerServiceServicer):
     async def _unary(
         self, kind: str, body: Any, context: grpc.aio.ServicerContext[Any, Any]
     ) -> None:
-        try:
+        async def settle() -> Outcome:
             ref = convert.ref_from_pb(body.task, f"{kind}.task")
-            outcome = await self._settle(kind, body, ref, int(body.fencing_token), "")
-        except SchedulerError as exc:
-            await _abort(context, convert.error_info(exc))
-            return
+            token = _token(body.fencing_token, f"{kind}.fencing_token")
+            return await self._settle(kind, body, ref, token, "")
+
+        outcome = await boundary.serve(f"WorkerService.{kind.capitalize()}", context, settle)
         if outcome is not Outcome.OK:
             self.stats["stale_settlements"] += 1
-            await _abort(context, _outcome_error(outcome))
+            await boundary.abort(context, _outcome_error(outcome))
 
 
-def _beats(session: WorkerSession, heartbeat: worker_service_pb2.Heartbeat) -> list[Beat]:
+def _beats(
+    session: WorkerSession, heartbeat: worker_service_pb2.Heartbeat, checkpoint_limit: int
+) -> list[Beat]:
     """The beats of a heartbeat, its task refs converted once per task, not once per beat.
 
     A task is heartbeated for as long as it runs, and converting a ``TaskRef`` (a UUID
@@ -717,15 +743,65 @@ def _beats(session: WorkerSession, heartbeat: worker_service_pb2.Heartbeat) -> l
         pb = running.task
         at = pb.scheduled_at
         known = previous.get(pb.id)
-        if known is not None and known[0] == at.seconds and known[1] == at.nanos:
-            ref = known[2]
-        else:
-            ref = convert.ref_from_pb(pb, f"heartbeat.running[{i}].task")
+        field = f"heartbeat.running[{i}]"
+        try:
+            if known is not None and known[0] == at.seconds and known[1] == at.nanos:
+                ref = known[2]
+            else:
+                ref = convert.ref_from_pb(pb, f"{field}.task")
+            token = _token(running.fencing_token, f"{field}.fencing_token")
+            checkpoint = _checkpoint(running, f"{field}.checkpoint", checkpoint_limit)
+        except InvalidArgument as exc:
+            # One bad entry must not cost the worker the leases of all its other tasks:
+            # it is left out (its lease is not extended), the rest are beaten.
+            log.warning(
+                "bad heartbeat entry left out",
+                extra={"worker_id": session.worker_id, "error": boundary.clip(str(exc), 300)},
+            )
+            continue
         current[pb.id] = (at.seconds, at.nanos, ref)
-        checkpoint = running.checkpoint if running.HasField("checkpoint") else None
-        beats.append(Beat(ref, int(running.fencing_token), checkpoint))
+        beats.append(Beat(ref, token, checkpoint))
     session.heartbeat_refs = current
     return beats
+
+
+MAX_TOKEN = 2**63 - 1
+"""``tasks.fencing_token`` is a bigint; the wire's uint64 can say more."""
+
+
+def _token(value: int, field: str) -> int:
+    # A token no task can have would fail the whole group-committed statement (bigint out
+    # of range), taking its neighbours' settlements down with it.
+    if value > MAX_TOKEN:
+        raise InvalidArgument(field, f"must be at most {MAX_TOKEN}")
+    return int(value)
+
+
+def _checkpoint(body: Any, field: str, limit_bytes: int) -> bytes | None:
+    """The checkpoint a message carries (None: unset, keep the stored one). Opaque bytes
+    to the node, bounded like a payload."""
+    if not body.HasField("checkpoint"):
+        return None
+    checkpoint: bytes = body.checkpoint
+    if len(checkpoint) > limit_bytes:
+        raise PayloadTooLarge(field, len(checkpoint), limit_bytes)
+    return checkpoint
+
+
+def _identifier(value: str, field: str) -> None:
+    """A worker id, queue or task type: at most MAX_NAME_CHARS, no control characters
+    (a NUL would fail every later statement that writes it)."""
+    if len(value) > MAX_NAME_CHARS:
+        raise InvalidArgument(field, f"must be at most {MAX_NAME_CHARS} characters")
+    if any(unicodedata.category(c) == "Cc" for c in value):
+        raise InvalidArgument(field, "must not contain control characters")
+
+
+def _free_text(value: str) -> str:
+    """Error text and release details from a worker, stored as they are but cut to
+    MAX_ERROR_CHARS and without NUL (PostgreSQL text cannot hold it): a worker's failure
+    report is never refused for its wording."""
+    return value[:MAX_ERROR_CHARS].replace("\x00", "\ufffd")
 
 
 def _outcome_error(outcome: Outcome) -> common_pb2.ErrorInfo:
@@ -738,8 +814,3 @@ def _outcome_error(outcome: Outcome) -> common_pb2.ErrorInfo:
     return common_pb2.ErrorInfo(
         code=_OUTCOME_CODES[outcome], reason=outcome.value, message=messages[outcome]
     )
-
-
-async def _abort(context: grpc.aio.ServicerContext[Any, Any], info: common_pb2.ErrorInfo) -> None:
-    context.set_trailing_metadata(error_info_metadata(info))
-    await context.abort(getattr(grpc.StatusCode, info.code), info.message)

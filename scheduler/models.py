@@ -26,7 +26,8 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any, NamedTuple
 
-from chronoshard.scheduler.errors import InvalidArgument, PayloadTooLarge
+from chronoshard.scheduler import payloads
+from chronoshard.scheduler.errors import InvalidArgument
 from chronoshard.scheduler.jitter import JitterMode
 from chronoshard.scheduler.states import AttemptState, TaskStatus
 
@@ -195,17 +196,6 @@ class PreparedTask:
 # --- validation ------------------------------------------------------------------------
 
 
-def _canonical_json(value: object, field: str) -> str:
-    try:
-        return json.dumps(
-            value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
-        )
-    except (TypeError, ValueError) as exc:
-        # TypeError: not JSON-serialisable (or mixed key types); ValueError: NaN/inf,
-        # which JSON (and jsonb) cannot hold, or a circular reference.
-        raise InvalidArgument(field, f"is not JSON-serialisable: {exc}") from None
-
-
 def _is_int(value: object) -> bool:
     # bool is an int subclass; True retries are a bug, not a count.
     return isinstance(value, int) and not isinstance(value, bool)
@@ -319,16 +309,15 @@ def prepare(new: NewTask, *, payload_limit_bytes: int, fingerprint: bool = True)
 
     Raises:
         InvalidArgument: a field is invalid (``field`` names it); the payload is not a
-            JSON object.
-        PayloadTooLarge: the payload's JSON text is over ``payload_limit_bytes``.
+            JSON object or breaks a rule of :mod:`.payloads` (exact numbers of at most
+            1000 digits, nesting, storable strings).
+        PayloadTooLarge: the payload's stored text (:func:`.payloads.canonical`) is over
+            ``payload_limit_bytes``.
     """
     _check_fields(new)
     if not isinstance(new.payload, dict):
         raise InvalidArgument("payload", "must be a JSON object")
-    payload_json = _canonical_json(new.payload, "payload")
-    size = len(payload_json.encode("utf-8"))
-    if size > payload_limit_bytes:
-        raise PayloadTooLarge("payload", size, payload_limit_bytes)
+    payload_json = payloads.canonical(new.payload, "payload", payload_limit_bytes)
     return PreparedTask(
         new, payload_json, request_fingerprint(new, payload_json) if fingerprint else ""
     )

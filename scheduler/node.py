@@ -42,6 +42,7 @@ from chronoshard.scheduler.access import AccessInterceptor
 from chronoshard.scheduler.admin import AdminServicer
 from chronoshard.scheduler.api import TaskServiceServicer
 from chronoshard.scheduler.auth import Authenticator
+from chronoshard.scheduler.boundary import RequestDecoding
 from chronoshard.scheduler.cluster_clock import ClusterClock
 from chronoshard.scheduler.config import SchedulerConfig
 from chronoshard.scheduler.coordination import CoordinationError, EtcdCoordinator, NodeInfo
@@ -86,6 +87,21 @@ CLOCK_HEALTH_SERVICE = "chronoshard.scheduler.Clock"
 """gRPC health service name: SERVING while this node's clock is within its bound,
 NOT_SERVING while it is skewed and hands its shards off. The overall status ("") and the
 API stay SERVING: submits take their time from the cluster clock (docs/operations.md)."""
+
+
+class HealthServicer(health_aio.HealthServicer):  # type: ignore[misc]
+    """grpc's asyncio health servicer, with the ``List`` RPC its proto has and it lacks
+    (grpcio-health-checking 1.85 answers it UNKNOWN with a NotImplementedError traceback)."""
+
+    async def List(
+        self, request: health_pb2.HealthListRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> health_pb2.HealthListResponse:
+        return health_pb2.HealthListResponse(
+            statuses={
+                service: health_pb2.HealthCheckResponse(status=status)
+                for service, status in self._server_status.items()
+            }
+        )
 
 
 def server_options(config: SchedulerConfig) -> list[tuple[str, Any]]:
@@ -152,7 +168,7 @@ class SchedulerNode:
         self._tasks: list[asyncio.Task[None]] = []
         self._side_tasks: set[asyncio.Task[None]] = set()
         self._server: grpc.aio.Server | None = None
-        self._health = health_aio.HealthServicer()
+        self._health = HealthServicer()
         self._metrics_server: Any = None
         self._draining = False
         # Drain and undrain run one at a time (an undrain waits for the shards to be
@@ -196,7 +212,8 @@ class SchedulerNode:
         # and WatchdogService check theirs in the servicer, scoped to the key's tenant.
         self._server = grpc.aio.server(
             options=server_options(config),
-            interceptors=[AccessInterceptor(Authenticator(self.store))],
+            # Decoding first: garbage is INVALID_ARGUMENT whatever the key (boundary.py).
+            interceptors=[RequestDecoding(), AccessInterceptor(Authenticator(self.store))],
         )
         port = self._bind(self._server)
         host = config.grpc.listen.rsplit(":", 1)[0]

@@ -20,7 +20,8 @@ state machine (``states``) says which moves a write may make. What it does own:
   :class:`~.errors.StoreUnavailable` (retryable), chained ``from exc``.
 
 Timestamps are sent and returned timezone-aware; sessions run with ``TimeZone=UTC`` so
-returned datetimes are in UTC whatever the server's default.
+returned datetimes are in UTC whatever the server's default. JSON comes back with exact
+numbers (``chronoshard.exact_json``): a Decimal where a float could not hold the number.
 """
 
 from __future__ import annotations
@@ -34,9 +35,10 @@ from typing import Any, Self, TypeVar
 
 import psycopg
 from psycopg.rows import dict_row
-from psycopg.types.json import Jsonb
+from psycopg.types.json import Jsonb, set_json_loads
 from psycopg_pool import AsyncConnectionPool
 
+from chronoshard import exact_json
 from chronoshard.clock import Clock, ClockReading
 from chronoshard.scheduler import queries, states, submits
 from chronoshard.scheduler.errors import (
@@ -110,6 +112,8 @@ class SessionLimits:
 
 def _configurer(limits: SessionLimits) -> Callable[[Connection], Awaitable[None]]:
     async def configure(conn: Connection) -> None:
+        # jsonb keeps numbers exact; so must reading it (json.loads makes floats of them).
+        set_json_loads(exact_json.loads, conn)
         # Returned timestamptz values take the session's zone; pin it so every datetime
         # the store hands out is UTC regardless of the server's or the DSN's default.
         await conn.execute("SET TIME ZONE 'UTC'")

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import enum
-import json
 import threading
 import uuid
 from collections.abc import Callable, Mapping
@@ -32,6 +31,7 @@ from datetime import datetime
 from types import MappingProxyType
 from typing import Any, Final
 
+from chronoshard import exact_json
 from chronoshard.worker._errors import TaskCancelled
 from chronoshard.worker._models import Assignment
 
@@ -66,15 +66,21 @@ class HeartbeatRecord:
 
 
 def encode_json(value: Any) -> bytes:
-    """Compact UTF-8 JSON; TypeError/ValueError for what JSON cannot hold (NaN too)."""
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
+    """Compact UTF-8 JSON, numbers exact (a ``Decimal`` is written as it is);
+    TypeError/ValueError for what JSON cannot hold (NaN too)."""
+    try:
+        return exact_json.dumps(value).encode()
+    except RecursionError:
+        raise ValueError("nested too deeply for JSON") from None
 
 
 def decode_json(data: bytes, *, empty: Any) -> Any:
-    """Decode UTF-8 JSON; ``empty`` when there are no bytes. ValueError when malformed."""
+    """Decode UTF-8 JSON with exact numbers (a float where a float is the number, else a
+    ``Decimal``: :mod:`chronoshard.exact_json`); ``empty`` when there are no bytes.
+    ValueError when malformed."""
     if not data:
         return empty
-    return json.loads(data.decode("utf-8"))
+    return exact_json.loads(data.decode("utf-8"))
 
 
 @dataclass

@@ -466,7 +466,7 @@ async def test_unexpected_errors_are_internal_and_logged(
     server, port = await _serve(store, Authenticator(Broken()), Recorder())
     try:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
-            with caplog.at_level(logging.ERROR, logger="chronoshard.scheduler.api"):
+            with caplog.at_level(logging.ERROR, logger="chronoshard.scheduler.boundary"):
                 info = await _refused(
                     Stub(channel).SubmitTask(
                         Req(type="t"), metadata=(("authorization", "Bearer cs_x"),)
@@ -476,7 +476,9 @@ async def test_unexpected_errors_are_internal_and_logged(
     finally:
         await server.stop(grace=None)
     assert "secret" not in info.message
-    [record] = [r for r in caplog.records if r.name == "chronoshard.scheduler.api"]
+    # The servicers' one error boundary (boundary.serve) logs it, naming the RPC.
+    [record] = [r for r in caplog.records if r.name == "chronoshard.scheduler.boundary"]
+    assert record.getMessage() == "TaskService.SubmitTask failed"
     assert record.exc_info is not None and "secret detail" in str(record.exc_info[1])
 
 

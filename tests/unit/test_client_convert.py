@@ -12,6 +12,7 @@ import math
 import subprocess
 import sys
 from datetime import UTC, datetime, timedelta, timezone
+from decimal import Decimal
 from zoneinfo import ZoneInfo
 
 import grpc
@@ -496,6 +497,23 @@ def test_payload_encoding_is_compact_utf8() -> None:
     data = convert.encode_payload({"a": "é", "b": [1, {"c": None}]})
     assert data == '{"a":"é","b":[1,{"c":null}]}'.encode()
     assert json.loads(data) == {"a": "é", "b": [1, {"c": None}]}
+
+
+def test_numbers_a_float_cannot_hold_travel_exactly_both_ways() -> None:
+    # What the server sends back for a payload of such numbers: Decimals, never rounded.
+    sent = b'{"p":-0.46211904005971607552,"big":1E+400,"i":18446744073709551617,"f":0.1}'
+    task = convert.task_from_pb(common_pb2.Task(status="TASK_STATUS_SCHEDULED", payload_json=sent))
+    assert task.payload == {
+        "p": Decimal("-0.46211904005971607552"),
+        "big": Decimal("1E+400"),
+        "i": 18446744073709551617,
+        "f": 0.1,  # a float where the float is the number
+    }
+    assert isinstance(task.payload["f"], float)
+    # And a Decimal in a payload goes out as it is.
+    assert convert.encode_payload(task.payload) == sent
+    with pytest.raises(TypeError, match="not JSON-serialisable"):
+        convert.encode_payload({"x": Decimal("NaN")})
 
 
 # --- errors --------------------------------------------------------------------------------

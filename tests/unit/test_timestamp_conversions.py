@@ -5,12 +5,14 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta, timezone
 
+import pytest
 from google.protobuf import duration_pb2, timestamp_pb2
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from chronoshard import _convert as client_convert
 from chronoshard.scheduler import convert as scheduler_convert
+from chronoshard.scheduler.errors import InvalidArgument
 from chronoshard.v1 import common_pb2
 from chronoshard.worker import _convert as worker_convert
 
@@ -52,3 +54,42 @@ def test_durations_match_from_timedelta(seconds: float) -> None:
     expected = duration_pb2.Duration()
     expected.FromTimedelta(timedelta(seconds=seconds))
     assert scheduler_convert.duration_to_pb(seconds) == expected
+
+
+@settings(max_examples=200)
+@given(AWARE)
+def test_the_scheduler_reads_requests_as_to_datetime_does(value: datetime) -> None:
+    ts = reference(value)
+    assert scheduler_convert.ts_from_pb(ts, "scheduled_at") == ts.ToDatetime(tzinfo=UTC)
+
+
+@settings(max_examples=200)
+@example(seconds=-62_135_596_800, nanos=0)  # 0001-01-01T00:00:00Z
+@example(seconds=-62_135_596_801, nanos=999_999_999)
+@example(seconds=253_402_300_799, nanos=999_999_999)  # 9999-12-31T23:59:59.999999999Z
+@example(seconds=253_402_300_800, nanos=0)
+@example(seconds=0, nanos=-1)
+@example(seconds=0, nanos=1_000_000_000)
+@given(
+    seconds=st.one_of(st.integers(-(2**63), 2**63 - 1), st.integers(-(2**36), 2**38)),
+    nanos=st.integers(-(2**31), 2**31 - 1),
+)
+def test_the_scheduler_refuses_what_no_datetime_holds_in_its_own_words(
+    seconds: int, nanos: int
+) -> None:
+    ts = timestamp_pb2.Timestamp(seconds=seconds, nanos=nanos)
+    try:
+        expected = ts.ToDatetime(tzinfo=UTC)
+    except (ValueError, OverflowError):
+        expected = None
+    if expected is not None:
+        assert scheduler_convert.ts_from_pb(ts, "scheduled_at") == expected
+        return
+    with pytest.raises(InvalidArgument) as raised:
+        scheduler_convert.ts_from_pb(ts, "scheduled_at")
+    assert raised.value.field == "scheduled_at"
+    # Never protobuf's "Nanos -1 must be in a range [0, 999999]".
+    assert raised.value.message in (
+        "is not a valid timestamp: nanos must be 0..999999999",
+        "is not a valid timestamp: it must lie between years 0001 and 9999",
+    )

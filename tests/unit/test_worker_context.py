@@ -11,6 +11,7 @@ import json
 import threading
 import uuid
 from datetime import UTC, datetime, timedelta
+from decimal import Decimal
 from typing import Any
 
 import pytest
@@ -18,7 +19,13 @@ from fixtures.loop import one_loop_turn
 
 from chronoshard.clock import FakeClock
 from chronoshard.worker import NonRetryableError, StopReason, TaskCancelled, TaskContext
-from chronoshard.worker._context import UNSET, BadAttempt, HeartbeatRecord, build_context
+from chronoshard.worker._context import (
+    UNSET,
+    BadAttempt,
+    HeartbeatRecord,
+    build_context,
+    encode_json,
+)
 from chronoshard.worker._execution import (
     MAX_ERROR_CHARS,
     Abandoned,
@@ -79,6 +86,13 @@ def test_context_decodes_the_attempt() -> None:
         ctx.trace_context["x"] = "y"  # type: ignore[index]
     assert context().checkpoint is None
     assert context(payload_json=b"").payload == {}
+
+
+def test_payload_and_checkpoint_numbers_are_exact() -> None:
+    ctx = context(payload_json=b'{"p":-0.46211904005971607552,"f":2.5}', checkpoint=b"[1e400]")
+    assert ctx.payload == {"p": Decimal("-0.46211904005971607552"), "f": 2.5}
+    assert ctx.checkpoint == [Decimal("1E+400")]
+    assert encode_json(ctx.checkpoint) == b"[1E+400]"
 
 
 @pytest.mark.parametrize(

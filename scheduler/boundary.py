@@ -1,0 +1,232 @@
+"""The servicers' error boundary: how every refusal and every failure leaves a node.
+
+Every servicer answers a failed call the same way, through :func:`abort`: the gRPC status
+its :class:`~.errors.SchedulerError` names, a readable message, and an ``ErrorInfo``
+(code, reason, field, retryable) in the trailing metadata (``chronoshard.wire``). Both are
+**bounded** here, whatever the servicer put in them: the message to
+:data:`MAX_MESSAGE_BYTES`, the field to :data:`MAX_FIELD_CHARS`. Messages quote request
+values only through :func:`~.errors.shown` (cut to 40 characters) anyway; the bound is
+the guarantee that no request, however large, makes the status and trailer overflow
+gRPC's 8 KiB header limit (a 1 MiB task id once did: the client saw
+``RESOURCE_EXHAUSTED: Stream removed``, not the refusal). :func:`serve` runs one handler
+inside that boundary: a ``SchedulerError`` becomes its status, anything else is a bug,
+logged with its traceback and answered ``INTERNAL`` with a generic message.
+
+Requests that are not even a valid protobuf message never reach a servicer. grpc.aio
+deserializes a request before it calls the handler, and a deserializer that raises is
+"Unexpected error" for grpc: ``UNKNOWN`` to the client, an ERROR traceback in the node's
+log for every garbage request. :class:`RequestDecoding` (a server interceptor, before
+every other) hands the handler raw bytes instead and decodes them itself, so bytes that
+do not parse are ``INVALID_ARGUMENT`` (reason ``MALFORMED_REQUEST``) with one WARNING
+line, for every service the node hosts, streams included.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, NoReturn, TypeAlias, TypeVar
+
+import grpc
+
+from chronoshard.scheduler.errors import SchedulerError
+from chronoshard.v1 import common_pb2
+from chronoshard.wire import error_info_metadata
+
+log = logging.getLogger(__name__)
+
+Context: TypeAlias = grpc.aio.ServicerContext[Any, Any]
+_Resp = TypeVar("_Resp")
+
+MAX_MESSAGE_BYTES = 512
+"""Longest status message (UTF-8 bytes); percent-encoded in ``grpc-message`` it stays
+under 1.6 KiB."""
+MAX_FIELD_CHARS = 200
+INTERNAL_MESSAGE = "internal error; the server logged the details"
+MALFORMED_REQUEST = "MALFORMED_REQUEST"
+
+
+def clip(text: str, limit_bytes: int) -> str:
+    """``text`` cut to at most ``limit_bytes`` UTF-8 bytes (at a character boundary)."""
+    data = text.encode("utf-8", "replace")
+    if len(data) <= limit_bytes:
+        return text
+    return data[: limit_bytes - 3].decode("utf-8", "ignore") + "..."
+
+
+def error_info(error: SchedulerError) -> common_pb2.ErrorInfo:
+    """The ``ErrorInfo`` of ``error`` (bounded), as trailers and stream receipts carry it."""
+    return bounded(
+        common_pb2.ErrorInfo(
+            code=error.grpc_code_name,
+            reason=error.reason,
+            message=str(error),
+            field=getattr(error, "field", "") or "",
+            retryable=error.retryable,
+        )
+    )
+
+
+def bounded(info: common_pb2.ErrorInfo) -> common_pb2.ErrorInfo:
+    info.message = clip(info.message, MAX_MESSAGE_BYTES)
+    info.field = clip(info.field, MAX_FIELD_CHARS)
+    return info
+
+
+def internal_error() -> common_pb2.ErrorInfo:
+    return common_pb2.ErrorInfo(code="INTERNAL", reason="INTERNAL", message=INTERNAL_MESSAGE)
+
+
+async def abort(context: Context, info: common_pb2.ErrorInfo) -> NoReturn:
+    """End the call with ``info``'s status, its message, and ``info`` as the trailer."""
+    info = bounded(info)
+    context.set_trailing_metadata(error_info_metadata(info))
+    await context.abort(getattr(grpc.StatusCode, info.code), info.message)
+    raise AssertionError("context.abort returned")  # it always raises
+
+
+async def serve(name: str, context: Context, call: Callable[[], Awaitable[_Resp]]) -> _Resp:
+    """``await call()`` inside the boundary; ``name`` ("TaskService.SubmitTask") is for logs."""
+    try:
+        return await call()
+    except SchedulerError as exc:
+        if exc.retryable:
+            log.warning(
+                "%s: %s", name, clip(str(exc), MAX_MESSAGE_BYTES), extra={"reason": exc.reason}
+            )
+        await abort(context, error_info(exc))
+    except Exception:
+        log.exception("%s failed", name)
+        await abort(context, internal_error())
+
+
+# --- undecodable requests ---------------------------------------------------------------
+
+
+def malformed(method: str) -> common_pb2.ErrorInfo:
+    return common_pb2.ErrorInfo(
+        code="INVALID_ARGUMENT",
+        reason=MALFORMED_REQUEST,
+        message=f"the request is not a valid {method.rsplit('/', 1)[-1]} request message "
+        "(protobuf could not decode it)",
+    )
+
+
+class _Undecodable(Exception):
+    """A streamed request message did not decode; the stream ends as if closed."""
+
+
+class RequestDecoding(grpc.aio.ServerInterceptor):  # type: ignore[misc]
+    """Decodes every request inside the handler, so garbage is ``INVALID_ARGUMENT``."""
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler | None]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler | None:
+        handler = await continuation(handler_call_details)
+        if handler is None:
+            return None
+        return decoding_handler(handler, handler_call_details.method)
+
+
+def decoding_handler(handler: grpc.RpcMethodHandler, method: str) -> Any:
+    """``handler`` with its request deserializer moved inside the behaviour.
+
+    Handlers without a deserializer, and sync ones (grpc.aio runs those in a thread with
+    another context type), are returned as they are.
+    """
+    decode = handler.request_deserializer
+    streaming = (bool(handler.request_streaming), bool(handler.response_streaming))
+    behaviour = {
+        (False, False): handler.unary_unary,
+        (False, True): handler.unary_stream,
+        (True, False): handler.stream_unary,
+        (True, True): handler.stream_stream,
+    }[streaming]
+    is_async = inspect.iscoroutinefunction(behaviour) or inspect.isasyncgenfunction(behaviour)
+    if decode is None or not is_async:
+        return handler
+
+    def parse(raw: bytes) -> Any:
+        try:
+            return decode(raw)
+        except Exception as exc:  # whatever the decoder raises, the bytes are the fault
+            log.warning(
+                "undecodable request",
+                extra={"method": method, "bytes": len(raw), "error": clip(str(exc), 200)},
+            )
+            raise _Undecodable from None
+
+    async def messages(raw_iterator: AsyncIterator[bytes], bad: list[bool]) -> AsyncIterator[Any]:
+        async for raw in raw_iterator:
+            try:
+                yield parse(raw)
+            except _Undecodable:
+                bad.append(True)
+                return
+
+    async def unary_request(raw: bytes, context: Context) -> Any:
+        try:
+            return parse(raw)
+        except _Undecodable:
+            await abort(context, malformed(method))
+
+    if streaming == (False, False):
+
+        async def unary_unary(raw: bytes, context: Context) -> Any:
+            return await behaviour(await unary_request(raw, context), context)
+
+        new = grpc.unary_unary_rpc_method_handler(
+            unary_unary, response_serializer=handler.response_serializer
+        )
+    elif streaming == (False, True):
+
+        async def unary_stream(raw: bytes, context: Context) -> AsyncIterator[Any]:
+            request = await unary_request(raw, context)
+            async for response in _responses(behaviour, request, context):
+                yield response
+
+        new = grpc.unary_stream_rpc_method_handler(
+            unary_stream, response_serializer=handler.response_serializer
+        )
+    elif streaming == (True, False):
+
+        async def stream_unary(raw_iterator: AsyncIterator[bytes], context: Context) -> Any:
+            bad: list[bool] = []
+            response = await behaviour(messages(raw_iterator, bad), context)
+            if bad:
+                await abort(context, malformed(method))
+            return response
+
+        new = grpc.stream_unary_rpc_method_handler(
+            stream_unary, response_serializer=handler.response_serializer
+        )
+    else:
+
+        async def stream_stream(
+            raw_iterator: AsyncIterator[bytes], context: Context
+        ) -> AsyncIterator[Any]:
+            bad: list[bool] = []
+            async for response in _responses(behaviour, messages(raw_iterator, bad), context):
+                yield response
+            if bad:
+                # The handler saw the stream end at the bad message and finished; the
+                # client learns why it ended.
+                await abort(context, malformed(method))
+
+        new = grpc.stream_stream_rpc_method_handler(
+            stream_stream, response_serializer=handler.response_serializer
+        )
+    return new
+
+
+async def _responses(behaviour: Any, request: Any, context: Context) -> AsyncIterator[Any]:
+    """The responses of a response-streaming behaviour, an async generator or a coroutine
+    that writes through ``context`` (reader-writer API) and returns None."""
+    if inspect.isasyncgenfunction(behaviour):
+        async for response in behaviour(request, context):
+            yield response
+    else:
+        await behaviour(request, context)
