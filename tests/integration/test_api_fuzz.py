@@ -651,8 +651,8 @@ OUTCOMES: dict[str, tuple[int, grpc.StatusCode, grpc.StatusCode]] = {
     "checkpoint": (PAYLOAD_LIMIT, _BAD, _MISSING),
     # Free text from a worker is cut, not refused; there is no such task.
     "fail message": (0, _MISSING, _MISSING),
-    # Any other node's id: ask that node (and the message quotes only 40 characters).
-    "node id": (0, grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.FAILED_PRECONDITION),
+    # An id no live node has is NOT_FOUND (and the message quotes only 40 characters).
+    "node id": (0, grpc.StatusCode.NOT_FOUND, grpc.StatusCode.NOT_FOUND),
     "expectation job id": (200, _BAD, _MISSING),
     "expectation description": (1000, _BAD, grpc.StatusCode.OK),
     "message": (MAX_MESSAGE, grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.OK),
