@@ -23,7 +23,7 @@ import asyncio
 import itertools
 import logging
 import uuid
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
@@ -141,8 +141,6 @@ class Gateway(worker_service_pb2_grpc.WorkerServiceServicer):
         self._store = store
         self._clock = clock
         self._listener: GatewayListener | None = None
-        # Called when a session opens or closes (worker liveness is recorded at once).
-        self.on_sessions_changed: Callable[[], None] | None = None
         self._sessions: dict[str, WorkerSession] = {}
         self._by_worker: dict[str, WorkerSession] = {}
         self._session_ids = itertools.count(1)
@@ -333,6 +331,7 @@ class Gateway(worker_service_pb2_grpc.WorkerServiceServicer):
                         self._config.workers.heartbeat_interval_s
                     ),
                     lease_duration=convert.duration_to_pb(self._config.workers.task_lease_s),
+                    lease_margin=convert.duration_to_pb(self._config.workers.lease_margin_s),
                     accepts_batches=True,
                 )
             )
@@ -395,8 +394,6 @@ class Gateway(worker_service_pb2_grpc.WorkerServiceServicer):
         self._sessions[session.session_id] = session
         self._by_worker[session.worker_id] = session
         self.stats["sessions_opened"] += 1
-        if self.on_sessions_changed is not None:
-            self.on_sessions_changed()
         log.info(
             "worker connected",
             extra={
@@ -421,8 +418,6 @@ class Gateway(worker_service_pb2_grpc.WorkerServiceServicer):
             for timer, _ in session.assigned.values():
                 self._listener.task_ended(timer)
         session.assigned.clear()
-        if self.on_sessions_changed is not None:
-            self.on_sessions_changed()
         log.info(
             "worker disconnected",
             extra={"worker_id": session.worker_id, "session_id": session.session_id},
@@ -563,7 +558,9 @@ class Gateway(worker_service_pb2_grpc.WorkerServiceServicer):
     ) -> None:
         beats = _beats(session, heartbeat)
         update: LeaseUpdate = await self._beats.submit(beats)
-        reply = worker_service_pb2.HeartbeatReply()
+        # The worker extends its own view of each lease from when it sent this heartbeat,
+        # known by the number it gave it (worker self-fencing).
+        reply = worker_service_pb2.HeartbeatReply(seq=heartbeat.seq)
         for beat in beats:
             if beat.ref.id not in update.extended:
                 reply.revoked.append(
@@ -600,7 +597,8 @@ class Gateway(worker_service_pb2_grpc.WorkerServiceServicer):
 
     async def _beat_batch(self, batches: Sequence[Sequence[Beat]]) -> list[LeaseUpdate]:
         flat = [beat for batch in batches for beat in batch]
-        update = await self._store.extend_leases(flat, self._config.workers.task_lease_s)
+        workers = self._config.workers
+        update = await self._store.extend_leases(flat, workers.task_lease_s, workers.lease_margin_s)
         self.stats["heartbeats"] += len(batches)
         self.stats["heartbeat_statements"] += 1 if flat else 0
         self.stats["leases_extended"] += len(update.extended)

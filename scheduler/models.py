@@ -28,7 +28,7 @@ from typing import Any, NamedTuple
 
 from chronoshard.scheduler.errors import InvalidArgument, PayloadTooLarge
 from chronoshard.scheduler.jitter import JitterMode
-from chronoshard.scheduler.states import AttemptState, TaskStatus
+from chronoshard.scheduler.states import AttemptState, Resolution, TaskStatus
 
 DEFAULT_PAYLOAD_LIMIT_BYTES = 256 * 1024
 DEFAULT_QUEUE = "default"
@@ -172,6 +172,8 @@ class TaskAttempt:
     entered_at: datetime
     finished_at: datetime | None
     error: str | None
+    resolution: Resolution | None = None
+    """How an operator resolved this attempt's unknown outcome, if it did."""
 
 
 @dataclass(frozen=True, slots=True)

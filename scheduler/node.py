@@ -5,8 +5,8 @@ preloader, shard manager → gRPC server (TaskService, WorkerService, AdminServi
 health, reflection) → node registered in etcd (only now can peers assign it shards and
 workers find it) → metrics endpoint → the supervised loops.
 
-The loops (shard manager, dispatcher, preloader, reconciler, worker liveness, partition
-maintenance, tenant refresher) are named tasks; the node waits on them with
+The loops (shard manager, dispatcher, preloader, reconciler, partition maintenance,
+tenant refresher) are named tasks; the node waits on them with
 FIRST_EXCEPTION, so a crashed loop stops the node loudly rather than leaving it half
 alive. Shutdown (SIGTERM) runs in this order (STYLE #4):
 
@@ -48,7 +48,6 @@ from chronoshard.scheduler.errors import StoreUnavailable
 from chronoshard.scheduler.expectations_api import WatchdogServiceServicer
 from chronoshard.scheduler.fairness import UNLIMITED, TenantLimits
 from chronoshard.scheduler.gateway import Gateway
-from chronoshard.scheduler.liveness import WorkerLiveness
 from chronoshard.scheduler.maintenance import PartitionMaintenance
 from chronoshard.scheduler.metrics import NodeCollector, SchedulerMetrics
 from chronoshard.scheduler.models import Task, TaskRef
@@ -213,13 +212,6 @@ class SchedulerNode:
             self.dispatcher,
             shard_count,
         )
-        self.liveness = WorkerLiveness(
-            config.node_id,
-            config.workers.session_timeout_s,
-            self.gateway,
-            ReconcileStore(self.store),
-        )
-        self.gateway.on_sessions_changed = self.liveness.sessions_changed
         self.maintenance = PartitionMaintenance(config.maintenance, self.store)
         self._add_services(self._server, shard_count)
         self.metrics.register(NodeCollector(config.node_id, self._counters, self._gauges))
@@ -231,7 +223,6 @@ class SchedulerNode:
         self._supervise("dispatcher", self.dispatcher.run())
         self._supervise("preloader", self.preloader.run())
         self._supervise("reconciler", self.reconciler.run())
-        self._supervise("liveness", self.liveness.run())
         self._supervise("maintenance", self.maintenance.run())
         self._supervise("tenant-refresh", self._refresh_tenants())
         self._supervise("backlog-report", self._report_backlog())
@@ -449,7 +440,6 @@ class SchedulerNode:
             "preloader": dict(self.preloader.stats),
             "shards": dict(self.shards.stats),
             "reconciler": dict(self.reconciler.stats),
-            "liveness": dict(self.liveness.stats),
             "maintenance": dict(self.maintenance.stats),
         }
 
@@ -460,6 +450,7 @@ class SchedulerNode:
             "shards_owned": len(self.shards.epochs()),
             "worker_sessions": len(list(self.gateway.sessions())),
             "self_fenced": 0 if self.shards.dispatch_allowed() else 1,
-            # Non-idempotent tasks whose lease expired while their worker may be alive.
-            "stalled_tasks": self.reconciler.stalled,
+            # Non-idempotent tasks of the owned shards whose attempt's outcome is unknown,
+            # held for a late settlement or an operator (chronoshard tasks resolve).
+            "outcome_unknown_tasks": self.reconciler.outcome_unknown,
         }
