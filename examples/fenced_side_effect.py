@@ -132,13 +132,18 @@ def build_worker() -> Worker:
 
 
 def _work(ctx: TaskContext) -> None:
-    """``payload.work_s`` of waiting stands in for the work; a stop request ends it."""
+    """``payload.work_s`` of waiting stands in for the work; a stop request ends it,
+    unless ``payload.blocking`` makes it a blocking call that cannot notice one (the case
+    the helpers are for: the write that follows is refused instead)."""
     log.info(
         "working on %s",
         ctx.task_id,
         extra={"task_id": ctx.task_id, "token": ctx.fencing_token, "event": "work_started"},
     )
-    if ctx.wait_cancelled_sync(float(ctx.payload.get("work_s", 0))):
+    work_s = float(ctx.payload.get("work_s", 0))
+    if ctx.payload.get("blocking"):
+        time.sleep(work_s)
+    elif ctx.wait_cancelled_sync(work_s):
         ctx.raise_if_cancelled()
 
 

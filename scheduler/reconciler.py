@@ -182,12 +182,14 @@ def decide(
         seconds=lease_margin_s
     ):
         return KEEP
+    # When the lease ran out goes on record: no write of the attempt's worker should land
+    # after it (the commit helpers bound their transactions by it).
+    expired = "" if row.lease_expires_at is None else f" at {row.lease_expires_at.isoformat()}"
     if row.idempotent or row.cancel_requested:
-        return _give_back(row, Cause.LEASE_EXPIRED, "lease expired")
+        return _give_back(row, Cause.LEASE_EXPIRED, f"lease expired{expired}")
     # The worker stopped the attempt by now (it fences itself before its lease runs
     # out), but whether its side effect happened is unknown: running it again could do it
     # twice, calling it failed could lose it. The task waits for an answer.
-    expired = "" if row.lease_expires_at is None else f" at {row.lease_expires_at.isoformat()}"
     return Decision(
         Verdict.OUTCOME_UNKNOWN,
         transition(row.status, TaskEvent.ATTEMPT_LOST),
