@@ -562,11 +562,7 @@ async def _side_effect(dsn: str, task_id: str) -> tuple[int, str] | None:
 
 
 def _logged(process: ManagedProcess, *needles: str) -> bool:
-    """Whether one line of the process's log holds every needle."""
-    return any(
-        all(needle in line for needle in needles)
-        for line in process.log(tail_chars=1_000_000).splitlines()
-    )
+    return process.logged(*needles)
 
 
 async def _wait_logged(process: ManagedProcess, what: str, *needles: str) -> None:
