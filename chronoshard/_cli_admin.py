@@ -38,7 +38,7 @@ GAUGES = {
     "chronoshard_worker_sessions": "worker_sessions",
     "chronoshard_shards_owned": "shards_owned",
     "chronoshard_self_fenced": "self_fenced",
-    "chronoshard_stalled_tasks": "stalled_tasks",
+    "chronoshard_outcome_unknown_tasks": "outcome_unknown_tasks",
 }
 
 
@@ -86,8 +86,9 @@ class NodeMetrics:
     worker_sessions: float | None = None
     shards_owned: float | None = None
     self_fenced: float | None = None
-    stalled_tasks: float | None = None
-    """Non-idempotent tasks whose lease expired while their worker may still be alive."""
+    outcome_unknown_tasks: float | None = None
+    """Non-idempotent tasks of its shards whose attempt's outcome is unknown, held for
+    an operator (``chronoshard tasks resolve``)."""
     dispatched: float = 0.0
     """Tasks dispatched since the node started (the lateness histogram's count)."""
     lateness_mean_s: float | None = None
@@ -246,8 +247,8 @@ def status_text(report: dict[str, Any], *, show_shards: bool) -> str:
         state = "draining" if node["draining"] else "serving"
         if m.get("self_fenced"):
             state = "SELF-FENCED"
-        if m.get("stalled_tasks"):
-            state += f", {int(m['stalled_tasks'])} stalled"
+        if m.get("outcome_unknown_tasks"):
+            state += f", {int(m['outcome_unknown_tasks'])} outcome unknown"
         if node["metrics_error"]:
             state += f" ({node['metrics_error']})"
 

@@ -11,9 +11,10 @@ freeze), fences itself instead of writing on after another worker took over.
 before the node's lease:
 
 - at the assignment, the earlier of *received + lease duration* (the node wrote the
-  lease when it committed the intent, before the assignment left) and the assignment's
-  ``lease_expires_at`` read against the worker's wall clock (which bounds it when the
-  worker's clock is not behind the node's);
+  lease when it committed the intent, before the assignment left) and *received + what
+  was left of the lease when the node sent it*: ``lease_expires_at`` read against the
+  node's clock at the send when the assignment carries it (``sent_at``), else against
+  the worker's wall clock (which bounds it when that clock is not behind the node's);
 - extended by a heartbeat reply that did not revoke the run, to *the moment that
   heartbeat was sent* + lease duration: the node extends from when it committed the
   heartbeat, which is later.
@@ -44,18 +45,22 @@ def initial_deadline(
     lease_s: float | None,
     lease_expires_at: datetime | None,
     wall_now: datetime,
+    sent_at: datetime | None = None,
 ) -> float | None:
     """A new run's deadline on the monotonic clock (None: no lease known, never lapses).
 
     ``received_at`` is the monotonic time the assignment arrived, ``lease_s`` the node's
-    lease duration (Welcome), ``lease_expires_at`` the lease the intent wrote, read
-    against ``wall_now``, the worker's wall clock at ``received_at``.
+    lease duration (Welcome), ``lease_expires_at`` the lease the intent wrote. What was
+    left of it is read against ``sent_at``, the node's own clock when it sent the
+    assignment (the lease's clock: exact, up to the transit), or without one against
+    ``wall_now``, the worker's wall clock at ``received_at``.
     """
     candidates = []
     if lease_s is not None and lease_s > 0:
         candidates.append(received_at + lease_s)
     if lease_expires_at is not None:
-        candidates.append(received_at + (lease_expires_at - wall_now).total_seconds())
+        reference = sent_at if sent_at is not None else wall_now
+        candidates.append(received_at + (lease_expires_at - reference).total_seconds())
     return min(candidates) if candidates else None
 
 

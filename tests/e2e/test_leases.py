@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import json
-import re
 import statistics
 import sys
 import time
@@ -31,6 +30,7 @@ import grpc
 import psycopg
 import pytest
 from fixtures.waiting import eventually
+from harness.history import lease_expired_at
 from harness.processes import ManagedProcess, ProcessGroup, SchedulerHandle
 
 from chronoshard import (
@@ -577,11 +577,7 @@ async def _history(client: Client, task_id: str) -> list[tuple[int, str, str | N
 
 
 def _expired_lease(attempt: Any) -> datetime:
-    """When an attempt's lease ran out, as the reconciler recorded it giving the attempt
-    up ("lease expired at <ISO time>": the database's clock, which wrote the lease)."""
-    found = re.search(r"lease expired at (\S+?)[ ;,]", (attempt.error or "") + " ")
-    assert found, attempt.error
-    return datetime.fromisoformat(found.group(1))
+    return lease_expired_at(attempt.error)
 
 
 def _after(lease: datetime, at: datetime | None) -> float:

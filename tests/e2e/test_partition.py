@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -47,7 +46,7 @@ import psycopg
 import pytest
 from fixtures.system import network_namespaces
 from fixtures.waiting import eventually
-from harness.history import EFFECTS_DDL, check, epoch_regressions
+from harness.history import EFFECTS_DDL, check, epoch_regressions, lease_expired_at
 from harness.netns import NetworkNamespace, TcpForwarder
 from harness.processes import ManagedProcess, ProcessGroup, SchedulerHandle
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
@@ -183,10 +182,7 @@ async def _open_gate(dsn: str, name: str) -> None:
 
 
 def _expired_lease(attempt: Any) -> datetime:
-    """When an attempt's lease ran out, as the reconciler recorded it."""
-    found = re.search(r"lease expired at (\S+?)[ ;,]", (attempt.error or "") + " ")
-    assert found, attempt.error
-    return datetime.fromisoformat(found.group(1))
+    return lease_expired_at(attempt.error)
 
 
 async def _wait_logged(process: ManagedProcess, what: str, *needles: str) -> None:

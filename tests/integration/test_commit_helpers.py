@@ -13,16 +13,13 @@ import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator
-from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
 import pytest
+from fixtures.attempts import attempt_context, lease_for
 
 from chronoshard.worker import LeaseLost, StopReason, TaskContext
-from chronoshard.worker._context import build_context
-from chronoshard.worker._lease import RunLease
-from chronoshard.worker._models import Assignment, TaskRef
 from chronoshard.worker.commit import Effect, PostgresEffects
 
 LEDGER_DDL = "CREATE TABLE ledger (task_id uuid NOT NULL, token bigint NOT NULL, note text)"
@@ -30,27 +27,7 @@ LEDGER_DDL = "CREATE TABLE ledger (task_id uuid NOT NULL, token bigint NOT NULL,
 
 def attempt(task_id: uuid.UUID, token: int, *, lease_s: float | None = 30.0) -> TaskContext:
     """Attempt ``token`` of the task, its lease running out ``lease_s`` from now."""
-    lease = (
-        RunLease.unbounded(time.monotonic)
-        if lease_s is None
-        else RunLease(deadline=time.monotonic() + lease_s, margin_s=0.0, monotonic=time.monotonic)
-    )
-    at = datetime(2026, 1, 1, tzinfo=UTC)
-    assignment = Assignment(
-        task=TaskRef(str(task_id), at),
-        type="t",
-        payload_json=b"{}",
-        fencing_token=token,
-        attempt=token,
-        max_retries=3,
-        due_at=at,
-        lease_expires_at=None,
-        timeout_s=None,
-        checkpoint=b"",
-    )
-    return build_context(
-        assignment, worker_id=f"w{token}", timeout_s=None, now=lambda: at, lease=lease
-    )
+    return attempt_context(lease_for(time.monotonic, lease_s), task_id=task_id, token=token)
 
 
 @pytest.fixture

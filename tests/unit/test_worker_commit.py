@@ -6,17 +6,14 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO
 
 import pytest
+from fixtures.attempts import attempt_context, lease_for
 
 from chronoshard.clock import FakeClock
 from chronoshard.worker import LeaseLost, StopReason, TaskContext
-from chronoshard.worker._context import build_context
-from chronoshard.worker._lease import RunLease
-from chronoshard.worker._models import Assignment, TaskRef
 from chronoshard.worker.commit import (
     effect_statements,
     lease_budget_ms,
@@ -29,25 +26,8 @@ TASK = uuid.UUID("0190a5e2-0000-7000-8000-0000000000aa")
 
 
 def _ctx(clock: FakeClock, *, token: int = 3, lease_s: float | None = 10.0) -> TaskContext:
-    lease = (
-        RunLease.unbounded(clock.monotonic)
-        if lease_s is None
-        else RunLease(deadline=clock.monotonic() + lease_s, margin_s=1.0, monotonic=clock.monotonic)
-    )
-    at = datetime(2026, 1, 1, tzinfo=UTC)
-    assignment = Assignment(
-        task=TaskRef(str(TASK), at),
-        type="t",
-        payload_json=b"{}",
-        fencing_token=token,
-        attempt=token,
-        max_retries=5,
-        due_at=at,
-        lease_expires_at=None,
-        timeout_s=None,
-        checkpoint=b"",
-    )
-    return build_context(assignment, worker_id="w", timeout_s=None, now=clock.now, lease=lease)
+    lease = lease_for(clock.monotonic, lease_s, margin_s=1.0)
+    return attempt_context(lease, task_id=TASK, token=token, now=clock.now)
 
 
 def test_the_lease_budget_is_what_is_left_in_milliseconds() -> None:

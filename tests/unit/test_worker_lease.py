@@ -7,21 +7,20 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from fixtures.attempts import attempt_context
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from chronoshard.clock import FakeClock
 from chronoshard.worker import LeaseLost, StopReason, TaskCancelled, TaskContext
-from chronoshard.worker._context import build_context
 from chronoshard.worker._execution import LEASE_LOST, Abandoned, Completed, Released, decide
 from chronoshard.worker._execution import not_started as outcome_before_start
 from chronoshard.worker._lease import RunLease, initial_deadline
-from chronoshard.worker._models import Assignment, HeartbeatReply, NodeInfo, TaskRef
+from chronoshard.worker._models import HeartbeatReply, NodeInfo
 from chronoshard.worker._session import NodeSession
 from chronoshard.worker.testing import TaskEnvironment
 
@@ -37,19 +36,7 @@ def _lease(clock: FakeClock, deadline_in_s: float = LEASE_S) -> RunLease:
 
 
 def _context(clock: FakeClock, lease: RunLease) -> TaskContext:
-    assignment = Assignment(
-        task=TaskRef(str(uuid.uuid4()), T0),
-        type="t",
-        payload_json=b"{}",
-        fencing_token=7,
-        attempt=1,
-        max_retries=0,
-        due_at=T0,
-        lease_expires_at=None,
-        timeout_s=None,
-        checkpoint=b"",
-    )
-    return build_context(assignment, worker_id="w", timeout_s=None, now=clock.now, lease=lease)
+    return attempt_context(lease, token=7, now=clock.now)
 
 
 # ---- the initial deadline --------------------------------------------------------------
@@ -320,3 +307,16 @@ def test_a_reply_answers_the_heartbeat_with_its_number_and_forgets_older_ones() 
     # A node that does not number its replies answers every heartbeat, in order.
     assert session._answered(HeartbeatReply((), seq=0)) == "sent-3"
     assert session._answered(HeartbeatReply((), seq=0)) is None
+
+
+def test_the_node_s_send_time_makes_the_initial_deadline_independent_of_the_worker_clock() -> None:
+    """With the node's clock at the send (Assignment.sent_at), a worker clock far ahead
+    cannot shorten the lease (it would fence every run before its first heartbeat)."""
+    expires = T0 + timedelta(seconds=LEASE_S)
+    sent = T0 + timedelta(seconds=0.2)
+    far_ahead = T0 + timedelta(seconds=600)
+    deadline = initial_deadline(
+        received_at=50.0, lease_s=LEASE_S, lease_expires_at=expires, wall_now=far_ahead,
+        sent_at=sent,
+    )  # fmt: skip
+    assert deadline == pytest.approx(50.0 + LEASE_S - 0.2)
