@@ -475,6 +475,10 @@ class Reconciler:
         self.outcome_unknown = scan.outcome_unknown + len(result.unknown)
         runs_finished = await self._finish_runs(epochs)
         lost = len(repairs) - len(result.applied)
+        gap_s = self._gap_s(started, scan, scanned_at)
+        if len(scan.rows) >= self._config.reconcile.batch_limit:
+            # A full batch: more rows may be waiting behind it (a mass failure). Go on.
+            gap_s = MIN_PASS_GAP_S
         return PassReport(
             examined=len(scan.rows),
             redispatched=len(result.ready),
@@ -482,7 +486,7 @@ class Reconciler:
             outcome_unknown=len(result.unknown),
             lost_races=lost,
             runs_finished=runs_finished,
-            next_pass_in_s=self._gap_s(started, scan, scanned_at),
+            next_pass_in_s=gap_s,
         )
 
     def _after_repair(self, repairs: Sequence[Repair], result: RepairResult) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Collection, Mapping, Sequence
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -545,3 +546,21 @@ async def test_an_unacknowledged_dispatch_is_kept_while_it_may_be_delivered(
     reconciler, wheel, _ = _reconciler(runs, FakeSessions({row.timer.id: knows}))
     await reconciler.reconcile_once()
     assert runs.repaired == [] and wheel.ready == []
+
+
+async def test_a_full_batch_is_followed_by_the_next_pass_at_once() -> None:
+    rows = [_row(status=TaskStatus.RUNNING, lease_in_s=-5, idempotent=True) for _ in range(3)]
+    runs = FakeRuns(rows)
+    config = SchedulerConfig()
+    config = replace(config, reconcile=replace(config.reconcile, batch_limit=2))
+    reconciler = Reconciler(
+        config,
+        FakeClock(NOW),
+        runs,
+        FakeShards({s: 7 for s in range(SHARDS)}),
+        FakeSessions({}),
+        FakeWheel(),
+        shard_count=SHARDS,
+    )
+    report = await reconciler.reconcile_once()
+    assert report.examined == 2 and report.next_pass_in_s == MIN_PASS_GAP_S
