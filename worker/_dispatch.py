@@ -447,7 +447,9 @@ class Dispatcher:
 
     def _check_lease(self, run: _Run) -> None:
         """Stop ``run`` if its lease lapsed; else look again when it would."""
-        run.lease_timer = None
+        if run.lease_timer is not None:
+            run.lease_timer.cancel()  # called early (a heartbeat saw it lapse): one timer
+            run.lease_timer = None
         if run.decided or self.runs.get(run.assignment.run_key) is not run:
             return
         if not run.lease.held():
