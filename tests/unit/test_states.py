@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import re
 from collections import deque
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from chronoshard.scheduler import queries
 from chronoshard.scheduler.errors import InvalidTransition
 from chronoshard.scheduler.states import (
     TERMINAL,
@@ -261,3 +263,24 @@ def test_allowed_events_agree_with_transition(status: TaskStatus) -> None:
     for event in TaskEvent:
         allowed = event in allowed_events(status)
         assert allowed == (status in sources(event))
+
+
+@pytest.mark.parametrize(
+    ("statement", "event"),
+    [
+        ("complete", TaskEvent.COMPLETE),
+        ("lock_for_failure", TaskEvent.FAIL),
+        ("apply_failures", TaskEvent.FAIL),
+        ("release", TaskEvent.RELEASE),
+    ],
+)
+def test_the_settlement_statements_start_from_the_states_the_table_allows(
+    statement: str, event: TaskEvent
+) -> None:
+    """sql/dispatch.sql spells each settlement's source states out (a partial index needs
+    literals): they are the state machine's, with the worker's ack taken as read."""
+    text = queries.load("dispatch.sql")[statement]
+    found = re.findall(r"t\.status IN \(([^)]*)\)", text)
+    assert found, statement
+    listed = {s.strip().strip("'") for s in found[-1].split(",")}
+    assert listed == {str(s) for s in sources(event, implied_ack=True)}
