@@ -281,6 +281,10 @@ def start_scheduler(
         "CHRONOSHARD_SCHEDULING__SHARD_COUNT": str(SHARDS),
         "CHRONOSHARD_WORKERS__HEARTBEAT_INTERVAL_S": str(heartbeat_s),
         "CHRONOSHARD_WORKERS__TASK_LEASE_S": str(lease_s),
+        # Valid for any lease the bench is given: ack timeout between the heartbeat and
+        # the lease, heartbeat + margin inside the lease (scheduler/config.py).
+        "CHRONOSHARD_WORKERS__ACK_TIMEOUT_S": str(min(10.0, (heartbeat_s + lease_s) / 2)),
+        "CHRONOSHARD_WORKERS__LEASE_MARGIN_S": str(min(2.0, (lease_s - heartbeat_s) / 2)),
         "CHRONOSHARD_LOG_LEVEL": "WARNING",
         "CHRONOSHARD_LOG_FORMAT": "text",
     }

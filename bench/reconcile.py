@@ -9,9 +9,9 @@ workflow runs), spread over the past 29 day partitions. At each size it measures
 * **reconcile pass**: one :meth:`Reconciler.reconcile_once` over all 64 shards, the real
   shell and SQL (scan of in-flight rows, decisions, the compare-and-set repair of the
   rows it gives back, the workflow-run scan). The live set makes every pass do the same
-  work: ``held`` expired non-idempotent tasks whose worker is alive (read, held),
-  ``repaired`` expired idempotent ones (read and written back to PRELOADED; put back in
-  flight between passes, outside the timing), ``running`` tasks with live leases (not
+  work: ``held`` expired non-idempotent tasks (read and written to OUTCOME_UNKNOWN),
+  ``repaired`` expired idempotent ones (read and written back to PRELOADED; both put back
+  in flight between passes, outside the timing), ``running`` tasks with live leases (not
   even read), and ``runs`` active workflow runs (each probed for live tasks);
 * **preload query**: the preloader's statements over all 64 shards (``DispatchStore.
   load_due``: epochs locked, ``limit`` due rows found among ``scheduled`` waiting ones,
@@ -124,10 +124,6 @@ VALUES (%(tenant)s, 'bench', 'standard', 1e6, 1000000, 'local', 'bench-' || %(te
 INSERT INTO shard_owners (shard, epoch, node_id)
 SELECT s, %(epoch)s, %(node)s FROM generate_series(0, %(shards)s - 1) AS s
 """,
-    """
-INSERT INTO worker_sessions (worker_id, node_id, last_seen_at)
-VALUES (%(alive)s, %(node)s, now() + interval '1 day')
-""",
 ]
 
 # One statement per kind of live row; every one is named "bench-live-<kind>" in its type.
@@ -206,13 +202,15 @@ FROM inserted;
 RESET_REPAIRED_SQL = """
 WITH reset AS (
     UPDATE tasks
-    SET status = 'DISPATCHED', lease_expires_at = now() - interval '1 minute',
+    SET status = CASE WHEN type = 'bench-live-held' THEN 'RUNNING' ELSE 'DISPATCHED' END,
+        lease_expires_at = now() - interval '1 minute',
         worker_id = %(gone)s, updated_at = now()
-    WHERE type = 'bench-live-repaired' AND status = 'PRELOADED'
-    RETURNING id, attempt
+    WHERE (type = 'bench-live-repaired' AND status = 'PRELOADED')
+       OR (type = 'bench-live-held' AND status = 'OUTCOME_UNKNOWN')
+    RETURNING id, attempt, status
 )
 UPDATE task_attempts AS a
-SET state = 'DISPATCHED', finished_at = NULL, error = NULL
+SET state = reset.status, finished_at = NULL, error = NULL
 FROM reset
 WHERE a.task_id = reset.id AND a.attempt = reset.attempt;
 """
@@ -344,7 +342,7 @@ def _reconcile_statements(conn: psycopg.Connection[Any]) -> list[tuple[str, Mapp
             {
                 "shards": list(range(SHARDS)),
                 "horizon_s": 20.0,
-                "session_timeout_s": 15.0,
+                "margin_s": 2.0,
                 "limit": 1000,
             },
         ),
@@ -435,7 +433,8 @@ class _Target:
         started = time.perf_counter()
         report = await self.reconciler.reconcile_once()
         elapsed = time.perf_counter() - started
-        self.examined, self.repaired, self.held = report.examined, report.redispatched, report.held
+        self.examined, self.repaired = report.examined, report.redispatched
+        self.held = report.outcome_unknown
         async with self.store.connection() as conn:
             await conn.execute(RESET_REPAIRED_SQL, {"gone": GONE_WORKER})
         return elapsed
@@ -513,7 +512,6 @@ def _prepare(conn: psycopg.Connection[Any], live: LiveSet) -> uuid.UUID:
         "epoch": EPOCH,
         "node": NODE,
         "shards": SHARDS,
-        "alive": LIVE_WORKER,
     }
     for statement in SETUP_SQL:
         conn.execute(statement.encode(), setup)  # type: ignore[arg-type]

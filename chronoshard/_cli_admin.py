@@ -38,7 +38,7 @@ GAUGES = {
     "chronoshard_worker_sessions": "worker_sessions",
     "chronoshard_shards_owned": "shards_owned",
     "chronoshard_self_fenced": "self_fenced",
-    "chronoshard_stalled_tasks": "stalled_tasks",
+    "chronoshard_outcome_unknown_tasks": "outcome_unknown_tasks",
     "chronoshard_clock_skewed": "clock_skewed",
     "chronoshard_clock_offset_seconds": "clock_offset_s",
 }
@@ -88,8 +88,9 @@ class NodeMetrics:
     worker_sessions: float | None = None
     shards_owned: float | None = None
     self_fenced: float | None = None
-    stalled_tasks: float | None = None
-    """Non-idempotent tasks whose lease expired while their worker may still be alive."""
+    outcome_unknown_tasks: float | None = None
+    """Non-idempotent tasks of its shards whose attempt's outcome is unknown, held for
+    an operator (``chronoshard tasks resolve``)."""
     clock_skewed: float | None = None
     """1 while the node's clock is beyond clock.max_offset_s from PostgreSQL's."""
     clock_offset_s: float | None = None
@@ -256,8 +257,8 @@ def status_text(report: dict[str, Any], *, show_shards: bool) -> str:
         if node["clock_skewed"] or m.get("clock_skewed"):
             offset = m.get("clock_offset_s")
             state = "CLOCK SKEWED" + (f" ({offset:+.1f} s)" if offset is not None else "")
-        if m.get("stalled_tasks"):
-            state += f", {int(m['stalled_tasks'])} stalled"
+        if m.get("outcome_unknown_tasks"):
+            state += f", {int(m['outcome_unknown_tasks'])} outcome unknown"
         if node["metrics_error"]:
             state += f" ({node['metrics_error']})"
 

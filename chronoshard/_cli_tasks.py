@@ -1,4 +1,4 @@
-"""``chronoshard submit`` and ``chronoshard tasks get|ls|cancel|retry``: the TaskService
+"""``chronoshard submit`` and ``chronoshard tasks get|ls|cancel|retry|resolve``: the TaskService
 through :class:`chronoshard.SyncClient`, as the tenant whose API key is given.
 
 Each ``_run_*`` turns arguments into one client call (or a few, for ``ls`` paging and
@@ -262,6 +262,7 @@ STATUS_NAMES = (
     "dead_letter",
     "cancelled",
     "upstream_failed",
+    "outcome_unknown",
 )
 
 
@@ -378,7 +379,8 @@ examples:
   chronoshard tasks retry "$ID"            # again now, with its full retries
   chronoshard tasks retry "$ID" --in 10m
 
-Only a DEAD_LETTER task can be retried (anything else: exit 1, INVALID_TRANSITION)."""
+Only a DEAD_LETTER task can be retried (anything else: exit 1, INVALID_TRANSITION); an
+OUTCOME_UNKNOWN one is resolved "run again", as `tasks resolve --retry` does."""
 
 
 def configure_retry(parser: argparse.ArgumentParser) -> None:
@@ -410,9 +412,56 @@ def run_retry(args: argparse.Namespace, out: TextIO) -> int:
     return EXIT_OK
 
 
+RESOLVE_EPILOG = """\
+examples:
+  chronoshard tasks ls --status outcome_unknown
+  chronoshard tasks get "$ID" --attempts       # who ran it, when its lease ran out
+  chronoshard tasks resolve "$ID" --retry --reason "no effect row for it in billing"
+  chronoshard tasks resolve "$ID" --fail --reason "charged twice already; refunded"
+
+An OUTCOME_UNKNOWN task is a non-idempotent one whose attempt's lease ran out with no
+settlement (worker killed, partitioned, paused): it may or may not have run, so it is
+never run again on its own. Look at what its handler writes, then --retry (run it again
+under a new fencing token) or --fail (dead-letter it). Repeating the same resolution is
+harmless; resolving a task in any other state fails (exit 1, NOTHING_TO_RESOLVE)."""
+
+
+def configure_resolve(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("id", help="task id (an OUTCOME_UNKNOWN task)")
+    choice = parser.add_mutually_exclusive_group(required=True)
+    choice.add_argument(
+        "--retry", action="store_const", const="RETRY", dest="resolution", help="run it again"
+    )
+    choice.add_argument(
+        "--fail",
+        action="store_const",
+        const="MARK_FAILED",
+        dest="resolution",
+        help="dead-letter it",
+    )
+    parser.add_argument("--reason", default="", help="recorded on the attempt (and as last error)")
+    add_api(parser)
+
+
+def run_resolve(args: argparse.Namespace, out: TextIO) -> int:
+    with client(args) as c:
+        task = c.resolve(args.id, args.resolution, args.reason)
+    if args.output == "json":
+        print(output.dumps(task), file=out)
+    else:
+        print(f"resolved {task.id}: {task.status.value}", file=out)
+    return EXIT_OK
+
+
 TASK_COMMANDS: dict[str, Command] = {
     "get": Command("show one task (--attempts: its history)", configure_get, run_get, GET_EPILOG),
     "ls": Command("list tasks, filtered", configure_ls, run_ls, LS_EPILOG),
     "cancel": Command("cancel a task", configure_cancel, run_cancel, CANCEL_EPILOG),
     "retry": Command("run a dead-lettered task again", configure_retry, run_retry, RETRY_EPILOG),
+    "resolve": Command(
+        "decide an OUTCOME_UNKNOWN task: run it again or dead-letter it",
+        configure_resolve,
+        run_resolve,
+        RESOLVE_EPILOG,
+    ),
 }

@@ -33,6 +33,7 @@ from chronoshard.types import (
     AttemptState,
     JitterMode,
     Priority,
+    Resolution,
     RetryPolicy,
     SubmitResult,
     Task,
@@ -51,6 +52,7 @@ _STATUS_PREFIX = "TASK_STATUS_"
 _PRIORITY_PREFIX = "PRIORITY_"
 _JITTER_PREFIX = "JITTER_MODE_"
 _ATTEMPT_PREFIX = "ATTEMPT_STATE_"
+_RESOLUTION_PREFIX = "RESOLUTION_"
 
 
 # --- scalars -----------------------------------------------------------------------------
@@ -179,7 +181,21 @@ def attempt_from_pb(msg: common_pb2.TaskAttempt) -> TaskAttempt:
         entered_at=_datetime(msg, "entered_at"),
         finished_at=_datetime(msg, "finished_at"),
         error=_text(msg.error),
+        resolution=(
+            None
+            if msg.resolution == common_pb2.RESOLUTION_UNSPECIFIED
+            else _enum_from_pb(
+                Resolution, common_pb2.Resolution, _RESOLUTION_PREFIX, msg.resolution, lower=False
+            )
+        ),
     )
+
+
+def resolution_to_pb(resolution: Resolution | str) -> common_pb2.Resolution:
+    """Raises ValueError naming the choices for a string that is no Resolution."""
+    member = coerce_enum(Resolution, resolution, "resolution")
+    value: common_pb2.Resolution = _enum_to_pb(common_pb2.Resolution, _RESOLUTION_PREFIX, member)
+    return value
 
 
 def task_from_pb(msg: common_pb2.Task, attempts: Iterable[common_pb2.TaskAttempt] = ()) -> Task:
@@ -376,6 +392,11 @@ def attempt_to_pb(attempt: TaskAttempt) -> common_pb2.TaskAttempt:
         state=_enum_to_pb(common_pb2.AttemptState, _ATTEMPT_PREFIX, attempt.state),
         worker_id=attempt.worker_id or "",
         error=attempt.error or "",
+        resolution=(
+            common_pb2.RESOLUTION_UNSPECIFIED
+            if attempt.resolution is None
+            else resolution_to_pb(attempt.resolution)
+        ),
     )
     _set_time(msg, "entered_at", attempt.entered_at)
     _set_time(msg, "finished_at", attempt.finished_at)

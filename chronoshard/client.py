@@ -59,6 +59,7 @@ from chronoshard.errors import (
 from chronoshard.types import (
     JitterMode,
     Priority,
+    Resolution,
     RetryPolicy,
     SubmitResult,
     Task,
@@ -448,6 +449,19 @@ class Client:
         if delay_s:
             request.delay.CopyFrom(convert.duration(delay_s, "delay_s"))
         response = await self._call("RetryTask", request)
+        return convert.task_from_pb(response.task)
+
+    async def resolve(
+        self, task_id: str | uuid.UUID, resolution: Resolution | str, reason: str = ""
+    ) -> Task:
+        """Resolve an OUTCOME_UNKNOWN task: ``Resolution.RETRY`` runs it again under a new
+        fencing token, ``Resolution.MARK_FAILED`` dead-letters it with ``reason``. A repeat
+        of a resolution already applied returns the task as it is now; any other state
+        raises :class:`FailedPreconditionError` (reason ``NOTHING_TO_RESOLVE``)."""
+        request = task_service_pb2.ResolveTaskRequest(
+            id=str(task_id), resolution=convert.resolution_to_pb(resolution), reason=reason
+        )
+        response = await self._call("ResolveTask", request)
         return convert.task_from_pb(response.task)
 
     # --- plumbing ------------------------------------------------------------------------

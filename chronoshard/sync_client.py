@@ -39,6 +39,7 @@ from chronoshard.errors import ChronoshardError
 from chronoshard.types import (
     JitterMode,
     Priority,
+    Resolution,
     RetryPolicy,
     SubmitResult,
     Task,
@@ -236,6 +237,12 @@ class SyncClient:
     def retry(self, task_id: str | uuid.UUID, delay_s: float = 0) -> Task:
         """Blocking :meth:`Client.retry`."""
         return self._wait(self._client.retry(task_id, delay_s))
+
+    def resolve(
+        self, task_id: str | uuid.UUID, resolution: Resolution | str, reason: str = ""
+    ) -> Task:
+        """Blocking :meth:`Client.resolve`."""
+        return self._wait(self._client.resolve(task_id, resolution, reason))
 
     def _wait(self, call: Coroutine[Any, Any, T]) -> T:
         if not self._finalizer.alive:

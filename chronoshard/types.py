@@ -27,6 +27,7 @@ __all__ = [
     "AttemptState",
     "JitterMode",
     "Priority",
+    "Resolution",
     "RetryPolicy",
     "SubmitResult",
     "Task",
@@ -50,6 +51,9 @@ class TaskStatus(StrEnum):
     DEAD_LETTER = "DEAD_LETTER"
     CANCELLED = "CANCELLED"
     UPSTREAM_FAILED = "UPSTREAM_FAILED"
+    OUTCOME_UNKNOWN = "OUTCOME_UNKNOWN"
+    """Held: a non-idempotent attempt's lease ran out with no settlement, so whether it
+    ran is unknown. Not re-run on its own: resolve it (:meth:`Client.resolve`)."""
 
     @property
     def is_terminal(self) -> bool:
@@ -101,6 +105,17 @@ class AttemptState(StrEnum):
     ABANDONED = "ABANDONED"
     CANCELLED = "CANCELLED"
     FENCED = "FENCED"
+    OUTCOME_UNKNOWN = "OUTCOME_UNKNOWN"
+
+
+class Resolution(StrEnum):
+    """An operator's decision about a task whose outcome is unknown (:meth:`Client.resolve`)."""
+
+    RETRY = "RETRY"
+    """Run it again under a new fencing token (a late write of the old attempt is refused
+    wherever the token fences it)."""
+    MARK_FAILED = "MARK_FAILED"
+    """Dead-letter it with the reason given."""
 
 
 @dataclass(frozen=True)
@@ -129,6 +144,8 @@ class TaskAttempt:
     entered_at: datetime | None
     finished_at: datetime | None
     error: str | None
+    resolution: Resolution | None = None
+    """How an operator resolved this attempt's unknown outcome, if it did."""
 
 
 @dataclass(frozen=True)

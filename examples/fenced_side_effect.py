@@ -1,21 +1,25 @@
-"""A worker whose side effect is fenced by the task's fencing token.
+"""A worker whose side effects happen once: the task commit protocol of the SDK.
 
-The scheduler refuses a zombie's heartbeat and settlement (DESIGN §5): a worker paused
-past its lease comes back with a stale token. It cannot refuse what the handler wrote
-to *another* system while it was paused, though. This example closes that gap for a
-PostgreSQL table: every write carries ``ctx.fencing_token`` and the table keeps the
-highest token that ever wrote the row, so a write from an older attempt changes nothing:
+The scheduler refuses a zombie's heartbeat and settlement (DESIGN §5): a worker paused or
+partitioned past its lease comes back with a stale token, and it stops its attempts on
+its own before the lease runs out (worker self-fencing). What a handler writes to
+*another* system is its own business, though: two attempts of one task may run (an
+idempotent task after a lost lease, an operator's retry of an unknown outcome), and a
+thread cannot be stopped. ``chronoshard.worker.commit`` closes that gap:
 
-    INSERT ... ON CONFLICT (task_id) DO UPDATE SET ...
-     WHERE example_side_effects.fencing_token < EXCLUDED.fencing_token
+- ``example.fenced_write`` records a payment in PostgreSQL with ``PostgresEffects``: the
+  ``example_side_effects`` row and the task's effect row (``example_effects``, keyed by
+  task id, with the token and the result) commit in one transaction. A second attempt
+  finds the effect row and gets the stored result back instead of paying again; an
+  attempt that lost its lease is refused before it writes (``LeaseLost``), and its
+  transaction is bounded by what is left of the lease.
+- ``example.published_file`` writes a report with ``publish_file``: staged beside the
+  target, fsynced, published with an atomic link only while the lease holds; a second
+  attempt finds it published.
 
-Each dispatch of a task increments its token, so "older attempt" is exactly "smaller
-token". The handler also checks ``ctx.cancelled`` before writing (a revoked attempt
-skips the write), but that check races with the revocation; the fence does not.
-
-The handler is a plain ``def`` (it runs in the worker's thread pool) to show the case the
-fence is for: a thread cannot be interrupted, so a handler that was paused in the middle
-of its work resumes and tries to write even if its token was revoked meanwhile.
+The handlers are plain ``def`` functions (they run in the worker's thread pool) to show the
+case the helpers are for: a thread cannot be interrupted, so a handler that was paused in
+the middle of its work resumes and tries to write even if its lease was lost meanwhile.
 
 Try it against a local cluster::
 
@@ -25,15 +29,16 @@ Try it against a local cluster::
 
 ``submit`` waits for the task and prints the stored side effect. Pause the worker
 (``kill -STOP``) during the work, wait past the lease (30 s by default) with a second
-worker running, then ``kill -CONT`` it: the first worker logs ``side effect refused``
-and a ``zombie`` warning, and the row keeps the second worker's write.
+worker running, then ``kill -CONT`` it: the first worker logs ``lease_lost`` and
+``side effect refused``, and the row holds the second worker's write only.
 
 Settings come from the environment, else from ``.chronoshard/cluster.json`` (written by
 ``chronoshard dev``): ``FENCED_EXAMPLE_DSN`` (else ``CHRONOSHARD_DSN``, else the dev
-cluster's database) for the side-effect table, ``CHRONOSHARD_TARGET`` and
-``CHRONOSHARD_API_KEY`` for the scheduler, ``CHRONOSHARD_WORKER_ID`` to name the worker.
-The worker is also loadable by the runner: ``python -m chronoshard.worker
-fenced_side_effect:worker`` with ``examples/`` on ``PYTHONPATH``.
+cluster's database) for the side-effect tables, ``FENCED_EXAMPLE_DIR`` for the published
+files, ``CHRONOSHARD_TARGET`` and ``CHRONOSHARD_API_KEY`` for the scheduler,
+``CHRONOSHARD_WORKER_ID`` to name the worker. The worker is also loadable by the runner:
+``python -m chronoshard.worker fenced_side_effect:worker`` with ``examples/`` on
+``PYTHONPATH``.
 """
 
 from __future__ import annotations
@@ -44,7 +49,6 @@ import json
 import logging
 import os
 import sys
-import threading
 import time
 import uuid
 from collections.abc import Sequence
@@ -53,13 +57,17 @@ from typing import Any
 
 import psycopg
 
-from chronoshard.worker import TaskContext, Worker
+from chronoshard.worker import LeaseLost, TaskContext, Worker
+from chronoshard.worker.commit import PostgresEffects, publish_file
 
 TASK_TYPE = "example.fenced_write"
+FILE_TASK_TYPE = "example.published_file"
 DEV_CLUSTER_FILE = Path(".chronoshard") / "cluster.json"
 
 log = logging.getLogger("fenced_side_effect")
 
+# The side effect proper. No token guard is needed on it: the effect row makes sure it is
+# written once per task, and its primary key would refuse a second write anyway.
 CREATE_TABLE = """
 CREATE TABLE IF NOT EXISTS example_side_effects (
     task_id uuid PRIMARY KEY,
@@ -69,20 +77,12 @@ CREATE TABLE IF NOT EXISTS example_side_effects (
     written_at timestamptz NOT NULL DEFAULT now()
 )
 """
-
-# The fence: a row is (re)written only by a newer attempt than the one that wrote it.
-FENCED_WRITE = """
-INSERT INTO example_side_effects AS s (task_id, fencing_token, worker_id, value)
+RECORD_PAYMENT = """
+INSERT INTO example_side_effects (task_id, fencing_token, worker_id, value)
 VALUES (%(task_id)s, %(token)s, %(worker_id)s, %(value)s)
-ON CONFLICT (task_id) DO UPDATE
-   SET fencing_token = EXCLUDED.fencing_token,
-       worker_id = EXCLUDED.worker_id,
-       value = EXCLUDED.value,
-       written_at = now()
- WHERE s.fencing_token < EXCLUDED.fencing_token
 """
 
-STORED_TOKEN = "SELECT fencing_token FROM example_side_effects WHERE task_id = %s"
+effects = PostgresEffects("example_effects")
 
 
 def _dev_cluster() -> dict[str, Any]:
@@ -104,41 +104,20 @@ def database_dsn() -> str:
     return str(dsn)
 
 
-def write_fenced(
-    conn: psycopg.Connection[Any], task_id: uuid.UUID, token: int, worker_id: str, value: Any
-) -> bool:
-    """Write this attempt's side effect; False if a newer attempt already wrote it.
-
-    Repeating the write within one attempt is harmless: the row already holds our token,
-    which counts as written.
-    """
-    params = {
-        "task_id": task_id,
-        "token": token,
-        "worker_id": worker_id,
-        "value": json.dumps(value),
-    }
-    if conn.execute(FENCED_WRITE, params).rowcount == 1:
-        return True
-    stored = conn.execute(STORED_TOKEN, (task_id,)).fetchone()
-    return stored is not None and stored[0] == token
+def files_dir() -> Path:
+    return Path(os.environ.get("FENCED_EXAMPLE_DIR") or Path(".chronoshard") / "example-files")
 
 
-_table_ready = threading.Event()
-_table_lock = threading.Lock()
-
-
-def ensure_table(conn: psycopg.Connection[Any]) -> None:
-    """Create the side-effect table once per process (handlers run in many threads)."""
-    if _table_ready.is_set():
-        return
-    with _table_lock:
-        if not _table_ready.is_set():
-            # Two processes may race to create it: the loser's IF NOT EXISTS can still
-            # collide on the catalog, which means the table exists.
-            with contextlib.suppress(psycopg.errors.UniqueViolation, psycopg.errors.DuplicateTable):
-                conn.execute(CREATE_TABLE)
-            _table_ready.set()
+def create_tables(conn: psycopg.Connection[Any]) -> None:
+    """The side-effect table and the effect rows' table (idempotent; autocommit)."""
+    # Two processes may race to create them: the loser's IF NOT EXISTS can still collide
+    # on the catalog, which means the table exists.
+    for create in (
+        lambda: conn.execute(CREATE_TABLE),
+        lambda: effects.create_table_sync(conn),
+    ):
+        with contextlib.suppress(psycopg.errors.UniqueViolation, psycopg.errors.DuplicateTable):
+            create()
 
 
 def build_worker() -> Worker:
@@ -148,32 +127,65 @@ def build_worker() -> Worker:
         worker_id=os.environ.get("CHRONOSHARD_WORKER_ID") or None,
     )
     worker.register(TASK_TYPE, fenced_write)
+    worker.register(FILE_TASK_TYPE, published_file)
     return worker
 
 
-def fenced_write(ctx: TaskContext) -> dict[str, Any]:
-    """Do the work (``payload.work_s`` of waiting stands in for it), then record the
-    result in ``example_side_effects`` under this attempt's fencing token."""
-    fields = {"task_id": ctx.task_id, "token": ctx.fencing_token, "worker_id": ctx.worker_id}
-    log.info("working on %s", ctx.task_id, extra={**fields, "event": "work_started"})
-    if ctx.wait_cancelled_sync(float(ctx.payload.get("work_s", 0))):
+def _work(ctx: TaskContext) -> None:
+    """``payload.work_s`` of waiting stands in for the work; a stop request ends it,
+    unless ``payload.blocking`` makes it a blocking call that cannot notice one (the case
+    the helpers are for: the write that follows is refused instead)."""
+    log.info(
+        "working on %s",
+        ctx.task_id,
+        extra={"task_id": ctx.task_id, "token": ctx.fencing_token, "event": "work_started"},
+    )
+    work_s = float(ctx.payload.get("work_s", 0))
+    if ctx.payload.get("blocking"):
+        time.sleep(work_s)
+    elif ctx.wait_cancelled_sync(work_s):
         ctx.raise_if_cancelled()
+
+
+def fenced_write(ctx: TaskContext) -> dict[str, Any]:
+    """Do the work, then record the payment once for the task."""
+    fields = {"task_id": ctx.task_id, "token": ctx.fencing_token, "worker_id": ctx.worker_id}
+    _work(ctx)
     value = {"amount": ctx.payload.get("amount", 0), "attempt": ctx.attempt}
-    # Cheap and early, but racy: the token may be revoked right after this check.
-    ctx.raise_if_cancelled()
-    with psycopg.connect(database_dsn(), autocommit=True) as conn:
-        ensure_table(conn)
-        written = write_fenced(conn, ctx.task_id, ctx.fencing_token, ctx.worker_id, value)
-    if not written:
+
+    def record(conn: psycopg.Connection[Any]) -> dict[str, Any]:
+        conn.execute(RECORD_PAYMENT, {**fields, "value": json.dumps(value)})
+        return {"written": True, "token": ctx.fencing_token}
+
+    try:
+        with psycopg.connect(database_dsn(), autocommit=True) as conn:
+            done = effects.once_sync(conn, ctx, record)
+    except LeaseLost as exc:
+        # Lost its lease (paused or cut off past it): another attempt may own the task,
+        # or its outcome waits for an operator. Write nothing; settle nothing.
         log.warning(
-            "side effect refused: a newer attempt of %s already wrote it",
-            ctx.task_id,
-            extra={**fields, "event": "side_effect_refused"},
+            "side effect refused: %s", exc, extra={**fields, "event": "side_effect_refused"}
         )
-        # The scheduler will refuse this attempt's completion too (stale token).
-        return {"written": False}
-    log.info("side effect written", extra={**fields, "event": "side_effect_written"})
-    return {"written": True, "token": ctx.fencing_token}
+        raise
+    if done.replayed:
+        log.info(
+            "side effect already written by the attempt with token %d",
+            done.fencing_token,
+            extra={**fields, "event": "side_effect_replayed"},
+        )
+    else:
+        log.info("side effect written", extra={**fields, "event": "side_effect_written"})
+    return dict(done.result)
+
+
+def published_file(ctx: TaskContext) -> dict[str, Any]:
+    """Do the work, then publish ``<dir>/<task id>.json`` once for the task."""
+    _work(ctx)
+    target = files_dir() / f"{ctx.task_id}.json"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    body = json.dumps({"amount": ctx.payload.get("amount", 0), "token": ctx.fencing_token})
+    done = publish_file(ctx, target, lambda f: f.write(body.encode()))
+    return {"path": str(done.path), "replayed": done.replayed}
 
 
 worker = build_worker()
@@ -193,7 +205,7 @@ def _scheduler() -> tuple[str, str | None]:
 def _run_worker() -> int:
     target, api_key = _scheduler()
     with psycopg.connect(database_dsn(), autocommit=True) as conn:
-        ensure_table(conn)
+        create_tables(conn)
     worker.set_targets([target])
     worker.set_api_key(api_key)
     return worker.run_sync()
@@ -208,7 +220,9 @@ def _submit(work_s: float, amount: int, wait_s: float) -> int:
             TASK_TYPE,
             {"work_s": work_s, "amount": amount},
             strict_timing=True,  # run now, not within the default jitter window
-            idempotent=True,  # the fence makes a re-run after a lost lease safe
+            # Its effect goes through the commit helpers, so a re-run after a lost lease
+            # is safe: let the scheduler run it again rather than hold it OUTCOME_UNKNOWN.
+            idempotent=True,
         )
         print(f"submitted {submitted.task.id}")
         deadline = time.monotonic() + wait_s

@@ -42,6 +42,7 @@ from chronoshard.scheduler.errors import (
 )
 from chronoshard.scheduler.ids import new_task_id, unix_ms
 from chronoshard.scheduler.models import PreparedTask, SubmitResult, Task, Tenant
+from chronoshard.scheduler.states import TaskStatus
 from chronoshard.scheduler.store import Store
 from chronoshard.scheduler.submits import SubmitCoalescer
 from chronoshard.scheduler.task_queries import PageCursor, TaskQueries
@@ -133,6 +134,11 @@ class TaskServiceServicer(task_service_pb2_grpc.TaskServiceServicer):
         self, request: task_service_pb2.RetryTaskRequest, context: Context
     ) -> task_service_pb2.RetryTaskResponse:
         return await self._serve("RetryTask", self._retry_task, request, context)
+
+    async def ResolveTask(
+        self, request: task_service_pb2.ResolveTaskRequest, context: Context
+    ) -> task_service_pb2.ResolveTaskResponse:
+        return await self._serve("ResolveTask", self._resolve_task, request, context)
 
     async def _serve(
         self,
@@ -250,6 +256,31 @@ class TaskServiceServicer(task_service_pb2_grpc.TaskServiceServicer):
         task = await self._queries.retry_task(tenant.id, task_id, due_at)
         self._notify(lambda: self._listener.tasks_submitted([task]))
         return task_service_pb2.RetryTaskResponse(task=convert.task_to_pb(task))
+
+    async def _resolve_task(
+        self, tenant: Tenant, request: task_service_pb2.ResolveTaskRequest, context: Context
+    ) -> task_service_pb2.ResolveTaskResponse:
+        task_id = convert.uuid_from_pb(request.id, "id")
+        resolution = convert.resolution_from_pb(request.resolution)
+        reason = convert.reason_from_pb(request.reason, default="no reason given")
+        task, written = await self._queries.resolve_task(
+            tenant.id, task_id, resolution, reason, self._clock.now()
+        )
+        if written:
+            log.warning(
+                "task outcome resolved by an operator",
+                extra={
+                    "task_id": str(task.id),
+                    "tenant_id": str(tenant.id),
+                    "shard": task.shard,
+                    "fencing_token": task.fencing_token,
+                    "resolution": resolution.value,
+                    "reason": reason,
+                },
+            )
+            if task.status is TaskStatus.SCHEDULED:
+                self._notify(lambda: self._listener.tasks_submitted([task]))
+        return task_service_pb2.ResolveTaskResponse(task=convert.task_to_pb(task))
 
     # --- helpers --------------------------------------------------------------------------
 

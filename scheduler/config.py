@@ -21,6 +21,7 @@ DEFAULT_NODE_LEASE_TTL_S = 10.0
 DEFAULT_LOOKAHEAD_S = 3600.0
 DEFAULT_TASK_LEASE_S = 30.0
 DEFAULT_HEARTBEAT_INTERVAL_S = 5.0
+DEFAULT_LEASE_MARGIN_S = 2.0
 DEFAULT_PAYLOAD_LIMIT_BYTES = 256 * 1024
 DEFAULT_JITTER_WINDOW_S = 240.0
 DEFAULT_LEAD_DISPATCH_S = 0.1
@@ -163,8 +164,11 @@ class WorkersConfig:
     heartbeat_interval_s: float = DEFAULT_HEARTBEAT_INTERVAL_S
     # A DISPATCHED task not acknowledged within this is checked by the reconciler.
     ack_timeout_s: float = 10.0
-    # A worker whose stream closed and did not come back within this is gone.
-    session_timeout_s: float = 15.0
+    # Worker self-fencing (sent to workers in Welcome): a worker stops an attempt once
+    # this is left of its lease without a renewal; a node acts on an expired lease only
+    # this long after it expired. It absorbs the assignment's transit and a late timer on
+    # the worker; a lost worker's tasks wait this much longer.
+    lease_margin_s: float = DEFAULT_LEASE_MARGIN_S
     # Acks, heartbeats and settlements are committed together at most this often.
     group_commit_interval_s: float = 0.002
 
@@ -182,7 +186,22 @@ class WorkersConfig:
             "workers.ack_timeout_s",
             "must be longer than workers.heartbeat_interval_s",
         )
-        require(self.session_timeout_s > 0, "workers.session_timeout_s", "must be positive")
+        # ... and a dispatch never delivered must be recognised as such before its lease
+        # runs out: after that a non-idempotent one's outcome would count as unknown.
+        require(
+            self.ack_timeout_s < self.task_lease_s,
+            "workers.ack_timeout_s",
+            "must be shorter than workers.task_lease_s",
+        )
+        # A worker renews with every heartbeat and stops an attempt at lease - margin: a
+        # healthy worker's next heartbeat must come before that.
+        require(
+            self.lease_margin_s > 0
+            and self.heartbeat_interval_s + self.lease_margin_s < self.task_lease_s,
+            "workers.lease_margin_s",
+            "must be positive, with workers.heartbeat_interval_s + workers.lease_margin_s "
+            "shorter than workers.task_lease_s",
+        )
         require(
             0 <= self.group_commit_interval_s <= 1,
             "workers.group_commit_interval_s",

@@ -54,7 +54,7 @@ from chronoshard.scheduler.models import (
     request_fingerprint,
 )
 from chronoshard.scheduler.sharding import shard_of
-from chronoshard.scheduler.states import AttemptState, TaskStatus
+from chronoshard.scheduler.states import AttemptState, Resolution, TaskStatus
 from chronoshard.scheduler.task_queries import PageCursor, TaskFilter
 from chronoshard.v1 import common_pb2, task_service_pb2
 
@@ -81,6 +81,17 @@ def status_from_pb(value: int, field: str) -> TaskStatus:
 
 def attempt_state_to_pb(state: AttemptState) -> str:
     return f"ATTEMPT_STATE_{state.value}"
+
+
+def resolution_to_pb(resolution: Resolution) -> str:
+    return f"RESOLUTION_{resolution.value}"
+
+
+def resolution_from_pb(value: int, field: str = "resolution") -> Resolution:
+    name = _enum_name(common_pb2.Resolution, value, field)
+    if name == "RESOLUTION_UNSPECIFIED":
+        raise InvalidArgument(field, "must be RETRY or MARK_FAILED")
+    return Resolution(name.removeprefix("RESOLUTION_"))
 
 
 def priority_to_pb(priority: Priority) -> str:
@@ -235,6 +246,7 @@ def attempt_to_pb(attempt: TaskAttempt) -> common_pb2.TaskAttempt:
         worker_id=attempt.worker_id or "",
         entered_at=ts_to_pb(attempt.entered_at),
         error=attempt.error or "",
+        resolution=None if attempt.resolution is None else resolution_to_pb(attempt.resolution),
     )
     if attempt.finished_at is not None:
         msg.finished_at.CopyFrom(ts_to_pb(attempt.finished_at))
@@ -512,14 +524,16 @@ def trace_context_from_metadata(metadata: Iterable[Any] | None) -> dict[str, str
     return context
 
 
-def reason_from_pb(value: str, field: str = "reason") -> str:
-    """A cancel reason: free text up to :data:`MAX_REASON_CHARS`, no NUL; empty gets a
-    default (a running worker is always told why)."""
+def reason_from_pb(
+    value: str, field: str = "reason", *, default: str = DEFAULT_CANCEL_REASON
+) -> str:
+    """A cancel (or resolution) reason: free text up to :data:`MAX_REASON_CHARS`, no NUL;
+    empty gets ``default`` (a running worker is always told why)."""
     if len(value) > MAX_REASON_CHARS:
         raise InvalidArgument(field, f"must be at most {MAX_REASON_CHARS} characters")
     if "\x00" in value:
         raise InvalidArgument(field, "must not contain NUL")
-    return value.strip() or DEFAULT_CANCEL_REASON
+    return value.strip() or default
 
 
 # --- ListTasks -------------------------------------------------------------------------

@@ -30,6 +30,7 @@ import psycopg
 from psycopg.rows import dict_row
 
 from chronoshard.scheduler import queries
+from chronoshard.scheduler.config import DEFAULT_LEASE_MARGIN_S
 from chronoshard.scheduler.errors import StoreUnavailable
 from chronoshard.scheduler.failures import FailureReport, RetryBudget, decide
 from chronoshard.scheduler.models import Priority, Task, TaskRef
@@ -128,7 +129,15 @@ class IntentResult:
 
 # What a repeated settlement may find when the step was already taken by the same token.
 _ALREADY = {
-    "ack": {TaskStatus.RUNNING, TaskStatus.COMPLETED, TaskStatus.RETRYING, TaskStatus.DEAD_LETTER},
+    # A late ack of an attempt whose outcome became unknown changes nothing (only its
+    # settlement does), and must not make its worker drop that settlement as stale.
+    "ack": {
+        TaskStatus.RUNNING,
+        TaskStatus.COMPLETED,
+        TaskStatus.RETRYING,
+        TaskStatus.DEAD_LETTER,
+        TaskStatus.OUTCOME_UNKNOWN,
+    },
     "complete": {TaskStatus.COMPLETED},
     "fail": {TaskStatus.RETRYING, TaskStatus.DEAD_LETTER, TaskStatus.CANCELLED},
     "release": {TaskStatus.PRELOADED, TaskStatus.SCHEDULED},
@@ -318,13 +327,22 @@ class DispatchStore:
             return await self._classify(conn, acks, moved, "ack")
 
     @_retry_rollbacks
-    async def extend_leases(self, beats: Sequence[Beat], lease_s: float) -> LeaseUpdate:
+    async def extend_leases(
+        self, beats: Sequence[Beat], lease_s: float, margin_s: float = DEFAULT_LEASE_MARGIN_S
+    ) -> LeaseUpdate:
+        """Extend the leases the beats hold to now + ``lease_s``; a lease that ran out more
+        than ``margin_s`` ago is not extended (the beat is refused)."""
         if not beats:
             return LeaseUpdate(frozenset(), {})
         async with self._store.connection() as conn:
             cur = await conn.execute(
                 self._q["extend_leases"],
-                {**_refs(beats), "checkpoints": [b.checkpoint for b in beats], "lease_s": lease_s},
+                {
+                    **_refs(beats),
+                    "checkpoints": [b.checkpoint for b in beats],
+                    "lease_s": lease_s,
+                    "margin_s": margin_s,
+                },
             )
             # Only the exceptions come back (sql/dispatch.sql): beats not extended, and
             # extended ones whose cancel was requested.

@@ -219,6 +219,21 @@ class TaskAlreadyFinished(SchedulerError):
         self.status = status
 
 
+class NothingToResolve(SchedulerError):
+    """Raised when ``ResolveTask`` names a task that is not OUTCOME_UNKNOWN (and is not a
+    repeat of a resolution already applied to it). Nothing was written."""
+
+    reason = "NOTHING_TO_RESOLVE"
+    grpc_code_name = "FAILED_PRECONDITION"
+
+    def __init__(self, task_id: uuid.UUID | str, status: str) -> None:
+        super().__init__(
+            f"task {task_id} is {status}: only an OUTCOME_UNKNOWN task can be resolved"
+        )
+        self.task_id = task_id
+        self.status = status
+
+
 class PermissionDenied(SchedulerError):
     """Raised when an authenticated caller asks for something its key does not allow:
     a tenant key calling an operator-only admin operation. Nothing was done."""

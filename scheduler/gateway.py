@@ -24,7 +24,7 @@ import itertools
 import logging
 import unicodedata
 import uuid
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
@@ -151,7 +151,7 @@ class Gateway(worker_service_pb2_grpc.WorkerServiceServicer):
         self._store = store
         self._clock = clock
         self._listener: GatewayListener | None = None
-        # Called when a session opens or closes (worker liveness is recorded at once).
+        # Called when a session opens or closes (a new stream hears its backlog at once).
         self.on_sessions_changed: Callable[[], None] | None = None
         self._sessions: dict[str, WorkerSession] = {}
         self._by_worker: dict[str, WorkerSession] = {}
@@ -380,6 +380,7 @@ class Gateway(worker_service_pb2_grpc.WorkerServiceServicer):
                         self._config.workers.heartbeat_interval_s
                     ),
                     lease_duration=convert.duration_to_pb(self._config.workers.task_lease_s),
+                    lease_margin=convert.duration_to_pb(self._config.workers.lease_margin_s),
                     accepts_batches=True,
                 )
             )
@@ -628,7 +629,9 @@ class Gateway(worker_service_pb2_grpc.WorkerServiceServicer):
     ) -> None:
         beats = _beats(session, heartbeat, self._config.limits.payload_limit_bytes)
         update: LeaseUpdate = await self._beats.submit(beats)
-        reply = worker_service_pb2.HeartbeatReply()
+        # The worker extends its own view of each lease from when it sent this heartbeat,
+        # known by the number it gave it (worker self-fencing).
+        reply = worker_service_pb2.HeartbeatReply(seq=heartbeat.seq)
         for beat in beats:
             if beat.ref.id not in update.extended:
                 reply.revoked.append(
@@ -665,7 +668,8 @@ class Gateway(worker_service_pb2_grpc.WorkerServiceServicer):
 
     async def _beat_batch(self, batches: Sequence[Sequence[Beat]]) -> list[LeaseUpdate]:
         flat = [beat for batch in batches for beat in batch]
-        update = await self._store.extend_leases(flat, self._config.workers.task_lease_s)
+        workers = self._config.workers
+        update = await self._store.extend_leases(flat, workers.task_lease_s, workers.lease_margin_s)
         self.stats["heartbeats"] += len(batches)
         self.stats["heartbeat_statements"] += 1 if flat else 0
         self.stats["leases_extended"] += len(update.extended)

@@ -29,7 +29,7 @@ from typing import Any, NamedTuple
 from chronoshard.scheduler import payloads
 from chronoshard.scheduler.errors import InvalidArgument
 from chronoshard.scheduler.jitter import JitterMode
-from chronoshard.scheduler.states import AttemptState, TaskStatus
+from chronoshard.scheduler.states import AttemptState, Resolution, TaskStatus
 
 DEFAULT_PAYLOAD_LIMIT_BYTES = 256 * 1024
 DEFAULT_QUEUE = "default"
@@ -173,6 +173,8 @@ class TaskAttempt:
     entered_at: datetime
     finished_at: datetime | None
     error: str | None
+    resolution: Resolution | None = None
+    """How an operator resolved this attempt's unknown outcome, if it did."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,8 +6,8 @@ dispatcher, preloader, shard manager → gRPC server (TaskService, WorkerService
 health, reflection) → node registered in etcd (only now can peers assign it shards and
 workers find it) → metrics endpoint → the supervised loops.
 
-The loops (cluster clock, shard manager, dispatcher, preloader, reconciler, worker
-liveness, partition maintenance, tenant refresher) are named tasks; the node waits on them with
+The loops (cluster clock, shard manager, dispatcher, preloader, reconciler, partition
+maintenance, tenant refresher, backlog reports) are named tasks; the node waits on them with
 FIRST_EXCEPTION, so a crashed loop stops the node loudly rather than leaving it half
 alive. Shutdown (SIGTERM) runs in this order (STYLE #4):
 
@@ -52,7 +52,6 @@ from chronoshard.scheduler.errors import StoreUnavailable
 from chronoshard.scheduler.expectations_api import WatchdogServiceServicer
 from chronoshard.scheduler.fairness import UNLIMITED, TenantLimits
 from chronoshard.scheduler.gateway import Gateway
-from chronoshard.scheduler.liveness import WorkerLiveness
 from chronoshard.scheduler.maintenance import PartitionMaintenance
 from chronoshard.scheduler.metrics import NodeCollector, SchedulerMetrics
 from chronoshard.scheduler.models import Task, TaskRef
@@ -259,12 +258,6 @@ class SchedulerNode:
             self.dispatcher,
             shard_count,
         )
-        self.liveness = WorkerLiveness(
-            config.node_id,
-            config.workers.session_timeout_s,
-            self.gateway,
-            ReconcileStore(self.store),
-        )
         self.gateway.on_sessions_changed = self._sessions_changed
         self.maintenance = PartitionMaintenance(config.maintenance, self.store)
         self._add_services(self._server, shard_count)
@@ -278,7 +271,6 @@ class SchedulerNode:
         self._supervise("dispatcher", self.dispatcher.run())
         self._supervise("preloader", self.preloader.run())
         self._supervise("reconciler", self.reconciler.run())
-        self._supervise("liveness", self.liveness.run())
         self._supervise("maintenance", self.maintenance.run())
         self._supervise("tenant-refresh", self._refresh_tenants())
         self._supervise("backlog-report", self._report_backlog())
@@ -413,7 +405,6 @@ class SchedulerNode:
                 log.warning("tenant refresh failed", extra={"error": str(exc)})
 
     def _sessions_changed(self) -> None:
-        self.liveness.sessions_changed()
         self.dispatcher.backlog_changed.set()  # a new stream hears the backlog at once
 
     async def _report_backlog(self) -> None:
@@ -562,7 +553,6 @@ class SchedulerNode:
             "shards": dict(self.shards.stats),
             "clock": dict(self.clock.stats),
             "reconciler": dict(self.reconciler.stats),
-            "liveness": dict(self.liveness.stats),
             "maintenance": dict(self.maintenance.stats),
         }
 
@@ -581,6 +571,7 @@ class SchedulerNode:
             "clock_offset_seconds": self.clock.offset_s,
             "clock_offset_error_seconds": self.clock.error_s,
             "clock_skewed": 1 if self.clock.skewed else 0,
-            # Non-idempotent tasks whose lease expired while their worker may be alive.
-            "stalled_tasks": self.reconciler.stalled,
+            # Non-idempotent tasks of the owned shards whose attempt's outcome is unknown,
+            # held for a late settlement or an operator (chronoshard tasks resolve).
+            "outcome_unknown_tasks": self.reconciler.outcome_unknown,
         }

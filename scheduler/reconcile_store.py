@@ -1,4 +1,4 @@
-"""PostgreSQL for the reconcile loop, worker liveness and partition maintenance.
+"""PostgreSQL for the reconcile loop and partition maintenance.
 
 Issues the named statements of ``sql/reconcile.sql`` over the :class:`.store.Store`'s
 pool. Like :class:`.dispatch_store.DispatchStore`, it holds no policy: the reconciler
@@ -44,7 +44,6 @@ def _in_flight(row: Mapping[str, Any]) -> InFlight:
         cancel_requested=row["cancel_requested"],
         lease_expires_at=row["lease_expires_at"],
         updated_at=row["updated_at"],
-        worker_gone=row["worker_gone"],
     )
 
 
@@ -68,28 +67,31 @@ class ReconcileStore:
         *,
         ack_timeout_s: float,
         lease_s: float,
-        session_timeout_s: float,
+        lease_margin_s: float,
         limit: int,
     ) -> Scan:
-        """The in-flight rows of ``shards`` that may need repair, and the database's now."""
-        async with self._store.connection() as conn:
+        """The in-flight rows of ``shards`` that may need repair, with the database's now,
+        the next lease to expire and the count of OUTCOME_UNKNOWN tasks."""
+        params = {
+            "shards": sorted(shards),
+            "horizon_s": max(0.0, lease_s - ack_timeout_s),
+            "margin_s": lease_margin_s,
+            "limit": limit,
+        }
+        # One transaction: now() is the same instant in both statements.
+        async with self._store.transaction() as conn:
             cur = conn.cursor(row_factory=dict_row)
-            await cur.execute(
-                self._q["scan_inflight"],
-                {
-                    "shards": sorted(shards),
-                    "horizon_s": max(0.0, lease_s - ack_timeout_s),
-                    "session_timeout_s": session_timeout_s,
-                    "limit": limit,
-                },
-            )
+            await cur.execute(self._q["pass_state"], params)
+            state = await cur.fetchone()
+            assert state is not None
+            await cur.execute(self._q["scan_inflight"], params)
             rows = await cur.fetchall()
-            if rows:
-                now = rows[0]["now"]
-            else:
-                await cur.execute(self._q["db_now"])
-                now = (await cur.fetchone() or {})["now"]
-        return Scan(now=now, rows=[_in_flight(r) for r in rows])
+        return Scan(
+            now=state["now"],
+            rows=[_in_flight(r) for r in rows],
+            next_expiry=state["next_expiry"],
+            outcome_unknown=state["outcome_unknown"],
+        )
 
     async def repair(self, epochs: Mapping[int, int], repairs: Sequence[Repair]) -> RepairResult:
         """Apply the decided repairs whose shard is still ours and whose row is unchanged."""
@@ -100,7 +102,7 @@ class ReconcileStore:
             mine = [r for r in repairs if r.row.timer.shard in owned]
             lost = frozenset(shards - owned)
             if not mine:
-                return RepairResult([], [], frozenset(), lost)
+                return RepairResult([], [], [], frozenset(), lost)
             cur = conn.cursor(row_factory=dict_row)
             await cur.execute(
                 self._q["repair"],
@@ -119,7 +121,8 @@ class ReconcileStore:
             rows = await cur.fetchall()
         ready = [timer_from_row(r) for r in rows if r["status"] == TaskStatus.PRELOADED]
         cancelled = [r["id"] for r in rows if r["status"] == TaskStatus.CANCELLED]
-        return RepairResult(ready, cancelled, frozenset(r["id"] for r in rows), lost)
+        unknown = [r["id"] for r in rows if r["status"] == TaskStatus.OUTCOME_UNKNOWN]
+        return RepairResult(ready, cancelled, unknown, frozenset(r["id"] for r in rows), lost)
 
     async def scan_runs(
         self, after: tuple[datetime, uuid.UUID] | None, limit: int
@@ -160,22 +163,3 @@ class ReconcileStore:
                 {"ids": [o.id for o in mine], "states": [str(o.state) for o in mine]},
             )
             return [row[0] for row in await cur.fetchall()], lost
-
-    # ---- worker liveness ----------------------------------------------------------------
-
-    async def touch_worker_sessions(self, node_id: str, worker_ids: Collection[str]) -> None:
-        """``node_id`` has (or just had) a session of each of ``worker_ids``."""
-        if not worker_ids:
-            return
-        async with self._store.connection() as conn:
-            await conn.execute(
-                self._q["touch_worker_sessions"],
-                {"node_id": node_id, "worker_ids": sorted(worker_ids)},
-            )
-
-    async def forget_old_worker_sessions(self, older_than_s: float) -> int:
-        async with self._store.connection() as conn:
-            cur = await conn.execute(
-                self._q["forget_old_worker_sessions"], {"older_than_s": older_than_s}
-            )
-            return cur.rowcount

@@ -2,22 +2,31 @@
 
 A node keeps no memory across crashes (DESIGN §6 "intent before action"): an intent can
 be committed and never sent, an assignment sent and never acknowledged, a worker lost
-with its lease. Every ``reconcile.interval_s`` the reconciler reads the in-flight rows
-of the node's shards and repairs them (DESIGN §8):
+with its lease. The reconciler reads the in-flight rows of the node's shards and repairs
+them (DESIGN §8, with issue 12's rules for leases):
 
 1. **Unconfirmed dispatch.** A DISPATCHED row that nothing touched for
    ``workers.ack_timeout_s`` (a worker that holds a task refreshes its row with every
    heartbeat, so "untouched" means "not delivered or not running") whose worker has a
-   session on this node that does not know the attempt, or whose worker is gone, is
-   given back: the attempt ABANDONED, the task PRELOADED and on the wheel again, where
-   the next intent gives it a new token.
-2. **Expired lease.** An idempotent task is given back the same way. A non-idempotent
-   one is *held* while its worker may still be alive (a stalled handler must not run
-   twice) and counted as stalled; it is given back once no node has seen the worker's
-   session for ``workers.session_timeout_s``. A task whose cancel was requested ends
-   CANCELLED instead of running again.
+   session on this node that does not know the attempt is given back: the attempt
+   ABANDONED, the task PRELOADED and on the wheel again, where the next intent gives it
+   a new token. This is the one case where the node *knows* the attempt never ran, so it
+   holds for non-idempotent tasks too (a crash between intent and send).
+2. **Expired lease.** Acted on only ``workers.lease_margin_s`` after
+   ``lease_expires_at`` (the database's clock): the worker stops the attempt on its own
+   that margin *before* its lease runs out (worker self-fencing, docs/worker-sdk.md), so
+   by then nothing of the attempt is running. An idempotent task is given back as
+   above. A non-idempotent one may have run its side effect or not — a dead worker, a
+   partitioned one and a paused one look the same from here — so it is never run again
+   on a guess: the task becomes OUTCOME_UNKNOWN, its attempt recorded as such, counted
+   by a gauge, until its own late settlement makes the outcome known or an operator
+   resolves it (``ResolveTask``). A task whose cancel was requested ends CANCELLED.
 3. **Finished workflow runs** still marked RUNNING (no task left that is not terminal)
    are made terminal. A run belongs to the shard of its id.
+
+A pass runs every ``reconcile.interval_s``, and also at the next lease expiry (plus the
+margin) that the previous pass saw coming, so an expired lease is acted on within the
+pass's own latency of ``lease_expires_at + lease_margin_s``, not up to an interval later.
 
 The decisions are the pure functions :func:`decide` and :func:`workflow_outcome` (no
 I/O; ``now`` is the database's clock, read with the rows, so node clock skew cannot
@@ -37,7 +46,7 @@ import logging
 import uuid
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Protocol
 
@@ -69,8 +78,8 @@ class Verdict(StrEnum):
     """The attempt is ABANDONED; the task goes back to PRELOADED for a new dispatch."""
     CANCEL = "CANCEL"
     """The task's cancel was requested and its attempt is lost: it ends CANCELLED."""
-    HOLD = "HOLD"
-    """A non-idempotent task's lease expired while its worker may be alive: stalled."""
+    OUTCOME_UNKNOWN = "OUTCOME_UNKNOWN"
+    """A non-idempotent attempt's lease ran out unsettled: the task is held, not re-run."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,8 +96,6 @@ class InFlight:
     lease_expires_at: datetime | None
     updated_at: datetime
     """Any write to the row (intent, ack, heartbeat, cancel request) moves it."""
-    worker_gone: bool
-    """No node has seen a session of ``worker_id`` for ``workers.session_timeout_s``."""
 
     @property
     def ref(self) -> TaskRef:
@@ -106,9 +113,9 @@ class Cause(StrEnum):
 class Decision:
     verdict: Verdict
     target: TaskStatus | None = None
-    """The row's new status (REDISPATCH, CANCEL)."""
+    """The row's new status (every verdict but KEEP)."""
     attempt_state: AttemptState | None = None
-    """What the attempt row records (REDISPATCH, CANCEL)."""
+    """What the attempt row records (every verdict but KEEP)."""
     cause: Cause | None = None
     reason: str = ""
 
@@ -135,7 +142,14 @@ def _give_back(row: InFlight, cause: Cause, reason: str) -> Decision:
     )
 
 
-def decide(row: InFlight, now: datetime, *, ack_timeout_s: float, knows: bool | None) -> Decision:
+def decide(
+    row: InFlight,
+    now: datetime,
+    *,
+    ack_timeout_s: float,
+    lease_margin_s: float,
+    knows: bool | None,
+) -> Decision:
     """What to do with ``row`` at ``now`` (the database's clock).
 
     ``knows`` is the worker's session on this node asked about the attempt: True (this
@@ -150,27 +164,41 @@ def decide(row: InFlight, now: datetime, *, ack_timeout_s: float, knows: bool | 
     had it finished, settled it (settlements are resent through any node, at most
     ~5 s apart). What remains is a worker that finished the handler and could not reach
     any node with its result for the whole ack timeout while it had a stream here.
+
+    Nothing else gives an attempt up before ``lease_expires_at + lease_margin_s``: not a
+    closed stream, not a worker unseen everywhere (a partition looks exactly like that).
     """
     if row.status not in (TaskStatus.DISPATCHED, TaskStatus.RUNNING):
         return KEEP
-    unacked = Cause.UNACKNOWLEDGED
     untouched_s = (now - row.updated_at).total_seconds()
     overdue_ack = row.status is TaskStatus.DISPATCHED and untouched_s >= ack_timeout_s
     # Never delivered (the worker's session here was never sent it, and no heartbeat
     # touched the row): nobody runs it, whatever its lease says.
     if overdue_ack and knows is False:
-        return _give_back(row, unacked, "not acknowledged; the worker's session never got it")
-    expired = Cause.LEASE_EXPIRED
-    if row.lease_expires_at is None or row.lease_expires_at <= now:
-        if row.idempotent or row.cancel_requested:
-            return _give_back(row, expired, "lease expired")
-        if row.worker_gone:
-            return _give_back(row, expired, "lease expired and the worker's session is gone")
-        # Re-running it could run it twice: the worker may be paused, not dead.
-        return Decision(Verdict.HOLD, cause=expired, reason="lease expired; worker may be alive")
-    if overdue_ack and row.worker_gone:
-        return _give_back(row, unacked, "not acknowledged and the worker's session is gone")
-    return KEEP
+        return _give_back(
+            row, Cause.UNACKNOWLEDGED, "not acknowledged; the worker's session never got it"
+        )
+    if row.lease_expires_at is not None and now < row.lease_expires_at + timedelta(
+        seconds=lease_margin_s
+    ):
+        return KEEP
+    # When the lease ran out goes on record: no write of the attempt's worker should land
+    # after it (the commit helpers bound their transactions by it).
+    expired = "" if row.lease_expires_at is None else f" at {row.lease_expires_at.isoformat()}"
+    if row.idempotent or row.cancel_requested:
+        return _give_back(row, Cause.LEASE_EXPIRED, f"lease expired{expired}")
+    # The worker stopped the attempt by now (it fences itself before its lease runs
+    # out), but whether its side effect happened is unknown: running it again could do it
+    # twice, calling it failed could lose it. The task waits for an answer.
+    return Decision(
+        Verdict.OUTCOME_UNKNOWN,
+        transition(row.status, TaskEvent.ATTEMPT_LOST),
+        AttemptState.OUTCOME_UNKNOWN,
+        Cause.LEASE_EXPIRED,
+        f"lease expired{expired} with no settlement from worker {row.worker_id or '-'}; the "
+        "task is not idempotent, so it is not run again: outcome unknown until its worker "
+        "reports or an operator resolves it",
+    )
 
 
 class RunState(StrEnum):
@@ -217,6 +245,8 @@ class RepairResult:
     ready: list[TimerTask]
     """Tasks now PRELOADED: back onto the wheel."""
     cancelled: list[uuid.UUID]
+    unknown: list[uuid.UUID]
+    """Tasks now OUTCOME_UNKNOWN."""
     applied: frozenset[uuid.UUID]
     lost_shards: frozenset[int]
 
@@ -240,6 +270,11 @@ class RunOutcome:
 class Scan:
     now: datetime
     rows: list[InFlight]
+    next_expiry: datetime | None = None
+    """The earliest lease of an in-flight row of the shards not yet due for action (later
+    than ``now - lease_margin_s``): the next pass is due at it plus the margin."""
+    outcome_unknown: int = 0
+    """OUTCOME_UNKNOWN tasks of the shards, as read with the rows."""
 
 
 class ReconcileRuns(Protocol):
@@ -251,7 +286,7 @@ class ReconcileRuns(Protocol):
         *,
         ack_timeout_s: float,
         lease_s: float,
-        session_timeout_s: float,
+        lease_margin_s: float,
         limit: int,
     ) -> Scan: ...
 
@@ -297,12 +332,45 @@ class PassReport:
     examined: int
     redispatched: int
     cancelled: int
-    held: int
+    outcome_unknown: int
+    """Tasks this pass moved to OUTCOME_UNKNOWN."""
     lost_races: int
     runs_finished: int
+    next_pass_in_s: float
+    """How long the loop sleeps before the next pass (the interval, or less when a lease
+    expires sooner)."""
 
 
 WORKFLOW_SCAN_LIMIT = 500
+MIN_PASS_GAP_S = 0.01
+"""The shortest sleep between passes: a lease due "now" that lost its repair race is
+looked at again next pass, not in a busy loop."""
+
+
+def next_pass_in_s(
+    scan: Scan | None,
+    *,
+    interval_s: float,
+    lease_s: float,
+    lease_margin_s: float,
+    since_start_s: float,
+    since_scan_s: float = 0.0,
+) -> float:
+    """How long to sleep, at the end of a pass, until the next one.
+
+    The interval counts from the pass's start (``since_start_s`` ago), so a pass that
+    overran it is followed at once by the next, never by a second one beside it. It is
+    capped at ``lease_s``: a task dispatched right after this pass, whose worker dies at
+    once, expires one lease later, and the next pass must see it before then to know
+    when to wake. The wake-up for the earliest lease the scan saw (``scan.next_expiry``
+    plus the margin, on the database's clock of ``scan.now``) counts from the scan
+    (``since_scan_s`` ago).
+    """
+    gap_s = min(interval_s, lease_s) - since_start_s
+    if scan is not None and scan.next_expiry is not None:
+        due_s = (scan.next_expiry - scan.now).total_seconds() + lease_margin_s
+        gap_s = min(gap_s, due_s - since_scan_s)
+    return max(MIN_PASS_GAP_S, gap_s)
 
 
 class Reconciler:
@@ -324,51 +392,61 @@ class Reconciler:
         self._wheel = wheel
         self._shard_count = shard_count
         self._run_cursor: tuple[datetime, uuid.UUID] | None = None
-        self.stalled = 0
-        """Non-idempotent tasks held by the last pass (lease expired, worker maybe alive)."""
+        self.outcome_unknown = 0
+        """OUTCOME_UNKNOWN tasks of the owned shards after the last pass (a gauge)."""
         self.stats: dict[str, int] = {
             "passes": 0,
             "redispatched": 0,
             "abandoned_unacknowledged": 0,
             "abandoned_lease_expired": 0,
             "cancelled": 0,
+            "outcome_unknown": 0,
             "lost_races": 0,
             "workflow_runs_finished": 0,
             "store_errors": 0,
         }
 
+    def _gap_s(self, started: float, scan: Scan | None = None, scanned_at: float = 0.0) -> float:
+        now = self._clock.monotonic()
+        return next_pass_in_s(
+            scan,
+            interval_s=self._config.reconcile.interval_s,
+            lease_s=self._config.workers.task_lease_s,
+            lease_margin_s=self._config.workers.lease_margin_s,
+            since_start_s=now - started,
+            since_scan_s=now - scanned_at,
+        )
+
     async def run(self) -> None:
-        interval_s = self._config.reconcile.interval_s
         while True:
             started = self._clock.monotonic()
+            gap_s = None
             if self._shards.dispatch_allowed():
                 try:
-                    await self.reconcile_once()
+                    gap_s = (await self.reconcile_once()).next_pass_in_s
                 except StoreUnavailable as exc:
                     self.stats["store_errors"] += 1
                     log.warning("reconcile pass failed; next pass", extra={"error": str(exc)})
-            # A pass that overran its interval is followed at once by the next, never by
-            # a second one running beside it (a second one would be safe, only wasteful).
-            elapsed = self._clock.monotonic() - started
-            await asyncio.sleep(max(0.0, interval_s - elapsed))
+            await asyncio.sleep(self._gap_s(started) if gap_s is None else gap_s)
 
     async def reconcile_once(self) -> PassReport:
         """One pass over the owned shards: in-flight rows, then workflow runs."""
+        started = self._clock.monotonic()
         epochs = dict(self._shards.epochs())
         self.stats["passes"] += 1
         if not epochs:
-            self.stalled = 0
-            return PassReport(0, 0, 0, 0, 0, 0)
+            self.outcome_unknown = 0
+            return PassReport(0, 0, 0, 0, 0, 0, self._gap_s(started))
         workers = self._config.workers
         scan = await self._runs.scan_inflight(
             epochs.keys(),
             ack_timeout_s=workers.ack_timeout_s,
             lease_s=workers.task_lease_s,
-            session_timeout_s=workers.session_timeout_s,
+            lease_margin_s=workers.lease_margin_s,
             limit=self._config.reconcile.batch_limit,
         )
+        scanned_at = self._clock.monotonic()
         repairs: list[Repair] = []
-        held = 0
         for row in scan.rows:
             knows = None
             if row.worker_id is not None:
@@ -381,25 +459,34 @@ class Reconciler:
                     row.fencing_token,
                     min_age_s=workers.ack_timeout_s,
                 )
-            decision = decide(row, scan.now, ack_timeout_s=workers.ack_timeout_s, knows=knows)
-            if decision.verdict is Verdict.HOLD:
-                held += 1
-            elif decision.verdict is not Verdict.KEEP:
+            decision = decide(
+                row,
+                scan.now,
+                ack_timeout_s=workers.ack_timeout_s,
+                lease_margin_s=workers.lease_margin_s,
+                knows=knows,
+            )
+            if decision.verdict is not Verdict.KEEP:
                 repairs.append(Repair(row, decision))
-        self.stalled = held
-        result = RepairResult([], [], frozenset(), frozenset())
+        result = RepairResult([], [], [], frozenset(), frozenset())
         if repairs:
             result = await self._runs.repair(epochs, repairs)
             self._after_repair(repairs, result)
+        self.outcome_unknown = scan.outcome_unknown + len(result.unknown)
         runs_finished = await self._finish_runs(epochs)
         lost = len(repairs) - len(result.applied)
+        gap_s = self._gap_s(started, scan, scanned_at)
+        if len(scan.rows) >= self._config.reconcile.batch_limit:
+            # A full batch: more rows may be waiting behind it (a mass failure). Go on.
+            gap_s = MIN_PASS_GAP_S
         return PassReport(
             examined=len(scan.rows),
             redispatched=len(result.ready),
             cancelled=len(result.cancelled),
-            held=held,
+            outcome_unknown=len(result.unknown),
             lost_races=lost,
             runs_finished=runs_finished,
+            next_pass_in_s=gap_s,
         )
 
     def _after_repair(self, repairs: Sequence[Repair], result: RepairResult) -> None:
@@ -416,14 +503,24 @@ class Reconciler:
             self._sessions.attempt_superseded(row.timer.id, row.fencing_token)
             if decision.verdict is Verdict.CANCEL:
                 self.stats["cancelled"] += 1
+            elif decision.verdict is Verdict.OUTCOME_UNKNOWN:
+                self.stats["outcome_unknown"] += 1
             elif decision.cause is Cause.UNACKNOWLEDGED:
                 self.stats["abandoned_unacknowledged"] += 1
             else:
                 self.stats["abandoned_lease_expired"] += 1
-            log.info(
-                "reconciler repaired a task",
+            unknown = decision.verdict is Verdict.OUTCOME_UNKNOWN
+            # An unknown outcome needs an operator (or the worker's late report): a
+            # warning, where a routine repair is information.
+            log.log(
+                logging.WARNING if unknown else logging.INFO,
+                "task outcome unknown; held for resolution"
+                if unknown
+                else "reconciler repaired a task",
                 extra={
                     "task_id": str(row.timer.id),
+                    "tenant_id": str(row.timer.tenant_id),
+                    "shard": row.timer.shard,
                     "fencing_token": row.fencing_token,
                     "worker_id": row.worker_id,
                     "verdict": decision.verdict.value,

@@ -16,10 +16,19 @@ Two readings of the table are decisions worth writing down:
   is told, and the row becomes CANCELLED when the worker confirms. From SCHEDULED,
   PRELOADED, DISPATCHED and RETRYING the API applies it at once (a DISPATCHED worker
   learns on its ack or next heartbeat that its token is no longer valid).
-* DISPATCHED -> PRELOADED covers three causes with two events: ``LEASE_EXPIRED`` (lease
-  or ack timeout ran out, or the worker's session is known to be gone) and ``RELEASE``
-  (the worker handed the task back: draining, or it could not take it). RUNNING ->
-  PRELOADED uses the same two events, ``RELEASE`` carrying the checkpoint.
+* DISPATCHED -> PRELOADED covers two causes with two events: ``LEASE_EXPIRED`` (the
+  lease ran out on an idempotent task, or the node knows the worker never got the
+  attempt) and ``RELEASE`` (the worker handed the task back: draining, or it could not
+  take it). RUNNING -> PRELOADED uses the same two events, ``RELEASE`` carrying the
+  checkpoint.
+* OUTCOME_UNKNOWN is the one state DESIGN §4 does not have (issue 12). A non-idempotent
+  attempt whose lease ran out with no settlement may or may not have run its side
+  effect: the node cannot tell a dead worker from a partitioned or paused one, so it
+  neither re-runs the task nor calls it failed (``ATTEMPT_LOST``). It is left by a late
+  settlement of that same attempt, which makes the outcome known (``COMPLETE``,
+  ``FAIL``, ``RELEASE``), or by an operator (``OPERATOR_RETRY`` runs it again under a new
+  token, ``OPERATOR_FAIL`` dead-letters it, ``CANCEL``). It is not terminal: a workflow
+  waits for it, retention keeps it.
 
 Acks are group-committed and a completion may be accepted by any node (DESIGN §5, §7), so
 a worker's COMPLETE or FAIL can reach the database before its ACK. DESIGN §5's completion
@@ -49,6 +58,9 @@ class TaskStatus(StrEnum):
     DEAD_LETTER = "DEAD_LETTER"
     CANCELLED = "CANCELLED"
     UPSTREAM_FAILED = "UPSTREAM_FAILED"
+    OUTCOME_UNKNOWN = "OUTCOME_UNKNOWN"
+    """A non-idempotent attempt's lease ran out unsettled: held for its late settlement or
+    an operator's decision (never re-run on its own)."""
 
 
 class TaskEvent(StrEnum):
@@ -65,7 +77,11 @@ class TaskEvent(StrEnum):
     FAIL = "FAIL"
     """The handler raised or timed out; a retry will follow after backoff."""
     LEASE_EXPIRED = "LEASE_EXPIRED"
-    """The lease or ack timeout ran out, or the worker is known to be lost."""
+    """The attempt is given back to run again: an idempotent task's lease ran out, or the
+    node knows the worker never got the attempt."""
+    ATTEMPT_LOST = "ATTEMPT_LOST"
+    """A non-idempotent task's lease ran out (plus the margin) with no settlement: whether
+    the attempt ran is unknown."""
     RELEASE = "RELEASE"
     """The worker handed the task back (draining, possibly with a checkpoint)."""
     HANDOFF = "HANDOFF"
@@ -77,7 +93,10 @@ class TaskEvent(StrEnum):
     CANCEL = "CANCEL"
     """Cancelled by the API; from RUNNING, the worker acknowledged a cooperative cancel."""
     OPERATOR_RETRY = "OPERATOR_RETRY"
-    """An operator re-queued a dead-lettered task for a new attempt."""
+    """An operator re-queued a dead-lettered task, or one whose outcome is unknown, for a
+    new attempt."""
+    OPERATOR_FAIL = "OPERATOR_FAIL"
+    """An operator declared an attempt whose outcome is unknown failed (dead-lettered)."""
     UPSTREAM_FAIL = "UPSTREAM_FAIL"
     """A workflow parent was dead-lettered; this blocked task will never run."""
 
@@ -97,13 +116,32 @@ class AttemptState(StrEnum):
     FENCED = "FENCED"
     """A newer attempt superseded this one; its worker's token went stale."""
     CANCELLED = "CANCELLED"
+    OUTCOME_UNKNOWN = "OUTCOME_UNKNOWN"
+    """Its lease ran out with no settlement and the task is not idempotent: whether it ran
+    is unknown. A late settlement replaces this with what happened; an operator's
+    resolution is recorded beside it (``task_attempts.resolution``)."""
+
+
+class Resolution(StrEnum):
+    """How an operator resolved an attempt whose outcome is unknown (``ResolveTask``); the
+    value is what ``task_attempts.resolution`` stores."""
+
+    RETRY = "RETRY"
+    """Run the task again under a new fencing token (OUTCOME_UNKNOWN -> SCHEDULED)."""
+    MARK_FAILED = "MARK_FAILED"
+    """Declare the attempt failed (OUTCOME_UNKNOWN -> DEAD_LETTER)."""
+
+    @property
+    def event(self) -> TaskEvent:
+        return TaskEvent.OPERATOR_RETRY if self is Resolution.RETRY else TaskEvent.OPERATOR_FAIL
 
 
 _S = TaskStatus
 _E = TaskEvent
 
-# DESIGN §4, one line per arrow. Keep this literal: tests/unit/test_states.py spells the
-# same table out independently so a change to either side is noticed.
+# DESIGN §4, one line per arrow, then the arrows issue 12 added. Keep this literal:
+# tests/unit/test_states.py spells the same table out independently so a change to either
+# side is noticed.
 TRANSITIONS: Mapping[tuple[TaskStatus, TaskEvent], TaskStatus] = MappingProxyType(
     {
         (_S.SCHEDULED, _E.PRELOAD): _S.PRELOADED,
@@ -125,6 +163,15 @@ TRANSITIONS: Mapping[tuple[TaskStatus, TaskEvent], TaskStatus] = MappingProxyTyp
         (_S.RETRYING, _E.EXHAUST): _S.DEAD_LETTER,
         (_S.RETRYING, _E.CANCEL): _S.CANCELLED,
         (_S.DEAD_LETTER, _E.OPERATOR_RETRY): _S.SCHEDULED,
+        # Issue 12: unknown outcomes of non-idempotent attempts are not guessed.
+        (_S.DISPATCHED, _E.ATTEMPT_LOST): _S.OUTCOME_UNKNOWN,
+        (_S.RUNNING, _E.ATTEMPT_LOST): _S.OUTCOME_UNKNOWN,
+        (_S.OUTCOME_UNKNOWN, _E.COMPLETE): _S.COMPLETED,
+        (_S.OUTCOME_UNKNOWN, _E.FAIL): _S.RETRYING,
+        (_S.OUTCOME_UNKNOWN, _E.RELEASE): _S.PRELOADED,
+        (_S.OUTCOME_UNKNOWN, _E.OPERATOR_RETRY): _S.SCHEDULED,
+        (_S.OUTCOME_UNKNOWN, _E.OPERATOR_FAIL): _S.DEAD_LETTER,
+        (_S.OUTCOME_UNKNOWN, _E.CANCEL): _S.CANCELLED,
     }
 )
 

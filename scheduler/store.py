@@ -63,7 +63,7 @@ from chronoshard.scheduler.models import (
     Tenant,
     prepare,
 )
-from chronoshard.scheduler.states import AttemptState, TaskEvent, TaskStatus
+from chronoshard.scheduler.states import AttemptState, Resolution, TaskEvent, TaskStatus
 
 DEFAULT_POOL_MIN_SIZE = 1
 DEFAULT_POOL_MAX_SIZE = 10
@@ -88,7 +88,14 @@ def task_from_row(row: Mapping[str, Any]) -> Task:
 
 
 def _attempt(row: Mapping[str, Any]) -> TaskAttempt:
-    return TaskAttempt(**{**row, "state": AttemptState(row["state"])})
+    resolution = row["resolution"]
+    return TaskAttempt(
+        **{
+            **row,
+            "state": AttemptState(row["state"]),
+            "resolution": None if resolution is None else Resolution(resolution),
+        }
+    )
 
 
 def _require_aware(field: str, value: datetime) -> None:

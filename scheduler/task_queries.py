@@ -1,4 +1,5 @@
-"""The TaskService's reads and writes beyond submit: list, cancel, operator retry.
+"""The TaskService's reads and writes beyond submit: list, cancel, operator retry and
+resolution.
 
 A small class over the :class:`~.store.Store`'s pool, with its statements in
 ``sql/api.sql``. Every query names the caller's tenant, so another tenant's task is
@@ -14,6 +15,14 @@ and RETRYING the task becomes CANCELLED at once (a live attempt row with it); a 
 handler cannot be stopped from outside, so its cancel is only *requested*
 (``cancel_requested_at``, ``cancel_reason``) and the row stays RUNNING until the worker
 acknowledges. Both cases are one statement, chosen by the row's state at write time.
+
+Resolution (``ResolveTask``) is for an OUTCOME_UNKNOWN task only, the held state of a
+non-idempotent attempt whose lease ran out unsettled: RETRY sends it back to SCHEDULED
+(its next dispatch gets a new token, so the old attempt's late writes are fenced),
+MARK_FAILED dead-letters it; the attempt keeps its OUTCOME_UNKNOWN state and records
+the resolution. A repeated request (the answer to the first was lost) finds the task
+moved on with its last resolved attempt resolved the same way, and answers with the task
+as it is.
 """
 
 from __future__ import annotations
@@ -26,9 +35,14 @@ from typing import Any
 from psycopg.rows import dict_row
 
 from chronoshard.scheduler import queries, states
-from chronoshard.scheduler.errors import CompareAndSetLost, TaskAlreadyFinished, TaskNotFound
+from chronoshard.scheduler.errors import (
+    CompareAndSetLost,
+    NothingToResolve,
+    TaskAlreadyFinished,
+    TaskNotFound,
+)
 from chronoshard.scheduler.models import Task
-from chronoshard.scheduler.states import TaskEvent, TaskStatus
+from chronoshard.scheduler.states import Resolution, TaskEvent, TaskStatus
 from chronoshard.scheduler.store import Store, task_from_row
 
 COOPERATIVE_CANCEL: frozenset[TaskStatus] = frozenset({TaskStatus.RUNNING})
@@ -134,14 +148,21 @@ class TaskQueries:
 
     async def retry_task(self, tenant_id: uuid.UUID, task_id: uuid.UUID, due_at: datetime) -> Task:
         """Send a DEAD_LETTER task back to SCHEDULED, due at ``due_at``, with its retry
-        budget reset; attempt numbers and the fencing token continue.
+        budget reset; attempt numbers and the fencing token continue. An OUTCOME_UNKNOWN
+        task is resolved RETRY instead (the resolution is recorded on its attempt).
 
         Raises:
             TaskNotFound: no such task in this tenant.
-            InvalidTransition: it is not DEAD_LETTER.
+            InvalidTransition: it is neither DEAD_LETTER nor OUTCOME_UNKNOWN.
             CompareAndSetLost: it left DEAD_LETTER between read and write.
         """
         task = await self._get(tenant_id, task_id)
+        if task.status is TaskStatus.OUTCOME_UNKNOWN:
+            reason = "retried by an operator (RetryTask)"
+            resolved, _ = await self.resolve_task(
+                tenant_id, task_id, Resolution.RETRY, reason, due_at
+            )
+            return resolved
         states.transition(task.status, TaskEvent.OPERATOR_RETRY)
         params = {
             "tenant_id": tenant_id,
@@ -154,6 +175,50 @@ class TaskQueries:
         if moved is None:
             raise CompareAndSetLost(f"task {task_id} changed state while being retried")
         return moved
+
+    async def resolve_task(
+        self,
+        tenant_id: uuid.UUID,
+        task_id: uuid.UUID,
+        resolution: Resolution,
+        reason: str,
+        due_at: datetime,
+    ) -> tuple[Task, bool]:
+        """Resolve an OUTCOME_UNKNOWN task; the task after it, and whether this call wrote
+        (False: a repeat of a resolution already applied, nothing written).
+
+        Raises:
+            TaskNotFound: no such task in this tenant.
+            NothingToResolve: it is not OUTCOME_UNKNOWN, and not a repeat.
+            CompareAndSetLost: it left OUTCOME_UNKNOWN between read and write (its
+                worker's late settlement landed).
+        """
+        task = await self._get(tenant_id, task_id)
+        if task.status is not TaskStatus.OUTCOME_UNKNOWN:
+            attempts = await self._store.get_attempts(task.id)
+            resolved = [a for a in attempts if a.resolution is not None]
+            if resolved and resolved[-1].resolution is resolution:
+                return task, False
+            raise NothingToResolve(task_id, str(task.status))
+        target = states.transition(task.status, resolution.event)
+        note = (
+            f"resolved by an operator: run again ({reason})"
+            if resolution is Resolution.RETRY
+            else f"marked failed by an operator: {reason}"
+        )
+        params = {
+            "tenant_id": tenant_id,
+            "scheduled_at": task.scheduled_at,
+            "id": task.id,
+            "target": str(target),
+            "due_at": due_at,
+            "resolution": str(resolution),
+            "note": note,
+        }
+        moved = await self._write_one("resolve_task", params)
+        if moved is None:
+            raise CompareAndSetLost(f"task {task_id} changed state while being resolved")
+        return moved, True
 
     async def _get(self, tenant_id: uuid.UUID, task_id: uuid.UUID) -> Task:
         task = await self._store.get_task(tenant_id, task_id)

@@ -15,13 +15,16 @@
         raise SystemExit(worker.run_sync())
 
 Or run it with ``python -m chronoshard.worker mymodule:worker --target host:port``.
-``chronoshard.worker.testing`` runs a handler without a cluster. The user guide is
-``docs/worker-sdk.md``; the wire protocol is ``docs/worker-protocol.md``.
+``chronoshard.worker.testing`` runs a handler without a cluster; ``chronoshard.worker.commit``
+makes a handler's side effect happen once (PostgreSQL effect rows, atomically published
+files). The user guide is ``docs/worker-sdk.md``; the wire protocol is
+``docs/worker-protocol.md``.
 """
 
 from chronoshard.worker._context import UNSET, HeartbeatRecord, StopReason, TaskContext
 from chronoshard.worker._errors import (
     ConfigurationError,
+    LeaseLost,
     LoadError,
     NonRetryableError,
     TaskCancelled,
@@ -35,6 +38,7 @@ __all__ = [
     "ConfigurationError",
     "DrainReport",
     "HeartbeatRecord",
+    "LeaseLost",
     "LoadError",
     "NonRetryableError",
     "StopReason",

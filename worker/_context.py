@@ -9,14 +9,18 @@ three channels back to the SDK:
   progress value (logged, shown by the testing helper). The worker heartbeats every
   running task on its own; a handler heartbeats only to save state.
 - ``cancelled`` / ``wait_cancelled()`` / ``raise_if_cancelled()``: the SDK asks the
-  handler to stop (a Cancel, a revoked token, its timeout, the end of a drain's grace);
-  ``cancel_reason`` says which and ``draining`` is set for a drain.
-- ``fencing_token``: hand it to systems the handler writes to, so a late write of a
-  zombie attempt can be refused there too.
+  handler to stop (a Cancel, a revoked token, its timeout, the end of a drain's grace,
+  a lost lease); ``cancel_reason`` says which and ``draining`` is set for a drain.
+- ``fencing_token``, ``check_lease()``, ``lease_remaining_s``: hand the token to systems
+  the handler writes to, so a late write of a zombie attempt can be refused there too,
+  and check the lease right before a write (the helpers of ``chronoshard.worker.commit``
+  do both).
 
 Sync handlers run in threads, so the cancellation flag is a ``threading.Event`` and the
 checkpoint sits behind a lock; the asyncio side of the flag (for ``wait_cancelled``) is
-set by the SDK on the event loop, which is the only thread that requests stops.
+set by the SDK on the event loop, which is the only thread that requests stops. A lapsed
+lease (``_lease.py``) is read from the clock, not from the flag: a thread sees it at its
+deadline even when the event loop has not run since (a process resumed after SIGSTOP).
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import threading
+import time
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -32,7 +37,8 @@ from types import MappingProxyType
 from typing import Any, Final
 
 from chronoshard import exact_json
-from chronoshard.worker._errors import TaskCancelled
+from chronoshard.worker._errors import LeaseLost, TaskCancelled
+from chronoshard.worker._lease import RunLease
 from chronoshard.worker._models import Assignment
 
 DEFAULT_QUEUE = "default"
@@ -54,6 +60,12 @@ class StopReason(enum.Enum):
     REVOKED = "revoked"  # the fencing token is no longer current: another attempt owns it
     TIMED_OUT = "timed_out"  # the attempt ran past its timeout
     DRAINING = "draining"  # the worker is shutting down and the grace period is over
+    LEASE_LOST = "lease_lost"  # no node renewed the lease in time: the worker fenced itself
+
+
+FINAL_STOPS = frozenset({StopReason.REVOKED, StopReason.LEASE_LOST})
+"""Stops after which nothing the handler does is settled: they override any other reason
+and are never overridden."""
 
 
 @dataclass(frozen=True)
@@ -112,6 +124,7 @@ class TaskContext:
         idempotent: bool = False,
         now: Callable[[], datetime],
         on_heartbeat: Callable[[HeartbeatRecord], None] | None = None,
+        lease: RunLease | None = None,
     ) -> None:
         self._task_id = task_id
         self._task_type = task_type
@@ -136,6 +149,7 @@ class TaskContext:
         self._cancel_event = asyncio.Event()
         self._cancel_reason: StopReason | None = None
         self._draining = False
+        self._lease = lease or RunLease.unbounded(time.monotonic)
 
     # ---- the attempt -----------------------------------------------------------------
 
@@ -212,11 +226,15 @@ class TaskContext:
 
     @property
     def cancelled(self) -> bool:
-        """True once the SDK asked the handler to stop (see ``cancel_reason``)."""
-        return self._cancel_flag.is_set()
+        """True once the SDK asked the handler to stop (see ``cancel_reason``), or once the
+        attempt's lease lapsed (read from the clock: true at the deadline, from any
+        thread)."""
+        return self._cancel_flag.is_set() or not self._lease.held()
 
     @property
     def cancel_reason(self) -> StopReason | None:
+        if self._cancel_reason is None and not self._lease.held():
+            return StopReason.LEASE_LOST
         return self._cancel_reason
 
     @property
@@ -231,14 +249,61 @@ class TaskContext:
         return self._cancel_reason
 
     def wait_cancelled_sync(self, timeout_s: float | None = None) -> bool:
-        """Block until asked to stop or ``timeout_s`` passed (sync handlers); True if asked."""
-        return self._cancel_flag.wait(timeout_s)
+        """Block until asked to stop or ``timeout_s`` passed (sync handlers); True if asked.
+
+        A lease that lapses meanwhile ends the wait at its deadline, whether or not the
+        event loop got to say so."""
+        clock = self._lease.monotonic
+        until = None if timeout_s is None else clock() + timeout_s
+        while not self.cancelled:
+            left = None if until is None else until - clock()
+            if left is not None and left <= 0:
+                return False
+            waits = [w for w in (left, self._lease.remaining_s()) if w is not None]
+            if self._cancel_flag.wait(min(waits) if waits else None):
+                return True
+        return True
 
     def raise_if_cancelled(self) -> None:
-        """Raise :class:`TaskCancelled` if the handler was asked to stop."""
-        if self._cancel_flag.is_set():
-            reason = self._cancel_reason.value if self._cancel_reason else "stop"
-            raise TaskCancelled(f"task {self._task_id} asked to stop: {reason}")
+        """Raise :class:`TaskCancelled` if the handler was asked to stop (its subclass
+        :class:`LeaseLost` when the lease was lost)."""
+        reason = self.cancel_reason
+        if reason is StopReason.LEASE_LOST:
+            raise LeaseLost(f"task {self._task_id}: the lease was lost; stop without writing")
+        if self.cancelled:
+            raise TaskCancelled(
+                f"task {self._task_id} asked to stop: {reason.value if reason else 'stop'}"
+            )
+
+    # ---- the lease (worker self-fencing) ---------------------------------------------
+
+    @property
+    def lease_remaining_s(self) -> float | None:
+        """Seconds this attempt may still write: until its lease lapses unless a node
+        renews it (0 once lapsed, revoked or given up). None: no lease is known (the
+        testing helper without ``lease_s``). Bound a write by it (a statement timeout)."""
+        if self._cancel_reason in FINAL_STOPS:
+            return 0.0
+        return self._lease.remaining_s()
+
+    @property
+    def holds_lease(self) -> bool:
+        """False once this attempt may no longer write (see :meth:`check_lease`)."""
+        return self._cancel_reason not in FINAL_STOPS and self._lease.held()
+
+    def check_lease(self) -> None:
+        """Raise :class:`LeaseLost` unless this attempt may still write: call it right
+        before a side effect. It may not once its lease lapsed with no renewal from any
+        node (the worker fenced itself), its token was revoked, or the SDK gave the
+        attempt up (timed out, released, settled). Thread-safe."""
+        if self.holds_lease:
+            return
+        why = self._lease.fenced or (
+            "revoked: another attempt owns the task"
+            if self._cancel_reason is StopReason.REVOKED
+            else "no node renewed its lease in time"
+        )
+        raise LeaseLost(f"task {self._task_id} (token {self._fencing_token}) may not write: {why}")
 
     # ---- heartbeats and checkpoints --------------------------------------------------
 
@@ -270,9 +335,10 @@ class TaskContext:
     # ---- SDK side (event loop only) --------------------------------------------------
 
     def _request_stop(self, reason: StopReason) -> None:
-        # The first reason wins, except that a revocation overrides everything: once the
-        # token is stale nothing the handler does can be settled.
-        if self._cancel_reason is None or reason is StopReason.REVOKED:
+        # The first reason wins, except that a revocation or a lost lease overrides
+        # everything else: from then on nothing the handler does can be settled.
+        current = self._cancel_reason
+        if current is None or (reason in FINAL_STOPS and current not in FINAL_STOPS):
             self._cancel_reason = reason
         if reason is StopReason.DRAINING:
             self._draining = True
@@ -296,6 +362,11 @@ class TaskContext:
         with self._lock:
             return self._state.value
 
+    def _end_attempt(self, why: str) -> None:
+        """The SDK decided how the attempt ends: nothing of it may write any more, even if
+        its handler (a thread) runs on."""
+        self._lease.fence(why)
+
 
 class BadAttempt(ValueError):
     """The assignment cannot be handed to a handler (payload or checkpoint not JSON)."""
@@ -308,6 +379,7 @@ def build_context(
     timeout_s: float | None,
     now: Callable[[], datetime],
     on_heartbeat: Callable[[HeartbeatRecord], None] | None = None,
+    lease: RunLease | None = None,
 ) -> TaskContext:
     """Decode the attempt's JSON and build its context. Raises BadAttempt."""
     try:
@@ -339,4 +411,5 @@ def build_context(
         idempotent=info.idempotent,
         now=now,
         on_heartbeat=on_heartbeat,
+        lease=lease,
     )

@@ -171,7 +171,7 @@ def to_pb(msg: Outbound) -> worker_service_pb2.WorkerMessage:
                 if item.checkpoint is not None:
                     pb.checkpoint = item.checkpoint
                 running.append(pb)
-            return w.WorkerMessage(heartbeat=w.Heartbeat(running=running))
+            return w.WorkerMessage(heartbeat=w.Heartbeat(running=running, seq=msg.seq))
         case Complete():
             return w.WorkerMessage(complete=complete_to_pb(msg))
         case Fail():
@@ -247,6 +247,7 @@ def from_pb(msg: worker_service_pb2.SchedulerMessage) -> Inbound | None:
                 _seconds(pb.lease_duration) if pb.HasField("lease_duration") else None
             ),
             accepts_batches=pb.accepts_batches,
+            lease_margin_s=_seconds(pb.lease_margin) if pb.HasField("lease_margin") else None,
         )
     if which == "assignment":
         return _assignment(msg.assignment)
@@ -257,7 +258,8 @@ def from_pb(msg: worker_service_pb2.SchedulerMessage) -> Inbound | None:
                     task=task_ref_from_pb(r.task), fencing_token=r.fencing_token, reason=r.reason
                 )
                 for r in msg.heartbeat_reply.revoked
-            )
+            ),
+            seq=msg.heartbeat_reply.seq,
         )
     if which == "cancel":
         c = msg.cancel

@@ -8,6 +8,11 @@ assignment becomes a *run*: a task driving one :class:`Execution`, whose outcome
 settled as soon as it is known and whose slot is given back once the handler really
 stopped. The :class:`Worker` owns the lifecycle (start, drain, close) and reads the
 dispatcher's state to decide when each shutdown phase is over.
+
+Worker self-fencing lives here too: every run holds a :class:`RunLease` (``_lease.py``)
+that its assignment starts and heartbeat replies extend, and a timer per run stops it
+(``StopReason.LEASE_LOST``: the handler is cancelled, the helpers refuse writes, nothing
+is settled) once ``lease - margin`` passed without a renewal from any node.
 """
 
 from __future__ import annotations
@@ -17,13 +22,14 @@ import logging
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import chronoshard
 from chronoshard.clock import Anchor, AnchoredClock, Clock
 from chronoshard.worker._context import (
     DEFAULT_QUEUE,
+    FINAL_STOPS,
     BadAttempt,
     StopReason,
     TaskContext,
@@ -41,6 +47,7 @@ from chronoshard.worker._execution import (
     effective_timeout,
     failure,
 )
+from chronoshard.worker._lease import RunLease, initial_deadline
 from chronoshard.worker._models import (
     Ack,
     Assignment,
@@ -83,7 +90,15 @@ its Complete (or Fail, Release) moves the task straight from DISPATCHED, which s
 node one write and the stream two messages per task."""
 ACK_WAIT_CAP_S = 1.0
 """The longest an ack waits for ``due_at``: far inside the node's ack timeout (10 s)."""
-OUTCOMES = ("completed", "failed", "timed_out", "cancelled", "released", "abandoned")
+OUTCOMES = (
+    "completed",
+    "failed",
+    "timed_out",
+    "cancelled",
+    "released",
+    "abandoned",
+    "lease_lost",
+)
 """The counters of :attr:`Dispatcher.counts` that count ended attempts."""
 
 
@@ -94,13 +109,24 @@ class _Run:
     assignment: Assignment
     node: str  # address of the session that assigned it
     execution: Execution
+    lease: RunLease
     task: asyncio.Task[None] | None = None
     decided: bool = False  # outcome known (settlement queued, or abandoned)
     ack_timer: asyncio.TimerHandle | None = None
+    lease_timer: asyncio.TimerHandle | None = None
 
     @property
     def ctx(self) -> TaskContext:
         return self.execution.ctx
+
+
+@dataclass
+class HeartbeatSent:
+    """What one heartbeat carried: when it was built (monotonic, no later than its send)
+    and, per run, the checkpoint sequence it carried (None: no checkpoint)."""
+
+    at: float
+    runs: list[tuple[RunKey, int | None]] = field(default_factory=list)
 
 
 class Dispatcher:
@@ -219,28 +245,40 @@ class Dispatcher:
             case _:
                 pass
 
-    def heartbeat_for(self, session: NodeSession) -> tuple[Heartbeat, Any]:
+    def heartbeat_for(self, session: NodeSession) -> tuple[Heartbeat, HeartbeatSent]:
         """This node's running tasks, plus those of nodes we have no usable stream to
-        (any node can extend any lease), with checkpoints not yet stored."""
+        (any node can extend any lease), with checkpoints not yet stored. A run whose
+        lease lapsed is not heartbeated: it is over, whatever a node would answer."""
         running: list[RunningTask] = []
-        sent: list[tuple[RunKey, int | None]] = []
-        for key, run in self.runs.items():
+        sent = HeartbeatSent(self._clock.monotonic())
+        for key, run in list(self.runs.items()):
             if run.decided:
                 continue
             if run.node != session.address and self.topology.usable(run.node):
                 continue
+            if not run.lease.held():
+                self._check_lease(run)
+                continue
             pending = run.ctx._pending_checkpoint()
             a = run.assignment
             running.append(RunningTask(a.task, a.fencing_token, pending[1] if pending else None))
-            sent.append((key, pending[0] if pending else None))
+            sent.runs.append((key, pending[0] if pending else None))
         return Heartbeat(tuple(running)), sent
 
     def heartbeat_answered(self, session: NodeSession, sent: Any, reply: HeartbeatReply) -> None:
         revoked = {(r.task.id, r.fencing_token): r for r in reply.revoked}
-        for key, seq in sent or ():
-            run = self.runs.get(key)
-            if run is not None and seq is not None and key not in revoked:
-                run.ctx._checkpoint_stored(seq)
+        lease_s = session.lease_duration_s
+        if isinstance(sent, HeartbeatSent):
+            for key, seq in sent.runs:
+                run = self.runs.get(key)
+                if run is None or key in revoked:
+                    continue
+                if seq is not None:
+                    run.ctx._checkpoint_stored(seq)
+                # The node extended this lease from when it committed the heartbeat,
+                # which is after it was sent: from the send is never later than the node.
+                if lease_s is not None:
+                    run.lease.extend(sent.at, lease_s)
         for key, item in revoked.items():
             if self._revoke(key):
                 self._zombie(key, f"heartbeat ({item.reason or 'revoked'})", session.node_id)
@@ -292,9 +330,22 @@ class Dispatcher:
         self._regrant()
         spec = self._handlers[a.type]
         timeout_s = effective_timeout(spec.timeout_s, a.timeout_s)
+        lease = RunLease(
+            deadline=initial_deadline(
+                received_at=self._clock.monotonic(),
+                lease_s=session.lease_duration_s,
+                lease_expires_at=a.lease_expires_at,
+                wall_now=self._clock.now(),
+                # The node's clock when it sent the assignment: what is left of the lease
+                # is then read on the lease's own clock, whatever this host's says.
+                sent_at=a.sent_at,
+            ),
+            margin_s=session.lease_margin_s,
+            monotonic=self._clock.monotonic,
+        )
         try:
             ctx = build_context(
-                a, worker_id=self.worker_id, timeout_s=timeout_s, now=self._clock.now
+                a, worker_id=self.worker_id, timeout_s=timeout_s, now=self._clock.now, lease=lease
             )
         except BadAttempt as exc:
             self._log(logging.ERROR, "cannot start: %s", exc, event="bad_assignment", **fields)
@@ -310,9 +361,10 @@ class Dispatcher:
             executor=self.executor,
             drain_stop_s=self._drain_stop_s,
         )
-        run = _Run(a, node, execution)
+        run = _Run(a, node, execution, lease)
         self.runs[a.run_key] = run
         run.task = asyncio.create_task(self._drive(run), name=f"chronoshard-run {a.task.id}")
+        self._check_lease(run)
         wait_s = (a.due_at - start_clock.now()).total_seconds()
         run.ack_timer = asyncio.get_running_loop().call_later(
             min(max(0.0, wait_s), ACK_WAIT_CAP_S) + ACK_DELAY_S, self._ack_if_running, run
@@ -436,6 +488,8 @@ class Dispatcher:
             run.decided = True
             if run.ack_timer is not None:
                 run.ack_timer.cancel()
+            if run.lease_timer is not None:
+                run.lease_timer.cancel()
             self.runs.pop(key, None)
             self.ledger.release_slot()
             self._regrant()
@@ -449,6 +503,40 @@ class Dispatcher:
         if not run.decided and self.runs.get(a.run_key) is run:
             self.settlements.send(run.node, Ack(a.task, a.fencing_token))
 
+    def _check_lease(self, run: _Run) -> None:
+        """Stop ``run`` if its lease lapsed; else look again when it would."""
+        if run.lease_timer is not None:
+            run.lease_timer.cancel()  # called early (a heartbeat saw it lapse): one timer
+            run.lease_timer = None
+        if run.decided or self.runs.get(run.assignment.run_key) is not run:
+            return
+        if not run.lease.held():
+            self._lease_lost(run)
+            return
+        fence_at = run.lease.fence_at
+        if fence_at is not None:
+            # The timer may fire a hair early, or after an extension: it then re-arms.
+            delay_s = max(0.0, fence_at - self._clock.monotonic())
+            run.lease_timer = asyncio.get_running_loop().call_later(delay_s, self._check_lease, run)
+
+    def _lease_lost(self, run: _Run) -> None:
+        """Worker self-fencing: no node renewed the lease by ``lease - margin``. The node
+        gives the attempt up only ``margin`` after the lease, so stop it now."""
+        a = run.assignment
+        if run.ctx._cancel_reason in FINAL_STOPS:
+            return  # already stopped for good (revoked, or this)
+        self._log(
+            logging.WARNING,
+            "lease lost: no node renewed it in time; stopping the attempt and settling "
+            "nothing (the node re-runs it or holds it as OUTCOME_UNKNOWN)",
+            event="lease_lost",
+            task_id=a.task.id,
+            token=a.fencing_token,
+            node=run.node,
+            idempotent=a.idempotent,
+        )
+        run.execution.request_stop(StopReason.LEASE_LOST)
+
     def _conclude(self, run: _Run, outcome: Outcome) -> None:
         a = run.assignment
         run.decided = True
@@ -456,6 +544,8 @@ class Dispatcher:
             run.ack_timer.cancel()
             run.ack_timer = None
         counter = type(outcome).__name__.lower()
+        if isinstance(outcome, Abandoned) and outcome.lease_lost:
+            counter = "lease_lost"
         if isinstance(outcome, Failed):
             counter = (
                 "timed_out" if outcome.timed_out else "cancelled" if outcome.cancelled else counter
@@ -494,7 +584,7 @@ class Dispatcher:
                 settlement = Release(
                     a.task,
                     a.fencing_token,
-                    ReleaseReason.DRAINING,
+                    ReleaseReason.CANNOT_RUN if outcome.never_started else ReleaseReason.DRAINING,
                     outcome.checkpoint,
                     outcome.detail,
                 )

@@ -4,7 +4,9 @@
 never leak through the public API, they are mapped once in ``_transport.py`` and chained
 ``from exc``. Handlers may raise :class:`NonRetryableError` (fail without using up the
 task's retries) and :class:`TaskCancelled` (``ctx.raise_if_cancelled()``: acknowledge a
-cancel or a drain request).
+cancel or a drain request). :class:`LeaseLost`, a TaskCancelled, is what the fencing
+helpers (``ctx.check_lease()``, ``chronoshard.worker.commit``) raise once the attempt may no
+longer write.
 """
 
 from __future__ import annotations
@@ -63,4 +65,16 @@ class TaskCancelled(Exception):
     Letting it propagate acknowledges the stop: a cancel ends the task CANCELLED, a drain
     releases it with its last checkpoint. Catching it and returning a value completes the
     task instead (the work was done).
+    """
+
+
+class LeaseLost(TaskCancelled):
+    """Raised by ``ctx.check_lease()`` and every fencing helper of
+    ``chronoshard.worker.commit`` once this attempt may no longer write: its lease lapsed
+    with no renewal from any node (the worker fenced itself: partition, pause), its token
+    was revoked, or the SDK already gave the attempt up (timeout, release, settlement).
+
+    Another attempt may own the task now, or its outcome is in an operator's hands: do
+    not write, do not retry inside the handler; let it propagate. Nothing of this
+    attempt is settled.
     """

@@ -17,12 +17,18 @@ ran past its timeout            ``Failed(timed_out=True, retryable=True)`` at on
 raised or stuck after the       ``Released`` with the attempt's last checkpoint
 drain grace                     (Release DRAINING): resumes on another worker
 token revoked                   ``Abandoned``: nothing is settled, ever
+lease lost (self-fenced)        ``Abandoned``: nothing is settled, whatever the
+                                handler returns; the node decides after lease +
+                                margin (re-run, or outcome unknown)
+lease lost before the start     ``Released`` (Release CANNOT_RUN): it never ran
 ==============================  =============================================
 
 The outcome is decided as early as it is known (a timeout does not wait for a stuck
 handler), while :meth:`Execution.handler_stopped` tells when the handler really ended:
 an async handler is cancelled, but a thread cannot be killed, so a sync handler that
-ignores ``ctx.cancelled`` keeps its slot (and its thread) until it returns.
+ignores ``ctx.cancelled`` keeps its slot (and its thread) until it returns. Once the
+outcome is decided the attempt's lease is fenced (``ctx.check_lease()`` and the helpers
+of ``chronoshard.worker.commit`` refuse), so a handler that runs on cannot write.
 """
 
 from __future__ import annotations
@@ -37,7 +43,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from chronoshard.worker._context import StopReason, TaskContext, encode_json
+from chronoshard.worker._context import FINAL_STOPS, StopReason, TaskContext, encode_json
 
 Handler = Callable[[TaskContext], Any]
 """``async def handler(ctx) -> json`` or ``def handler(ctx) -> json`` (runs in a thread)."""
@@ -97,11 +103,18 @@ class Failed:
 class Released:
     checkpoint: bytes | None
     detail: str = "worker draining"
+    never_started: bool = False
+    """The handler was never called (Release CANNOT_RUN: the attempt is not counted)."""
 
 
 @dataclass(frozen=True)
 class Abandoned:
     reason: str
+    lease_lost: bool = False
+    """The worker fenced itself (no renewal in time), as opposed to a revoked token."""
+
+
+LEASE_LOST = Abandoned("lease lost: no node renewed it in time", lease_lost=True)
 
 
 Outcome = Completed | Failed | Released | Abandoned
@@ -191,6 +204,10 @@ def decide(
     """How an attempt whose handler ended ends, given why (if at all) it was asked to stop."""
     if reason is StopReason.REVOKED:
         return Abandoned("fencing token revoked")
+    if reason is StopReason.LEASE_LOST:
+        # Never settled as a success: a handler that swallowed the helpers' LeaseLost and
+        # returned would be recorded COMPLETED with its effect refused.
+        return LEASE_LOST
     if exc is None:
         return result_outcome(value, task_type)
     if reason is StopReason.CANCELLED:
@@ -206,6 +223,10 @@ def not_started(reason: StopReason) -> Outcome:
     """The outcome of an attempt stopped while it waited for ``due_at``."""
     if reason is StopReason.REVOKED:
         return Abandoned("fencing token revoked")
+    if reason is StopReason.LEASE_LOST:
+        # The handler never ran: giving the task back is safe even for a non-idempotent
+        # one (the node accepts it only while this token is current).
+        return Released(None, "lease lost before the handler started", never_started=True)
     if reason is StopReason.DRAINING:
         return Released(None, "worker draining before the task started")
     return _sdk_failure(
@@ -215,6 +236,22 @@ def not_started(reason: StopReason) -> Outcome:
         cancelled=reason is StopReason.CANCELLED,
         timed_out=reason is StopReason.TIMED_OUT,
     )
+
+
+def _ended(outcome: Outcome | None) -> str:
+    """Why a fencing helper refuses a write after the attempt's outcome was decided."""
+    match outcome:
+        case Completed():
+            return "the attempt already completed"
+        case Failed(timed_out=True):
+            return "the attempt timed out"
+        case Failed():
+            return "the attempt already failed"
+        case Released():
+            return "the attempt was released"
+        case Abandoned(reason=reason):
+            return f"the attempt was given up ({reason})"
+    return "the attempt was stopped"
 
 
 # ---- running -------------------------------------------------------------------------
@@ -331,11 +368,16 @@ class Execution:
 
     async def run(self) -> Outcome:
         """Run the attempt; cancelling this coroutine cancels an async handler too."""
+        outcome: Outcome | None = None
         try:
-            return await self._run()
+            outcome = await self._run()
+            return outcome
         except asyncio.CancelledError:
             self._hard_stop()
             raise
+        finally:
+            # From here on nothing of this attempt may write, even a thread that runs on.
+            self.ctx._end_attempt(_ended(outcome))
 
     async def _run(self) -> Outcome:
         if not await self._wait_until_due():
@@ -352,9 +394,13 @@ class Execution:
             if self._handler.done():
                 return self._finished(self._handler)
             reason, now = self.ctx.cancel_reason, loop.time()
-            if reason is StopReason.REVOKED:
+            if reason in FINAL_STOPS:
                 self._hard_stop()
-                return Abandoned("fencing token revoked")
+                return (
+                    Abandoned("fencing token revoked")
+                    if reason is StopReason.REVOKED
+                    else LEASE_LOST
+                )
             if deadline is not None and now >= deadline:
                 return await self._timed_out(reason)
             if reason is StopReason.DRAINING:

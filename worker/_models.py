@@ -91,6 +91,8 @@ class RunningTask:
 @dataclass(frozen=True, slots=True)
 class Heartbeat:
     running: tuple[RunningTask, ...]
+    # Numbered per stream by the session; the reply echoes it (0: not numbered).
+    seq: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,6 +170,9 @@ class Welcome:
     lease_duration_s: float | None
     # The node reads WorkerBatch: queued messages may go out as one.
     accepts_batches: bool = False
+    # Worker self-fencing: stop an attempt this long before its lease runs out. None:
+    # the node did not say (the SDK's default applies).
+    lease_margin_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,6 +209,8 @@ class RevokedTask:
 @dataclass(frozen=True, slots=True)
 class HeartbeatReply:
     revoked: tuple[RevokedTask, ...]
+    # The Heartbeat.seq it answers; 0 from a node that does not echo it.
+    seq: int = 0
 
 
 @dataclass(frozen=True, slots=True)

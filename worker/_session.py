@@ -5,7 +5,10 @@ stream, say ``Hello``, wait for ``Welcome`` (or ``Reject``), then run three thin
 the stream ends: a reader that hands every message to the worker (the
 :class:`SessionHost`), a single writer draining a bounded send queue (gRPC allows one
 write at a time, and a stream that cannot keep up is broken off rather than allowed to
-queue without bound), and a heartbeat timer at the node's ``heartbeat_interval``. When
+queue without bound), and a heartbeat timer at the node's ``heartbeat_interval``. Each
+heartbeat is numbered and its reply echoes the number, so the worker knows which
+heartbeat (and when it was sent) a reply answers, even after the node could not answer
+one (its database was away): the lease it extends is the one of that send. When
 the stream ends it waits the reconnect backoff (0.1 s doubling to 5 s, jittered) and
 starts over, until it is retired (the node left the topology) or closed.
 
@@ -17,13 +20,15 @@ loop between two awaits.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import random
-from collections import deque
+from collections import OrderedDict
 from typing import Any, Protocol
 
 from chronoshard.batching import MAX_BATCH_MESSAGES, take_queued
 from chronoshard.worker._backoff import backoff_s
+from chronoshard.worker._lease import DEFAULT_LEASE_MARGIN_S
 from chronoshard.worker._models import (
     Heartbeat,
     HeartbeatReply,
@@ -72,7 +77,9 @@ class SessionHost(Protocol):
     def heartbeat_for(self, session: NodeSession) -> tuple[Heartbeat, Any]: ...
 
     def heartbeat_answered(self, session: NodeSession, sent: Any, reply: HeartbeatReply) -> None:
-        """``sent`` is what ``heartbeat_for`` returned alongside the heartbeat it answers."""
+        """``sent`` is what ``heartbeat_for`` returned alongside the heartbeat it answers
+        (None when the reply matches no heartbeat still waiting: only its revocations
+        count)."""
         ...
 
 
@@ -101,9 +108,11 @@ class NodeSession:
         self._retire_event = asyncio.Event()
         self._stream: Stream | None = None
         self._queue: asyncio.Queue[Outbound] | None = None
-        # What each unanswered heartbeat carried, oldest first; bounded in case a node
-        # never answers (then the oldest is forgotten and its checkpoints sent again).
-        self._pending_heartbeats: deque[Any] = deque(maxlen=PENDING_HEARTBEATS_MAX)
+        # What each unanswered heartbeat carried, by number, oldest first; bounded in case
+        # a node never answers (then the oldest is forgotten and its checkpoints sent
+        # again).
+        self._pending_heartbeats: OrderedDict[int, Any] = OrderedDict()
+        self._heartbeat_seq = 0
         self.task: asyncio.Task[None] | None = None
 
     def __repr__(self) -> str:
@@ -113,6 +122,18 @@ class NodeSession:
     def usable(self) -> bool:
         """Live and not draining: a stream to send new settlements and credits on."""
         return self.live and not self.drained
+
+    @property
+    def lease_duration_s(self) -> float | None:
+        """How long a heartbeat this node answers extends a lease (None: not stated)."""
+        return None if self.welcome is None else self.welcome.lease_duration_s
+
+    @property
+    def lease_margin_s(self) -> float:
+        """How long before its lease runs out the worker stops an attempt of this node."""
+        if self.welcome is not None and self.welcome.lease_margin_s is not None:
+            return self.welcome.lease_margin_s
+        return DEFAULT_LEASE_MARGIN_S
 
     @property
     def heartbeat_interval_s(self) -> float:
@@ -254,9 +275,7 @@ class NodeSession:
                     self._log_reject(msg)
                     return
                 if isinstance(msg, HeartbeatReply):
-                    # Replies come in the order the heartbeats went out on this stream.
-                    sent = self._pending_heartbeats.popleft() if self._pending_heartbeats else None
-                    self._host.heartbeat_answered(self, sent, msg)
+                    self._host.heartbeat_answered(self, self._answered(msg), msg)
                 else:
                     self._host.session_message(self, msg)
         finally:
@@ -293,8 +312,26 @@ class NodeSession:
         while True:
             await asyncio.sleep(self.heartbeat_interval_s)
             heartbeat, sent = self._host.heartbeat_for(self)
-            if self.send(heartbeat):
-                self._pending_heartbeats.append(sent)
+            self._heartbeat_seq += 1
+            if self.send(dataclasses.replace(heartbeat, seq=self._heartbeat_seq)):
+                self._pending_heartbeats[self._heartbeat_seq] = sent
+                while len(self._pending_heartbeats) > PENDING_HEARTBEATS_MAX:
+                    self._pending_heartbeats.popitem(last=False)
+
+    def _answered(self, reply: HeartbeatReply) -> Any:
+        """What the heartbeat this reply answers carried; heartbeats sent before it that
+        got no reply never will (the node answers in order) and are forgotten."""
+        pending = self._pending_heartbeats
+        if reply.seq == 0:
+            # A node that does not echo numbers answers every heartbeat, in order.
+            return pending.popitem(last=False)[1] if pending else None
+        if reply.seq not in pending:
+            return None
+        while pending:
+            seq, sent = pending.popitem(last=False)
+            if seq == reply.seq:
+                return sent
+        return None
 
     def _log_reject(self, reject: Reject) -> None:
         logger.error(

@@ -13,12 +13,16 @@ have settled, the value or exception, and every ``ctx.heartbeat`` call recorded.
         assert outcome.checkpoints[-1] == {"done": 10}
 
 For cancellation, drive a :class:`TaskEnvironment`: ``env.cancel()``, ``env.drain()``
-(the end of a drain's grace) or ``env.revoke()``, from another task, from ``on_heartbeat``
-(called on every ``ctx.heartbeat``) or before ``run`` (the attempt then never starts)::
+(the end of a drain's grace), ``env.revoke()`` or ``env.lose_lease()`` (the worker fenced
+itself: no node renewed the lease), from another task, from ``on_heartbeat`` (called on
+every ``ctx.heartbeat``) or before ``run`` (the attempt then never starts)::
 
     env = TaskEnvironment({"n": 100}, on_heartbeat=lambda rec, env: env.cancel())
     outcome = await env.run(count)
     assert outcome.status == "cancelled"
+
+``lease_s`` gives the attempt a lease that no heartbeat renews: it lapses ``lease_s`` after
+the start on the environment's clock, as a worker's would behind a partition.
 """
 
 from __future__ import annotations
@@ -53,6 +57,7 @@ from chronoshard.worker._execution import (
     Released,
     handler_spec,
 )
+from chronoshard.worker._lease import RunLease
 from chronoshard.worker._models import Assignment, TaskRef
 
 __all__ = ["HeartbeatRecord", "TaskEnvironment", "TaskOutcome", "run_task"]
@@ -63,8 +68,9 @@ class TaskOutcome:
     """How the attempt ended, as the worker would have settled it.
 
     ``status`` is one of ``"completed"`` (Complete), ``"failed"``, ``"timed_out"``,
-    ``"cancelled"`` (Fail with those flags), ``"released"`` (Release DRAINING) or
-    ``"revoked"`` (nothing settled).
+    ``"cancelled"`` (Fail with those flags), ``"released"`` (Release DRAINING, or CANNOT_RUN
+    for a lease lost before the start), ``"revoked"`` or ``"lease_lost"`` (nothing
+    settled).
     """
 
     status: str
@@ -119,7 +125,8 @@ def _outcome(result: Outcome, heartbeats: tuple[HeartbeatRecord, ...]) -> TaskOu
             )
             return TaskOutcome("released", released_checkpoint=checkpoint, heartbeats=heartbeats)
         case Abandoned():
-            return TaskOutcome("revoked", heartbeats=heartbeats)
+            status = "lease_lost" if result.lease_lost else "revoked"
+            return TaskOutcome(status, heartbeats=heartbeats)
 
 
 class TaskEnvironment:
@@ -144,8 +151,11 @@ class TaskEnvironment:
         clock: Clock | None = None,
         drain_stop_s: float = DRAIN_STOP_S,
         on_heartbeat: Callable[[HeartbeatRecord, TaskEnvironment], None] | None = None,
+        lease_s: float | None = None,
+        idempotent: bool = False,
     ) -> None:
         self._clock = clock or SystemClock()
+        self._lease_s = lease_s
         now = self._clock.now()
         self._assignment = Assignment(
             task=TaskRef(str(task_id or uuid.uuid4()), scheduled_at or now),
@@ -160,6 +170,7 @@ class TaskEnvironment:
             checkpoint=b"" if checkpoint is None else encode_json(checkpoint),
             trace_context=dict(trace_context or {}),
             queue=queue,
+            idempotent=idempotent,
         )
         self._timeout_s = timeout_s
         self._worker_id = worker_id
@@ -188,6 +199,12 @@ class TaskEnvironment:
         """The token was revoked: the handler is stopped and nothing is settled."""
         self._stop(StopReason.REVOKED)
 
+    def lose_lease(self) -> None:
+        """No node renewed the lease in time: the worker fences itself (the handler is
+        stopped, ``ctx.check_lease()`` and the commit helpers refuse, nothing is
+        settled)."""
+        self._stop(StopReason.LEASE_LOST)
+
     def _stop(self, reason: StopReason) -> None:
         # Thread-safe: a sync handler's on_heartbeat callback runs in its thread.
         loop = self._loop
@@ -212,6 +229,12 @@ class TaskEnvironment:
         self._loop = asyncio.get_running_loop()
         self._loop_thread = threading.get_ident()
         spec = handler_spec(self._assignment.type, handler)
+        monotonic = self._clock.monotonic
+        lease = (
+            RunLease.unbounded(monotonic)
+            if self._lease_s is None
+            else RunLease(deadline=monotonic() + self._lease_s, margin_s=0.0, monotonic=monotonic)
+        )
         try:
             ctx = build_context(
                 self._assignment,
@@ -219,6 +242,7 @@ class TaskEnvironment:
                 timeout_s=self._timeout_s,
                 now=self._clock.now,
                 on_heartbeat=self._record,
+                lease=lease,
             )
         except BadAttempt as exc:  # cannot happen with values encoded above
             raise AssertionError(str(exc)) from exc
@@ -234,7 +258,17 @@ class TaskEnvironment:
             )
             if self._pending_stop is not None:
                 self._execution.request_stop(self._pending_stop)
-            result = await self._execution.run()
+            # As the worker's per-run timer does: the lapse stops the handler.
+            lapse = (
+                None
+                if self._lease_s is None
+                else self._loop.call_later(self._lease_s, self.lose_lease)
+            )
+            try:
+                result = await self._execution.run()
+            finally:
+                if lapse is not None:
+                    lapse.cancel()
             # Like the worker, wait for the handler to really end (a sync handler that
             # ignores ctx.cancelled keeps running in its thread until it returns).
             await self._execution.handler_stopped()

@@ -1,5 +1,5 @@
--- The statements of chronoshard.scheduler.task_queries.TaskQueries: ListTasks, CancelTask
--- and RetryTask (submit and GetTask use the Store's queries.sql).
+-- The statements of chronoshard.scheduler.task_queries.TaskQueries: ListTasks, CancelTask,
+-- RetryTask and ResolveTask (submit and GetTask use the Store's queries.sql).
 --
 -- Rules (as in queries.sql): every statement names the caller's tenant; a write names its
 -- row by (scheduled_at, id) and the states it may start from (%(sources)s, from
@@ -91,3 +91,35 @@ WHERE scheduled_at = %(scheduled_at)s
   AND tenant_id = %(tenant_id)s
   AND status = ANY(%(sources)s::text[])
 RETURNING *;
+
+-- name: resolve_task
+-- Operator resolution of an OUTCOME_UNKNOWN task: to SCHEDULED due at %(due_at)s (RETRY:
+-- the next intent gives it token + 1, so a late write of the unknown attempt is fenced)
+-- or to DEAD_LETTER (MARK_FAILED), with the note as last_error. Its current attempt, the
+-- one whose outcome is unknown, keeps that state and records the resolution and the note.
+-- attempt, fencing_token and retry_count are kept (the unknown attempt was no failure).
+WITH moved AS (
+    UPDATE tasks AS t
+    SET status = %(target)s::text,
+        due_at = CASE WHEN %(target)s::text = 'SCHEDULED' THEN %(due_at)s ELSE t.due_at END,
+        worker_id = NULL,
+        lease_expires_at = NULL,
+        finished_at = CASE WHEN %(target)s::text = 'DEAD_LETTER' THEN now() END,
+        last_error = %(note)s::text,
+        updated_at = now()
+    WHERE t.scheduled_at = %(scheduled_at)s
+      AND t.id = %(id)s
+      AND t.tenant_id = %(tenant_id)s
+      AND t.status = 'OUTCOME_UNKNOWN'
+    RETURNING t.*
+), attempts AS (
+    UPDATE task_attempts AS ta
+    SET resolution = %(resolution)s::text,
+        finished_at = COALESCE(ta.finished_at, now()),
+        error = concat_ws('; ', ta.error, %(note)s::text)
+    FROM moved
+    WHERE ta.task_id = moved.id
+      AND ta.attempt = moved.attempt
+      AND ta.state = 'OUTCOME_UNKNOWN'
+)
+SELECT * FROM moved;

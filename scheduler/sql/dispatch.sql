@@ -142,6 +142,10 @@ SELECT id FROM moved;
 
 -- name: extend_leases
 -- Heartbeat: extend every listed lease still held by its token; store new checkpoints.
+-- A lease that ran out more than margin_s ago is not extended even if the reconciler
+-- has not got to it yet: from then on the attempt is the reconciler's (re-dispatch, or
+-- OUTCOME_UNKNOWN), and its worker has stopped it on its own (worker self-fencing). The
+-- beat is refused, so a worker that did not fence itself is told to stop.
 -- The hot path of a node with many running tasks (bench/heartbeats.py), so it answers
 -- only the exceptions: the beats whose lease was NOT extended (stale token, task no
 -- longer in flight, row gone) and the extended ones whose cancel was requested. The
@@ -170,6 +174,7 @@ WITH beats AS (
       AND t.scheduled_at = ANY(%(scheduled_ats)b::timestamptz[])
       AND t.fencing_token = h.token
       AND t.status IN ('DISPATCHED', 'RUNNING')
+      AND t.lease_expires_at > now() - make_interval(secs => %(margin_s)s)
     RETURNING t.id, t.fencing_token, t.cancel_requested_at IS NOT NULL AS cancel_requested,
               t.cancel_reason
 )
@@ -180,7 +185,10 @@ WHERE e.id IS NULL OR e.cancel_requested;
 
 -- name: complete
 -- DISPATCHED/RUNNING -> COMPLETED for the token's attempt (DESIGN §5; DISPATCHED too: a
--- completion may overtake its group-committed ack). Appends the watchdog's ledger.
+-- completion may overtake its group-committed ack), and OUTCOME_UNKNOWN too: the late
+-- completion of the attempt whose outcome was unknown makes it known. Appends the
+-- watchdog's ledger. The state lists of the settlement statements are
+-- chronoshard.scheduler.states.sources(event, implied_ack=True), checked by a test.
 WITH done AS (
     SELECT *
     FROM unnest(%(scheduled_ats)s::timestamptz[], %(ids)s::uuid[], %(tokens)s::bigint[],
@@ -205,7 +213,7 @@ WITH done AS (
       AND t.id = c.id
       AND t.scheduled_at = ANY(%(scheduled_ats)s::timestamptz[])
       AND t.fencing_token = c.token
-      AND t.status IN ('DISPATCHED', 'RUNNING')
+      AND t.status IN ('DISPATCHED', 'RUNNING', 'OUTCOME_UNKNOWN')
     RETURNING t.id, t.attempt, t.job_id, t.tenant_id, t.finished_at, t.shard
 ), attempts AS (
     UPDATE task_attempts AS ta
@@ -230,7 +238,7 @@ FROM tasks AS t
 JOIN unnest(%(scheduled_ats)s::timestamptz[], %(ids)s::uuid[], %(tokens)s::bigint[])
      AS f(scheduled_at, id, token)
   ON t.scheduled_at = f.scheduled_at AND t.id = f.id AND t.fencing_token = f.token
-WHERE t.status IN ('DISPATCHED', 'RUNNING')
+WHERE t.status IN ('DISPATCHED', 'RUNNING', 'OUTCOME_UNKNOWN')
   AND t.scheduled_at = ANY(%(scheduled_ats)s::timestamptz[])
 ORDER BY t.scheduled_at, t.id
 FOR UPDATE OF t;
@@ -257,7 +265,7 @@ WITH decided AS (
       AND t.id = d.id
       AND t.scheduled_at = ANY(%(scheduled_ats)s::timestamptz[])
       AND t.fencing_token = d.token
-      AND t.status IN ('DISPATCHED', 'RUNNING')
+      AND t.status IN ('DISPATCHED', 'RUNNING', 'OUTCOME_UNKNOWN')
     RETURNING t.id, t.attempt, t.shard, t.status, t.due_at, d.attempt_state, d.error
 )
 UPDATE task_attempts AS ta
@@ -269,7 +277,8 @@ RETURNING moved.id, moved.shard, moved.status, moved.due_at;
 -- name: release
 -- The worker gives the task back (drain with checkpoint, cannot run it, or the node
 -- could not deliver the assignment): back to PRELOADED for another dispatch. The retry
--- budget is untouched; the attempt row records why.
+-- budget is untouched; the attempt row records why. From OUTCOME_UNKNOWN too: the worker
+-- says what became of the attempt (never started, or stopped at its checkpoint).
 WITH released AS (
     SELECT *
     FROM unnest(%(scheduled_ats)s::timestamptz[], %(ids)s::uuid[], %(tokens)s::bigint[],
@@ -293,7 +302,7 @@ WITH released AS (
       AND t.id = r.id
       AND t.scheduled_at = ANY(%(scheduled_ats)s::timestamptz[])
       AND t.fencing_token = r.token
-      AND t.status IN ('DISPATCHED', 'RUNNING')
+      AND t.status IN ('DISPATCHED', 'RUNNING', 'OUTCOME_UNKNOWN')
     RETURNING t.id, t.scheduled_at, t.shard, t.tenant_id, t.priority, t.queue, t.type,
               t.due_at, t.strict_timing, t.attempt, r.attempt_state, r.detail
 ), attempts AS (

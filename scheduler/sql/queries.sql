@@ -114,7 +114,7 @@ WHERE id = %(id)s AND tenant_id = %(tenant_id)s;
 
 -- name: get_attempts
 SELECT task_id, attempt, scheduled_at, fencing_token, state, worker_id, entered_at,
-       finished_at, error
+       finished_at, error, resolution
 FROM task_attempts
 WHERE task_id = %(task_id)s
 ORDER BY attempt;

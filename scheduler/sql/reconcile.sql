@@ -1,5 +1,5 @@
 -- The statements of chronoshard.scheduler.reconcile_store.ReconcileStore: the reconcile
--- loop (DESIGN §8), worker liveness, and partition maintenance on a node.
+-- loop (DESIGN §8) and partition maintenance on a node.
 --
 -- Rules as in dispatch.sql: a task row is named by (scheduled_at, id); every write is a
 -- compare-and-set on the row as the reconciler read it (status, fencing_token,
@@ -7,43 +7,58 @@
 -- task rows are locked in (scheduled_at, id) order before they are updated, then their
 -- task_attempts rows (the lock order every batch write keeps).
 
--- name: scan_inflight
--- The in-flight rows of the owned shards that may need the reconciler: an expired lease,
--- or a DISPATCHED row untouched for ack_timeout_s. Served by the partial index
--- tasks_inflight_idx (shard, lease_expires_at): only live rows are read, however much
--- finished history the table holds. A lease is set to now + lease_s by the intent and by
--- every heartbeat, so a row untouched for ack_timeout_s has
--- lease_expires_at <= now + lease_s - ack_timeout_s: that bound (%(horizon_s)s) keeps
--- the index range short. now() is returned so that every decision uses the database's
--- clock, the one that wrote the leases.
+-- name: pass_state
+-- What a pass needs besides the rows, on the database's clock (the one that wrote the
+-- leases, so node clock skew cannot expire a lease early): now; the earliest lease of an
+-- in-flight row of the shards not yet due for action (later than now - margin), one
+-- probe of tasks_inflight_idx per shard, so the reconciler wakes at that expiry plus the
+-- margin; and the OUTCOME_UNKNOWN tasks of the shards (tasks_outcome_unknown_idx), the
+-- gauge operators watch.
 SELECT now() AS now,
-       t.scheduled_at, t.id, t.shard, t.tenant_id, t.priority, t.queue, t.type, t.due_at,
+       (SELECT min(n.lease_expires_at)
+        FROM unnest(%(shards)s::smallint[]) AS s(shard)
+        CROSS JOIN LATERAL (
+            SELECT t.lease_expires_at
+            FROM tasks AS t
+            WHERE t.shard = s.shard
+              AND t.status IN ('DISPATCHED', 'RUNNING')
+              AND t.lease_expires_at > now() - make_interval(secs => %(margin_s)s)
+            ORDER BY t.lease_expires_at
+            LIMIT 1
+        ) AS n) AS next_expiry,
+       (SELECT count(*)
+        FROM tasks AS u
+        WHERE u.shard = ANY(%(shards)s::smallint[])
+          AND u.status = 'OUTCOME_UNKNOWN') AS outcome_unknown;
+
+-- name: scan_inflight
+-- The in-flight rows of the owned shards that may need the reconciler: a lease expired
+-- at least margin_s ago, or a DISPATCHED row untouched for ack_timeout_s. Served by the
+-- partial index tasks_inflight_idx (shard, lease_expires_at): only live rows are read,
+-- however much finished history the table holds. A lease is set to now + lease_s by the
+-- intent and by every heartbeat, so a row untouched for ack_timeout_s has
+-- lease_expires_at <= now + lease_s - ack_timeout_s: that bound (%(horizon_s)s) keeps
+-- the index range short.
+SELECT t.scheduled_at, t.id, t.shard, t.tenant_id, t.priority, t.queue, t.type, t.due_at,
        t.strict_timing, t.status, t.fencing_token, t.attempt, t.worker_id, t.idempotent,
        t.cancel_requested_at IS NOT NULL AS cancel_requested, t.lease_expires_at,
-       t.updated_at,
-       NOT EXISTS (
-           SELECT 1
-           FROM worker_sessions AS w
-           WHERE w.worker_id = t.worker_id
-             AND w.last_seen_at > now() - make_interval(secs => %(session_timeout_s)s)
-       ) AS worker_gone
+       t.updated_at
 FROM tasks AS t
 WHERE t.shard = ANY(%(shards)s::smallint[])
   AND t.status IN ('DISPATCHED', 'RUNNING')
   AND t.lease_expires_at < now() + make_interval(secs => %(horizon_s)s)
-  AND (t.status = 'DISPATCHED' OR t.lease_expires_at <= now())
+  AND (t.status = 'DISPATCHED'
+       OR t.lease_expires_at <= now() - make_interval(secs => %(margin_s)s))
 ORDER BY t.lease_expires_at
 LIMIT %(limit)s;
-
--- name: db_now
--- The database's clock, when scan_inflight found nothing to carry it.
-SELECT now() AS now;
 
 -- name: repair
 -- The reconciler's decisions, as one compare-and-set per row: only a row still exactly as
 -- read (status, token, updated_at) moves, to PRELOADED (the next intent gives it a new
--- token) or CANCELLED; its attempt records ABANDONED or CANCELLED and why. A row that a
--- completion, heartbeat or another reconciler changed meanwhile is left alone.
+-- token), CANCELLED or OUTCOME_UNKNOWN; its attempt records ABANDONED, CANCELLED or
+-- OUTCOME_UNKNOWN and why. A row that a completion, heartbeat or another reconciler
+-- changed meanwhile is left alone. An OUTCOME_UNKNOWN row keeps its worker_id (who may
+-- have run it) and its token (its late settlement is still accepted).
 WITH decided AS (
     SELECT *
     FROM unnest(%(scheduled_ats)s::timestamptz[], %(ids)s::uuid[], %(statuses)s::text[],
@@ -65,6 +80,7 @@ WITH decided AS (
         lease_expires_at = NULL,
         finished_at = CASE WHEN d.target = 'CANCELLED' THEN now() ELSE t.finished_at END,
         last_error = CASE WHEN d.target = 'CANCELLED' THEN COALESCE(t.cancel_reason, d.reason)
+                          WHEN d.target = 'OUTCOME_UNKNOWN' THEN d.reason
                           ELSE t.last_error END,
         updated_at = now()
     FROM locked AS d
@@ -120,18 +136,6 @@ WHERE w.id = f.id
         AND n.status NOT IN ('COMPLETED', 'CANCELLED', 'DEAD_LETTER', 'UPSTREAM_FAILED')
   )
 RETURNING w.id;
-
--- name: touch_worker_sessions
--- This node has (or just had) a session of each worker: it was seen now.
-INSERT INTO worker_sessions (worker_id, node_id, last_seen_at)
-SELECT worker_id, %(node_id)s, now()
-FROM unnest(%(worker_ids)s::text[]) AS w(worker_id)
-ORDER BY worker_id
-ON CONFLICT (worker_id, node_id) DO UPDATE SET last_seen_at = now();
-
--- name: forget_old_worker_sessions
-DELETE FROM worker_sessions
-WHERE last_seen_at < now() - make_interval(secs => %(older_than_s)s);
 
 -- name: try_maintenance_lock
 -- Session-level: one node runs partition maintenance at a time; the others skip a round.

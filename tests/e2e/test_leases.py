@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import json
+import statistics
 import sys
 import time
 import uuid
@@ -29,9 +30,18 @@ import grpc
 import psycopg
 import pytest
 from fixtures.waiting import eventually
+from harness.history import lease_expired_at
 from harness.processes import ManagedProcess, ProcessGroup, SchedulerHandle
 
-from chronoshard import Client, RetryPolicy, SubmitResult, Task, TaskSpec
+from chronoshard import (
+    Client,
+    FailedPreconditionError,
+    Resolution,
+    RetryPolicy,
+    SubmitResult,
+    Task,
+    TaskSpec,
+)
 from chronoshard.scheduler.tenant_admin import create_tenant
 from chronoshard.services import EtcdProcess
 from chronoshard.v1 import common_pb2, worker_service_pb2, worker_service_pb2_grpc
@@ -41,24 +51,28 @@ E2E_DIR = Path(__file__).resolve().parent
 EXAMPLES_DIR = E2E_DIR.parents[1] / "examples"
 
 LEASE_S = 4.0
-# One second, not less: a zombie's handler must get to its completion before the first
-# heartbeat of its new stream could revoke it (see the zombie test).
 HEARTBEAT_S = 1.0
+# Worker self-fencing: a worker stops an attempt LEASE_MARGIN_S before its lease runs out
+# without a renewal; the node acts on the lease LEASE_MARGIN_S after it ran out.
+LEASE_MARGIN_S = 1.0
+# Shorter than the lease, as the configuration requires.
+ACK_TIMEOUT_S = 3.0
 KEEPALIVE_TIME_S = 1.0
 KEEPALIVE_TIMEOUT_S = 1.0
-RECONCILE_INTERVAL_S = 0.5
-# Long enough that a non-idempotent task's worker, stopped for a few seconds, still
-# counts as possibly alive: its task must be held, not run twice.
-SESSION_TIMEOUT_S = 60.0
+# The reconciler's regular pass is left at its default (5 s, longer than the lease): an
+# expired lease is acted on at its expiry plus the margin because the reconciler wakes
+# then, not because it happens to pass often.
 # A worker process is up and has a session within this (imports, topology, Hello).
 WORKER_READY_S = 30.0
 # The scheduler settles a cooperative stop (cancel, timeout) within this of the handler's
 # reaction: a group commit plus a receipt, with margin for a 2-core machine under load.
 SETTLE_BOUND_S = 3.0
-# A stopped worker's stream is dropped within keepalive time + timeout, plus slack.
-STOPPED_STREAM_BOUND_S = KEEPALIVE_TIME_S + KEEPALIVE_TIMEOUT_S + 5.0
-# An expired lease is acted on within a reconcile pass, plus slack for the pass itself.
-EXPIRY_BOUND_S = LEASE_S + RECONCILE_INTERVAL_S + 3.0
+# The reconciler acts on an expired lease at lease_expires_at + margin, within its pass
+# latency (a scan and a repair: milliseconds; measured up to 0.12 s on this 2-core
+# machine under the suite's load): this bounds that latency.
+REPAIR_LATENCY_BOUND_S = 0.5
+# The last heartbeat before a fault was at most an interval (plus a commit) before it.
+EXPIRY_BOUND_S = LEASE_S + LEASE_MARGIN_S + REPAIR_LATENCY_BOUND_S
 
 LEDGER_DDL = """
 CREATE TABLE IF NOT EXISTS lease_effects (
@@ -142,7 +156,7 @@ def cluster(
 ) -> Iterator[LeaseCluster]:
     with psycopg.connect(db_dsn, autocommit=True) as conn:
         conn.execute(LEDGER_DDL)
-        conn.execute(fenced_example().CREATE_TABLE)
+        fenced_example().create_tables(conn)
     api_key = create_tenant(db_dsn, f"leases-{uuid.uuid4().hex[:8]}").api_key
     group = ProcessGroup(
         log_dir=tmp_path_factory.mktemp("lease-logs"),
@@ -154,8 +168,8 @@ def cluster(
             "CHRONOSHARD_GRPC__KEEPALIVE_TIMEOUT_S": str(KEEPALIVE_TIMEOUT_S),
             "CHRONOSHARD_WORKERS__TASK_LEASE_S": str(LEASE_S),
             "CHRONOSHARD_WORKERS__HEARTBEAT_INTERVAL_S": str(HEARTBEAT_S),
-            "CHRONOSHARD_WORKERS__SESSION_TIMEOUT_S": str(SESSION_TIMEOUT_S),
-            "CHRONOSHARD_RECONCILE__INTERVAL_S": str(RECONCILE_INTERVAL_S),
+            "CHRONOSHARD_WORKERS__LEASE_MARGIN_S": str(LEASE_MARGIN_S),
+            "CHRONOSHARD_WORKERS__ACK_TIMEOUT_S": str(ACK_TIMEOUT_S),
         },
     )
     try:
@@ -548,11 +562,7 @@ async def _side_effect(dsn: str, task_id: str) -> tuple[int, str] | None:
 
 
 def _logged(process: ManagedProcess, *needles: str) -> bool:
-    """Whether one line of the process's log holds every needle."""
-    return any(
-        all(needle in line for needle in needles)
-        for line in process.log(tail_chars=1_000_000).splitlines()
-    )
+    return process.logged(*needles)
 
 
 async def _wait_logged(process: ManagedProcess, what: str, *needles: str) -> None:
@@ -566,24 +576,31 @@ async def _history(client: Client, task_id: str) -> list[tuple[int, str, str | N
     return [(a.attempt, a.state.value, a.worker_id) for a in task.attempts]
 
 
-async def test_a_zombie_worker_is_refused_and_its_side_effect_is_fenced(
+def _expired_lease(attempt: Any) -> datetime:
+    return lease_expired_at(attempt.error)
+
+
+def _after(lease: datetime, at: datetime | None) -> float:
+    """Seconds from a lease's expiry to ``at`` (the database's clock, like the lease)."""
+    assert at is not None
+    return (at - lease).total_seconds()
+
+
+async def test_a_paused_worker_fences_itself_and_an_idempotent_task_runs_once_elsewhere(
     cluster: LeaseCluster, client: Client
 ) -> None:
-    """Worker A is stopped (SIGSTOP) inside the handler, past its lease; the task, being
-    idempotent, goes to worker B with the next token and completes. When A resumes, its
-    handler's write to the side-effect table is refused by the table's token guard, its
-    completion is refused by the scheduler, and A logs the zombie warning.
-
-    A's handler is sure to try both: it is a thread (no revocation interrupts it) and A's
-    stream was dropped while it was stopped, so no heartbeat reply can reach A before
-    its handler ends (a new stream waits a heartbeat interval before its first beat)."""
+    """Worker A is stopped (SIGSTOP) inside a blocking handler, past its lease; the task,
+    being idempotent, goes to worker B with the next token only lease + margin after A's
+    lease ran out, and its effect commits there. When A resumes, it has fenced itself: the
+    handler's write is refused by the commit helper (``LeaseLost``), A settles nothing and
+    heartbeats nothing for it; the effect stays B's, once."""
     a = cluster.example_worker("zombie-a")
     b: ManagedProcess | None = None
     try:
         await wait_connected(a)
         submitted = await client.submit(
             "example.fenced_write",
-            {"work_s": ZOMBIE_WORK_S, "amount": 7},
+            {"work_s": ZOMBIE_WORK_S, "amount": 7, "blocking": True},
             strict_timing=True,
             idempotent=True,
             max_retries=0,
@@ -599,31 +616,12 @@ async def test_a_zombie_worker_is_refused_and_its_side_effect_is_fenced(
             timeout_s=EXPIRY_BOUND_S + WORKER_READY_S,
             what="the task completed by B",
         )
-        # A's stream must be gone before it resumes (see the docstring): wait for that.
-        await _wait_logged(
-            cluster.node.process, "A's session dropped", "worker disconnected", "zombie-a"
-        )
         assert time.monotonic() - stopped_at > LEASE_S, "A was not stopped past its lease"
-        assert done.status.value == "COMPLETED"
-        assert done.fencing_token == 2
-        assert await _history(client, task_id) == [
-            (1, "ABANDONED", "zombie-a"),
-            (2, "SUCCEEDED", "zombie-b"),
-        ]
-        assert await _side_effect(cluster.dsn, task_id) == (2, "zombie-b")
-
         a.resume()
+        await _wait_logged(a, "A fenced itself", f"task_id={task_id}", "event=lease_lost")
         await _wait_logged(
-            a, "A's write refused by the fence", f"task_id={task_id}", "side_effect_refused"
+            a, "A's write refused by the helper", f"task_id={task_id}", "side_effect_refused"
         )
-        await _wait_logged(a, "A's zombie warning", f"task_id={task_id}", "token=1", "event=zombie")
-
-        async def attempt_fenced() -> bool:
-            return (await _history(client, task_id))[0][1] == "FENCED"
-
-        # The scheduler marks an attempt it gave up FENCED when its worker speaks for it
-        # after all and is refused: A's completion reached it and was refused.
-        await eventually(attempt_fenced, timeout_s=SETTLE_BOUND_S, what="A's attempt FENCED")
     except BaseException:
         print(cluster.group.logs())
         raise
@@ -634,34 +632,37 @@ async def test_a_zombie_worker_is_refused_and_its_side_effect_is_fenced(
         if b is not None:
             b.kill()
 
-    after = await client.get(task_id, attempts=True)
-    assert (after.status.value, after.fencing_token, after.result) == (
-        "COMPLETED",
-        2,
-        {"written": True, "token": 2},
-    )
-    assert [a.state.value for a in after.attempts].count("SUCCEEDED") == 1
-    # The side-effect table holds B's write only.
+    assert (done.status.value, done.fencing_token) == ("COMPLETED", 2)
+    assert done.result == {"written": True, "token": 2}
+    attempts = done.attempts
+    assert [(x.attempt, x.state.value, x.worker_id) for x in attempts] == [
+        (1, "ABANDONED", "zombie-a"),
+        (2, "SUCCEEDED", "zombie-b"),
+    ], "A settled nothing after it fenced itself (no refused completion: FENCED)"
+    # Re-dispatched no earlier than lease + margin, and at once then.
+    after_s = _after(_expired_lease(attempts[0]), attempts[1].entered_at)
+    assert LEASE_MARGIN_S <= after_s <= LEASE_MARGIN_S + REPAIR_LATENCY_BOUND_S, after_s
+    # The side-effect table holds B's write only, and the effect row says B did it.
     assert await _side_effect(cluster.dsn, task_id) == (2, "zombie-b")
-    # The warning names what was refused: A's completion.
-    assert _logged(a, "COMPLETE refused", f"task_id={task_id}", "event=zombie")
-    assert (await cluster.metric("chronoshard_gateway_stale_settlements_total")) >= 1
+    assert not _logged(a, "COMPLETE", f"task_id={task_id}", "event=zombie")
 
 
-async def test_a_stalled_non_idempotent_task_is_held_while_its_worker_may_be_alive(
+async def test_a_paused_worker_s_non_idempotent_task_is_held_outcome_unknown_until_resolved(
     cluster: LeaseCluster, client: Client
 ) -> None:
-    """Same stop past the lease, but the task is not idempotent: it must not run twice,
-    so while its worker's session may come back it is held (and counted as stalled), not
-    given to worker B. When A resumes it heartbeats again, its lease is renewed under the
-    same token, and its own completion is accepted."""
-    a = cluster.example_worker("stall-a")
+    """Same stop past the lease, but the task is not idempotent: running it again could
+    do its effect twice, calling it failed could lose it. lease + margin after A's lease
+    ran out it becomes OUTCOME_UNKNOWN (not given to B), counted by the gauge and the
+    counter. A, resumed, fences itself and writes nothing; the task stays held. An
+    operator's ResolveTask RETRY runs it on B under a new token: the effect commits once."""
+    a = cluster.example_worker("unknown-a")
     b: ManagedProcess | None = None
+    unknown_before = await cluster.metric("chronoshard_reconciler_outcome_unknown_total")
     try:
         await wait_connected(a)
         submitted = await client.submit(
             "example.fenced_write",
-            {"work_s": ZOMBIE_WORK_S, "amount": 9},
+            {"work_s": ZOMBIE_WORK_S, "amount": 9, "blocking": True},
             strict_timing=True,
             idempotent=False,
             max_retries=0,
@@ -669,39 +670,49 @@ async def test_a_stalled_non_idempotent_task_is_held_while_its_worker_may_be_ali
         task_id = submitted.task.id
         await _wait_logged(a, "A started the handler", f"task_id={task_id}", "work_started")
         a.pause()
-        b = cluster.example_worker("stall-b")
+        b = cluster.example_worker("unknown-b")
         await wait_connected(b)
 
-        async def stalled() -> bool:
-            return await cluster.metric("chronoshard_stalled_tasks") >= 1
+        async def outcome_unknown() -> Task | None:
+            task = await client.get(task_id, attempts=True)
+            return task if task.status.value == "OUTCOME_UNKNOWN" else None
 
-        await eventually(
-            stalled, timeout_s=EXPIRY_BOUND_S + STOPPED_STREAM_BOUND_S, what="task held"
+        held = await eventually(
+            outcome_unknown, timeout_s=EXPIRY_BOUND_S + WORKER_READY_S, what="outcome unknown"
         )
-        # Held across further reconcile passes, with A's session gone from the node.
-        passes = await cluster.metric("chronoshard_reconciler_passes_total")
-
-        async def two_more_passes() -> bool:
-            return await cluster.metric("chronoshard_reconciler_passes_total") >= passes + 2
-
-        await eventually(two_more_passes, timeout_s=10 * RECONCILE_INTERVAL_S, what="passes")
-        await _wait_logged(
-            cluster.node.process, "A's session dropped", "worker disconnected", "stall-a"
+        assert await cluster.metric("chronoshard_outcome_unknown_tasks") >= 1
+        assert (
+            await cluster.metric("chronoshard_reconciler_outcome_unknown_total")
+            >= unknown_before + 1
         )
-        held = await client.get(task_id, attempts=True)
-        assert (held.status.value, held.fencing_token, held.worker_id) == ("RUNNING", 1, "stall-a")
-        assert await _history(client, task_id) == [(1, "RUNNING", "stall-a")]
-        assert await cluster.metric("chronoshard_stalled_tasks") >= 1
-
         a.resume()
+        await _wait_logged(a, "A fenced itself", f"task_id={task_id}", "event=lease_lost")
+        await _wait_logged(
+            a, "A's write refused by the helper", f"task_id={task_id}", "side_effect_refused"
+        )
+        # A settled nothing: still held, nothing written anywhere.
+        still = await client.get(task_id, attempts=True)
+        assert still.status.value == "OUTCOME_UNKNOWN"
+        assert await _side_effect(cluster.dsn, task_id) is None
+        assert b is not None and not _logged(b, f"task_id={task_id}")
+
+        resolved = await client.resolve(task_id, Resolution.RETRY, reason="no payment row")
+        assert resolved.status.value == "SCHEDULED"
+        # A repeat (its answer lost) is answered with the task as it is, not applied twice
+        # (the history below has exactly one more attempt).
+        again = await client.resolve(task_id, "RETRY")
+        assert again.status.value != "OUTCOME_UNKNOWN"
         done = await eventually(
-            lambda: _finished(client, task_id), timeout_s=30, what="A completed its task"
+            lambda: _finished(client, task_id), timeout_s=30, what="the retried task completed"
         )
 
-        async def no_longer_stalled() -> bool:
-            return await cluster.metric("chronoshard_stalled_tasks") == 0
+        async def gauge_cleared() -> bool:
+            return await cluster.metric("chronoshard_outcome_unknown_tasks") == 0
 
-        await eventually(no_longer_stalled, timeout_s=10, what="stalled gauge back to 0")
+        await eventually(gauge_cleared, timeout_s=10, what="the gauge back to 0")
+        with pytest.raises(FailedPreconditionError) as refused:
+            await client.resolve(task_id, Resolution.MARK_FAILED)
+        assert refused.value.reason == "NOTHING_TO_RESOLVE"
     except BaseException:
         print(cluster.group.logs())
         raise
@@ -712,12 +723,21 @@ async def test_a_stalled_non_idempotent_task_is_held_while_its_worker_may_be_ali
         if b is not None:
             b.kill()
 
-    assert (done.status.value, done.fencing_token) == ("COMPLETED", 1)
-    assert [(x.attempt, x.state.value, x.worker_id) for x in done.attempts] == [
-        (1, "SUCCEEDED", "stall-a")
+    [unknown_attempt] = held.attempts
+    assert (unknown_attempt.state.value, unknown_attempt.worker_id) == (
+        "OUTCOME_UNKNOWN",
+        "unknown-a",
+    )
+    after_s = _after(_expired_lease(unknown_attempt), unknown_attempt.finished_at)
+    assert LEASE_MARGIN_S <= after_s <= LEASE_MARGIN_S + REPAIR_LATENCY_BOUND_S, after_s
+    assert (done.status.value, done.fencing_token) == ("COMPLETED", 2)
+    history = [(x.attempt, x.state.value, x.worker_id, x.resolution) for x in done.attempts]
+    assert history == [
+        (1, "OUTCOME_UNKNOWN", "unknown-a", Resolution.RETRY),
+        (2, "SUCCEEDED", "unknown-b", None),
     ]
-    assert await _side_effect(cluster.dsn, task_id) == (1, "stall-a")
-    assert b is not None and not _logged(b, f"task_id={task_id}")
+    assert "no payment row" in (done.attempts[0].error or "")
+    assert await _side_effect(cluster.dsn, task_id) == (2, "unknown-b")
 
 
 # ---- a worker crash ----------------------------------------------------------------------
@@ -754,9 +774,12 @@ async def test_sigkill_with_fifty_running_tasks_each_runs_again_once_after_lease
             return len({r["task_id"] for r in _events(rows, "started")}) == CRASH_TASKS
 
         await eventually(all_started, timeout_s=WORKER_READY_S, what="50 handlers running on A")
+        # B is up before the kill (A holds every task), so the re-dispatch time is the
+        # reconciler's, not B's start-up.
+        b = cluster.lease_worker("crash-b", queue, LEASE_SLOTS=str(CRASH_TASKS))
+        await wait_connected(b)
         a.kill()
         killed_at = datetime.now(UTC)
-        b = cluster.lease_worker("crash-b", queue, LEASE_SLOTS=str(CRASH_TASKS))
 
         async def all_finished() -> list[Task] | None:
             tasks = [await client.get(t, attempts=True) for t in task_ids]
@@ -773,17 +796,29 @@ async def test_sigkill_with_fifty_running_tasks_each_runs_again_once_after_lease
         if b is not None:
             b.kill()
 
+    after_kill: list[float] = []
+    after_expiry: list[float] = []
     for task in tasks:
         assert task.status.value == "COMPLETED", task
         assert task.retry_count == 0
         history = [(x.attempt, x.state.value, x.worker_id) for x in task.attempts]
         assert history == [(1, "ABANDONED", "crash-a"), (2, "SUCCEEDED", "crash-b")], history
-        # Given back when the lease ran out, not before: the last heartbeat was at most
-        # one interval before the kill.
-        redispatched = task.attempts[1].entered_at
-        assert redispatched is not None
-        after_kill_s = (redispatched - killed_at).total_seconds()
-        assert LEASE_S - HEARTBEAT_S - 0.5 <= after_kill_s <= EXPIRY_BOUND_S, after_kill_s
+        after_kill.append(_after(killed_at, task.attempts[1].entered_at))
+        after_expiry.append(_after(_expired_lease(task.attempts[0]), task.attempts[1].entered_at))
+    # The bound (docs/failure-model.md): re-dispatched lease + margin after the lease ran
+    # out, within the reconciler's latency, and the lease runs from the last heartbeat,
+    # at most one interval before the kill: lease - interval + margin .. lease + margin
+    # after the kill.
+    print(
+        f"SIGKILL re-dispatch of {len(tasks)} tasks: after the kill "
+        f"{min(after_kill):.2f}/{statistics.median(after_kill):.2f}/{max(after_kill):.2f} s, "
+        f"after the lease expired {min(after_expiry):.3f}/{statistics.median(after_expiry):.3f}"
+        f"/{max(after_expiry):.3f} s (min/p50/max)"
+    )
+    assert min(after_expiry) >= LEASE_MARGIN_S, after_expiry
+    assert max(after_expiry) <= LEASE_MARGIN_S + REPAIR_LATENCY_BOUND_S, after_expiry
+    lower_s = LEASE_S - HEARTBEAT_S + LEASE_MARGIN_S - 0.5
+    assert lower_s <= min(after_kill) and max(after_kill) <= EXPIRY_BOUND_S, after_kill
 
     rows = await _ledger(cluster.dsn, task_ids)
     committed = _events(rows, "committed")

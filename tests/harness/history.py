@@ -17,6 +17,7 @@ that has no unique constraint, so a task run twice shows twice. After the faults
 
 from __future__ import annotations
 
+import re
 import time
 import uuid
 from collections import Counter
@@ -177,3 +178,16 @@ def first_dispatch_after(dsn: str, shards: set[int], after: datetime) -> datetim
             (sorted(shards), after),
         ).fetchone()
     return None if row is None else row[0]
+
+
+_LEASE_EXPIRED = re.compile(r"lease expired at (\S+?)[ ;,]")
+
+
+def lease_expired_at(attempt_error: str | None) -> datetime:
+    """I4's reference point: when an attempt's lease ran out, as the reconciler recorded
+    it giving the attempt up ("lease expired at <ISO time>" in the attempt's error; the
+    database's clock, which wrote the lease)."""
+    found = _LEASE_EXPIRED.search((attempt_error or "") + " ")
+    if found is None:
+        raise AssertionError(f"no lease expiry recorded in {attempt_error!r}")
+    return datetime.fromisoformat(found.group(1))

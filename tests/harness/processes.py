@@ -13,7 +13,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -85,6 +85,13 @@ class ManagedProcess:
         except OSError:
             return ""
 
+    def logged(self, *needles: str) -> bool:
+        """Whether one line of the process's log holds every needle."""
+        return any(
+            all(needle in line for needle in needles)
+            for line in self.log(tail_chars=1_000_000).splitlines()
+        )
+
 
 def wait_serving(address: str, timeout_s: float, process: ManagedProcess) -> None:
     deadline = time.monotonic() + timeout_s
@@ -135,9 +142,12 @@ class ProcessGroup:
     schedulers: list[SchedulerHandle] = field(default_factory=list)
     workers: list[ManagedProcess] = field(default_factory=list)
 
-    def start_scheduler(self, node_id: str, **env: str) -> SchedulerHandle:
+    def start_scheduler(
+        self, node_id: str, *, host: str = "127.0.0.1", **env: str
+    ) -> SchedulerHandle:
+        """A node listening (and advertising) on ``host``; its metrics on the loopback."""
         grpc_port, metrics_port = free_ports(2)
-        address = f"127.0.0.1:{grpc_port}"
+        address = f"{host}:{grpc_port}"
         process = ManagedProcess(
             name=node_id,
             argv=[sys.executable, "-m", "chronoshard.scheduler"],
@@ -163,8 +173,17 @@ class ProcessGroup:
         return handle
 
     def start_worker(
-        self, name: str, spec: str, targets: Sequence[str], *, pythonpath: Path, **env: str
+        self,
+        name: str,
+        spec: str,
+        targets: Sequence[str],
+        *,
+        pythonpath: Path,
+        wrap: Callable[[list[str]], list[str]] | None = None,
+        **env: str,
     ) -> ManagedProcess:
+        """A worker process; ``wrap`` turns its command line into another (e.g. run it in
+        a network namespace: the wrapper must exec it, so the pid stays the worker's)."""
         argv = [sys.executable, "-m", "chronoshard.worker", spec]
         for target in targets:
             argv += ["--target", target]
@@ -173,7 +192,7 @@ class ProcessGroup:
         )
         process = ManagedProcess(
             name=name,
-            argv=argv,
+            argv=argv if wrap is None else wrap(argv),
             env={**os.environ, "PYTHONPATH": path, **env},
             log_path=self.log_dir / f"{name}.log",
         )

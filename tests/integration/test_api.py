@@ -818,3 +818,119 @@ async def test_retry_of_a_dead_lettered_task(api: Api) -> None:
         grpc.StatusCode.INVALID_ARGUMENT,
     )
     assert info.field == "delay"
+
+
+async def _outcome_unknown(api: Api, task: common_pb2.Task) -> None:
+    """As the reconciler leaves a lost non-idempotent attempt (migration 0008)."""
+    await api.sql(
+        "UPDATE tasks SET status = 'OUTCOME_UNKNOWN', attempt = 1, fencing_token = 1,"
+        " worker_id = 'w-lost', last_error = 'lease expired' WHERE id = %(id)s",
+        {"id": task.id},
+    )
+    await api.sql(
+        "INSERT INTO task_attempts (task_id, attempt, scheduled_at, fencing_token, state,"
+        " worker_id, finished_at, error) SELECT id, 1, scheduled_at, 1, 'OUTCOME_UNKNOWN',"
+        " 'w-lost', now(), 'lease expired' FROM tasks WHERE id = %(id)s",
+        {"id": task.id},
+    )
+
+
+def _resolve(task_id: str, resolution: int, reason: str = "") -> Any:
+    return task_service_pb2.ResolveTaskRequest(id=task_id, resolution=resolution, reason=reason)  # type: ignore[arg-type]
+
+
+async def test_resolve_of_an_outcome_unknown_task(api: Api) -> None:
+    retry, fail = common_pb2.RESOLUTION_RETRY, common_pb2.RESOLUTION_MARK_FAILED
+    again = (await api.submit(Req(type="t", max_retries=2))).task
+    failed = (await api.submit(Req(type="t"))).task
+    for task in (again, failed):
+        await _outcome_unknown(api, task)
+    api.listener.submitted.clear()
+
+    # Bad requests first: nothing is written.
+    info = await _refused(
+        api.stub.ResolveTask(_resolve(again.id, 0), metadata=api.auth),
+        grpc.StatusCode.INVALID_ARGUMENT,
+    )
+    assert (info.field, info.message) == ("resolution", "resolution: must be RETRY or MARK_FAILED")
+    info = await _refused(
+        api.stub.ResolveTask(_resolve(again.id, retry, "x" * 1001), metadata=api.auth),
+        grpc.StatusCode.INVALID_ARGUMENT,
+    )
+    assert info.field == "reason"
+    _, other_key = await _tenant(api.store)
+    await _refused(
+        api.stub.ResolveTask(
+            _resolve(again.id, retry), metadata=(("authorization", f"Bearer {other_key}"),)
+        ),
+        grpc.StatusCode.NOT_FOUND,
+    )
+    assert (await api.sql("SELECT status FROM tasks WHERE id = %(id)s", {"id": again.id})) == [
+        ("OUTCOME_UNKNOWN",)
+    ]
+
+    # RETRY: back to SCHEDULED, due now, token and retries kept; the node is told.
+    resolved = await api.stub.ResolveTask(
+        _resolve(again.id, retry, "no charge row"), metadata=api.auth
+    )
+    t = resolved.task
+    assert (t.status, t.fencing_token, t.retry_count) == (common_pb2.TASK_STATUS_SCHEDULED, 1, 0)
+    assert "run again (no charge row)" in t.last_error
+    assert [x.id for x in api.listener.submitted] == [uuid.UUID(again.id)]
+    # A repeat is answered with the task as it is, writing nothing, telling nobody.
+    repeat = await api.stub.ResolveTask(_resolve(again.id, retry), metadata=api.auth)
+    assert repeat.task.status == common_pb2.TASK_STATUS_SCHEDULED
+    assert len(api.listener.submitted) == 1
+    info = await _refused(
+        api.stub.ResolveTask(_resolve(again.id, fail), metadata=api.auth),
+        grpc.StatusCode.FAILED_PRECONDITION,
+    )
+    assert info.reason == "NOTHING_TO_RESOLVE"
+
+    # MARK_FAILED: DEAD_LETTER with the reason; the attempt records the resolution.
+    marked = await api.stub.ResolveTask(
+        _resolve(failed.id, fail, "charged twice already"), metadata=api.auth
+    )
+    assert marked.task.status == common_pb2.TASK_STATUS_DEAD_LETTER
+    assert marked.task.last_error == "marked failed by an operator: charged twice already"
+    got = await api.stub.GetTask(
+        task_service_pb2.GetTaskRequest(id=failed.id, include_attempts=True), metadata=api.auth
+    )
+    [attempt] = got.attempts
+    assert attempt.state == common_pb2.ATTEMPT_STATE_OUTCOME_UNKNOWN
+    assert attempt.resolution == common_pb2.RESOLUTION_MARK_FAILED
+    assert "charged twice already" in attempt.error
+
+    # A task that was never unknown has nothing to resolve.
+    plain = (await api.submit(Req(type="t"))).task
+    info = await _refused(
+        api.stub.ResolveTask(_resolve(plain.id, retry), metadata=api.auth),
+        grpc.StatusCode.FAILED_PRECONDITION,
+    )
+    assert info.reason == "NOTHING_TO_RESOLVE" and "SCHEDULED" in info.message
+
+
+async def test_retry_and_cancel_of_an_outcome_unknown_task(api: Api) -> None:
+    retried = (await api.submit(Req(type="t"))).task
+    cancelled = (await api.submit(Req(type="t"))).task
+    for task in (retried, cancelled):
+        await _outcome_unknown(api, task)
+    # RetryTask on it is a RETRY resolution, recorded as such.
+    t = (
+        await api.stub.RetryTask(
+            task_service_pb2.RetryTaskRequest(id=retried.id), metadata=api.auth
+        )
+    ).task
+    assert t.status == common_pb2.TASK_STATUS_SCHEDULED
+    got = await api.stub.GetTask(
+        task_service_pb2.GetTaskRequest(id=retried.id, include_attempts=True), metadata=api.auth
+    )
+    assert [a.resolution for a in got.attempts] == [common_pb2.RESOLUTION_RETRY]
+    # CancelTask ends it at once (nothing runs it).
+    c = (
+        await api.stub.CancelTask(
+            task_service_pb2.CancelTaskRequest(id=cancelled.id, reason="not needed"),
+            metadata=api.auth,
+        )
+    ).task
+    assert c.status == common_pb2.TASK_STATUS_CANCELLED and c.last_error == "not needed"

@@ -12,6 +12,7 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
+import psycopg
 import pytest
 
 from chronoshard import cli
@@ -262,6 +263,25 @@ async def test_payload_file_wait_attempts_and_retry(
     assert refused.code == cli.EXIT_FAILURE and "INVALID_TRANSITION" in refused.err
     finished = await run(capsys, "tasks", "cancel", completed_id, *common)
     assert finished.code == cli.EXIT_FAILURE and "TASK_ALREADY_FINISHED" in finished.err
+
+    # tasks resolve: only an OUTCOME_UNKNOWN task (made so here as the reconciler would).
+    nothing = await run(capsys, "tasks", "resolve", completed_id, "--retry", *common)
+    assert nothing.code == cli.EXIT_FAILURE and "NOTHING_TO_RESOLVE" in nothing.err
+    with pytest.raises(SystemExit) as no_choice:  # --retry or --fail is required
+        await run(capsys, "tasks", "resolve", completed_id, *common)
+    assert no_choice.value.code == cli.EXIT_USAGE
+    with psycopg.connect(cluster.dsn, autocommit=True) as conn:
+        conn.execute(
+            "UPDATE tasks SET status = 'OUTCOME_UNKNOWN', lease_expires_at = NULL WHERE id = %s",
+            (task_id,),
+        )
+    held = await run(capsys, "tasks", "ls", "--status", "outcome_unknown", "-o", "json", *common)
+    assert [t["id"] for t in held.json()["tasks"]] == [task_id]
+    resolved = await run(
+        capsys, "tasks", "resolve", task_id, "--fail", "--reason", "done by hand", *common
+    )
+    assert resolved.code == cli.EXIT_OK, resolved.err
+    assert resolved.out.strip() == f"resolved {task_id}: DEAD_LETTER"
 
 
 async def test_status_and_drain(

@@ -26,10 +26,13 @@ from chronoshard.scheduler.dispatch_store import (
     Beat,
     Completion,
     DispatchStore,
+    Failure,
     Intent,
     Outcome,
+    Release,
     TimerTask,
 )
+from chronoshard.scheduler.failures import FailureReport
 from chronoshard.scheduler.ids import new_task_id
 from chronoshard.scheduler.jitter import JitterMode
 from chronoshard.scheduler.models import NewTask, Task, Tenant
@@ -44,6 +47,7 @@ EPOCH = 100
 SHARD_COUNT = 8
 CONFIG = SchedulerConfig()
 ACK_S = CONFIG.workers.ack_timeout_s
+MARGIN_S = CONFIG.workers.lease_margin_s
 
 
 class Sessions:
@@ -169,31 +173,23 @@ async def _backdate(store: Store, task_id: uuid.UUID, seconds: float) -> None:
     )
 
 
-async def _expire_lease(store: Store, task_id: uuid.UUID) -> None:
+async def _expire_lease(store: Store, task_id: uuid.UUID, ago_s: float = MARGIN_S + 1) -> None:
+    """The lease ran out ``ago_s`` ago (by default: longer ago than the margin)."""
     await _sql(
         store,
-        "UPDATE tasks SET lease_expires_at = now() - interval '1 second' WHERE id = %s",
-        task_id,
-    )
-
-
-async def _seen(store: Store, worker_id: str, ago_s: float = 0) -> None:
-    await ReconcileStore(store).touch_worker_sessions("node-a", [worker_id])
-    await _sql(
-        store,
-        "UPDATE worker_sessions SET last_seen_at = now() - make_interval(secs => %s)"
-        " WHERE worker_id = %s",
+        "UPDATE tasks SET lease_expires_at = now() - make_interval(secs => %s) WHERE id = %s",
         ago_s,
-        worker_id,
+        task_id,
     )
 
 
 async def test_unacknowledged_dispatch_the_session_never_got_is_redispatched(
     store: Store, runs: DispatchStore, tenant: Tenant
 ) -> None:
+    # Not idempotent: the node knows the attempt never ran, so it runs again all the same
+    # (a crash between intent and send must not need an operator).
     new = await _submit(store, tenant)
     [first] = await _dispatch(runs)
-    await _seen(store, "w1")
     sessions, wheel = Sessions(), Wheel()
     reconciler, _ = _reconciler(store, sessions, wheel)
 
@@ -224,32 +220,95 @@ async def test_unacknowledged_dispatch_the_session_never_got_is_redispatched(
     assert attempts[0].finished_at is not None and "not acknowledged" in (attempts[0].error or "")
 
 
-async def test_expired_lease_idempotent_redispatched_non_idempotent_held_until_worker_gone(
+async def test_expired_lease_idempotent_redispatched_non_idempotent_outcome_unknown(
     store: Store, runs: DispatchStore, tenant: Tenant
 ) -> None:
     idem = await _submit(store, tenant, idempotent=True)
     plain = await _submit(store, tenant)
+    young = await _submit(store, tenant, idempotent=True)
     await _dispatch(runs)
     for task_id in (idem.id, plain.id):
         await _expire_lease(store, task_id)
-    await _seen(store, "w1")  # its worker still has a session somewhere
+    # Expired, but not yet by the margin: its worker may still be stopping it.
+    await _expire_lease(store, young.id, ago_s=MARGIN_S / 2)
     sessions, wheel = Sessions(), Wheel()
+    sessions.known[plain.id] = True  # its worker's live session here holds it: no matter
     reconciler, _ = _reconciler(store, sessions, wheel)
 
     report = await reconciler.reconcile_once()
     assert [t.id for t in wheel.ready] == [idem.id]
-    assert (report.redispatched, report.held) == (1, 1)
-    assert reconciler.stalled == 1
-    assert (await _row(store, plain.id))["status"] == "DISPATCHED"
-
-    # Its session closed longer ago than the session timeout, on every node: gone.
-    await _seen(store, "w1", ago_s=CONFIG.workers.session_timeout_s + 1)
-    report = await reconciler.reconcile_once()
-    assert [t.id for t in wheel.ready] == [idem.id, plain.id]
-    assert (report.redispatched, report.held, reconciler.stalled) == (1, 0, 0)
+    assert (report.redispatched, report.outcome_unknown) == (1, 1)
+    assert reconciler.outcome_unknown == 1
+    assert reconciler.stats["outcome_unknown"] == 1
+    # The next pass is due when the young lease's margin is over (about half a margin).
+    assert report.next_pass_in_s <= MARGIN_S / 2 + 0.1
+    row = await _row(store, plain.id)
+    assert (row["status"], row["worker_id"], row["fencing_token"]) == ("OUTCOME_UNKNOWN", "w1", 1)
+    assert row["lease_expires_at"] is None and "outcome unknown" in row["last_error"]
     [attempt] = await store.get_attempts(plain.id)
-    assert attempt.state is AttemptState.ABANDONED
-    assert "session is gone" in (attempt.error or "")
+    assert attempt.state is AttemptState.OUTCOME_UNKNOWN and attempt.finished_at is not None
+    assert "not idempotent" in (attempt.error or "")
+    assert (await _row(store, young.id))["status"] == "DISPATCHED"
+
+    # Held across passes (counted by the gauge), never dispatched again on its own.
+    report = await reconciler.reconcile_once()
+    assert report.outcome_unknown == 0 and reconciler.outcome_unknown == 1
+    assert plain.id not in {t.id for t in wheel.ready}
+
+
+@pytest.mark.parametrize("settlement", ["complete", "fail", "release"])
+async def test_a_late_settlement_of_the_same_attempt_makes_the_outcome_known(
+    store: Store, runs: DispatchStore, tenant: Tenant, settlement: str
+) -> None:
+    new = await _submit(store, tenant, max_retries=1)
+    [task] = await _dispatch(runs)
+    await _expire_lease(store, new.id)
+    reconciler, _ = _reconciler(store, Sessions(), Wheel())
+    assert (await reconciler.reconcile_once()).outcome_unknown == 1
+    # A stale token is still refused, and changes nothing.
+    assert await runs.complete([Completion(task.ref, 2, None)]) == {
+        new.id: Outcome.STALE_FENCING_TOKEN
+    }
+    # A late ack says nothing about the outcome: OK, and the row stays held.
+    assert await runs.ack([Beat(task.ref, 1, None)]) == {new.id: Outcome.OK}
+    assert (await _row(store, new.id))["status"] == "OUTCOME_UNKNOWN"
+    if settlement == "complete":
+        outcome = await runs.complete([Completion(task.ref, 1, '{"done": true}')])
+        expected = ("COMPLETED", AttemptState.SUCCEEDED)
+    elif settlement == "fail":
+        report = FailureReport(retryable=True, timed_out=False, cancelled=False)
+        failed = await runs.fail([Failure(task.ref, 1, "boom", report)], datetime.now(UTC))
+        outcome = failed.outcomes
+        expected = ("RETRYING", AttemptState.FAILED)
+    else:
+        outcome, ready = await runs.release(
+            [Release(task.ref, 1, None, AttemptState.ABANDONED, "never started")]
+        )
+        assert [t.id for t in ready] == [new.id]
+        expected = ("PRELOADED", AttemptState.ABANDONED)
+    assert outcome == {new.id: Outcome.OK}
+    row = await _row(store, new.id)
+    [attempt] = await store.get_attempts(new.id)
+    assert (row["status"], attempt.state) == expected
+    # Its repeat is an idempotent OK, as for any settlement.
+    if settlement == "complete":
+        assert await runs.complete([Completion(task.ref, 1, None)]) == {new.id: Outcome.OK}
+
+
+async def test_a_heartbeat_for_a_lease_past_its_margin_is_refused(
+    store: Store, runs: DispatchStore, tenant: Tenant
+) -> None:
+    """Once lease + margin passed the attempt is the reconciler's, even before a pass ran:
+    a worker that did not fence itself is told to stop, the lease is not revived."""
+    late = await _submit(store, tenant)
+    inside = await _submit(store, tenant)
+    tasks = {t.id: t for t in await _dispatch(runs)}
+    await _expire_lease(store, late.id)
+    await _expire_lease(store, inside.id, ago_s=MARGIN_S / 2)
+    beats = [Beat(tasks[i].ref, 1, None) for i in (late.id, inside.id)]
+    update = await runs.extend_leases(beats, lease_s=30, margin_s=MARGIN_S)
+    assert update.extended == {inside.id}
+    assert (await _row(store, late.id))["lease_expires_at"] < datetime.now(UTC)
 
 
 async def test_expired_lease_with_a_cancel_request_ends_cancelled(
@@ -264,7 +323,6 @@ async def test_expired_lease_with_a_cancel_request_ends_cancelled(
         new.id,
     )
     await _expire_lease(store, new.id)
-    await _seen(store, "w1")
     wheel = Wheel()
     reconciler, _ = _reconciler(store, Sessions(), wheel)
     report = await reconciler.reconcile_once()
@@ -306,18 +364,20 @@ async def test_a_completion_between_the_read_and_the_write_wins(
 async def test_a_heartbeat_between_the_read_and_the_write_wins(
     store: Store, runs: DispatchStore, tenant: Tenant
 ) -> None:
-    new = await _submit(store, tenant, idempotent=True)
+    new = await _submit(store, tenant)
     [task] = await _dispatch(runs)
-    await _expire_lease(store, new.id)
+    await _backdate(store, new.id, ACK_S + 1)
     reconcile_store = ReconcileStore(store)
     scan = await reconcile_store.scan_inflight(
-        [SHARD], ack_timeout_s=ACK_S, lease_s=30, session_timeout_s=15, limit=10
+        [SHARD], ack_timeout_s=ACK_S, lease_s=30, lease_margin_s=MARGIN_S, limit=10
     )
     [row] = scan.rows
-    # The worker was only slow: its heartbeat lands before the reconciler's write.
+    decision = decide(row, scan.now, ack_timeout_s=ACK_S, lease_margin_s=MARGIN_S, knows=False)
+    assert decision.target is not None, "never delivered, as far as the session knows"
+    # The worker had it after all (through a stream this node does not see): its
+    # heartbeat lands before the reconciler's write.
     update = await runs.extend_leases([Beat(task.ref, task.fencing_token, None)], lease_s=30)
     assert update.extended == {new.id}
-    decision = decide(row, scan.now, ack_timeout_s=ACK_S, knows=None)
     result = await reconcile_store.repair({SHARD: EPOCH}, [Repair(row, decision)])
     assert result.applied == frozenset() and result.ready == []
     assert (await _row(store, new.id))["status"] == "DISPATCHED"
@@ -366,6 +426,7 @@ async def test_a_revoked_heartbeat_marks_the_abandoned_attempt_fenced(
     await reconciler.reconcile_once()
     update = await runs.extend_leases([Beat(zombie.ref, 1, None)], lease_s=30)
     assert update.extended == frozenset()
+    assert zombie.fencing_token == 1
     [attempt] = await store.get_attempts(new.id)
     assert attempt.state is AttemptState.FENCED
     assert "lease expired" in (attempt.error or "") and "superseded" in (attempt.error or "")
@@ -496,7 +557,12 @@ async def test_preloader_and_reconciler_queries_read_only_live_rows(
         ),
         "scan_inflight": (
             reconcile_sql["scan_inflight"],
-            {"shards": shards, "horizon_s": 20.0, "session_timeout_s": 15.0, "limit": 1000},
+            {"shards": shards, "horizon_s": 20.0, "margin_s": 2.0, "limit": 1000},
+            "tasks_inflight_idx",
+        ),
+        "pass_state": (
+            reconcile_sql["pass_state"],
+            {"shards": shards, "margin_s": 2.0},
             "tasks_inflight_idx",
         ),
     }
@@ -539,8 +605,10 @@ async def test_preloader_and_reconciler_queries_read_only_live_rows(
             }
             used = {i for i in indexes if i.startswith("tasks")}
             assert index in used, f"{name} uses {used}"
-            # Row lookups by key may use the primary key or the id index.
-            assert used <= {index, "tasks_pkey", "tasks_id_idx"}, f"{name} uses {used}"
+            # Row lookups by key may use the primary key or the id index; the gauge's
+            # count reads the (empty here) partial index of held tasks.
+            allowed = {index, "tasks_pkey", "tasks_id_idx", "tasks_outcome_unknown_idx"}
+            assert used <= allowed, f"{name} uses {used}"
         for name, (query, bound) in writing.items():
             scans = await _plan(conn, query, bound)
             touched = {s["Relation Name"] for s in scans if "Relation Name" in s}

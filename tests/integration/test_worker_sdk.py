@@ -41,7 +41,9 @@ from chronoshard.v1 import (
 from chronoshard.wire import error_info_metadata
 from chronoshard.worker import (
     DrainReport,
+    LeaseLost,
     NonRetryableError,
+    StopReason,
     TaskContext,
     Worker,
 )
@@ -157,7 +159,14 @@ class FakeScheduler(
 ):
     """Scripted scheduler double (see the module docstring: not the real scheduler)."""
 
-    def __init__(self, *, slots: int | None = None, heartbeat_interval_s: float = 0.1) -> None:
+    def __init__(
+        self,
+        *,
+        slots: int | None = None,
+        heartbeat_interval_s: float = 0.1,
+        lease_s: float = 30.0,
+        lease_margin_s: float | None = None,
+    ) -> None:
         self.address = ""
         self.node_id = "fake-node"
         self.extra_nodes: list[admin_service_pb2.Node] = []
@@ -166,6 +175,11 @@ class FakeScheduler(
         self.unary: list[tuple[str, Any]] = []
         self.topology_calls = 0
         self.heartbeat_interval_s = heartbeat_interval_s
+        self.lease_s = lease_s
+        self.lease_margin_s = lease_margin_s
+        # False: heartbeats reach the fake but are never answered (as when the node cannot
+        # commit them, or the replies cannot reach the worker).
+        self.answer_heartbeats = True
         self.auto_receipts = True
         self.receipt_errors: dict[tuple[str, str], common_pb2.ErrorInfo] = {}
         self.unary_errors: dict[tuple[str, str], common_pb2.ErrorInfo] = {}
@@ -266,7 +280,10 @@ class FakeScheduler(
                     heartbeat_interval=duration_pb2.Duration(
                         nanos=int(self.heartbeat_interval_s * 1e9)
                     ),
-                    lease_duration=duration_pb2.Duration(seconds=30),
+                    lease_duration=_duration(self.lease_s),
+                    lease_margin=None
+                    if self.lease_margin_s is None
+                    else _duration(self.lease_margin_s),
                     accepts_batches=self.accepts_batches,
                 )
             )
@@ -280,13 +297,13 @@ class FakeScheduler(
             session.send(credit_return=pb.CreditReturn(credits=returned))
         elif which == "drain_started":
             session.credits = 0
-        elif which == "heartbeat":
+        elif which == "heartbeat" and self.answer_heartbeats:
             revoked = [
                 pb.RevokedTask(task=r.task, fencing_token=r.fencing_token, reason="CANCELLED")
                 for r in msg.heartbeat.running
                 if _task_of(r) in self.revoked
             ]
-            session.send(heartbeat_reply=pb.HeartbeatReply(revoked=revoked))
+            session.send(heartbeat_reply=pb.HeartbeatReply(revoked=revoked, seq=msg.heartbeat.seq))
         elif which in _KIND:
             settled = getattr(msg, which)
             if which != "ack":
@@ -322,6 +339,11 @@ class FakeScheduler(
     async def Release(self, request: pb.ReleaseRequest, context: Any) -> pb.ReleaseResponse:
         await self._unary("release", request, context)
         return pb.ReleaseResponse()
+
+
+def _duration(seconds: float) -> duration_pb2.Duration:
+    whole = int(seconds)
+    return duration_pb2.Duration(seconds=whole, nanos=round((seconds - whole) * 1e9))
 
 
 def _msg(request: Any) -> Any:
@@ -608,6 +630,123 @@ async def test_revoked_token_stops_the_handler_and_settles_nothing(
     assert saw_cancelled == [True]
     assert (zombie[0].task_id, zombie[0].token) == (task_id, 9)
     assert worker.stats()["outcomes"]["abandoned"] == 1
+
+
+# ---- worker self-fencing --------------------------------------------------------------
+
+LEASE_S = 0.8
+MARGIN_S = 0.3
+# A run's lease lapses lease - margin after its assignment arrives, unless renewed; the
+# worker notices within its timer's precision plus the loop's scheduling on a busy host.
+FENCE_SLACK_S = 1.0
+
+
+async def test_a_run_no_node_renews_is_stopped_at_lease_minus_margin_and_settles_nothing(
+    logs: LogCapture,
+) -> None:
+    """Worker self-fencing: heartbeats go out but no reply comes (as behind a partition).
+    At lease - margin the worker cancels the handler, its writes are refused, and it sends
+    nothing about the attempt: the node decides after lease + margin."""
+    async with serve(FakeScheduler(lease_s=LEASE_S, lease_margin_s=MARGIN_S)) as fake:
+        fake.answer_heartbeats = False
+        worker = make_worker(fake)
+        seen: list[tuple[StopReason | None, bool, float]] = []
+
+        @worker.task("long")
+        async def long(ctx: TaskContext) -> str:
+            try:
+                await asyncio.Event().wait()
+            finally:
+                seen.append((ctx.cancel_reason, ctx.holds_lease, time.monotonic()))
+            return "unreachable"
+
+        async with running(worker):
+            session = await fake.session_with_credit()
+            assigned_at = time.monotonic()
+            task_id = session.assign("long", token=3)
+            await fake.wait_for(lambda: seen, timeout_s=LEASE_S + 5)
+            lost = await fake.wait_for(lambda: logs.events("lease_lost"))
+            # Still heartbeating the node for other runs, never for this one again.
+            beats = len(session.of("heartbeat"))
+            await fake.wait_for(lambda: len(session.of("heartbeat")) >= beats + 2)
+            assert all(r.task.id != task_id for r in session.of("heartbeat")[-1].running)
+            await fake.wait_for(lambda: worker.running == 0)
+            assert fake.settlements_for(task_id) == []
+        [(reason, held, stopped_at)] = seen
+        assert (reason, held) == (StopReason.LEASE_LOST, False)
+        fenced_after_s = stopped_at - assigned_at
+        assert LEASE_S - MARGIN_S - 0.05 <= fenced_after_s <= LEASE_S - MARGIN_S + FENCE_SLACK_S
+        assert (lost[0].task_id, lost[0].token) == (task_id, 3)
+        assert worker.stats()["outcomes"]["lease_lost"] == 1
+
+
+async def test_heartbeat_replies_keep_a_long_run_s_lease() -> None:
+    async with serve(FakeScheduler(lease_s=LEASE_S, lease_margin_s=MARGIN_S)) as fake:
+        worker = make_worker(fake)
+
+        @worker.task("long")
+        async def long(ctx: TaskContext) -> float:
+            await asyncio.sleep(3 * LEASE_S)
+            ctx.check_lease()
+            remaining = ctx.lease_remaining_s
+            assert remaining is not None
+            return remaining
+
+        async with running(worker):
+            session = await fake.session_with_credit()
+            task_id = session.assign("long")
+            settled = await fake.wait_for(lambda: fake.settlements_for(task_id), 4 * LEASE_S + 5)
+        [(kind, complete)] = settled
+        assert kind == "complete"
+        assert 0 < json.loads(complete.result_json) <= LEASE_S - MARGIN_S
+
+
+async def test_a_sync_handler_past_its_lease_is_refused_its_write_and_keeps_its_slot() -> None:
+    async with serve(FakeScheduler(lease_s=LEASE_S, lease_margin_s=MARGIN_S)) as fake:
+        fake.answer_heartbeats = False
+        worker = make_worker(fake, slots=1)
+        refused = threading.Event()
+        go_on = threading.Event()
+
+        @worker.task("blocking")
+        def blocking(ctx: TaskContext) -> str:
+            go_on.wait(10)  # a blocking call that ignores ctx.cancelled
+            try:
+                ctx.check_lease()
+            except LeaseLost:
+                refused.set()
+                raise
+            return "wrote"
+
+        async with running(worker):
+            session = await fake.session_with_credit()
+            task_id = session.assign("blocking")
+            await asyncio.sleep(LEASE_S)  # past lease - margin, the thread still blocked
+            # The thread cannot be stopped: it keeps the worker's only slot meanwhile.
+            assert worker.running == 1 and session.credits == 0
+            go_on.set()
+            await fake.wait_for(lambda: refused.is_set() and worker.running == 0)
+            assert fake.settlements_for(task_id) == []
+
+
+async def test_a_lease_lost_before_the_start_gives_the_task_back_unrun() -> None:
+    async with serve(FakeScheduler(lease_s=LEASE_S, lease_margin_s=MARGIN_S)) as fake:
+        fake.answer_heartbeats = False
+        worker = make_worker(fake)
+        ran: list[bool] = []
+
+        @worker.task("later")
+        async def later(ctx: TaskContext) -> None:
+            ran.append(True)
+
+        async with running(worker):
+            session = await fake.session_with_credit()
+            # Due beyond the lease (a worker clock behind the node's): it lapses first.
+            task_id = session.assign("later", due_in_s=3 * LEASE_S)
+            settled = await fake.wait_for(lambda: fake.settlements_for(task_id), LEASE_S + 5)
+        [(kind, release)] = settled
+        assert kind == "release" and release.reason == pb.RELEASE_REASON_CANNOT_RUN
+        assert "lease lost before the handler started" in release.detail and ran == []
 
 
 async def test_stale_receipt_is_dropped_with_a_zombie_warning(

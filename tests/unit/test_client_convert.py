@@ -44,6 +44,7 @@ from chronoshard.types import (
     AttemptState,
     JitterMode,
     Priority,
+    Resolution,
     RetryPolicy,
     Task,
     TaskAttempt,
@@ -112,9 +113,10 @@ def full_attempt_pb() -> common_pb2.TaskAttempt:
     msg = common_pb2.TaskAttempt(
         attempt=2,
         fencing_token=5,
-        state=common_pb2.ATTEMPT_STATE_TIMED_OUT,
+        state=common_pb2.ATTEMPT_STATE_OUTCOME_UNKNOWN,
         worker_id="w-1",
-        error="timed out after 30 s",
+        error="lease expired with no settlement",
+        resolution=common_pb2.RESOLUTION_RETRY,
     )
     msg.entered_at.CopyFrom(_ts(T0))
     msg.finished_at.CopyFrom(_ts(T0 + timedelta(seconds=30)))
@@ -173,11 +175,12 @@ def test_task_from_pb_reads_values_as_python_types() -> None:
         TaskAttempt(
             attempt=2,
             fencing_token=5,
-            state=AttemptState.TIMED_OUT,
+            state=AttemptState.OUTCOME_UNKNOWN,
             worker_id="w-1",
             entered_at=T0,
             finished_at=T0 + timedelta(seconds=30),
-            error="timed out after 30 s",
+            error="lease expired with no settlement",
+            resolution=Resolution.RETRY,
         ),
     )
 
@@ -210,6 +213,7 @@ def test_minimal_task_reads_absent_values_as_none() -> None:
         (Priority, common_pb2.Priority, "PRIORITY_", True),
         (JitterMode, common_pb2.JitterMode, "JITTER_MODE_", True),
         (AttemptState, common_pb2.AttemptState, "ATTEMPT_STATE_", False),
+        (Resolution, common_pb2.Resolution, "RESOLUTION_", False),
     ],
 )
 def test_enums_match_the_proto_one_to_one(
@@ -235,6 +239,7 @@ def test_task_status_matches_design_names() -> None:
         "DEAD_LETTER",
         "CANCELLED",
         "UPSTREAM_FAILED",
+        "OUTCOME_UNKNOWN",
     ]
     assert {s for s in TaskStatus if s.is_terminal} == {
         TaskStatus.COMPLETED,

@@ -118,6 +118,7 @@ def test_task_status_names_match_design_state_machine() -> None:
         "DEAD_LETTER",
         "CANCELLED",
         "UPSTREAM_FAILED",
+        "OUTCOME_UNKNOWN",
     }
     assert common_pb2.TaskStatus.Name(0) == "TASK_STATUS_UNSPECIFIED"
 
@@ -137,6 +138,7 @@ def test_services_expose_their_rpcs() -> None:
             "ListTasks",
             "CancelTask",
             "RetryTask",
+            "ResolveTask",
         )
     }
     assert methods(worker_service_pb2, "WorkerService") == {

@@ -16,7 +16,9 @@ from chronoshard.scheduler.config import SchedulerConfig
 from chronoshard.scheduler.dispatch_store import TimerTask
 from chronoshard.scheduler.models import Priority
 from chronoshard.scheduler.reconciler import (
+    MIN_PASS_GAP_S,
     Cause,
+    Decision,
     InFlight,
     Reconciler,
     Repair,
@@ -27,6 +29,7 @@ from chronoshard.scheduler.reconciler import (
     Scan,
     Verdict,
     decide,
+    next_pass_in_s,
     workflow_outcome,
 )
 from chronoshard.scheduler.sharding import shard_of
@@ -35,6 +38,7 @@ from chronoshard.scheduler.states import AttemptState, TaskStatus
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 ACK_S = 10.0
 LEASE_S = 30.0
+MARGIN_S = 2.0
 
 
 def _row(
@@ -44,7 +48,6 @@ def _row(
     untouched_s: float = 0.0,
     idempotent: bool = False,
     cancel_requested: bool = False,
-    worker_gone: bool = False,
     shard: int = 1,
     task_id: uuid.UUID | None = None,
 ) -> InFlight:
@@ -69,20 +72,28 @@ def _row(
         cancel_requested=cancel_requested,
         lease_expires_at=None if lease_in_s is None else NOW + timedelta(seconds=lease_in_s),
         updated_at=NOW - timedelta(seconds=untouched_s),
-        worker_gone=worker_gone,
     )
 
 
+def _decision(row: InFlight, knows: bool | None = None, now: datetime = NOW) -> Decision:
+    return decide(row, now, ack_timeout_s=ACK_S, lease_margin_s=MARGIN_S, knows=knows)
+
+
 def _decide(row: InFlight, knows: bool | None = None, now: datetime = NOW) -> Verdict:
-    return decide(row, now, ack_timeout_s=ACK_S, knows=knows).verdict
+    return _decision(row, knows, now).verdict
 
 
-# ---- examples: one per rule of DESIGN §8 ---------------------------------------------------
+def _past_margin(row: InFlight, now: datetime = NOW) -> bool:
+    """The lease ran out at least the margin ago (or there is none)."""
+    return row.lease_expires_at is None or row.lease_expires_at + timedelta(seconds=MARGIN_S) <= now
+
+
+# ---- examples: one per rule of DESIGN §8 (as issue 12 amended it) ---------------------------
 
 
 def test_unacknowledged_dispatch_unknown_to_the_session_is_given_back() -> None:
     row = _row(untouched_s=ACK_S + 1)
-    decision = decide(row, NOW, ack_timeout_s=ACK_S, knows=False)
+    decision = _decision(row, knows=False)
     assert decision.verdict is Verdict.REDISPATCH
     assert decision.target is TaskStatus.PRELOADED
     assert decision.attempt_state is AttemptState.ABANDONED
@@ -93,10 +104,9 @@ def test_unacknowledged_dispatch_the_session_knows_waits_for_its_lease() -> None
     assert _decide(_row(untouched_s=ACK_S + 1), knows=True) is Verdict.KEEP
 
 
-def test_unacknowledged_dispatch_with_no_session_here_waits_unless_the_worker_is_gone() -> None:
+def test_unacknowledged_dispatch_with_no_session_here_waits_for_its_lease() -> None:
+    # No session here is no evidence: the worker may hold it behind a partition.
     assert _decide(_row(untouched_s=ACK_S + 1), knows=None) is Verdict.KEEP
-    gone = _row(untouched_s=ACK_S + 1, worker_gone=True)
-    assert _decide(gone, knows=None) is Verdict.REDISPATCH
 
 
 def test_a_young_dispatch_is_left_alone_even_if_the_session_does_not_know_it() -> None:
@@ -104,37 +114,52 @@ def test_a_young_dispatch_is_left_alone_even_if_the_session_does_not_know_it() -
     assert _decide(_row(untouched_s=ACK_S - 1), knows=False) is Verdict.KEEP
 
 
-def test_expired_lease_of_an_idempotent_task_is_redispatched() -> None:
-    row = _row(status=TaskStatus.RUNNING, lease_in_s=-1, idempotent=True)
-    decision = decide(row, NOW, ack_timeout_s=ACK_S, knows=True)
+def test_expired_lease_of_an_idempotent_task_is_redispatched_after_the_margin() -> None:
+    row = _row(status=TaskStatus.RUNNING, lease_in_s=-MARGIN_S, idempotent=True)
+    decision = _decision(row, knows=True)
     assert decision.verdict is Verdict.REDISPATCH
     assert decision.cause is Cause.LEASE_EXPIRED
     assert decision.target is TaskStatus.PRELOADED
 
 
-def test_expired_lease_of_a_non_idempotent_task_is_held_until_the_worker_is_gone() -> None:
-    row = _row(status=TaskStatus.RUNNING, lease_in_s=-1)
-    assert _decide(row, knows=True) is Verdict.HOLD
-    assert _decide(row, knows=None) is Verdict.HOLD
-    assert _decide(replace(row, worker_gone=True), knows=None) is Verdict.REDISPATCH
+def test_a_lease_inside_its_margin_is_left_alone() -> None:
+    # The worker stops the attempt the margin before its lease runs out; the node waits
+    # the margin after, so the two never overlap.
+    for idempotent in (True, False):
+        row = _row(status=TaskStatus.RUNNING, lease_in_s=-MARGIN_S + 0.01, idempotent=idempotent)
+        assert _decide(row, knows=None) is Verdict.KEEP
+
+
+def test_expired_lease_of_a_non_idempotent_task_becomes_outcome_unknown() -> None:
+    row = _row(status=TaskStatus.RUNNING, lease_in_s=-MARGIN_S - 1)
+    for knows in (True, False, None):
+        decision = _decision(row, knows=knows)
+        assert decision.verdict is Verdict.OUTCOME_UNKNOWN
+        assert decision.target is TaskStatus.OUTCOME_UNKNOWN
+        assert decision.attempt_state is AttemptState.OUTCOME_UNKNOWN
+        assert decision.cause is Cause.LEASE_EXPIRED
+        assert "outcome unknown" in decision.reason and "w-1" in decision.reason
+    # Never acknowledged, but with no session here that could say it was never sent.
+    unacked = _row(lease_in_s=-MARGIN_S - 1, untouched_s=LEASE_S)
+    assert _decide(unacked, knows=None) is Verdict.OUTCOME_UNKNOWN
 
 
 def test_expired_lease_with_a_cancel_request_ends_cancelled() -> None:
-    row = _row(status=TaskStatus.RUNNING, lease_in_s=-1, cancel_requested=True)
-    decision = decide(row, NOW, ack_timeout_s=ACK_S, knows=True)
+    row = _row(status=TaskStatus.RUNNING, lease_in_s=-MARGIN_S, cancel_requested=True)
+    decision = _decision(row, knows=True)
     assert decision.verdict is Verdict.CANCEL
     assert decision.target is TaskStatus.CANCELLED
     assert decision.attempt_state is AttemptState.CANCELLED
 
 
-def test_lease_expiring_exactly_now_counts_as_expired() -> None:
-    row = _row(status=TaskStatus.RUNNING, lease_in_s=0, idempotent=True)
+def test_lease_plus_margin_reached_exactly_now_counts_as_expired() -> None:
+    row = _row(status=TaskStatus.RUNNING, lease_in_s=-MARGIN_S, idempotent=True)
     assert _decide(row) is Verdict.REDISPATCH
 
 
 def test_rows_that_are_not_in_flight_are_never_touched() -> None:
     for status in set(TaskStatus) - {TaskStatus.DISPATCHED, TaskStatus.RUNNING}:
-        row = _row(status=status, lease_in_s=-100, idempotent=True, worker_gone=True)
+        row = _row(status=status, lease_in_s=-100, idempotent=True)
         assert _decide(row, knows=False) is Verdict.KEEP
 
 
@@ -147,23 +172,65 @@ rows = st.builds(
     untouched_s=st.floats(0, 100),
     idempotent=st.booleans(),
     cancel_requested=st.booleans(),
-    worker_gone=st.booleans(),
 )
 knowledge = st.sampled_from([True, False, None])
 
 
+@st.composite
+def written_rows(draw: st.DrawFn) -> InFlight:
+    """Rows as the writers leave them: the intent and every heartbeat set the lease to
+    ``now + lease`` and touch the row, an ack or a cancel request touches it later, so a
+    lease runs out at most ``LEASE_S`` after the row was last touched, exactly then for a
+    DISPATCHED row nobody asked to cancel."""
+    status = draw(st.sampled_from([TaskStatus.DISPATCHED, TaskStatus.RUNNING]))
+    untouched_s = draw(st.floats(0, 100))
+    cancel_requested = draw(st.booleans())
+    latest_lease_s = LEASE_S - untouched_s
+    if status is TaskStatus.DISPATCHED and not cancel_requested:
+        lease_in_s = latest_lease_s
+    else:
+        lease_in_s = draw(st.floats(-100, latest_lease_s))
+    return _row(
+        status=status,
+        lease_in_s=lease_in_s,
+        untouched_s=untouched_s,
+        idempotent=draw(st.booleans()),
+        cancel_requested=cancel_requested,
+    )
+
+
 @settings(max_examples=300)
 @given(rows, knowledge)
-def test_a_non_idempotent_task_never_runs_again_while_its_worker_may_hold_it(
+def test_a_non_idempotent_task_never_runs_again_unless_it_never_ran(
     row: InFlight, knows: bool | None
 ) -> None:
-    """The one way to double-run a side effect: re-dispatching an attempt a live worker
-    may be executing. Only an unacknowledged dispatch its session never got, or a worker
-    gone everywhere, may be given back."""
+    """The one way to double-run a side effect: re-dispatching an attempt that may have
+    run. Only an unacknowledged dispatch its worker's live session never got may be given
+    back; a lost lease leaves the outcome unknown, however the worker looks."""
     verdict = _decide(row, knows)
     if verdict is Verdict.REDISPATCH and not row.idempotent:
-        never_delivered = row.status is TaskStatus.DISPATCHED and knows is False
-        assert never_delivered or row.worker_gone
+        assert row.status is TaskStatus.DISPATCHED and knows is False
+        assert (NOW - row.updated_at).total_seconds() >= ACK_S
+
+
+@settings(max_examples=300)
+@given(rows, knowledge)
+def test_nothing_is_given_up_before_lease_plus_margin_unless_it_was_never_delivered(
+    row: InFlight, knows: bool | None
+) -> None:
+    """Worker self-fencing relies on it: the node acts on a lease only the margin after it
+    ran out, by which time the worker stopped the attempt on its own."""
+    if _decide(row, knows) is not Verdict.KEEP and not _past_margin(row):
+        assert row.status is TaskStatus.DISPATCHED and knows is False
+
+
+@settings(max_examples=300)
+@given(rows, knowledge)
+def test_an_unknown_outcome_is_declared_only_for_a_non_idempotent_lost_lease(
+    row: InFlight, knows: bool | None
+) -> None:
+    if _decide(row, knows) is Verdict.OUTCOME_UNKNOWN:
+        assert not row.idempotent and not row.cancel_requested and _past_margin(row)
 
 
 @settings(max_examples=300)
@@ -172,7 +239,9 @@ def test_a_cancel_request_is_never_followed_by_another_run(
     row: InFlight, knows: bool | None
 ) -> None:
     if row.cancel_requested:
-        assert _decide(row, knows) is not Verdict.REDISPATCH
+        assert _decide(row, knows) not in (Verdict.REDISPATCH, Verdict.OUTCOME_UNKNOWN) or (
+            row.status is TaskStatus.DISPATCHED and knows is False
+        )
 
 
 @settings(max_examples=300)
@@ -180,22 +249,21 @@ def test_a_cancel_request_is_never_followed_by_another_run(
 def test_a_running_attempt_with_a_live_lease_is_never_touched(
     row: InFlight, knows: bool | None
 ) -> None:
-    live = row.lease_expires_at is not None and row.lease_expires_at > NOW
-    if row.status is TaskStatus.RUNNING and live:
+    if row.status is TaskStatus.RUNNING and not _past_margin(row):
         assert _decide(row, knows) is Verdict.KEEP
 
 
 @settings(max_examples=300)
-@given(rows, knowledge, st.floats(0, 1000))
+@given(written_rows(), knowledge, st.floats(0, 1000))
 def test_a_decision_to_act_does_not_go_away_with_time(
     row: InFlight, knows: bool | None, later_s: float
 ) -> None:
-    """Time only makes things more overdue: what needed repair still does later."""
+    """Time only makes things more overdue: what needed repair still does later, the
+    same way. (With the ack timeout shorter than the lease, as the configuration
+    requires: a never-delivered dispatch is recognised before its lease runs out.)"""
     now = _decide(row, knows)
     later = _decide(row, knows, NOW + timedelta(seconds=later_s))
     if now is not Verdict.KEEP:
-        assert later is not Verdict.KEEP
-    if now is Verdict.REDISPATCH or now is Verdict.CANCEL:
         assert later is now
 
 
@@ -204,15 +272,72 @@ def test_a_decision_to_act_does_not_go_away_with_time(
 def test_every_action_is_a_legal_move_with_a_matching_attempt_state(
     row: InFlight, knows: bool | None
 ) -> None:
-    decision = decide(row, NOW, ack_timeout_s=ACK_S, knows=knows)
+    decision = _decision(row, knows)
     expected = {
         Verdict.REDISPATCH: (TaskStatus.PRELOADED, AttemptState.ABANDONED),
         Verdict.CANCEL: (TaskStatus.CANCELLED, AttemptState.CANCELLED),
-        Verdict.HOLD: (None, None),
+        Verdict.OUTCOME_UNKNOWN: (TaskStatus.OUTCOME_UNKNOWN, AttemptState.OUTCOME_UNKNOWN),
         Verdict.KEEP: (None, None),
     }
     assert (decision.target, decision.attempt_state) == expected[decision.verdict]
     assert (decision.cause is None) == (decision.verdict is Verdict.KEEP)
+
+
+# ---- when the next pass runs ------------------------------------------------------------------
+
+
+def _scan(next_expiry_in_s: float | None) -> Scan:
+    expiry = None if next_expiry_in_s is None else NOW + timedelta(seconds=next_expiry_in_s)
+    return Scan(NOW, [], next_expiry=expiry)
+
+
+def _gap(scan: Scan | None, *, since_start_s: float = 0.0, since_scan_s: float = 0.0) -> float:
+    return next_pass_in_s(
+        scan,
+        interval_s=5.0,
+        lease_s=LEASE_S,
+        lease_margin_s=MARGIN_S,
+        since_start_s=since_start_s,
+        since_scan_s=since_scan_s,
+    )
+
+
+def test_the_next_pass_is_at_the_next_expiry_plus_the_margin_when_that_is_sooner() -> None:
+    assert _gap(_scan(1.5)) == pytest.approx(3.5)
+    assert _gap(_scan(1.5), since_start_s=0.2, since_scan_s=0.1) == pytest.approx(3.4)
+    # Later than the interval: the interval wins, counted from the pass's start.
+    assert _gap(_scan(20.0), since_start_s=0.5) == pytest.approx(4.5)
+    assert _gap(_scan(None), since_start_s=0.5) == pytest.approx(4.5)
+    assert _gap(None) == pytest.approx(5.0)
+
+
+def test_the_gap_is_never_negative_nor_a_busy_loop() -> None:
+    # A lease already inside its margin (expired a moment ago), and an overrun pass.
+    assert _gap(_scan(-MARGIN_S)) == MIN_PASS_GAP_S
+    assert _gap(_scan(None), since_start_s=60.0) == MIN_PASS_GAP_S
+
+
+def test_a_lease_shorter_than_the_interval_caps_the_gap() -> None:
+    # A task dispatched right after this pass expires one lease later: the next pass
+    # must see it before then.
+    gap = next_pass_in_s(None, interval_s=5.0, lease_s=4.0, lease_margin_s=1.0, since_start_s=0.0)
+    assert gap == pytest.approx(4.0)
+
+
+@settings(max_examples=300)
+@given(
+    st.one_of(st.none(), st.floats(-10, 100)),
+    st.floats(0, 10),
+    st.floats(0, 10),
+)
+def test_a_pass_is_never_late_for_an_expiry_it_saw(
+    expiry_in_s: float | None, since_start_s: float, since_scan_s: float
+) -> None:
+    gap = _gap(_scan(expiry_in_s), since_start_s=since_start_s, since_scan_s=since_scan_s)
+    assert MIN_PASS_GAP_S <= gap <= 5.0
+    if expiry_in_s is not None:
+        due_in_s = expiry_in_s + MARGIN_S - since_scan_s
+        assert gap <= max(MIN_PASS_GAP_S, due_in_s) + 1e-6  # timedelta: microseconds
 
 
 # ---- workflow runs --------------------------------------------------------------------------
@@ -256,11 +381,18 @@ class FakeRuns:
         *,
         ack_timeout_s: float,
         lease_s: float,
-        session_timeout_s: float,
+        lease_margin_s: float,
         limit: int,
     ) -> Scan:
         self.scanned_shards = sorted(shards)
-        return Scan(NOW, [r for r in self.rows if r.timer.shard in shards][:limit])
+        mine = [r for r in self.rows if r.timer.shard in shards]
+        live = [
+            r.lease_expires_at
+            for r in mine
+            if r.lease_expires_at is not None
+            and r.lease_expires_at > NOW - timedelta(seconds=lease_margin_s)
+        ]
+        return Scan(NOW, mine[:limit], next_expiry=min(live, default=None), outcome_unknown=4)
 
     async def repair(self, epochs: Mapping[int, int], repairs: Sequence[Repair]) -> RepairResult:
         self.repaired.extend(repairs)
@@ -270,6 +402,9 @@ class FakeRuns:
         return RepairResult(
             ready=[r.row.timer for r in applied if r.decision.verdict is Verdict.REDISPATCH],
             cancelled=[r.row.timer.id for r in applied if r.decision.verdict is Verdict.CANCEL],
+            unknown=[
+                r.row.timer.id for r in applied if r.decision.verdict is Verdict.OUTCOME_UNKNOWN
+            ],
             applied=frozenset(r.row.timer.id for r in applied),
             lost_shards=frozenset(),
         )
@@ -340,31 +475,29 @@ def _reconciler(
 async def test_a_pass_repairs_what_it_decided_and_feeds_the_wheel() -> None:
     unacked = _row(untouched_s=ACK_S + 1)
     expired = _row(status=TaskStatus.RUNNING, lease_in_s=-5, idempotent=True)
-    stalled = _row(status=TaskStatus.RUNNING, lease_in_s=-5)
+    lost = _row(status=TaskStatus.RUNNING, lease_in_s=-5)
     cancelled = _row(status=TaskStatus.RUNNING, lease_in_s=-5, cancel_requested=True)
+    inside_margin = _row(status=TaskStatus.RUNNING, lease_in_s=-1, idempotent=True)
     healthy = _row(status=TaskStatus.RUNNING, lease_in_s=25)
-    runs = FakeRuns([unacked, expired, stalled, cancelled, healthy])
+    runs = FakeRuns([unacked, expired, lost, cancelled, inside_margin, healthy])
     sessions = FakeSessions({unacked.timer.id: False})
     reconciler, wheel, _ = _reconciler(runs, sessions)
 
     report = await reconciler.reconcile_once()
 
-    assert {r.row.timer.id for r in runs.repaired} == {
-        unacked.timer.id,
-        expired.timer.id,
-        cancelled.timer.id,
-    }
+    acted = {unacked.timer.id, expired.timer.id, lost.timer.id, cancelled.timer.id}
+    assert {r.row.timer.id for r in runs.repaired} == acted
     assert {t.id for t in wheel.ready} == {unacked.timer.id, expired.timer.id}
-    assert (report.redispatched, report.cancelled, report.held) == (2, 1, 1)
-    assert reconciler.stalled == 1
+    assert (report.redispatched, report.cancelled, report.outcome_unknown) == (2, 1, 1)
+    # The gauge: what the scan counted (4) plus what this pass added.
+    assert reconciler.outcome_unknown == 5
     assert reconciler.stats["abandoned_unacknowledged"] == 1
     assert reconciler.stats["abandoned_lease_expired"] == 1
     assert reconciler.stats["cancelled"] == 1
-    assert {t for t, _ in sessions.superseded} == {
-        unacked.timer.id,
-        expired.timer.id,
-        cancelled.timer.id,
-    }
+    assert reconciler.stats["outcome_unknown"] == 1
+    assert {t for t, _ in sessions.superseded} == acted
+    # The lease inside its margin (expired 1 s ago) is due in 1 s: the next pass then.
+    assert report.next_pass_in_s == pytest.approx(MARGIN_S - 1, abs=0.05)
 
 
 async def test_a_lost_compare_and_set_feeds_nothing_to_the_wheel() -> None:
@@ -413,3 +546,21 @@ async def test_an_unacknowledged_dispatch_is_kept_while_it_may_be_delivered(
     reconciler, wheel, _ = _reconciler(runs, FakeSessions({row.timer.id: knows}))
     await reconciler.reconcile_once()
     assert runs.repaired == [] and wheel.ready == []
+
+
+async def test_a_full_batch_is_followed_by_the_next_pass_at_once() -> None:
+    rows = [_row(status=TaskStatus.RUNNING, lease_in_s=-5, idempotent=True) for _ in range(3)]
+    runs = FakeRuns(rows)
+    config = SchedulerConfig()
+    config = replace(config, reconcile=replace(config.reconcile, batch_limit=2))
+    reconciler = Reconciler(
+        config,
+        FakeClock(NOW),
+        runs,
+        FakeShards({s: 7 for s in range(SHARDS)}),
+        FakeSessions({}),
+        FakeWheel(),
+        shard_count=SHARDS,
+    )
+    report = await reconciler.reconcile_once()
+    assert report.examined == 2 and report.next_pass_in_s == MIN_PASS_GAP_S

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import re
 from collections import deque
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from chronoshard.scheduler import queries
 from chronoshard.scheduler.errors import InvalidTransition
 from chronoshard.scheduler.states import (
     TERMINAL,
@@ -53,6 +55,16 @@ DESIGN_TABLE: dict[tuple[str, str], str] = {
     ("RETRYING", "CANCEL"): "CANCELLED",
     # DEAD_LETTER-> SCHEDULED (operator retry, new attempt)
     ("DEAD_LETTER", "OPERATOR_RETRY"): "SCHEDULED",
+    # Issue 12 (docs/architecture.md, Decisions): a non-idempotent attempt whose lease ran
+    # out unsettled -> OUTCOME_UNKNOWN, left by its own late settlement or an operator.
+    ("DISPATCHED", "ATTEMPT_LOST"): "OUTCOME_UNKNOWN",
+    ("RUNNING", "ATTEMPT_LOST"): "OUTCOME_UNKNOWN",
+    ("OUTCOME_UNKNOWN", "COMPLETE"): "COMPLETED",
+    ("OUTCOME_UNKNOWN", "FAIL"): "RETRYING",
+    ("OUTCOME_UNKNOWN", "RELEASE"): "PRELOADED",
+    ("OUTCOME_UNKNOWN", "OPERATOR_RETRY"): "SCHEDULED",
+    ("OUTCOME_UNKNOWN", "OPERATOR_FAIL"): "DEAD_LETTER",
+    ("OUTCOME_UNKNOWN", "CANCEL"): "CANCELLED",
 }
 DESIGN_TERMINAL = {"COMPLETED", "CANCELLED", "DEAD_LETTER", "UPSTREAM_FAILED"}
 
@@ -72,11 +84,11 @@ def test_terminal_states_are_design_section_4() -> None:
 def test_stored_strings_are_the_member_names() -> None:
     assert [s.value for s in TaskStatus] == [
         "SCHEDULED", "PRELOADED", "DISPATCHED", "RUNNING", "COMPLETED",
-        "RETRYING", "DEAD_LETTER", "CANCELLED", "UPSTREAM_FAILED",
+        "RETRYING", "DEAD_LETTER", "CANCELLED", "UPSTREAM_FAILED", "OUTCOME_UNKNOWN",
     ]  # fmt: skip
     assert [a.value for a in AttemptState] == [
         "DISPATCHED", "RUNNING", "SUCCEEDED", "FAILED", "TIMED_OUT",
-        "ABANDONED", "RELEASED", "FENCED", "CANCELLED",
+        "ABANDONED", "RELEASED", "FENCED", "CANCELLED", "OUTCOME_UNKNOWN",
     ]  # fmt: skip
     assert all(e.value == e.name for e in TaskEvent)
 
@@ -104,6 +116,10 @@ def test_the_table_cannot_be_modified() -> None:
         (TaskStatus.DEAD_LETTER, TaskEvent.CANCEL),
         (TaskStatus.UPSTREAM_FAILED, TaskEvent.OPERATOR_RETRY),
         (TaskStatus.PRELOADED, TaskEvent.UPSTREAM_FAIL),
+        (TaskStatus.OUTCOME_UNKNOWN, TaskEvent.ACK),  # a late ack settles nothing
+        (TaskStatus.OUTCOME_UNKNOWN, TaskEvent.LEASE_EXPIRED),  # never re-run on its own
+        (TaskStatus.PRELOADED, TaskEvent.ATTEMPT_LOST),  # only an attempt can be lost
+        (TaskStatus.DEAD_LETTER, TaskEvent.OPERATOR_FAIL),
     ],
 )
 def test_invalid_moves_raise(current: TaskStatus, event: TaskEvent) -> None:
@@ -136,13 +152,25 @@ def test_every_status_is_reachable_from_scheduled() -> None:
 def test_store_sources_for_the_hot_path_writes() -> None:
     assert sources(TaskEvent.DISPATCH) == {TaskStatus.PRELOADED}
     assert sources(TaskEvent.ACK) == {TaskStatus.DISPATCHED}
-    assert sources(TaskEvent.RELEASE) == {TaskStatus.DISPATCHED, TaskStatus.RUNNING}
+    # A late Release of an attempt whose outcome became unknown says it never ran (or
+    # resumes from its checkpoint): accepted like any other.
+    assert sources(TaskEvent.RELEASE) == {
+        TaskStatus.DISPATCHED,
+        TaskStatus.RUNNING,
+        TaskStatus.OUTCOME_UNKNOWN,
+    }
     assert sources(TaskEvent.CANCEL) == {
         TaskStatus.SCHEDULED,
         TaskStatus.PRELOADED,
         TaskStatus.DISPATCHED,
         TaskStatus.RUNNING,
         TaskStatus.RETRYING,
+        TaskStatus.OUTCOME_UNKNOWN,
+    }
+    assert sources(TaskEvent.ATTEMPT_LOST) == {TaskStatus.DISPATCHED, TaskStatus.RUNNING}
+    assert sources(TaskEvent.OPERATOR_RETRY) == {
+        TaskStatus.DEAD_LETTER,
+        TaskStatus.OUTCOME_UNKNOWN,
     }
     # The preloader's batch moves both kinds the partial index holds.
     assert sources(TaskEvent.PRELOAD) | sources(TaskEvent.BACKOFF_ELAPSED) == {
@@ -152,15 +180,18 @@ def test_store_sources_for_the_hot_path_writes() -> None:
 
 
 def test_implied_ack_matches_the_completion_write_of_design_section_5() -> None:
-    # DESIGN §5: "... AND status IN ('DISPATCHED','RUNNING')".
-    assert sources(TaskEvent.COMPLETE) == {TaskStatus.RUNNING}
+    # DESIGN §5: "... AND status IN ('DISPATCHED','RUNNING')", plus the late settlement of
+    # an attempt whose outcome had become unknown (sql/dispatch.sql, `complete`).
+    assert sources(TaskEvent.COMPLETE) == {TaskStatus.RUNNING, TaskStatus.OUTCOME_UNKNOWN}
     assert sources(TaskEvent.COMPLETE, implied_ack=True) == {
         TaskStatus.DISPATCHED,
         TaskStatus.RUNNING,
+        TaskStatus.OUTCOME_UNKNOWN,
     }
     assert sources(TaskEvent.FAIL, implied_ack=True) == {
         TaskStatus.DISPATCHED,
         TaskStatus.RUNNING,
+        TaskStatus.OUTCOME_UNKNOWN,
     }
     assert (
         transition(TaskStatus.DISPATCHED, TaskEvent.COMPLETE, implied_ack=True)
@@ -232,3 +263,24 @@ def test_allowed_events_agree_with_transition(status: TaskStatus) -> None:
     for event in TaskEvent:
         allowed = event in allowed_events(status)
         assert allowed == (status in sources(event))
+
+
+@pytest.mark.parametrize(
+    ("statement", "event"),
+    [
+        ("complete", TaskEvent.COMPLETE),
+        ("lock_for_failure", TaskEvent.FAIL),
+        ("apply_failures", TaskEvent.FAIL),
+        ("release", TaskEvent.RELEASE),
+    ],
+)
+def test_the_settlement_statements_start_from_the_states_the_table_allows(
+    statement: str, event: TaskEvent
+) -> None:
+    """sql/dispatch.sql spells each settlement's source states out (a partial index needs
+    literals): they are the state machine's, with the worker's ack taken as read."""
+    text = queries.load("dispatch.sql")[statement]
+    found = re.findall(r"t\.status IN \(([^)]*)\)", text)
+    assert found, statement
+    listed = {s.strip().strip("'") for s in found[-1].split(",")}
+    assert listed == {str(s) for s in sources(event, implied_ack=True)}

@@ -23,6 +23,7 @@ class TaskStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     TASK_STATUS_DEAD_LETTER: _ClassVar[TaskStatus]
     TASK_STATUS_CANCELLED: _ClassVar[TaskStatus]
     TASK_STATUS_UPSTREAM_FAILED: _ClassVar[TaskStatus]
+    TASK_STATUS_OUTCOME_UNKNOWN: _ClassVar[TaskStatus]
 
 class Priority(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -50,6 +51,13 @@ class AttemptState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     ATTEMPT_STATE_ABANDONED: _ClassVar[AttemptState]
     ATTEMPT_STATE_CANCELLED: _ClassVar[AttemptState]
     ATTEMPT_STATE_FENCED: _ClassVar[AttemptState]
+    ATTEMPT_STATE_OUTCOME_UNKNOWN: _ClassVar[AttemptState]
+
+class Resolution(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    RESOLUTION_UNSPECIFIED: _ClassVar[Resolution]
+    RESOLUTION_RETRY: _ClassVar[Resolution]
+    RESOLUTION_MARK_FAILED: _ClassVar[Resolution]
 TASK_STATUS_UNSPECIFIED: TaskStatus
 TASK_STATUS_SCHEDULED: TaskStatus
 TASK_STATUS_PRELOADED: TaskStatus
@@ -60,6 +68,7 @@ TASK_STATUS_RETRYING: TaskStatus
 TASK_STATUS_DEAD_LETTER: TaskStatus
 TASK_STATUS_CANCELLED: TaskStatus
 TASK_STATUS_UPSTREAM_FAILED: TaskStatus
+TASK_STATUS_OUTCOME_UNKNOWN: TaskStatus
 PRIORITY_UNSPECIFIED: Priority
 PRIORITY_CRITICAL: Priority
 PRIORITY_STANDARD: Priority
@@ -78,6 +87,10 @@ ATTEMPT_STATE_RELEASED: AttemptState
 ATTEMPT_STATE_ABANDONED: AttemptState
 ATTEMPT_STATE_CANCELLED: AttemptState
 ATTEMPT_STATE_FENCED: AttemptState
+ATTEMPT_STATE_OUTCOME_UNKNOWN: AttemptState
+RESOLUTION_UNSPECIFIED: Resolution
+RESOLUTION_RETRY: Resolution
+RESOLUTION_MARK_FAILED: Resolution
 
 class TaskRef(_message.Message):
     __slots__ = ("id", "scheduled_at")
@@ -175,7 +188,7 @@ class Task(_message.Message):
     def __init__(self, id: _Optional[str] = ..., tenant_id: _Optional[str] = ..., type: _Optional[str] = ..., status: _Optional[_Union[TaskStatus, str]] = ..., scheduled_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., due_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., priority: _Optional[_Union[Priority, str]] = ..., queue: _Optional[str] = ..., payload_json: _Optional[bytes] = ..., result_json: _Optional[bytes] = ..., last_error: _Optional[str] = ..., attempt: _Optional[int] = ..., fencing_token: _Optional[int] = ..., retry_count: _Optional[int] = ..., max_retries: _Optional[int] = ..., retry_backoff: _Optional[_Union[RetryBackoff, _Mapping]] = ..., timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., strict_timing: _Optional[bool] = ..., idempotent: _Optional[bool] = ..., idempotency_key: _Optional[str] = ..., job_id: _Optional[str] = ..., worker_id: _Optional[str] = ..., lease_expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., checkpoint: _Optional[bytes] = ..., shard: _Optional[int] = ..., trace_context: _Optional[_Mapping[str, str]] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., updated_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finished_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., workflow_id: _Optional[str] = ..., unresolved_dependencies: _Optional[int] = ..., schedule_id: _Optional[str] = ..., logical_date: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class TaskAttempt(_message.Message):
-    __slots__ = ("attempt", "fencing_token", "state", "worker_id", "entered_at", "finished_at", "error")
+    __slots__ = ("attempt", "fencing_token", "state", "worker_id", "entered_at", "finished_at", "error", "resolution")
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
     FENCING_TOKEN_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -183,6 +196,7 @@ class TaskAttempt(_message.Message):
     ENTERED_AT_FIELD_NUMBER: _ClassVar[int]
     FINISHED_AT_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
+    RESOLUTION_FIELD_NUMBER: _ClassVar[int]
     attempt: int
     fencing_token: int
     state: AttemptState
@@ -190,7 +204,8 @@ class TaskAttempt(_message.Message):
     entered_at: _timestamp_pb2.Timestamp
     finished_at: _timestamp_pb2.Timestamp
     error: str
-    def __init__(self, attempt: _Optional[int] = ..., fencing_token: _Optional[int] = ..., state: _Optional[_Union[AttemptState, str]] = ..., worker_id: _Optional[str] = ..., entered_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finished_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., error: _Optional[str] = ...) -> None: ...
+    resolution: Resolution
+    def __init__(self, attempt: _Optional[int] = ..., fencing_token: _Optional[int] = ..., state: _Optional[_Union[AttemptState, str]] = ..., worker_id: _Optional[str] = ..., entered_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finished_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., error: _Optional[str] = ..., resolution: _Optional[_Union[Resolution, str]] = ...) -> None: ...
 
 class ErrorInfo(_message.Message):
     __slots__ = ("code", "reason", "message", "field", "retryable")

@@ -154,3 +154,19 @@ class RetryTaskResponse(_message.Message):
     TASK_FIELD_NUMBER: _ClassVar[int]
     task: _common_pb2.Task
     def __init__(self, task: _Optional[_Union[_common_pb2.Task, _Mapping]] = ...) -> None: ...
+
+class ResolveTaskRequest(_message.Message):
+    __slots__ = ("id", "resolution", "reason")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    RESOLUTION_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    resolution: _common_pb2.Resolution
+    reason: str
+    def __init__(self, id: _Optional[str] = ..., resolution: _Optional[_Union[_common_pb2.Resolution, str]] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class ResolveTaskResponse(_message.Message):
+    __slots__ = ("task",)
+    TASK_FIELD_NUMBER: _ClassVar[int]
+    task: _common_pb2.Task
+    def __init__(self, task: _Optional[_Union[_common_pb2.Task, _Mapping]] = ...) -> None: ...

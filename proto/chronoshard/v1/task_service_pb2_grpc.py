@@ -65,6 +65,11 @@ class TaskServiceStub:
                 request_serializer=chronoshard_dot_v1_dot_task__service__pb2.RetryTaskRequest.SerializeToString,
                 response_deserializer=chronoshard_dot_v1_dot_task__service__pb2.RetryTaskResponse.FromString,
                 _registered_method=True)
+        self.ResolveTask = channel.unary_unary(
+                '/chronoshard.v1.TaskService/ResolveTask',
+                request_serializer=chronoshard_dot_v1_dot_task__service__pb2.ResolveTaskRequest.SerializeToString,
+                response_deserializer=chronoshard_dot_v1_dot_task__service__pb2.ResolveTaskResponse.FromString,
+                _registered_method=True)
 
 
 class TaskServiceServicer:
@@ -117,6 +122,15 @@ class TaskServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ResolveTask(self, request, context):
+        """Operator resolution of an OUTCOME_UNKNOWN task: run it again (RETRY) or dead-letter
+        it (MARK_FAILED). A repeat of a resolution already applied returns the task as it
+        is now; any other state fails with FAILED_PRECONDITION.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_TaskServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -149,6 +163,11 @@ def add_TaskServiceServicer_to_server(servicer, server):
                     servicer.RetryTask,
                     request_deserializer=chronoshard_dot_v1_dot_task__service__pb2.RetryTaskRequest.FromString,
                     response_serializer=chronoshard_dot_v1_dot_task__service__pb2.RetryTaskResponse.SerializeToString,
+            ),
+            'ResolveTask': grpc.unary_unary_rpc_method_handler(
+                    servicer.ResolveTask,
+                    request_deserializer=chronoshard_dot_v1_dot_task__service__pb2.ResolveTaskRequest.FromString,
+                    response_serializer=chronoshard_dot_v1_dot_task__service__pb2.ResolveTaskResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -314,6 +333,33 @@ class TaskService:
             '/chronoshard.v1.TaskService/RetryTask',
             chronoshard_dot_v1_dot_task__service__pb2.RetryTaskRequest.SerializeToString,
             chronoshard_dot_v1_dot_task__service__pb2.RetryTaskResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ResolveTask(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/chronoshard.v1.TaskService/ResolveTask',
+            chronoshard_dot_v1_dot_task__service__pb2.ResolveTaskRequest.SerializeToString,
+            chronoshard_dot_v1_dot_task__service__pb2.ResolveTaskResponse.FromString,
             options,
             channel_credentials,
             insecure,

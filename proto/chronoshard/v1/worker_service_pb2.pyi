@@ -101,10 +101,12 @@ class Ack(_message.Message):
     def __init__(self, task: _Optional[_Union[_common_pb2.TaskRef, _Mapping]] = ..., fencing_token: _Optional[int] = ...) -> None: ...
 
 class Heartbeat(_message.Message):
-    __slots__ = ("running",)
+    __slots__ = ("running", "seq")
     RUNNING_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
     running: _containers.RepeatedCompositeFieldContainer[RunningTask]
-    def __init__(self, running: _Optional[_Iterable[_Union[RunningTask, _Mapping]]] = ...) -> None: ...
+    seq: int
+    def __init__(self, running: _Optional[_Iterable[_Union[RunningTask, _Mapping]]] = ..., seq: _Optional[int] = ...) -> None: ...
 
 class RunningTask(_message.Message):
     __slots__ = ("task", "fencing_token", "checkpoint")
@@ -197,18 +199,20 @@ class SchedulerBatch(_message.Message):
     def __init__(self, messages: _Optional[_Iterable[_Union[SchedulerMessage, _Mapping]]] = ...) -> None: ...
 
 class Welcome(_message.Message):
-    __slots__ = ("node_id", "session_id", "heartbeat_interval", "lease_duration", "accepts_batches")
+    __slots__ = ("node_id", "session_id", "heartbeat_interval", "lease_duration", "accepts_batches", "lease_margin")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_INTERVAL_FIELD_NUMBER: _ClassVar[int]
     LEASE_DURATION_FIELD_NUMBER: _ClassVar[int]
     ACCEPTS_BATCHES_FIELD_NUMBER: _ClassVar[int]
+    LEASE_MARGIN_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     session_id: str
     heartbeat_interval: _duration_pb2.Duration
     lease_duration: _duration_pb2.Duration
     accepts_batches: bool
-    def __init__(self, node_id: _Optional[str] = ..., session_id: _Optional[str] = ..., heartbeat_interval: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., lease_duration: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., accepts_batches: _Optional[bool] = ...) -> None: ...
+    lease_margin: _duration_pb2.Duration
+    def __init__(self, node_id: _Optional[str] = ..., session_id: _Optional[str] = ..., heartbeat_interval: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., lease_duration: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., accepts_batches: _Optional[bool] = ..., lease_margin: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
 
 class Assignment(_message.Message):
     __slots__ = ("task", "type", "payload_json", "fencing_token", "attempt", "max_retries", "due_at", "lease_expires_at", "timeout", "checkpoint", "trace_context", "queue", "priority", "idempotent", "sent_at")
@@ -252,10 +256,12 @@ class Assignment(_message.Message):
     def __init__(self, task: _Optional[_Union[_common_pb2.TaskRef, _Mapping]] = ..., type: _Optional[str] = ..., payload_json: _Optional[bytes] = ..., fencing_token: _Optional[int] = ..., attempt: _Optional[int] = ..., max_retries: _Optional[int] = ..., due_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., lease_expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., checkpoint: _Optional[bytes] = ..., trace_context: _Optional[_Mapping[str, str]] = ..., queue: _Optional[str] = ..., priority: _Optional[_Union[_common_pb2.Priority, str]] = ..., idempotent: _Optional[bool] = ..., sent_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class HeartbeatReply(_message.Message):
-    __slots__ = ("revoked",)
+    __slots__ = ("revoked", "seq")
     REVOKED_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
     revoked: _containers.RepeatedCompositeFieldContainer[RevokedTask]
-    def __init__(self, revoked: _Optional[_Iterable[_Union[RevokedTask, _Mapping]]] = ...) -> None: ...
+    seq: int
+    def __init__(self, revoked: _Optional[_Iterable[_Union[RevokedTask, _Mapping]]] = ..., seq: _Optional[int] = ...) -> None: ...
 
 class RevokedTask(_message.Message):
     __slots__ = ("task", "fencing_token", "reason")

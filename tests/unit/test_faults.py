@@ -1,15 +1,13 @@
-"""Crash points are armed only in test builds; worker liveness reports what the node saw."""
+"""Crash points are armed only in test builds."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
-from collections.abc import Collection
 
 import pytest
 
 from chronoshard.scheduler.faults import CRASH_EXIT_CODE, CrashPoint, armed_point
-from chronoshard.scheduler.liveness import WorkerLiveness
 
 
 def test_a_crash_point_needs_the_testing_flag() -> None:
@@ -42,34 +40,3 @@ def test_the_armed_point_kills_the_process_like_sigkill() -> None:
     assert crashed.returncode == CRASH_EXIT_CODE and "survived" not in crashed.stdout
     production = _reach({"CHRONOSHARD_CRASH_AT": "inside_batch"})
     assert production.returncode == 0 and "survived" in production.stdout
-
-
-class Sessions:
-    def __init__(self) -> None:
-        self.live: set[str] = set()
-
-    def worker_ids(self) -> set[str]:
-        return set(self.live)
-
-
-class Store:
-    def __init__(self) -> None:
-        self.touched: list[tuple[str, set[str]]] = []
-
-    async def touch_worker_sessions(self, node_id: str, worker_ids: Collection[str]) -> None:
-        self.touched.append((node_id, set(worker_ids)))
-
-
-async def test_liveness_reports_live_sessions_and_closed_ones_one_last_time() -> None:
-    sessions, store = Sessions(), Store()
-    liveness = WorkerLiveness("node-a", 15.0, sessions, store)
-    sessions.live = {"w1", "w2"}
-    await liveness.report_once()
-    sessions.live = {"w2", "w3"}  # w1 closed, w3 connected
-    await liveness.report_once()
-    await liveness.report_once()
-    assert store.touched == [
-        ("node-a", {"w1", "w2"}),
-        ("node-a", {"w1", "w2", "w3"}),  # w1's row now says when it was last seen
-        ("node-a", {"w2", "w3"}),
-    ]
