@@ -156,6 +156,24 @@ class SchedulingConfig:
 
 
 @dataclass(frozen=True)
+class HandoffConfig:
+    """A planned shard move (a node joins or drains): see docs/architecture.md."""
+
+    # The old owner keeps a shard (and dispatches it) until its successor says it is warm,
+    # at most this long: then it lets go anyway, so a dead or slow successor cannot pin it.
+    wait_s: float = 10.0
+    # The successor reads the shard's rows due within this before it says it is warm.
+    horizon_s: float = 10.0
+    # Rows read per statement when warming up or reloading a claimed shard, nearest first.
+    load_chunk: int = 2000
+
+    def validate(self) -> None:
+        require(self.wait_s >= 0, "handoff.wait_s", "must not be negative")
+        require(self.horizon_s >= 0, "handoff.horizon_s", "must not be negative")
+        require(self.load_chunk >= 1, "handoff.load_chunk", "must be at least 1")
+
+
+@dataclass(frozen=True)
 class WorkersConfig:
     task_lease_s: float = DEFAULT_TASK_LEASE_S
     heartbeat_interval_s: float = DEFAULT_HEARTBEAT_INTERVAL_S
@@ -257,6 +275,7 @@ class SchedulerConfig:
     database: DatabaseConfig = field(default_factory=DatabaseConfig)
     grpc: GrpcConfig = field(default_factory=GrpcConfig)
     scheduling: SchedulingConfig = field(default_factory=SchedulingConfig)
+    handoff: HandoffConfig = field(default_factory=HandoffConfig)
     workers: WorkersConfig = field(default_factory=WorkersConfig)
     limits: LimitsConfig = field(default_factory=LimitsConfig)
     reconcile: ReconcileConfig = field(default_factory=ReconcileConfig)

@@ -197,6 +197,16 @@ class Gateway(worker_service_pb2_grpc.WorkerServiceServicer):
             )
             session.credits = 0
 
+    def announce_topology(self) -> None:
+        """The membership changed: every worker asks GetTopology now (a joining node gets
+        its sessions before it takes shards over)."""
+        for session in list(self._sessions.values()):
+            session.send(
+                worker_service_pb2.SchedulerMessage(
+                    topology_changed=worker_service_pb2.TopologyChanged()
+                )
+            )
+
     # ---- what the dispatcher uses --------------------------------------------------------
 
     def sessions_with_credit(self) -> list[WorkerSession]:

@@ -32,7 +32,9 @@ class SessionSource(Protocol):
 
 
 class LivenessStore(Protocol):
-    async def touch_worker_sessions(self, node_id: str, worker_ids: Collection[str]) -> None: ...
+    async def touch_worker_sessions(
+        self, node_id: str, worker_ids: Collection[str], closed: Collection[str] = ()
+    ) -> None: ...
 
 
 class WorkerLiveness:
@@ -68,9 +70,10 @@ class WorkerLiveness:
 
     async def report_once(self) -> None:
         live = self._sessions.worker_ids()
-        # Sessions closed since the last report are written once more: "last seen" is
-        # then their close (or just after), not up to an interval before it.
-        seen = live | self._reported
-        await self._store.touch_worker_sessions(self._node_id, seen)
+        # Sessions closed since the last report are written once more, as closed: "last
+        # seen" is then their close (or just after), not up to an interval before it.
+        await self._store.touch_worker_sessions(
+            self._node_id, live, closed=self._reported - live
+        )
         self._reported = live
         self.stats["reports"] += 1

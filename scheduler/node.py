@@ -11,9 +11,10 @@ FIRST_EXCEPTION, so a crashed loop stops the node loudly rather than leaving it 
 alive. Shutdown (SIGTERM) runs in this order (STYLE #4):
 
 1. health NOT_SERVING (load balancers stop sending);
-2. workers told to reconnect elsewhere (``Drain``);
-3. every shard released — nothing more is dispatched, PRELOADED rows go back to
-   SCHEDULED, etcd keys deleted — so peers claim them within a second;
+2. every shard handed over: the node re-registers as draining, its successors warm up
+   and it lets each shard go once its successor is ready, dispatching it until then (at
+   most ``handoff.wait_s``; whatever is left is then released);
+3. workers told to reconnect elsewhere (``Drain``);
 4. loops stopped; queued acks/settlements flushed;
 5. gRPC server stopped with a grace period for in-flight calls;
 6. etcd lease revoked; database pool closed.
@@ -24,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Collection, Coroutine, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -48,7 +49,7 @@ from chronoshard.scheduler.errors import StoreUnavailable
 from chronoshard.scheduler.expectations_api import WatchdogServiceServicer
 from chronoshard.scheduler.fairness import UNLIMITED, TenantLimits
 from chronoshard.scheduler.gateway import Gateway
-from chronoshard.scheduler.liveness import WorkerLiveness
+from chronoshard.scheduler.liveness import REFRESHES_PER_TIMEOUT, WorkerLiveness
 from chronoshard.scheduler.maintenance import PartitionMaintenance
 from chronoshard.scheduler.metrics import NodeCollector, SchedulerMetrics
 from chronoshard.scheduler.models import Task, TaskRef
@@ -132,6 +133,21 @@ class TenantLimitsCache:
         }
 
 
+class _WorkerPresence:
+    """The shard manager's view of workers: this node's sessions, the cluster's rows."""
+
+    def __init__(self, gateway: Gateway, store: ReconcileStore, *, within_s: float) -> None:
+        self._gateway = gateway
+        self._store = store
+        self._within_s = within_s
+
+    def connected(self) -> set[str]:
+        return self._gateway.worker_ids()
+
+    async def seen_on(self, node_ids: Collection[str]) -> set[str]:
+        return await self._store.workers_seen(node_ids, self._within_s)
+
+
 class SchedulerNode:
     def __init__(self, config: SchedulerConfig, clock: Clock | None = None) -> None:
         self.config = config
@@ -186,7 +202,20 @@ class SchedulerNode:
             started_at=datetime.now(UTC).isoformat().replace("+00:00", "Z"),
         )
         self.shards = ShardManager(
-            self.info, shard_count, self.clock, self.coordinator, self.store, self.runs
+            self.info,
+            shard_count,
+            self.clock,
+            self.coordinator,
+            self.store,
+            self.runs,
+            handoff=config.handoff,
+            max_preloaded=config.scheduling.max_preloaded,
+            workers=_WorkerPresence(
+                self.gateway,
+                ReconcileStore(self.store),
+                # Live sessions are re-recorded every session_timeout / REFRESHES_PER_TIMEOUT.
+                within_s=2 * config.workers.session_timeout_s / REFRESHES_PER_TIMEOUT,
+            ),
         )
         self.dispatcher = Dispatcher(
             config,
@@ -203,6 +232,9 @@ class SchedulerNode:
             config.database.dsn, self.store, on_due=self._signal_due, on_ready=self._signal_ready
         )
         self.shards.on_remote_due = self._remote_due
+        # A joining node must have worker sessions before it takes shards over: workers
+        # otherwise find it only at their next periodic topology refresh.
+        self.shards.on_membership_changed = self.gateway.announce_topology
         self.shards.attach(self.dispatcher, self.preloader)
         self.reconciler = Reconciler(
             config,
@@ -220,6 +252,8 @@ class SchedulerNode:
             ReconcileStore(self.store),
         )
         self.gateway.on_sessions_changed = self.liveness.sessions_changed
+        # A claimed shard's previous owner may have left intents it never delivered.
+        self.shards.on_claimed = self.reconciler.wake
         self.maintenance = PartitionMaintenance(config.maintenance, self.store)
         self._add_services(self._server, shard_count)
         self.metrics.register(NodeCollector(config.node_id, self._counters, self._gauges))
@@ -386,10 +420,12 @@ class SchedulerNode:
     # ---- drain and stop ----------------------------------------------------------------------
 
     async def drain(self) -> None:
-        """Give up every shard and send workers elsewhere, but keep serving the API.
+        """Hand every shard over and send workers elsewhere, but keep serving the API.
 
-        The node re-registers as draining, so every node's target map leaves it out and
-        its peers claim the shards it releases.
+        The node re-registers as draining, so every node's target map leaves it out: its
+        successors warm up and take the shards over while it keeps dispatching them
+        (bounded by ``handoff.wait_s``). Only then are workers told to go elsewhere: they
+        keep their credits here until the last shard has moved.
         """
         if self._draining:
             return
@@ -400,8 +436,10 @@ class SchedulerNode:
         except CoordinationError as exc:
             # Still release: the shards come back to the others once our lease expires.
             log.warning("cannot mark the node draining in etcd", extra={"error": str(exc)})
+            await self.shards.release_all()
+        else:
+            await self.shards.hand_off_all()
         self.gateway.drain_all("scheduler node draining")
-        await self.shards.release_all()
 
     async def stop(self) -> None:
         log.info("scheduler node stopping", extra={"node_id": self.config.node_id})

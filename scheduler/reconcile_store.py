@@ -91,6 +91,20 @@ class ReconcileStore:
                 now = (await cur.fetchone() or {})["now"]
         return Scan(now=now, rows=[_in_flight(r) for r in rows])
 
+    async def next_ack_deadline(
+        self, shards: Collection[int], ack_timeout_s: float
+    ) -> float | None:
+        """Seconds until the next untouched DISPATCHED row of ``shards`` is ack-overdue."""
+        if not shards:
+            return None
+        async with self._store.connection() as conn:
+            cur = await conn.execute(
+                self._q["next_ack_deadline"],
+                {"shards": sorted(shards), "ack_timeout_s": ack_timeout_s},
+            )
+            row = await cur.fetchone()
+        return None if row is None or row[0] is None else float(row[0])
+
     async def repair(self, epochs: Mapping[int, int], repairs: Sequence[Repair]) -> RepairResult:
         """Apply the decided repairs whose shard is still ours and whose row is unchanged."""
         shards = {r.row.timer.shard for r in repairs}
@@ -163,15 +177,30 @@ class ReconcileStore:
 
     # ---- worker liveness ----------------------------------------------------------------
 
-    async def touch_worker_sessions(self, node_id: str, worker_ids: Collection[str]) -> None:
-        """``node_id`` has (or just had) a session of each of ``worker_ids``."""
-        if not worker_ids:
+    async def touch_worker_sessions(
+        self, node_id: str, worker_ids: Collection[str], closed: Collection[str] = ()
+    ) -> None:
+        """``node_id`` has a session of each of ``worker_ids``, and just had one of each
+        of ``closed`` (now closed)."""
+        seen = sorted({*worker_ids, *closed})
+        if not seen:
             return
+        ended = set(closed) - set(worker_ids)
         async with self._store.connection() as conn:
             await conn.execute(
                 self._q["touch_worker_sessions"],
-                {"node_id": node_id, "worker_ids": sorted(worker_ids)},
+                {"node_id": node_id, "worker_ids": seen, "closed": [w in ended for w in seen]},
             )
+
+    async def workers_seen(self, node_ids: Collection[str], within_s: float) -> set[str]:
+        """Workers that had a session on one of ``node_ids`` within the last ``within_s``."""
+        if not node_ids:
+            return set()
+        async with self._store.connection() as conn:
+            cur = await conn.execute(
+                self._q["workers_seen"], {"node_ids": sorted(node_ids), "within_s": within_s}
+            )
+            return {row[0] for row in await cur.fetchall()}
 
     async def forget_old_worker_sessions(self, older_than_s: float) -> int:
         async with self._store.connection() as conn:

@@ -33,6 +33,7 @@ the write changes nothing, and the next pass looks again.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import uuid
 from collections.abc import Collection, Mapping, Sequence
@@ -173,6 +174,21 @@ def decide(row: InFlight, now: datetime, *, ack_timeout_s: float, knows: bool | 
     return KEEP
 
 
+ACK_DEADLINE_SLACK_S = 0.05
+"""Wake this long after a row's ack deadline: the row must be past it when scanned."""
+
+
+def next_pass_in(interval_s: float, elapsed_s: float, ack_due_in_s: float | None) -> float:
+    """Seconds from the end of a pass to the next: the rest of the interval, or sooner
+    when an untouched DISPATCHED row reaches its ack timeout before that (it is then
+    given back at once if it was never delivered). A pass that overran its interval is
+    followed at once by the next, never by a second one beside it."""
+    regular = max(0.0, interval_s - elapsed_s)
+    if ack_due_in_s is None:
+        return regular
+    return max(0.0, min(regular, ack_due_in_s + ACK_DEADLINE_SLACK_S))
+
+
 class RunState(StrEnum):
     """``workflow_runs.state``."""
 
@@ -259,6 +275,10 @@ class ReconcileRuns(Protocol):
         self, epochs: Mapping[int, int], repairs: Sequence[Repair]
     ) -> RepairResult: ...
 
+    async def next_ack_deadline(
+        self, shards: Collection[int], ack_timeout_s: float
+    ) -> float | None: ...
+
     async def scan_runs(
         self, after: tuple[datetime, uuid.UUID] | None, limit: int
     ) -> list[RunCandidate]: ...
@@ -324,6 +344,7 @@ class Reconciler:
         self._wheel = wheel
         self._shard_count = shard_count
         self._run_cursor: tuple[datetime, uuid.UUID] | None = None
+        self._wake = asyncio.Event()
         self.stalled = 0
         """Non-idempotent tasks held by the last pass (lease expired, worker maybe alive)."""
         self.stats: dict[str, int] = {
@@ -337,20 +358,32 @@ class Reconciler:
             "store_errors": 0,
         }
 
+    def wake(self) -> None:
+        """Pass now (a shard was just claimed: its previous owner's undelivered intents
+        may be overdue already)."""
+        self._wake.set()
+
     async def run(self) -> None:
         interval_s = self._config.reconcile.interval_s
+        ack_timeout_s = self._config.workers.ack_timeout_s
         while True:
+            self._wake.clear()
             started = self._clock.monotonic()
+            ack_due_in_s = None
             if self._shards.dispatch_allowed():
                 try:
                     await self.reconcile_once()
+                    ack_due_in_s = await self._runs.next_ack_deadline(
+                        list(self._shards.epochs()), ack_timeout_s
+                    )
                 except StoreUnavailable as exc:
                     self.stats["store_errors"] += 1
                     log.warning("reconcile pass failed; next pass", extra={"error": str(exc)})
-            # A pass that overran its interval is followed at once by the next, never by
-            # a second one running beside it (a second one would be safe, only wasteful).
             elapsed = self._clock.monotonic() - started
-            await asyncio.sleep(max(0.0, interval_s - elapsed))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(
+                    self._wake.wait(), next_pass_in(interval_s, elapsed, ack_due_in_s)
+                )
 
     async def reconcile_once(self) -> PassReport:
         """One pass over the owned shards: in-flight rows, then workflow runs."""

@@ -42,6 +42,7 @@ from chronoshard.worker._models import (
     Settlement,
     SettlementKind,
     TaskRef,
+    TopologyChanged,
     Welcome,
 )
 
@@ -262,6 +263,8 @@ def from_pb(msg: worker_service_pb2.SchedulerMessage) -> Inbound | None:
         return Cancel(task=task_ref_from_pb(c.task), fencing_token=c.fencing_token, reason=c.reason)
     if which == "drain":
         return Drain(reason=msg.drain.reason)
+    if which == "topology_changed":
+        return TopologyChanged()
     if which == "credit_return":
         return CreditReturn(credits=msg.credit_return.credits)
     if which == "backlog":

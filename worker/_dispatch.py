@@ -63,6 +63,7 @@ from chronoshard.worker._models import (
     RunKey,
     RunningTask,
     Settlement,
+    TopologyChanged,
     Welcome,
 )
 from chronoshard.worker._session import NodeSession
@@ -207,6 +208,8 @@ class Dispatcher:
                 self._regrant()
             case Drain():
                 self._on_drain(session, msg)
+            case TopologyChanged():
+                self.topology.request_refresh()
             case Welcome():
                 self._log(logging.WARNING, "second Welcome ignored", node=session.node_id)
             case _:

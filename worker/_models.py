@@ -217,6 +217,11 @@ class Drain:
 
 
 @dataclass(frozen=True, slots=True)
+class TopologyChanged:
+    """The node saw the cluster's membership change: ask GetTopology now."""
+
+
+@dataclass(frozen=True, slots=True)
 class CreditReturn:
     """The node dropped ``credits`` unused credits, as a CreditRecall asked."""
 
@@ -253,6 +258,7 @@ Inbound = (
     | HeartbeatReply
     | Cancel
     | Drain
+    | TopologyChanged
     | Backlog
     | CreditReturn
     | Receipt

@@ -35,6 +35,18 @@ WHERE t.shard = ANY(%(shards)s::smallint[])
 ORDER BY t.lease_expires_at
 LIMIT %(limit)s;
 
+-- name: next_ack_deadline
+-- Seconds until the next DISPATCHED row of the shards, untouched since, reaches the ack
+-- timeout (NULL: none on its way there). The reconciler wakes up for it, so an intent
+-- a crashed owner committed and never delivered is given back at intent + ack timeout,
+-- not up to a whole reconcile interval later. Rows already past it are not counted: the
+-- regular passes look at them. Served by tasks_inflight_idx.
+SELECT extract(epoch FROM min(updated_at) + make_interval(secs => %(ack_timeout_s)s) - now())
+FROM tasks
+WHERE shard = ANY(%(shards)s::smallint[])
+  AND status = 'DISPATCHED'
+  AND updated_at > now() - make_interval(secs => %(ack_timeout_s)s);
+
 -- name: db_now
 -- The database's clock, when scan_inflight found nothing to carry it.
 SELECT now() AS now;
@@ -122,12 +134,23 @@ WHERE w.id = f.id
 RETURNING w.id;
 
 -- name: touch_worker_sessions
--- This node has (or just had) a session of each worker: it was seen now.
-INSERT INTO worker_sessions (worker_id, node_id, last_seen_at)
-SELECT worker_id, %(node_id)s, now()
-FROM unnest(%(worker_ids)s::text[]) AS w(worker_id)
+-- This node has (or just had: closed) a session of each worker: it was seen now.
+INSERT INTO worker_sessions (worker_id, node_id, last_seen_at, closed_at)
+SELECT worker_id, %(node_id)s, now(), CASE WHEN closed THEN now() END
+FROM unnest(%(worker_ids)s::text[], %(closed)s::boolean[]) AS w(worker_id, closed)
 ORDER BY worker_id
-ON CONFLICT (worker_id, node_id) DO UPDATE SET last_seen_at = now();
+ON CONFLICT (worker_id, node_id) DO UPDATE
+    SET last_seen_at = now(), closed_at = EXCLUDED.closed_at;
+
+-- name: workers_seen
+-- Workers with an open session on any of these nodes, refreshed within the window (a
+-- node that died leaves its rows open): a node taking shards over waits until each of
+-- them has a session with it too.
+SELECT DISTINCT worker_id
+FROM worker_sessions
+WHERE node_id = ANY(%(node_ids)s::text[])
+  AND closed_at IS NULL
+  AND last_seen_at > now() - make_interval(secs => %(within_s)s);
 
 -- name: forget_old_worker_sessions
 DELETE FROM worker_sessions

@@ -54,10 +54,12 @@ class Sessions:
 
 class Store:
     def __init__(self) -> None:
-        self.touched: list[tuple[str, set[str]]] = []
+        self.touched: list[tuple[str, set[str], set[str]]] = []
 
-    async def touch_worker_sessions(self, node_id: str, worker_ids: Collection[str]) -> None:
-        self.touched.append((node_id, set(worker_ids)))
+    async def touch_worker_sessions(
+        self, node_id: str, worker_ids: Collection[str], closed: Collection[str] = ()
+    ) -> None:
+        self.touched.append((node_id, set(worker_ids), set(closed)))
 
 
 async def test_liveness_reports_live_sessions_and_closed_ones_one_last_time() -> None:
@@ -69,7 +71,8 @@ async def test_liveness_reports_live_sessions_and_closed_ones_one_last_time() ->
     await liveness.report_once()
     await liveness.report_once()
     assert store.touched == [
-        ("node-a", {"w1", "w2"}),
-        ("node-a", {"w1", "w2", "w3"}),  # w1's row now says when it was last seen
-        ("node-a", {"w2", "w3"}),
+        ("node-a", {"w1", "w2"}, set()),
+        # w1's row now says when it was last seen, and that its session closed
+        ("node-a", {"w2", "w3"}, {"w1"}),
+        ("node-a", {"w2", "w3"}, set()),
     ]

@@ -27,6 +27,7 @@ from chronoshard.scheduler.reconciler import (
     Scan,
     Verdict,
     decide,
+    next_pass_in,
     workflow_outcome,
 )
 from chronoshard.scheduler.sharding import shard_of
@@ -413,3 +414,23 @@ async def test_an_unacknowledged_dispatch_is_kept_while_it_may_be_delivered(
     reconciler, wheel, _ = _reconciler(runs, FakeSessions({row.timer.id: knows}))
     await reconciler.reconcile_once()
     assert runs.repaired == [] and wheel.ready == []
+
+
+@given(
+    st.floats(0.1, 60),
+    st.floats(0, 120),
+    st.one_of(st.none(), st.floats(0, 120)),
+)
+def test_the_next_pass_comes_at_the_interval_or_when_an_ack_is_first_overdue(
+    interval_s: float, elapsed_s: float, ack_due_in_s: float | None
+) -> None:
+    delay = next_pass_in(interval_s, elapsed_s, ack_due_in_s)
+    assert 0 <= delay <= max(0.0, interval_s - elapsed_s)
+    if ack_due_in_s is not None and delay < interval_s - elapsed_s:
+        assert delay >= ack_due_in_s, "woken before the row is overdue: it would be kept"
+
+
+def test_an_undelivered_intent_is_looked_at_when_its_ack_timeout_runs_out() -> None:
+    assert next_pass_in(5.0, 0.5, None) == 4.5
+    assert next_pass_in(5.0, 0.5, 1.5) == pytest.approx(1.55)
+    assert next_pass_in(5.0, 6.0, 1.0) == 0.0  # an overrun pass is followed at once
