@@ -15,11 +15,11 @@ that dies stops refreshing its rows, and they age out the same way.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Collection
 from typing import Protocol
 
+from chronoshard.events import wait_event
 from chronoshard.scheduler.errors import StoreUnavailable
 
 log = logging.getLogger(__name__)
@@ -65,8 +65,7 @@ class WorkerLiveness:
                 # Missing one refresh is harmless: rows stay valid for the whole timeout.
                 self.stats["store_errors"] += 1
                 log.warning("could not record worker sessions", extra={"error": str(exc)})
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self._interval_s)
+            await wait_event(self._wake, self._interval_s)
 
     async def report_once(self) -> None:
         live = self._sessions.worker_ids()

@@ -33,7 +33,6 @@ the write changes nothing, and the next pass looks again.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import uuid
 from collections.abc import Collection, Mapping, Sequence
@@ -43,6 +42,7 @@ from enum import StrEnum
 from typing import Protocol
 
 from chronoshard.clock import Clock
+from chronoshard.events import wait_event
 from chronoshard.scheduler.config import SchedulerConfig
 from chronoshard.scheduler.dispatch_store import TimerTask
 from chronoshard.scheduler.errors import StoreUnavailable
@@ -380,10 +380,7 @@ class Reconciler:
                     self.stats["store_errors"] += 1
                     log.warning("reconcile pass failed; next pass", extra={"error": str(exc)})
             elapsed = self._clock.monotonic() - started
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(
-                    self._wake.wait(), next_pass_in(interval_s, elapsed, ack_due_in_s)
-                )
+            await wait_event(self._wake, next_pass_in(interval_s, elapsed, ack_due_in_s))
 
     async def reconcile_once(self) -> PassReport:
         """One pass over the owned shards: in-flight rows, then workflow runs."""

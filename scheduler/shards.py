@@ -40,6 +40,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from chronoshard.clock import Clock
+from chronoshard.events import wait_event
 from chronoshard.scheduler import rendezvous
 from chronoshard.scheduler.config import HandoffConfig
 from chronoshard.scheduler.coordination import CoordinationError, EtcdCoordinator, NodeInfo
@@ -213,8 +214,7 @@ class ShardManager:
                         await self.reconcile()
                 except (CoordinationError, StoreUnavailable) as exc:
                     log.warning("shard reconcile failed; retrying", extra={"error": str(exc)})
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._kick.wait(), self._next_pass_in())
+                await wait_event(self._kick, self._next_pass_in())
         finally:
             for task in [*watchers, self._warmer]:
                 if task is not None:
@@ -505,8 +505,7 @@ class ShardManager:
             left := deadline - self._clock.monotonic()
         ) > 0:
             self._ownership_changed.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._ownership_changed.wait(), left)
+            await wait_event(self._ownership_changed, left)
         await self.release_all()
 
     async def release_all(self) -> None:
