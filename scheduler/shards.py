@@ -235,11 +235,21 @@ class ShardManager:
         while True:
             try:
                 async for members in self._coordinator.watch_nodes():
-                    changed = bool(self._members) and _views(members) != _views(self._members)
+                    before = self._members
+                    changed = bool(before) and _views(members) != _views(before)
                     self._members = dict(members)
                     self._kick.set()
-                    if changed and self.on_membership_changed is not None:
-                        self.on_membership_changed()
+                    if changed:
+                        log.info(
+                            "cluster membership changed",
+                            extra={
+                                "joined": sorted(members.keys() - before.keys()),
+                                "left": sorted(before.keys() - members.keys()),
+                                "draining": sorted(n for n, i in members.items() if i.draining),
+                            },
+                        )
+                        if self.on_membership_changed is not None:
+                            self.on_membership_changed()
             except (CoordinationError, Exception) as exc:  # the watch must never die
                 log.warning("membership watch failed; restarting", extra={"error": str(exc)})
                 await asyncio.sleep(RECONCILE_INTERVAL_S)

@@ -24,7 +24,15 @@ import psycopg
 import pytest
 import uvloop
 from harness.cluster import Cluster, owners, running_cluster, spread, submit, wait_all_done
-from harness.history import History, Lateness, Violations, check, epoch_regressions, lateness
+from harness.history import (
+    History,
+    Lateness,
+    Violations,
+    check,
+    epoch_regressions,
+    first_dispatch_after,
+    lateness,
+)
 
 from chronoshard import Client
 from chronoshard.services import EtcdProcess
@@ -52,6 +60,7 @@ class Case:
     moved: set[int]
     late: Lateness = field(default_factory=lambda: Lateness([], [], []))
     claimed_by_s: float | None = None  # last claim of a moved shard, after the event
+    first_dispatch_s: float | None = None  # first intent on a moved shard, after the event
     redispatched: int = 0  # tasks in the window that needed more than one dispatch
 
     def row(self) -> str:
@@ -66,6 +75,7 @@ class Case:
             f" | started p50={_pct(started, 50):.3f} p99={_pct(started, 99):.3f}"
             f" max={_pct(started, 100):.3f} | intent max={_pct(dispatched, 100):.3f}"
             f" | settled max={_pct(settled, 100):.3f} | claimed by +{claimed:.2f}s"
+            f" | first dispatch +{self.first_dispatch_s or -1:.2f}s"
             f" | redispatched {self.redispatched}"
         )
 
@@ -152,6 +162,8 @@ async def _scenario(cluster: Cluster) -> Run:
         case.redispatched = _redispatched(
             cluster.dsn, ids, case.moved, case.at, case.at + timedelta(seconds=WINDOW_S)
         )
+        first = first_dispatch_after(cluster.dsn, case.moved, case.at)
+        case.first_dispatch_s = None if first is None else (first - case.at).total_seconds()
     assert owners(cluster.dsn).keys() == set(range(SHARDS))
     return Run(
         cases,
