@@ -61,7 +61,6 @@ class Case:
     late: Lateness = field(default_factory=lambda: Lateness([], [], []))
     claimed_by_s: float | None = None  # last claim of a moved shard, after the event
     first_dispatch_s: float | None = None  # first intent on a moved shard, after the event
-    redispatched: int = 0  # tasks in the window that needed more than one dispatch
 
     def row(self) -> str:
         started, dispatched, settled = (
@@ -76,7 +75,7 @@ class Case:
             f" max={_pct(started, 100):.3f} | intent max={_pct(dispatched, 100):.3f}"
             f" | settled max={_pct(settled, 100):.3f} | claimed by +{claimed:.2f}s"
             f" | first dispatch +{self.first_dispatch_s or -1:.2f}s"
-            f" | redispatched {self.redispatched}"
+            f" | redispatched {self.late.redispatched}"
         )
 
 
@@ -105,18 +104,6 @@ def _claimed_by(dsn: str, shards: set[int], after: datetime) -> float | None:
             "SELECT max(claimed_at) FROM shard_owners WHERE shard = ANY(%s)", (sorted(shards),)
         ).fetchone()
     return None if row is None or row[0] is None else (row[0] - after).total_seconds()
-
-
-def _redispatched(
-    dsn: str, ids: list[uuid.UUID], shards: set[int], due_from: datetime, due_to: datetime
-) -> int:
-    with psycopg.connect(dsn) as conn:
-        row = conn.execute(
-            "SELECT count(*) FROM tasks WHERE id = ANY(%s) AND shard = ANY(%s)"
-            " AND due_at >= %s AND due_at < %s AND attempt > 1",
-            (ids, sorted(shards), due_from, due_to),
-        ).fetchone()
-    return 0 if row is None else int(row[0])
 
 
 async def _at(start: datetime, offset_s: float) -> datetime:
@@ -157,9 +144,6 @@ async def _scenario(cluster: Cluster) -> Run:
     await wait_all_done(cluster, ids, timeout_s=SPAN_S + 60)
     for case in cases.values():
         case.late = lateness(
-            cluster.dsn, ids, case.moved, case.at, case.at + timedelta(seconds=WINDOW_S)
-        )
-        case.redispatched = _redispatched(
             cluster.dsn, ids, case.moved, case.at, case.at + timedelta(seconds=WINDOW_S)
         )
         first = first_dispatch_after(cluster.dsn, case.moved, case.at)

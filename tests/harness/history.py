@@ -194,6 +194,8 @@ class Lateness:
     settled: list[float]
     """To ``tasks.started_at``: the ack or, for a run too short to be acked, the commit of
     its completion (so it includes how long the settlement took to land)."""
+    redispatched: int = 0
+    """Tasks that needed more than one dispatch (an attempt given up and run again)."""
 
 
 def lateness(
@@ -205,7 +207,8 @@ def lateness(
             "SELECT extract(epoch FROM (SELECT min(e.recorded_at) FROM effects e"
             "                           WHERE e.task_id = t.id) - t.due_at)::float8,"
             "       extract(epoch FROM a.entered_at - t.due_at)::float8,"
-            "       extract(epoch FROM t.started_at - t.due_at)::float8"
+            "       extract(epoch FROM t.started_at - t.due_at)::float8,"
+            "       t.attempt > 1"
             " FROM tasks t JOIN task_attempts a ON a.task_id = t.id AND a.attempt = 1"
             " WHERE t.id = ANY(%s) AND t.shard = ANY(%s) AND t.due_at >= %s AND t.due_at < %s",
             (task_ids, sorted(shards), due_from, due_to),
@@ -214,4 +217,5 @@ def lateness(
         [r[0] for r in rows if r[0] is not None],
         [r[1] for r in rows],
         [r[2] for r in rows if r[2] is not None],
+        sum(1 for r in rows if r[3]),
     )
