@@ -159,6 +159,24 @@ class SchedulingConfig:
 
 
 @dataclass(frozen=True)
+class HandoffConfig:
+    """A planned shard move (a node joins or drains): see docs/architecture.md."""
+
+    # The old owner keeps a shard (and dispatches it) until its successor says it is warm,
+    # at most this long: then it lets go anyway, so a dead or slow successor cannot pin it.
+    wait_s: float = 10.0
+    # The successor reads the shard's rows due within this before it says it is warm.
+    horizon_s: float = 10.0
+    # Rows read per statement when warming up or reloading a claimed shard, nearest first.
+    load_chunk: int = 2000
+
+    def validate(self) -> None:
+        require(self.wait_s >= 0, "handoff.wait_s", "must not be negative")
+        require(self.horizon_s >= 0, "handoff.horizon_s", "must not be negative")
+        require(self.load_chunk >= 1, "handoff.load_chunk", "must be at least 1")
+
+
+@dataclass(frozen=True)
 class WorkersConfig:
     task_lease_s: float = DEFAULT_TASK_LEASE_S
     heartbeat_interval_s: float = DEFAULT_HEARTBEAT_INTERVAL_S
@@ -169,6 +187,11 @@ class WorkersConfig:
     # this long after it expired. It absorbs the assignment's transit and a late timer on
     # the worker; a lost worker's tasks wait this much longer.
     lease_margin_s: float = DEFAULT_LEASE_MARGIN_S
+    # Each node records which workers have a session with it (worker_sessions), refreshed
+    # every third of this; a record older than that belongs to a node that died. A node
+    # warming up shards for a planned handoff waits for the workers of the live records.
+    # It decides nothing about re-running tasks (leases and fencing do).
+    session_timeout_s: float = 15.0
     # Acks, heartbeats and settlements are committed together at most this often.
     group_commit_interval_s: float = 0.002
 
@@ -202,6 +225,7 @@ class WorkersConfig:
             "must be positive, with workers.heartbeat_interval_s + workers.lease_margin_s "
             "shorter than workers.task_lease_s",
         )
+        require(self.session_timeout_s > 0, "workers.session_timeout_s", "must be positive")
         require(
             0 <= self.group_commit_interval_s <= 1,
             "workers.group_commit_interval_s",
@@ -305,6 +329,7 @@ class SchedulerConfig:
     database: DatabaseConfig = field(default_factory=DatabaseConfig)
     grpc: GrpcConfig = field(default_factory=GrpcConfig)
     scheduling: SchedulingConfig = field(default_factory=SchedulingConfig)
+    handoff: HandoffConfig = field(default_factory=HandoffConfig)
     workers: WorkersConfig = field(default_factory=WorkersConfig)
     limits: LimitsConfig = field(default_factory=LimitsConfig)
     reconcile: ReconcileConfig = field(default_factory=ReconcileConfig)

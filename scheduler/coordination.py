@@ -7,7 +7,9 @@ be replaced here alone. Keys live under ``/{cluster}/``:
 * ``nodes/{node_id}`` — a JSON description of a live node, attached to its lease;
 * ``shards/{shard}`` — the owning node id, attached to the owner's lease. The key's
   ``create_revision`` is the shard's **epoch**: claims are ``create_revision == 0 →
-  put`` transactions, so each successful claim gets a revision no earlier claim had.
+  put`` transactions, so each successful claim gets a revision no earlier claim had;
+* ``handoff/{shard}`` — the node id of the shard's incoming owner once it is warm
+  (:mod:`.handoff`), attached to that node's lease; deleted by the claim that follows.
 
 The node lease is kept alive by our own loop rather than the library's helper so we
 know the time of the last *successful* renewal: the node fences itself once
@@ -301,8 +303,15 @@ class EtcdCoordinator:
             nodes[info.node_id] = info
         return nodes, int(response.header.revision)
 
-    async def watch_nodes(self) -> AsyncIterator[dict[str, NodeInfo]]:
-        """Yield the full membership now and after every change.
+    def watch_nodes(self) -> AsyncIterator[dict[str, NodeInfo]]:
+        """Yield the full membership now and after every change."""
+        return self._follow("nodes/", self.live_nodes)
+
+    async def _follow(
+        self, suffix: str, read: Callable[[], Awaitable[tuple[T, int]]]
+    ) -> AsyncIterator[T]:
+        """Yield ``read()`` (a value and the etcd revision it was read at) now and after
+        every change under ``suffix``.
 
         A compacted watch (``compact_revision > 0``) means events were lost: re-read the
         prefix rather than trusting the stream (DESIGN §12).
@@ -310,19 +319,19 @@ class EtcdCoordinator:
         watch = self._client.watch if self._client is not None else None
         if watch is None:
             raise CoordinationError("etcd client is not connected")
-        prefix = self._key("nodes/")
+        prefix = self._key(suffix)
         while True:
-            nodes, revision = await self.live_nodes()
-            yield nodes
+            value, revision = await read()
+            yield value
             async for response in watch.watch(
                 prefix, prefix_range_end(prefix), start_revision=revision + 1
             ):
                 if response.compact_revision > 0:
-                    log.warning("etcd watch compacted; re-reading membership")
+                    log.warning("etcd watch compacted; re-reading", extra={"prefix": suffix})
                     break
                 if response.events:
-                    nodes, _ = await self.live_nodes()
-                    yield nodes
+                    value, _ = await read()
+                    yield value
 
     # ---- shard claims ---------------------------------------------------------------------
 
@@ -334,10 +343,14 @@ class EtcdCoordinator:
         """
         kv = self._kv()
         key = self._key(f"shards/{shard}")
+        # The claim also deletes the shard's ready mark: it has served its purpose.
         response = await self._call(
             lambda: kv.txn(
                 compare=[KVService.txn_compare_create_revision(key, 0)],
-                success=[KVService.txn_op_put(key, self._node_id, lease=self._lease_id)],
+                success=[
+                    KVService.txn_op_put(key, self._node_id, lease=self._lease_id),
+                    KVService.txn_op_delete(self._key(f"handoff/{shard}")),
+                ],
                 failure=[KVService.txn_op_get(key)],
                 timeout=self._timeout(),
             )
@@ -367,16 +380,59 @@ class EtcdCoordinator:
         return bool(response.succeeded)
 
     async def shard_claims(self) -> dict[int, ShardClaim]:
+        claims, _ = await self._shard_claims_at()
+        return claims
+
+    async def _shard_claims_at(self) -> tuple[dict[int, ShardClaim], int]:
+        claims: dict[int, ShardClaim] = {}
+        items, revision = await self._range("shards/")
+        for item in items:
+            shard = _shard_of_key(item.key)
+            claims[shard] = ShardClaim(shard, item.value.decode(), int(item.create_revision))
+        return claims, revision
+
+    def watch_claims(self) -> AsyncIterator[dict[int, ShardClaim]]:
+        """Every shard claim now and after every change (an incoming owner claims the
+        moment the old one deletes its claim)."""
+        return self._follow("shards/", self._shard_claims_at)
+
+    # ---- planned handoff ------------------------------------------------------------------
+
+    async def mark_handoff_ready(self, shard: int) -> None:
+        """Say this node is warm for ``shard`` (under our lease: gone if we die)."""
         kv = self._kv()
-        prefix = self._key("shards/")
+        key = self._key(f"handoff/{shard}")
+        await self._call(
+            lambda: kv.put(key, self._node_id, lease=self._lease_id, timeout=self._timeout())
+        )
+
+    async def clear_handoff_mark(self, shard: int) -> None:
+        """Take back our ready mark for ``shard`` (the shard is no longer coming here)."""
+        kv = self._kv()
+        key = self._key(f"handoff/{shard}")
+        await self._call(
+            lambda: kv.txn(
+                compare=[KVService.txn_compare_value(key, self._node_id)],
+                success=[KVService.txn_op_delete(key)],
+                timeout=self._timeout(),
+            )
+        )
+
+    async def _handoff_marks_at(self) -> tuple[dict[int, str], int]:
+        items, revision = await self._range("handoff/")
+        return {_shard_of_key(i.key): i.value.decode() for i in items}, revision
+
+    def watch_handoff_marks(self) -> AsyncIterator[dict[int, str]]:
+        """Shard -> the node that is warm for it, now and after every change."""
+        return self._follow("handoff/", self._handoff_marks_at)
+
+    async def _range(self, suffix: str) -> tuple[list[Any], int]:
+        kv = self._kv()
+        prefix = self._key(suffix)
         response = await self._call(
             lambda: kv.get(prefix, prefix_range_end(prefix), timeout=self._timeout())
         )
-        claims: dict[int, ShardClaim] = {}
-        for item in response.kvs:
-            shard = int(item.key.decode().rsplit("/", 1)[1])
-            claims[shard] = ShardClaim(shard, item.value.decode(), int(item.create_revision))
-        return claims
+        return list(response.kvs), int(response.header.revision)
 
     # ---- shutdown -------------------------------------------------------------------------
 
@@ -448,6 +504,10 @@ def describe_error(exc: BaseException) -> str:
     if isinstance(exc, TimeoutError):
         return "timed out"
     return " ".join(str(exc).split()) or type(exc).__name__
+
+
+def _shard_of_key(key: bytes) -> int:
+    return int(key.decode().rsplit("/", 1)[1])
 
 
 def _read(path: str) -> bytes:

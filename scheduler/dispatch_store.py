@@ -33,6 +33,7 @@ from chronoshard.scheduler import queries
 from chronoshard.scheduler.config import DEFAULT_LEASE_MARGIN_S
 from chronoshard.scheduler.errors import StoreUnavailable
 from chronoshard.scheduler.failures import FailureReport, RetryBudget, decide
+from chronoshard.scheduler.handoff import Cursor
 from chronoshard.scheduler.models import Priority, Task, TaskRef
 from chronoshard.scheduler.states import AttemptState, TaskStatus
 from chronoshard.scheduler.store import Connection, Store, task_from_row
@@ -168,6 +169,11 @@ def _refs(items: Iterable[Settle]) -> dict[str, list[Any]]:
     }
 
 
+def _keyset(after: Cursor | None) -> dict[str, Any]:
+    """The ``after_due``/``after_id`` parameters of a keyset-paged statement."""
+    return {"after_due": after[0] if after else None, "after_id": after[1] if after else None}
+
+
 ROLLBACK_RETRIES = 3
 _P = ParamSpec("_P")
 _T = TypeVar("_T")
@@ -246,14 +252,38 @@ class DispatchStore:
             rows = await dict_cur.fetchall()
         return [timer_from_row(r) for r in rows], frozenset(epochs.keys() - owned)
 
-    async def load_preloaded(self, epochs: Mapping[int, int]) -> list[TimerTask]:
-        """The PRELOADED tasks of shards just claimed (left by a previous owner)."""
+    async def load_preloaded(
+        self,
+        epochs: Mapping[int, int],
+        *,
+        after: Cursor | None = None,
+        limit: int | None = None,
+    ) -> list[TimerTask]:
+        """The PRELOADED tasks of shards just claimed (left by a previous owner), in
+        ``(due_at, id)`` order: those after ``after``, at most ``limit``."""
         async with self._store.transaction() as conn:
             owned = await self._owned(conn, epochs)
             if not owned:
                 return []
             cur = conn.cursor(row_factory=dict_row)
-            await cur.execute(self._q["load_preloaded"], {"shards": sorted(owned)})
+            await cur.execute(
+                self._q["load_preloaded"],
+                {"shards": sorted(owned), "limit": limit, **_keyset(after)},
+            )
+            return [timer_from_row(r) for r in await cur.fetchall()]
+
+    async def read_warm(
+        self, shard: int, horizon: datetime, after: Cursor | None, limit: int
+    ) -> list[TimerTask]:
+        """A shard's tasks due before ``horizon`` that are or will be PRELOADED, in
+        ``(due_at, id)`` order after ``after``: read for a shard another node still owns
+        (planned handoff), so no epoch applies and nothing changes."""
+        async with self._store.connection() as conn:
+            cur = conn.cursor(row_factory=dict_row)
+            await cur.execute(
+                self._q["read_warm"],
+                {"shard": shard, "horizon": horizon, "limit": limit, **_keyset(after)},
+            )
             return [timer_from_row(r) for r in await cur.fetchall()]
 
     async def load_preloaded_refs(
@@ -277,13 +307,18 @@ class DispatchStore:
             )
             return [timer_from_row(r) for r in await cur.fetchall()]
 
-    async def unload_preloaded(self, epochs: Mapping[int, int]) -> int:
-        """Hand-off: PRELOADED rows of the shards back to SCHEDULED; how many moved."""
+    async def unload_preloaded(
+        self, epochs: Mapping[int, int], *, after: Cursor | None = None
+    ) -> int:
+        """PRELOADED rows of the shards (after ``after`` in ``(due_at, id)`` order, if
+        given) back to SCHEDULED; how many moved."""
         async with self._store.transaction() as conn:
             owned = await self._owned(conn, epochs)
             if not owned:
                 return 0
-            cur = await conn.execute(self._q["unload_preloaded"], {"shards": sorted(owned)})
+            cur = await conn.execute(
+                self._q["unload_preloaded"], {"shards": sorted(owned), **_keyset(after)}
+            )
             return cur.rowcount
 
     @_retry_rollbacks

@@ -21,7 +21,6 @@ then, so lateness is the worker's timer precision rather than tick + commit + ne
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -29,6 +28,7 @@ from datetime import datetime
 from typing import Protocol
 
 from chronoshard.clock import Clock
+from chronoshard.events import wait_event
 from chronoshard.scheduler import faults
 from chronoshard.scheduler.config import SchedulerConfig
 from chronoshard.scheduler.dispatch_store import DispatchStore, Intent, Release, TimerTask
@@ -205,8 +205,7 @@ class Dispatcher:
         candidates = (self._wheel.next_deadline(), self._ready.next_eligible_at(now))
         wake_at = [t for t in candidates if t is not None]
         timeout = max(0.0, min(wake_at) - self._clock.monotonic()) if wake_at else None
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._wake.wait(), timeout)
+        await wait_event(self._wake, timeout)
 
     async def _dispatch_round(self, now: float) -> int:
         if not len(self._ready):

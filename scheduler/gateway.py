@@ -24,7 +24,7 @@ import itertools
 import logging
 import unicodedata
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
@@ -232,6 +232,16 @@ class Gateway(worker_service_pb2_grpc.WorkerServiceServicer):
                 reason=self._drain_reason, shutting_down=self._shutting_down
             )
         )
+
+    def announce_topology(self) -> None:
+        """The membership changed: every worker asks GetTopology now (a joining node gets
+        its sessions before it takes shards over)."""
+        for session in list(self._sessions.values()):
+            session.send(
+                worker_service_pb2.SchedulerMessage(
+                    topology_changed=worker_service_pb2.TopologyChanged()
+                )
+            )
 
     # ---- what the dispatcher uses --------------------------------------------------------
 

@@ -7,7 +7,8 @@ indexes of live rows, and this loop keeps the partitions coming and going. Every
 gets it (the others skip the round) creates the day partitions for the next
 ``partitions_ahead_days`` days and detaches and drops the finished ones past
 ``retention_days`` (the SQL functions of migration 0002, which keep any partition that
-still holds an unfinished or dead-lettered task).
+still holds an unfinished or dead-lettered task), then forgets worker-session rows
+nobody refreshed for a day.
 
 Statistics for new partitions: a day partition has none until autovacuum first analyzes
 it, up to a minute after it takes rows, and meanwhile the planner's default guesses turn
@@ -43,6 +44,7 @@ from chronoshard.scheduler.store import Connection, Store
 
 log = logging.getLogger(__name__)
 
+WORKER_SESSION_RETENTION_S = 86400.0
 ANALYZE_MIN_CHANGES = 1000
 
 
@@ -50,6 +52,7 @@ ANALYZE_MIN_CHANGES = 1000
 class MaintenanceResult:
     created: list[str]
     dropped: list[str]
+    worker_sessions_forgotten: int
 
 
 class PartitionMaintenance:
@@ -137,13 +140,18 @@ class PartitionMaintenance:
                     {"retention_days": self._config.retention_days},
                 )
                 self.stats["partitions_dropped"] += len(dropped)
+                cur = await conn.execute(
+                    self._q["forget_old_worker_sessions"],
+                    {"older_than_s": WORKER_SESSION_RETENTION_S},
+                )
+                forgotten = cur.rowcount
             finally:
                 # A broken connection has released the lock already.
                 with contextlib.suppress(Exception):
                     await conn.execute(self._q["maintenance_unlock"])
         if created or dropped:
             log.info("partition maintenance", extra={"created": created, "dropped": dropped})
-        return MaintenanceResult(created, dropped)
+        return MaintenanceResult(created, dropped, forgotten)
 
     async def _step(
         self, conn: Connection, query: LiteralString, params: dict[str, object]

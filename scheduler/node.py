@@ -6,15 +6,16 @@ dispatcher, preloader, shard manager → gRPC server (TaskService, WorkerService
 health, reflection) → node registered in etcd (only now can peers assign it shards and
 workers find it) → metrics endpoint → the supervised loops.
 
-The loops (cluster clock, shard manager, dispatcher, preloader, reconciler, partition
-maintenance, tenant refresher, backlog reports) are named tasks; the node waits on them with
-FIRST_EXCEPTION, so a crashed loop stops the node loudly rather than leaving it half
-alive. Shutdown (SIGTERM) runs in this order (STYLE #4):
+The loops (cluster clock, shard manager, dispatcher, preloader, reconciler, worker
+session records, partition maintenance, tenant refresher, backlog reports) are named
+tasks; the node waits on them with FIRST_EXCEPTION, so a crashed loop stops the node
+loudly rather than leaving it half alive. Shutdown (SIGTERM) runs in this order (STYLE #4):
 
 1. health NOT_SERVING (load balancers stop sending);
-2. workers told to reconnect elsewhere (``Drain``);
-3. every shard released — nothing more is dispatched, PRELOADED rows go back to
-   SCHEDULED, etcd keys deleted — so peers claim them within a second;
+2. every shard handed over: the node re-registers as draining, its successors warm up
+   and it lets each shard go once its successor is ready, dispatching it until then (at
+   most ``handoff.wait_s``; whatever is left is then released);
+3. workers told to reconnect elsewhere (``Drain``);
 4. loops stopped; queued acks/settlements flushed;
 5. gRPC server stopped with a grace period for in-flight calls;
 6. etcd lease revoked; database pool closed.
@@ -26,7 +27,7 @@ import asyncio
 import contextlib
 import logging
 import uuid
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Collection, Coroutine, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
@@ -52,6 +53,7 @@ from chronoshard.scheduler.errors import StoreUnavailable
 from chronoshard.scheduler.expectations_api import WatchdogServiceServicer
 from chronoshard.scheduler.fairness import UNLIMITED, TenantLimits
 from chronoshard.scheduler.gateway import Gateway
+from chronoshard.scheduler.liveness import REFRESHES_PER_TIMEOUT, WorkerLiveness
 from chronoshard.scheduler.maintenance import PartitionMaintenance
 from chronoshard.scheduler.metrics import NodeCollector, SchedulerMetrics
 from chronoshard.scheduler.models import Task, TaskRef
@@ -158,6 +160,21 @@ class TenantLimitsCache:
         }
 
 
+class _WorkerPresence:
+    """The shard manager's view of workers: this node's sessions, the cluster's rows."""
+
+    def __init__(self, gateway: Gateway, store: ReconcileStore, *, within_s: float) -> None:
+        self._gateway = gateway
+        self._store = store
+        self._within_s = within_s
+
+    def connected(self) -> set[str]:
+        return self._gateway.worker_ids()
+
+    async def seen_on(self, node_ids: Collection[str]) -> set[str]:
+        return await self._store.workers_seen(node_ids, self._within_s)
+
+
 class SchedulerNode:
     def __init__(self, config: SchedulerConfig, clock: Clock | None = None) -> None:
         self.config = config
@@ -227,7 +244,20 @@ class SchedulerNode:
             clock_skewed=self.clock.skewed,
         )
         self.shards = ShardManager(
-            self.info, shard_count, self.clock, self.coordinator, self.store, self.runs
+            self.info,
+            shard_count,
+            self.clock,
+            self.coordinator,
+            self.store,
+            self.runs,
+            handoff=config.handoff,
+            max_preloaded=config.scheduling.max_preloaded,
+            workers=_WorkerPresence(
+                self.gateway,
+                ReconcileStore(self.store),
+                # Live sessions are re-recorded every session_timeout / REFRESHES_PER_TIMEOUT.
+                within_s=2 * config.workers.session_timeout_s / REFRESHES_PER_TIMEOUT,
+            ),
         )
         self.dispatcher = Dispatcher(
             config,
@@ -248,6 +278,9 @@ class SchedulerNode:
         self.clock.on_skew_changed = self._clock_skew_changed
         if self.clock.skewed:
             self._clock_skew_changed(True)
+        # A joining node must have worker sessions before it takes shards over: workers
+        # otherwise find it only at their next periodic topology refresh.
+        self.shards.on_membership_changed = self.gateway.announce_topology
         self.shards.attach(self.dispatcher, self.preloader)
         self.reconciler = Reconciler(
             config,
@@ -258,7 +291,15 @@ class SchedulerNode:
             self.dispatcher,
             shard_count,
         )
+        self.liveness = WorkerLiveness(
+            config.node_id,
+            config.workers.session_timeout_s,
+            self.gateway,
+            ReconcileStore(self.store),
+        )
         self.gateway.on_sessions_changed = self._sessions_changed
+        # A claimed shard's previous owner may have left intents it never delivered.
+        self.shards.on_claimed = self.reconciler.wake
         self.maintenance = PartitionMaintenance(config.maintenance, self.store)
         self._add_services(self._server, shard_count)
         self.metrics.register(NodeCollector(config.node_id, self._counters, self._gauges))
@@ -271,6 +312,7 @@ class SchedulerNode:
         self._supervise("dispatcher", self.dispatcher.run())
         self._supervise("preloader", self.preloader.run())
         self._supervise("reconciler", self.reconciler.run())
+        self._supervise("liveness", self.liveness.run())
         self._supervise("maintenance", self.maintenance.run())
         self._supervise("tenant-refresh", self._refresh_tenants())
         self._supervise("backlog-report", self._report_backlog())
@@ -405,6 +447,7 @@ class SchedulerNode:
                 log.warning("tenant refresh failed", extra={"error": str(exc)})
 
     def _sessions_changed(self) -> None:
+        self.liveness.sessions_changed()  # recorded at once: peers warming up wait on it
         self.dispatcher.backlog_changed.set()  # a new stream hears the backlog at once
 
     async def _report_backlog(self) -> None:
@@ -461,11 +504,14 @@ class SchedulerNode:
     async def drain(
         self, reason: str = "scheduler node draining", *, shutting_down: bool = False
     ) -> None:
-        """Give up every shard and send workers elsewhere, but keep answering API calls.
+        """Hand every shard over and send workers elsewhere, but keep answering API calls.
 
         Health turns NOT_SERVING (load balancers stop sending new calls), and the node
-        re-registers as draining in etcd, so every node's target map leaves it out, every
-        node's GetTopology shows it draining, and its peers claim the shards it releases.
+        re-registers as draining in etcd, so every node's target map leaves it out and
+        every node's GetTopology shows it draining. Its successors warm up and take the
+        shards over while it keeps dispatching them (bounded by ``handoff.wait_s``); only
+        then are workers told to go elsewhere, so they keep their credits here until the
+        last shard has moved.
         """
         async with self._drain_lock:
             if self._draining:
@@ -475,9 +521,12 @@ class SchedulerNode:
             self._draining = True
             log.info("node draining", extra={"node_id": self.config.node_id, "reason": reason})
             await self._health.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
-            await self._register(draining=True)
+            if await self._register(draining=True):
+                await self.shards.hand_off_all()
+            else:
+                # No target map leaves this node out: nobody warms up for its shards.
+                await self.shards.release_all()
             self.gateway.drain_all(reason, shutting_down=shutting_down)
-            await self.shards.release_all()
 
     async def undrain(self) -> None:
         """Undo :meth:`drain`: registered as available again (peers hand back its share
@@ -493,7 +542,8 @@ class SchedulerNode:
             self.gateway.resume()
             await self._health.set("", health_pb2.HealthCheckResponse.SERVING)
 
-    async def _register(self, *, draining: bool) -> None:
+    async def _register(self, *, draining: bool) -> bool:
+        """Record the draining state in etcd; False if etcd refused."""
         self.info = replace(self.info, draining=draining)
         self.shards.set_node_info(self.info)
         try:
@@ -505,6 +555,8 @@ class SchedulerNode:
                 "cannot record the node's draining state in etcd",
                 extra={"draining": draining, "error": str(exc)},
             )
+            return False
+        return True
 
     async def stop(self) -> None:
         log.info("scheduler node stopping", extra={"node_id": self.config.node_id})
@@ -553,6 +605,7 @@ class SchedulerNode:
             "shards": dict(self.shards.stats),
             "clock": dict(self.clock.stats),
             "reconciler": dict(self.reconciler.stats),
+            "liveness": dict(self.liveness.stats),
             "maintenance": dict(self.maintenance.stats),
         }
 

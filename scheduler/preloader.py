@@ -13,11 +13,11 @@ host's wall clock: stepped an hour ahead, that pulled in an hour too much.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from datetime import datetime, timedelta
 
 from chronoshard.clock import Clock
+from chronoshard.events import wait_event
 from chronoshard.scheduler.config import SchedulerConfig
 from chronoshard.scheduler.dispatch_store import DispatchStore
 from chronoshard.scheduler.dispatcher import Dispatcher, ShardView
@@ -57,8 +57,7 @@ class Preloader:
             full_batch = await self.preload_once()
             if full_batch:
                 continue  # more due work than one batch: keep going
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self._scheduling.preload_interval_s)
+            await wait_event(self._wake, self._scheduling.preload_interval_s)
 
     async def preload_once(self) -> bool:
         """One pass; True when it filled a whole batch (more may be waiting)."""

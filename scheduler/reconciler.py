@@ -51,6 +51,7 @@ from enum import StrEnum
 from typing import Protocol
 
 from chronoshard.clock import Clock
+from chronoshard.events import wait_event
 from chronoshard.scheduler.config import SchedulerConfig
 from chronoshard.scheduler.dispatch_store import TimerTask
 from chronoshard.scheduler.errors import StoreUnavailable
@@ -275,6 +276,9 @@ class Scan:
     than ``now - lease_margin_s``): the next pass is due at it plus the margin."""
     outcome_unknown: int = 0
     """OUTCOME_UNKNOWN tasks of the shards, as read with the rows."""
+    next_ack_due: datetime | None = None
+    """When the next DISPATCHED row, untouched since, reaches the ack timeout: an intent
+    never delivered (its owner crashed after the commit) is given back then."""
 
 
 class ReconcileRuns(Protocol):
@@ -342,6 +346,8 @@ class PassReport:
 
 
 WORKFLOW_SCAN_LIMIT = 500
+ACK_DEADLINE_SLACK_S = 0.05
+"""Wake this long after a row's ack deadline, so that it is past it when scanned."""
 MIN_PASS_GAP_S = 0.01
 """The shortest sleep between passes: a lease due "now" that lost its repair race is
 looked at again next pass, not in a busy loop."""
@@ -362,13 +368,17 @@ def next_pass_in_s(
     overran it is followed at once by the next, never by a second one beside it. It is
     capped at ``lease_s``: a task dispatched right after this pass, whose worker dies at
     once, expires one lease later, and the next pass must see it before then to know
-    when to wake. The wake-up for the earliest lease the scan saw (``scan.next_expiry``
-    plus the margin, on the database's clock of ``scan.now``) counts from the scan
-    (``since_scan_s`` ago).
+    when to wake. The wake-ups for the earliest lease the scan saw (``scan.next_expiry``
+    plus the margin) and for the next ack deadline (``scan.next_ack_due``), both on the
+    database's clock of ``scan.now``, count from the scan (``since_scan_s`` ago).
     """
     gap_s = min(interval_s, lease_s) - since_start_s
     if scan is not None and scan.next_expiry is not None:
         due_s = (scan.next_expiry - scan.now).total_seconds() + lease_margin_s
+        gap_s = min(gap_s, due_s - since_scan_s)
+    if scan is not None and scan.next_ack_due is not None:
+        # A little after the deadline: the row must be past it when scanned.
+        due_s = (scan.next_ack_due - scan.now).total_seconds() + ACK_DEADLINE_SLACK_S
         gap_s = min(gap_s, due_s - since_scan_s)
     return max(MIN_PASS_GAP_S, gap_s)
 
@@ -394,6 +404,7 @@ class Reconciler:
         self._run_cursor: tuple[datetime, uuid.UUID] | None = None
         self.outcome_unknown = 0
         """OUTCOME_UNKNOWN tasks of the owned shards after the last pass (a gauge)."""
+        self._wake = asyncio.Event()
         self.stats: dict[str, int] = {
             "passes": 0,
             "redispatched": 0,
@@ -417,8 +428,15 @@ class Reconciler:
             since_scan_s=now - scanned_at,
         )
 
+    def wake(self) -> None:
+        """Pass now (a shard was just claimed: its previous owner's undelivered intents
+        may be overdue already)."""
+        self._wake.set()
+
     async def run(self) -> None:
         while True:
+            # Cleared before the pass: a wake-up during it (a claim) is not lost.
+            self._wake.clear()
             started = self._clock.monotonic()
             gap_s = None
             if self._shards.dispatch_allowed():
@@ -427,7 +445,7 @@ class Reconciler:
                 except StoreUnavailable as exc:
                     self.stats["store_errors"] += 1
                     log.warning("reconcile pass failed; next pass", extra={"error": str(exc)})
-            await asyncio.sleep(self._gap_s(started) if gap_s is None else gap_s)
+            await wait_event(self._wake, self._gap_s(started) if gap_s is None else gap_s)
 
     async def reconcile_once(self) -> PassReport:
         """One pass over the owned shards: in-flight rows, then workflow runs."""

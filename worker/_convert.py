@@ -43,6 +43,7 @@ from chronoshard.worker._models import (
     Settlement,
     SettlementKind,
     TaskRef,
+    TopologyChanged,
     Welcome,
 )
 
@@ -268,6 +269,8 @@ def from_pb(msg: worker_service_pb2.SchedulerMessage) -> Inbound | None:
         return Drain(reason=msg.drain.reason, shutting_down=msg.drain.shutting_down)
     if which == "resume":
         return Resume()
+    if which == "topology_changed":
+        return TopologyChanged()
     if which == "credit_return":
         return CreditReturn(credits=msg.credit_return.credits)
     if which == "backlog":

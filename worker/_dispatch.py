@@ -71,6 +71,7 @@ from chronoshard.worker._models import (
     RunKey,
     RunningTask,
     Settlement,
+    TopologyChanged,
     Welcome,
 )
 from chronoshard.worker._session import NodeSession
@@ -240,6 +241,8 @@ class Dispatcher:
                 self._on_drain(session, msg)
             case Resume():
                 self._on_resume(session)
+            case TopologyChanged():
+                self.topology.request_refresh()
             case Welcome():
                 self._log(logging.WARNING, "second Welcome ignored", node=session.node_id)
             case _:

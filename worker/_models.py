@@ -232,6 +232,11 @@ class Resume:
 
 
 @dataclass(frozen=True, slots=True)
+class TopologyChanged:
+    """The node saw the cluster's membership change: ask GetTopology now."""
+
+
+@dataclass(frozen=True, slots=True)
 class CreditReturn:
     """The node dropped ``credits`` unused credits, as a CreditRecall asked."""
 
@@ -269,6 +274,7 @@ Inbound = (
     | Cancel
     | Drain
     | Resume
+    | TopologyChanged
     | Backlog
     | CreditReturn
     | Receipt

@@ -27,6 +27,7 @@ from collections import OrderedDict
 from typing import Any, Protocol
 
 from chronoshard.batching import MAX_BATCH_MESSAGES, take_queued
+from chronoshard.events import wait_event
 from chronoshard.worker._backoff import backoff_s
 from chronoshard.worker._lease import DEFAULT_LEASE_MARGIN_S
 from chronoshard.worker._models import (
@@ -39,7 +40,7 @@ from chronoshard.worker._models import (
     Reject,
     Welcome,
 )
-from chronoshard.worker._transport import Stream, StreamClosed, Transport, wait_event
+from chronoshard.worker._transport import Stream, StreamClosed, Transport
 
 logger = logging.getLogger("chronoshard.worker")
 

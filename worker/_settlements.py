@@ -24,13 +24,14 @@ from collections.abc import Callable
 from typing import Any
 
 from chronoshard.clock import Clock
+from chronoshard.events import wait_event
 from chronoshard.worker._backoff import backoff_s
 from chronoshard.worker._errors import STALE_FENCING_TOKEN, CallFailed
 from chronoshard.worker._models import Ack, Receipt, RunKey, Settlement
 from chronoshard.worker._outbox import Outbox, OutboxEntry
 from chronoshard.worker._session import NodeSession
 from chronoshard.worker._topology import Topology
-from chronoshard.worker._transport import Transport, is_retryable, wait_event
+from chronoshard.worker._transport import Transport, is_retryable
 
 logger = logging.getLogger("chronoshard.worker")
 

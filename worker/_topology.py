@@ -25,11 +25,12 @@ import random
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
+from chronoshard.events import wait_event
 from chronoshard.worker._backoff import backoff_s
 from chronoshard.worker._errors import CallFailed
 from chronoshard.worker._models import NodeInfo
 from chronoshard.worker._session import NodeSession, SessionHost
-from chronoshard.worker._transport import Transport, wait_event
+from chronoshard.worker._transport import Transport
 
 logger = logging.getLogger("chronoshard.worker")
 

@@ -75,20 +75,6 @@ def is_retryable(code: str, info: ErrorInfo | None) -> bool:
     return code not in _REFUSALS or (info is not None and info.retryable)
 
 
-async def wait_event(event: asyncio.Event, timeout_s: float | None) -> bool:
-    """Wait for ``event`` at most ``timeout_s``; True if it was set.
-
-    Not ``asyncio.wait_for``: on Python 3.11 it can swallow a cancellation that arrives
-    as the inner wait completes, leaving a task that was told to stop running forever.
-    """
-    try:
-        async with asyncio.timeout(timeout_s):
-            await event.wait()
-    except TimeoutError:
-        return False
-    return True
-
-
 def channel_options() -> list[tuple[str, int]]:
     """The client channel options of DESIGN §12."""
     return [

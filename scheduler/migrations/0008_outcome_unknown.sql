@@ -27,6 +27,3 @@ ALTER TABLE task_attempts
 -- The held tasks of one shard: the reconciler's gauge counts them every pass, and an
 -- operator lists them (they are few; this keeps both from reading all history).
 CREATE INDEX tasks_outcome_unknown_idx ON tasks (shard) WHERE status = 'OUTCOME_UNKNOWN';
-
--- Worker liveness (0006) only served the rule this migration retires: nothing reads it.
-DROP TABLE worker_sessions;

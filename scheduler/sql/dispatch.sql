@@ -57,18 +57,42 @@ RETURNING t.id, t.scheduled_at, t.shard, t.tenant_id, t.priority, t.queue, t.typ
           t.strict_timing;
 
 -- name: load_preloaded
--- A new owner (or a restarted node) reloads what the previous owner had preloaded.
+-- A new owner (or a restarted node) reloads what the previous owner had preloaded:
+-- nearest due first, a chunk at a time (keyset on (due_at, id), after_due NULL: from the
+-- start; limit NULL: all), so the first dispatches need not wait for a whole shard.
 SELECT id, scheduled_at, shard, tenant_id, priority, queue, type, due_at, strict_timing
 FROM tasks
 WHERE shard = ANY(%(shards)s::smallint[])
-  AND status = 'PRELOADED';
+  AND status = 'PRELOADED'
+  AND (%(after_due)s::timestamptz IS NULL
+       OR (due_at, id) > (%(after_due)s::timestamptz, %(after_id)s::uuid))
+ORDER BY due_at, id
+LIMIT %(limit)s;
+
+-- name: read_warm
+-- Planned handoff, the incoming owner's warm-up (scheduler/handoff.py): the shard's rows
+-- due before the horizon that the old owner preloaded or will, nearest first, a chunk at
+-- a time. Read only: the shard is not ours yet, so nothing is locked or changed.
+SELECT id, scheduled_at, shard, tenant_id, priority, queue, type, due_at, strict_timing
+FROM tasks
+WHERE shard = %(shard)s
+  AND (status = 'PRELOADED'
+       OR (status IN ('SCHEDULED', 'RETRYING') AND unresolved_dependencies = 0))
+  AND due_at < %(horizon)s
+  AND (%(after_due)s::timestamptz IS NULL
+       OR (due_at, id) > (%(after_due)s::timestamptz, %(after_id)s::uuid))
+ORDER BY due_at, id
+LIMIT %(limit)s;
 
 -- name: unload_preloaded
--- Handing a shard over: its PRELOADED rows go back to SCHEDULED for the next owner.
+-- Handing a shard over without a warm successor: its PRELOADED rows (those after a
+-- keyset position, when given) go back to SCHEDULED for whoever preloads next.
 UPDATE tasks
 SET status = 'SCHEDULED', updated_at = now()
 WHERE shard = ANY(%(shards)s::smallint[])
-  AND status = 'PRELOADED';
+  AND status = 'PRELOADED'
+  AND (%(after_due)s::timestamptz IS NULL
+       OR (due_at, id) > (%(after_due)s::timestamptz, %(after_id)s::uuid));
 
 -- name: write_intents
 -- The dispatch intent (DESIGN §6): PRELOADED -> DISPATCHED with token+1 and attempt+1,

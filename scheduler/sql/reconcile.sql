@@ -12,8 +12,11 @@
 -- leases, so node clock skew cannot expire a lease early): now; the earliest lease of an
 -- in-flight row of the shards not yet due for action (later than now - margin), one
 -- probe of tasks_inflight_idx per shard, so the reconciler wakes at that expiry plus the
--- margin; and the OUTCOME_UNKNOWN tasks of the shards (tasks_outcome_unknown_idx), the
--- gauge operators watch.
+-- margin; the OUTCOME_UNKNOWN tasks of the shards (tasks_outcome_unknown_idx), the
+-- gauge operators watch; and when the next DISPATCHED row, untouched since, reaches the
+-- ack timeout (served by tasks_inflight_idx): an intent a crashed owner committed and
+-- never delivered is then given back at intent + ack timeout, not up to a whole
+-- reconcile interval later (rows already past it are the regular passes' business).
 SELECT now() AS now,
        (SELECT min(n.lease_expires_at)
         FROM unnest(%(shards)s::smallint[]) AS s(shard)
@@ -29,7 +32,12 @@ SELECT now() AS now,
        (SELECT count(*)
         FROM tasks AS u
         WHERE u.shard = ANY(%(shards)s::smallint[])
-          AND u.status = 'OUTCOME_UNKNOWN') AS outcome_unknown;
+          AND u.status = 'OUTCOME_UNKNOWN') AS outcome_unknown,
+       (SELECT min(d.updated_at) + make_interval(secs => %(ack_timeout_s)s)
+        FROM tasks AS d
+        WHERE d.shard = ANY(%(shards)s::smallint[])
+          AND d.status = 'DISPATCHED'
+          AND d.updated_at > now() - make_interval(secs => %(ack_timeout_s)s)) AS next_ack_due;
 
 -- name: scan_inflight
 -- The in-flight rows of the owned shards that may need the reconciler: a lease expired
@@ -136,6 +144,29 @@ WHERE w.id = f.id
         AND n.status NOT IN ('COMPLETED', 'CANCELLED', 'DEAD_LETTER', 'UPSTREAM_FAILED')
   )
 RETURNING w.id;
+
+-- name: touch_worker_sessions
+-- This node has (or just had: closed) a session of each worker: it was seen now.
+INSERT INTO worker_sessions (worker_id, node_id, last_seen_at, closed_at)
+SELECT worker_id, %(node_id)s, now(), CASE WHEN closed THEN now() END
+FROM unnest(%(worker_ids)s::text[], %(closed)s::boolean[]) AS w(worker_id, closed)
+ORDER BY worker_id
+ON CONFLICT (worker_id, node_id) DO UPDATE
+    SET last_seen_at = now(), closed_at = EXCLUDED.closed_at;
+
+-- name: workers_seen
+-- Workers with an open session on any of these nodes, refreshed within the window (a
+-- node that died leaves its rows open): a node taking shards over waits until each of
+-- them has a session with it too.
+SELECT DISTINCT worker_id
+FROM worker_sessions
+WHERE node_id = ANY(%(node_ids)s::text[])
+  AND closed_at IS NULL
+  AND last_seen_at > now() - make_interval(secs => %(within_s)s);
+
+-- name: forget_old_worker_sessions
+DELETE FROM worker_sessions
+WHERE last_seen_at < now() - make_interval(secs => %(older_than_s)s);
 
 -- name: try_maintenance_lock
 -- Session-level: one node runs partition maintenance at a time; the others skip a round.

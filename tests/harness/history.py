@@ -37,7 +37,9 @@ CREATE TABLE IF NOT EXISTS effects (
     worker_id text NOT NULL,
     started_at timestamptz NOT NULL,
     due_at timestamptz NOT NULL,
-    outcome text NOT NULL
+    outcome text NOT NULL,
+    -- PostgreSQL's clock when the handler wrote its effect, the first thing it does.
+    recorded_at timestamptz NOT NULL DEFAULT now()
 )
 """
 
@@ -191,3 +193,43 @@ def lease_expired_at(attempt_error: str | None) -> datetime:
     if found is None:
         raise AssertionError(f"no lease expiry recorded in {attempt_error!r}")
     return datetime.fromisoformat(found.group(1))
+
+
+@dataclass(frozen=True)
+class Lateness:
+    """I4 for one set of tasks, in seconds after ``due_at``, all by PostgreSQL's clock."""
+
+    started: list[float]
+    """To the first effect a handler of the task recorded (``effects.recorded_at``, the
+    first thing an e2e handler does): when it really started."""
+    dispatched: list[float]
+    """To the first attempt's intent (``task_attempts.entered_at``); negative when the
+    intent was written ahead of ``due_at`` (lead dispatch)."""
+    settled: list[float]
+    """To ``tasks.started_at``: the ack or, for a run too short to be acked, the commit of
+    its completion (so it includes how long the settlement took to land)."""
+    redispatched: int = 0
+    """Tasks that needed more than one dispatch (an attempt given up and run again)."""
+
+
+def lateness(
+    dsn: str, task_ids: list[uuid.UUID], shards: set[int], due_from: datetime, due_to: datetime
+) -> Lateness:
+    """How late the tasks of ``shards`` due in ``[due_from, due_to)`` started."""
+    with psycopg.connect(dsn) as conn:
+        rows = conn.execute(
+            "SELECT extract(epoch FROM (SELECT min(e.recorded_at) FROM effects e"
+            "                           WHERE e.task_id = t.id) - t.due_at)::float8,"
+            "       extract(epoch FROM a.entered_at - t.due_at)::float8,"
+            "       extract(epoch FROM t.started_at - t.due_at)::float8,"
+            "       t.attempt > 1"
+            " FROM tasks t JOIN task_attempts a ON a.task_id = t.id AND a.attempt = 1"
+            " WHERE t.id = ANY(%s) AND t.shard = ANY(%s) AND t.due_at >= %s AND t.due_at < %s",
+            (task_ids, sorted(shards), due_from, due_to),
+        ).fetchall()
+    return Lateness(
+        [r[0] for r in rows if r[0] is not None],
+        [r[1] for r in rows],
+        [r[2] for r in rows if r[2] is not None],
+        sum(1 for r in rows if r[3]),
+    )

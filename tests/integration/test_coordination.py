@@ -118,6 +118,42 @@ async def test_watch_sees_joins_and_leaves(etcd: EtcdProcess, cluster: str) -> N
         await a.close()
 
 
+async def test_handoff_marks_are_watched_taken_back_and_cleared_by_the_claim(
+    etcd: EtcdProcess, cluster: str
+) -> None:
+    old = await _started(etcd, cluster, "node-a")
+    new = await _started(etcd, cluster, "node-b")
+    try:
+        held = await old.claim_shard(4)
+        assert held is not None
+        marks = old.watch_handoff_marks()
+        claims = new.watch_claims()
+        assert await asyncio.wait_for(anext(marks), 10) == {}
+        assert set(await asyncio.wait_for(anext(claims), 10)) == {4}
+
+        await new.mark_handoff_ready(4)
+        assert await asyncio.wait_for(anext(marks), 10) == {4: "node-b"}
+        await old.clear_handoff_mark(4)  # not old's mark: left alone
+        assert (await old._handoff_marks_at())[0] == {4: "node-b"}
+        await new.clear_handoff_mark(4)
+        assert await asyncio.wait_for(anext(marks), 10) == {}
+
+        await new.mark_handoff_ready(4)
+        assert await asyncio.wait_for(anext(marks), 10) == {4: "node-b"}
+        assert await old.release_shard(4, held.epoch)
+        assert await asyncio.wait_for(anext(claims), 10) == {}
+        taken = await new.claim_shard(4)
+        assert taken is not None and taken.epoch > held.epoch
+        # The claim deleted the mark in the same transaction.
+        assert await asyncio.wait_for(anext(marks), 10) == {}
+        assert (await asyncio.wait_for(anext(claims), 10))[4].node_id == "node-b"
+        await marks.aclose()
+        await claims.aclose()
+    finally:
+        await old.close()
+        await new.close()
+
+
 async def test_lease_renews_while_etcd_is_up(etcd: EtcdProcess, cluster: str) -> None:
     a = EtcdCoordinator(_config(etcd, cluster, ttl_s=2.0), "node-a", SystemClock())
     await a.connect()

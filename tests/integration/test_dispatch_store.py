@@ -239,3 +239,73 @@ async def test_release_keeps_the_retry_budget_and_stores_the_checkpoint(
 async def test_unknown_task_is_not_found(runs: DispatchStore) -> None:
     ghost = Settle(TaskRef(datetime.now(UTC), uuid.uuid4()), 1)
     assert await runs.ack([ghost]) == {ghost.ref.id: Outcome.TASK_NOT_FOUND}
+
+
+async def test_a_warm_handoff_reads_without_writing_and_no_task_is_dispatched_twice(
+    store: Store, runs: DispatchStore, tenant: Tenant
+) -> None:
+    """The incoming owner reads the shard's near rows while the old owner still owns it
+    and dispatches; after the claim its intents skip whatever the old owner took."""
+    soon = [await _submit(store, tenant, due_in_s=1 + i) for i in range(5)]
+    far = await _submit(store, tenant, due_in_s=3600)
+    minute = datetime.now(UTC) + timedelta(minutes=1)
+    preloaded, _ = await runs.load_due({SHARD: EPOCH}, minute, 100)
+    late_submit = await _submit(store, tenant, due_in_s=2.5)  # not preloaded yet
+    horizon = datetime.now(UTC) + timedelta(seconds=10)
+
+    staged: list[TimerTask] = []
+    after = None
+    while True:
+        page = await runs.read_warm(SHARD, horizon, after, limit=2)
+        staged += page
+        if len(page) < 2:
+            break
+        after = (page[-1].due_at, page[-1].id)
+    assert [t.id for t in staged] == [
+        t.id for t in sorted([*soon, late_submit], key=lambda t: (t.due_at, t.id))
+    ]
+    assert far.id not in {t.id for t in staged}
+    assert (await _row(store, late_submit.id))["status"] == "SCHEDULED"  # read, not moved
+    assert {(await _row(store, t.id))["status"] for t in soon} == {"PRELOADED"}
+
+    # The old owner dispatches two more before it lets go; then the new owner claims.
+    by_id = {t.id: t for t in preloaded}
+    old = await runs.write_intents(
+        {SHARD: EPOCH}, [Intent(by_id[soon[0].id], "w1"), Intent(by_id[soon[1].id], "w1")], 30
+    )
+    assert len(old.dispatched) == 2
+    assert await store.claim_shard_epoch(SHARD, EPOCH + 1, "node-b")
+    too_late = await runs.write_intents({SHARD: EPOCH}, [Intent(by_id[soon[2].id], "w1")], 30)
+    assert too_late.dispatched == [] and too_late.lost_shards == {SHARD}
+
+    new = await runs.write_intents({SHARD: EPOCH + 1}, [Intent(t, "w2") for t in staged], 30)
+    assert sorted(t.id for t in new.dispatched) == sorted(t.id for t in soon[2:])
+    assert {t.fencing_token for t in new.dispatched} == {1}
+    async with store.connection() as conn:
+        cur = await conn.execute(
+            "SELECT task_id, epoch FROM task_attempts WHERE task_id = ANY(%s)",
+            ([t.id for t in soon],),
+        )
+        epochs = dict(await cur.fetchall())
+    assert epochs == {
+        **{t.id: EPOCH for t in soon[:2]},
+        **{t.id: EPOCH + 1 for t in soon[2:]},
+    }
+
+
+async def test_a_claimed_shard_reloads_nearest_first_in_chunks_and_unloads_the_rest(
+    store: Store, runs: DispatchStore, tenant: Tenant
+) -> None:
+    tasks = [await _submit(store, tenant, due_in_s=50 - i) for i in range(5)]
+    await runs.load_due({SHARD: EPOCH}, datetime.now(UTC) + timedelta(minutes=1), 100)
+    order = [t.id for t in sorted(tasks, key=lambda t: (t.due_at, t.id))]
+    first = await runs.load_preloaded({SHARD: EPOCH}, limit=2)
+    assert [t.id for t in first] == order[:2]
+    cursor = (first[-1].due_at, first[-1].id)
+    second = await runs.load_preloaded({SHARD: EPOCH}, after=cursor, limit=2)
+    assert [t.id for t in second] == order[2:4]
+    # Past the memory cap: what was not loaded goes back to SCHEDULED, nothing else.
+    assert await runs.unload_preloaded({SHARD: EPOCH}, after=cursor) == 3
+    statuses = [(await _row(store, i))["status"] for i in order]
+    assert statuses == ["PRELOADED", "PRELOADED", "SCHEDULED", "SCHEDULED", "SCHEDULED"]
+    assert await runs.load_preloaded({SHARD: EPOCH + 1}) == []  # not our epoch

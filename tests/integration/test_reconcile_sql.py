@@ -9,6 +9,8 @@ backdating rows, never by sleeping.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import uuid
 from collections.abc import AsyncIterator, Collection, Mapping, Sequence
@@ -17,6 +19,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from fixtures.waiting import eventually
 from psycopg.rows import dict_row
 
 from chronoshard.clock import SystemClock
@@ -562,7 +565,7 @@ async def test_preloader_and_reconciler_queries_read_only_live_rows(
         ),
         "pass_state": (
             reconcile_sql["pass_state"],
-            {"shards": shards, "margin_s": 2.0},
+            {"shards": shards, "margin_s": 2.0, "ack_timeout_s": 10.0},
             "tasks_inflight_idx",
         ),
     }
@@ -627,3 +630,71 @@ async def _plan(
     row = await cur.fetchone()
     assert row is not None
     return _scans(row[0] if not isinstance(row[0], str) else json.loads(row[0]))
+
+
+async def _ack_due_in(reconcile: ReconcileStore, shards: list[int]) -> float | None:
+    scan = await reconcile.scan_inflight(
+        shards, ack_timeout_s=ACK_S, lease_s=30, lease_margin_s=MARGIN_S, limit=10
+    )
+    return None if scan.next_ack_due is None else (scan.next_ack_due - scan.now).total_seconds()
+
+
+async def test_the_pass_learns_when_the_oldest_untouched_dispatch_turns_overdue(
+    store: Store, runs: DispatchStore, tenant: Tenant
+) -> None:
+    reconcile = ReconcileStore(store)
+    assert await _ack_due_in(reconcile, [SHARD]) is None
+    first, second = await _submit(store, tenant), await _submit(store, tenant)
+    await _dispatch(runs)
+    await _backdate(store, first.id, 4)
+    due_in = await _ack_due_in(reconcile, [SHARD])
+    assert due_in is not None and ACK_S - 4 - 1 < due_in <= ACK_S - 4
+    await _backdate(store, first.id, ACK_S)  # overdue: the regular passes look at it
+    due_in = await _ack_due_in(reconcile, [SHARD])
+    assert due_in is not None and ACK_S - 1 < due_in <= ACK_S  # the second one's
+    assert await _ack_due_in(reconcile, [SHARD + 1]) is None
+    await _sql(store, "UPDATE tasks SET status = 'RUNNING' WHERE id = %s", second.id)
+    assert await _ack_due_in(reconcile, [SHARD]) is None
+
+
+async def test_the_loop_wakes_when_an_undelivered_intent_turns_overdue_not_at_the_interval(
+    store: Store, runs: DispatchStore, tenant: Tenant
+) -> None:
+    """An intent a crashed owner committed and never sent is given back at intent + ack
+    timeout: the loop sleeps until then rather than to its next regular pass (5 s)."""
+    new = await _submit(store, tenant)
+    await _dispatch(runs)
+    await _backdate(store, new.id, ACK_S - 0.5)
+    sessions, wheel = Sessions(), Wheel()
+    sessions.known[new.id] = False
+    reconciler, _ = _reconciler(store, sessions, wheel)
+    assert CONFIG.reconcile.interval_s >= 5
+    loop = asyncio.create_task(reconciler.run())
+    try:
+        await eventually(
+            lambda: [t.id for t in wheel.ready] == [new.id],
+            timeout_s=3,
+            what="the intent given back once its ack timeout ran out",
+        )
+    finally:
+        loop.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await loop
+    assert reconciler.stats["passes"] == 2
+
+
+async def test_workers_seen_are_those_with_an_open_session_on_the_given_nodes(
+    store: Store,
+) -> None:
+    sessions = ReconcileStore(store)
+    await sessions.touch_worker_sessions("node-a", ["w1", "w2"])
+    await sessions.touch_worker_sessions("node-b", ["w3"])
+    assert await sessions.workers_seen(["node-a", "node-b"], 10) == {"w1", "w2", "w3"}
+    assert await sessions.workers_seen(["node-b"], 10) == {"w3"}
+    await sessions.touch_worker_sessions("node-a", ["w1"], closed=["w2"])  # w2 stopped
+    assert await sessions.workers_seen(["node-a"], 10) == {"w1"}
+    await sessions.touch_worker_sessions("node-a", ["w1", "w2"])  # and came back
+    assert await sessions.workers_seen(["node-a"], 10) == {"w1", "w2"}
+    await _sql(store, "UPDATE worker_sessions SET last_seen_at = now() - interval '11 s'")
+    assert await sessions.workers_seen(["node-a"], 10) == set()  # node-a died: rows aged
+    assert await sessions.workers_seen([], 10) == set()

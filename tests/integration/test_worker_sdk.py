@@ -1011,6 +1011,29 @@ async def test_connects_to_every_node_in_the_topology() -> None:
         assert json.loads(complete.result_json) == "default"
 
 
+async def test_topology_changed_connects_to_a_joining_node_at_once() -> None:
+    """Without TopologyChanged the worker would find node b only at its next periodic
+    refresh (30 s); told, it asks again and has a session with credits in well under a
+    second, before b takes any shard over."""
+    async with serve(FakeScheduler()) as a, serve(FakeScheduler()) as b:
+        b.node_id = "node-b"
+        worker = make_worker(a)
+
+        @worker.task("echo")
+        async def echo(ctx: TaskContext) -> str:
+            return "ok"
+
+        async with running(worker):
+            on_a = await a.session_with_credit()
+            await a.wait_for(lambda: a.topology_calls >= 1)
+            a.extra_nodes = [admin_service_pb2.Node(node_id="node-b", address=b.address)]
+            on_a.send(topology_changed=pb.TopologyChanged())
+            on_b = await b.session_with_credit(timeout_s=WAIT_S)
+            on_b.assign("echo")
+            await b.wait_for(lambda: on_b.of("complete"))
+        assert a.topology_calls == 2
+
+
 async def test_node_drain_moves_settlement_to_unary_and_stops_credits(
     fake: FakeScheduler,
 ) -> None:

@@ -16,6 +16,7 @@ from chronoshard.scheduler.config import SchedulerConfig
 from chronoshard.scheduler.dispatch_store import TimerTask
 from chronoshard.scheduler.models import Priority
 from chronoshard.scheduler.reconciler import (
+    ACK_DEADLINE_SLACK_S,
     MIN_PASS_GAP_S,
     Cause,
     Decision,
@@ -338,6 +339,33 @@ def test_a_pass_is_never_late_for_an_expiry_it_saw(
     if expiry_in_s is not None:
         due_in_s = expiry_in_s + MARGIN_S - since_scan_s
         assert gap <= max(MIN_PASS_GAP_S, due_in_s) + 1e-6  # timedelta: microseconds
+
+
+@settings(max_examples=300)
+@given(
+    st.one_of(st.none(), st.floats(-10, 100)),
+    st.floats(0, 10),
+    st.floats(0, 10),
+)
+def test_a_pass_wakes_for_an_ack_deadline_it_saw_but_not_before_it(
+    ack_due_in_s: float | None, since_start_s: float, since_scan_s: float
+) -> None:
+    """An intent never delivered (its owner crashed after the commit) is given back at
+    its ack deadline: the loop wakes then, not at the next regular pass — and not
+    earlier, or the row would still be inside its ack timeout and be kept."""
+    due = None if ack_due_in_s is None else NOW + timedelta(seconds=ack_due_in_s)
+    scan = Scan(NOW, [], next_ack_due=due)
+    gap = _gap(scan, since_start_s=since_start_s, since_scan_s=since_scan_s)
+    regular = _gap(None, since_start_s=since_start_s)
+    assert MIN_PASS_GAP_S <= gap <= regular
+    if ack_due_in_s is not None and gap < regular and gap > MIN_PASS_GAP_S:
+        assert gap >= ack_due_in_s - since_scan_s - 1e-6
+
+
+def test_an_undelivered_intent_is_looked_at_just_after_its_ack_timeout_runs_out() -> None:
+    scan = Scan(NOW, [], next_ack_due=NOW + timedelta(seconds=1.5))
+    assert _gap(scan) == pytest.approx(1.5 + ACK_DEADLINE_SLACK_S)
+    assert _gap(Scan(NOW, [])) == pytest.approx(5.0)
 
 
 # ---- workflow runs --------------------------------------------------------------------------

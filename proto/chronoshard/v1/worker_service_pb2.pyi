@@ -167,7 +167,7 @@ class DrainStarted(_message.Message):
     def __init__(self, grace: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
 
 class SchedulerMessage(_message.Message):
-    __slots__ = ("welcome", "assignment", "heartbeat_reply", "cancel", "drain", "backlog", "receipt", "reject", "credit_return", "batch", "resume")
+    __slots__ = ("welcome", "assignment", "heartbeat_reply", "cancel", "drain", "backlog", "receipt", "reject", "credit_return", "batch", "resume", "topology_changed")
     WELCOME_FIELD_NUMBER: _ClassVar[int]
     ASSIGNMENT_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_REPLY_FIELD_NUMBER: _ClassVar[int]
@@ -179,6 +179,7 @@ class SchedulerMessage(_message.Message):
     CREDIT_RETURN_FIELD_NUMBER: _ClassVar[int]
     BATCH_FIELD_NUMBER: _ClassVar[int]
     RESUME_FIELD_NUMBER: _ClassVar[int]
+    TOPOLOGY_CHANGED_FIELD_NUMBER: _ClassVar[int]
     welcome: Welcome
     assignment: Assignment
     heartbeat_reply: HeartbeatReply
@@ -190,7 +191,8 @@ class SchedulerMessage(_message.Message):
     credit_return: CreditReturn
     batch: SchedulerBatch
     resume: Resume
-    def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., assignment: _Optional[_Union[Assignment, _Mapping]] = ..., heartbeat_reply: _Optional[_Union[HeartbeatReply, _Mapping]] = ..., cancel: _Optional[_Union[Cancel, _Mapping]] = ..., drain: _Optional[_Union[Drain, _Mapping]] = ..., backlog: _Optional[_Union[Backlog, _Mapping]] = ..., receipt: _Optional[_Union[Receipt, _Mapping]] = ..., reject: _Optional[_Union[Reject, _Mapping]] = ..., credit_return: _Optional[_Union[CreditReturn, _Mapping]] = ..., batch: _Optional[_Union[SchedulerBatch, _Mapping]] = ..., resume: _Optional[_Union[Resume, _Mapping]] = ...) -> None: ...
+    topology_changed: TopologyChanged
+    def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., assignment: _Optional[_Union[Assignment, _Mapping]] = ..., heartbeat_reply: _Optional[_Union[HeartbeatReply, _Mapping]] = ..., cancel: _Optional[_Union[Cancel, _Mapping]] = ..., drain: _Optional[_Union[Drain, _Mapping]] = ..., backlog: _Optional[_Union[Backlog, _Mapping]] = ..., receipt: _Optional[_Union[Receipt, _Mapping]] = ..., reject: _Optional[_Union[Reject, _Mapping]] = ..., credit_return: _Optional[_Union[CreditReturn, _Mapping]] = ..., batch: _Optional[_Union[SchedulerBatch, _Mapping]] = ..., resume: _Optional[_Union[Resume, _Mapping]] = ..., topology_changed: _Optional[_Union[TopologyChanged, _Mapping]] = ...) -> None: ...
 
 class SchedulerBatch(_message.Message):
     __slots__ = ("messages",)
@@ -292,6 +294,10 @@ class Drain(_message.Message):
     def __init__(self, reason: _Optional[str] = ..., shutting_down: _Optional[bool] = ...) -> None: ...
 
 class Resume(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class TopologyChanged(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 

@@ -1,0 +1,160 @@
+"""A multi-node cluster of real processes for the e2e fault tests, and what they ask of it.
+
+Scheduler nodes and worker processes (:mod:`harness.processes`) over one PostgreSQL and
+one etcd; handlers from ``tests/e2e/e2e_workers.py`` record their effects for the history
+checker (:mod:`harness.history`). The helpers read ownership from ``shard_owners`` and wait
+with a deadline (``fixtures.waiting.eventually``), never a bare sleep.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import uuid
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from pathlib import Path
+
+import psycopg
+from fixtures.waiting import eventually
+
+from chronoshard import Client, SubmitResult, TaskSpec
+from chronoshard.scheduler.tenant_admin import create_tenant
+from harness.history import EFFECTS_DDL, History
+from harness.processes import ProcessGroup, SchedulerHandle
+
+E2E_DIR = Path(__file__).resolve().parent.parent / "e2e"
+
+
+@dataclass
+class Cluster:
+    group: ProcessGroup
+    dsn: str
+    api_key: str
+    nodes: dict[str, SchedulerHandle]
+    shard_count: int
+
+    def targets(self) -> list[str]:
+        return [n.address for n in self.nodes.values()]
+
+    def live(self) -> set[str]:
+        return {name for name, handle in self.nodes.items() if handle.process.alive()}
+
+    def start_node(self, name: str) -> SchedulerHandle:
+        handle = self.group.start_scheduler(name)
+        self.nodes[name] = handle
+        return handle
+
+
+@contextlib.contextmanager
+def running_cluster(
+    dsn: str,
+    etcd_endpoint: str,
+    log_dir: Path,
+    *,
+    shard_count: int,
+    nodes: int,
+    workers: int = 2,
+    scheduler_env: Mapping[str, str],
+) -> Iterator[Cluster]:
+    """``nodes`` schedulers named ``node-1``.. and ``workers`` e2e workers connected to them."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(EFFECTS_DDL)
+    api_key = create_tenant(dsn, f"c-{uuid.uuid4().hex[:8]}").api_key
+    group = ProcessGroup(
+        log_dir=log_dir,
+        dsn=dsn,
+        etcd_endpoint=etcd_endpoint,
+        cluster=f"c-{uuid.uuid4().hex[:8]}",
+        shard_count=shard_count,
+        scheduler_env=scheduler_env,
+    )
+    try:
+        cluster = Cluster(group, dsn, api_key, {}, shard_count)
+        for i in range(nodes):
+            cluster.start_node(f"node-{i + 1}")
+        for i in range(workers):
+            group.start_worker(
+                f"worker-{i + 1}",
+                "e2e_workers:worker",
+                cluster.targets(),
+                pythonpath=E2E_DIR,
+                E2E_DSN=dsn,
+                CHRONOSHARD_API_KEY=api_key,
+            )
+        yield cluster
+    finally:
+        group.close()
+
+
+def epochs(dsn: str) -> dict[int, int]:
+    with psycopg.connect(dsn) as conn:
+        return dict(conn.execute("SELECT shard, epoch FROM shard_owners").fetchall())
+
+
+def owners(dsn: str) -> dict[int, str]:
+    with psycopg.connect(dsn) as conn:
+        return dict(conn.execute("SELECT shard, node_id FROM shard_owners").fetchall())
+
+
+async def spread(cluster: Cluster, timeout_s: float = 30) -> dict[str, set[int]]:
+    """Wait until every shard is owned and the live nodes share them (load-bounded)."""
+
+    def balanced() -> dict[str, set[int]] | None:
+        by_node: dict[str, set[int]] = {}
+        for shard, node in owners(cluster.dsn).items():
+            by_node.setdefault(node, set()).add(shard)
+        owned = sum(len(s) for s in by_node.values())
+        live = cluster.live()
+        if owned != cluster.shard_count or set(by_node) != live:
+            return None
+        # Converged, not just covered: rendezvous with a load bound of ceil(S/N).
+        if max(len(s) for s in by_node.values()) > -(-cluster.shard_count // len(live)):
+            return None
+        return by_node
+
+    return await eventually(balanced, timeout_s=timeout_s, what="shards spread over live nodes")
+
+
+async def submit(
+    client: Client, history: History, count: int, start: datetime, spread_s: float
+) -> list[uuid.UUID]:
+    """``count`` strict, idempotent ``e2e.record`` tasks due evenly over ``spread_s``."""
+    specs = [
+        TaskSpec(
+            type="e2e.record",
+            payload={"i": i},
+            at=start + timedelta(seconds=spread_s * i / count),
+            strict_timing=True,
+            idempotent=True,
+            job_id="cluster-job",
+        )
+        for i in range(count)
+    ]
+    ids: list[uuid.UUID] = []
+    for chunk in range(0, count, 1000):
+        op = history.invoke("submit_batch")
+        try:
+            results = await client.submit_batch(specs[chunk : chunk + 1000])
+        except Exception as exc:
+            History.finish(op, "unknown", error=str(exc))
+            raise
+        batch = [uuid.UUID(r.task.id) for r in results if isinstance(r, SubmitResult)]
+        History.finish(op, "ok", batch)
+        ids += batch
+    return ids
+
+
+async def wait_all_done(cluster: Cluster, ids: list[uuid.UUID], timeout_s: float) -> None:
+    def done() -> bool:
+        with psycopg.connect(cluster.dsn) as conn:
+            row = conn.execute(
+                "SELECT count(*) FROM tasks WHERE id = ANY(%s) AND status = 'COMPLETED'", (ids,)
+            ).fetchone()
+        return row is not None and row[0] == len(ids)
+
+    try:
+        await eventually(done, timeout_s=timeout_s, what="every task COMPLETED", interval_s=0.25)
+    except AssertionError:
+        print(cluster.group.logs())
+        raise
