@@ -116,7 +116,12 @@ def dumps(
             raise ValueError(f"{item} is not a JSON number")
         if not nonce:
             nonce = secrets.token_hex(16)
-        numbers.append(str(item))  # str() of a finite Decimal is a JSON number: "1E+400"
+        written = str(item)  # str() of a finite Decimal is a JSON number: "1E+400"
+        if "." not in written and "E" not in written:
+            # An integral Decimal ("10000000000000001", read from "10000000000000001.0")
+            # would be read back as an int: the fraction keeps it a Decimal.
+            written += ".0"
+        numbers.append(written)
         return f"{nonce}:{len(numbers) - 1}"
 
     text = json.dumps(

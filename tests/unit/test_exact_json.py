@@ -43,6 +43,7 @@ def _as_decimal(value: object) -> Decimal:
 @example("5e-324")
 @example("-0.0")
 @example("1.2300000000000000000000000000000000001")
+@example("10000000000000001.0")
 @given(NUMBER_TEXT)
 def test_a_number_keeps_its_value_through_reads_and_writes(text: str) -> None:
     read = exact_json.loads(text)
@@ -129,4 +130,6 @@ def test_an_integer_too_long_for_int_is_read_as_a_decimal() -> None:
     text = "7" * 5000  # int() refuses more than 4,300 digits
     read = exact_json.loads(text)
     assert isinstance(read, Decimal) and read == Decimal(text)
-    assert exact_json.dumps(read) == str(Decimal(text))
+    # Written with a fraction, so that it is read back as the same Decimal.
+    assert exact_json.dumps(read) == text + ".0"
+    assert exact_json.loads(exact_json.dumps(read)) == read
