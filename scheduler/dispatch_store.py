@@ -124,6 +124,30 @@ class FailureResult:
 class IntentResult:
     dispatched: list[Task]
     lost_shards: frozenset[int]
+    unwritten: frozenset[uuid.UUID] = frozenset()
+    """Read back after an unknown commit: intents that did not commit (still PRELOADED),
+    to be chosen again. Every other intent not in ``dispatched`` moved on."""
+
+
+def intent_committed(row: Mapping[str, Any], worker_id: str, epoch: int) -> bool | None:
+    """Whether an intent whose commit outcome was unknown committed, from its row read back
+    under the shard's fence: True (DISPATCHED to that worker under this epoch: send it),
+    False (still PRELOADED: choose it again) or None (the task moved on: drop it).
+
+    Sound because only the shard's owner writes intents, under its epoch, and the task was
+    PRELOADED and in this node's hands when the intent was written: DISPATCHED under the
+    same epoch can only be that intent.
+    """
+    status = TaskStatus(row["status"])
+    if status is TaskStatus.PRELOADED:
+        return False
+    if (
+        status is TaskStatus.DISPATCHED
+        and row["worker_id"] == worker_id
+        and row["attempt_epoch"] == epoch
+    ):
+        return True
+    return None
 
 
 # What a repeated settlement may find when the step was already taken by the same token.
@@ -305,6 +329,40 @@ class DispatchStore:
             )
             dispatched = [task_from_row(r) for r in await cur.fetchall()]
         return IntentResult(dispatched, frozenset(shards.keys() - owned))
+
+    async def read_back_intents(
+        self, epochs: Mapping[int, int], intents: Sequence[Intent]
+    ) -> IntentResult:
+        """What became of ``intents`` whose :meth:`write_intents` commit outcome was
+        unknown (:func:`intent_committed` for each), read under the shards' fence."""
+        shards = {i.task.shard: epochs[i.task.shard] for i in intents if i.task.shard in epochs}
+        async with self._store.transaction() as conn:
+            owned = await self._owned(conn, shards)
+            mine = [i for i in intents if i.task.shard in owned]
+            if not mine:
+                return IntentResult([], frozenset(shards.keys() - owned))
+            cur = conn.cursor(row_factory=dict_row)
+            await cur.execute(
+                self._q["intent_outcomes"],
+                {
+                    "scheduled_ats": [i.task.scheduled_at for i in mine],
+                    "ids": [i.task.id for i in mine],
+                    "shards": sorted(owned),
+                },
+            )
+            rows = {r["id"]: r for r in await cur.fetchall()}
+        dispatched: list[Task] = []
+        unwritten: set[uuid.UUID] = set()
+        for intent in mine:
+            row = rows.get(intent.task.id)
+            if row is None:
+                continue
+            committed = intent_committed(row, intent.worker_id, shards[row["shard"]])
+            if committed:
+                dispatched.append(task_from_row(row))
+            elif committed is False:
+                unwritten.add(intent.task.id)
+        return IntentResult(dispatched, frozenset(shards.keys() - owned), frozenset(unwritten))
 
     # ---- worker settlements (token-fenced, any node) ----------------------------------
 

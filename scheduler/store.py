@@ -17,7 +17,16 @@ state machine (``states``) says which moves a write may make. What it does own:
   for the old owner's in-flight writes and every later write sees the new epoch.
 * **One error boundary.** psycopg's ``OperationalError`` (lost connection, pool timeout,
   serialization failure, deadlock, lock timeout) becomes
-  :class:`~.errors.StoreUnavailable` (retryable), chained ``from exc``.
+  :class:`~.errors.StoreUnavailable` (retryable), chained ``from exc``. A connection lost
+  while a transaction was committing becomes :class:`~.errors.CommitOutcomeUnknown`: the
+  transaction may have committed (DESIGN §12). A pooled connection is waited for at most
+  ``acquire_timeout_s``, so while PostgreSQL is down callers hear so within that bound
+  instead of waiting for it to come back.
+* **Unknown submit outcomes are read back.** A submit batch whose commit outcome is
+  unknown is settled by reading its rows back once PostgreSQL answers again: found, the
+  batch committed and each caller gets its task; not found, nothing was written and the
+  caller may retry. It is never written again blindly (an unkeyed submit would then exist
+  twice).
 
 Timestamps are sent and returned timezone-aware; sessions run with ``TimeZone=UTC`` so
 returned datetimes are in UTC whatever the server's default.
@@ -25,6 +34,8 @@ returned datetimes are in UTC whatever the server's default.
 
 from __future__ import annotations
 
+import asyncio
+import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
@@ -39,6 +50,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from chronoshard.scheduler import queries, states, submits
 from chronoshard.scheduler.errors import (
+    CommitOutcomeUnknown,
     IdempotencyConflict,
     InvalidArgument,
     SchedulerError,
@@ -65,6 +77,10 @@ from chronoshard.scheduler.states import AttemptState, TaskEvent, TaskStatus
 DEFAULT_POOL_MIN_SIZE = 1
 DEFAULT_POOL_MAX_SIZE = 10
 DEFAULT_OPEN_TIMEOUT_S = 30.0
+DEFAULT_ACQUIRE_TIMEOUT_S = 5.0
+READ_BACK_TIMEOUT_S = 10.0
+"""How long a submit whose commit outcome is unknown tries to read its rows back."""
+READ_BACK_RETRY_S = 0.25
 
 Connection = psycopg.AsyncConnection[Any]
 _R = TypeVar("_R")
@@ -146,9 +162,11 @@ class Store:
         *,
         payload_limit_bytes: int = DEFAULT_PAYLOAD_LIMIT_BYTES,
         open_timeout_s: float = DEFAULT_OPEN_TIMEOUT_S,
+        acquire_timeout_s: float = DEFAULT_ACQUIRE_TIMEOUT_S,
         session_limits: SessionLimits | None = None,
     ) -> Self:
-        """A store with an open pool of ``min_size``..``max_size`` connections.
+        """A store with an open pool of ``min_size``..``max_size`` connections; a statement
+        waits at most ``acquire_timeout_s`` for one.
 
         Raises:
             StoreUnavailable: ``min_size`` connections could not be made in
@@ -159,6 +177,7 @@ class Store:
             min_size=min_size,
             max_size=max_size,
             open=False,
+            timeout=acquire_timeout_s,
             check=AsyncConnectionPool.check_connection,
             configure=_configurer(session_limits or SessionLimits()),
             kwargs={"autocommit": True},
@@ -194,9 +213,23 @@ class Store:
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[Connection]:
-        """A transaction on a pooled connection, committed when the block exits cleanly."""
-        async with self.connection() as conn, conn.transaction():
-            yield conn
+        """A transaction on a pooled connection, committed when the block exits cleanly.
+
+        Raises:
+            CommitOutcomeUnknown: the connection failed during the COMMIT itself (the
+                block had run): the transaction may or may not have committed.
+            StoreUnavailable: it failed earlier: nothing of the block was committed.
+        """
+        async with self.connection() as conn:
+            committing = False
+            try:
+                async with conn.transaction():
+                    yield conn
+                    committing = True
+            except psycopg.OperationalError as exc:
+                if committing:
+                    raise CommitOutcomeUnknown(f"while committing: {exc}") from exc
+                raise
 
     @asynccontextmanager
     async def shard_tx(self, shard: int, epoch: int) -> AsyncIterator[Connection]:
@@ -320,10 +353,12 @@ class Store:
             raise InvalidArgument("id", "two tasks in one batch share an id")
         if not prepared:
             return []
-        async with self.transaction() as conn:
-            outcomes = await self._write_submits(
-                conn, [(tenant_id, p) for p in prepared], all_or_nothing=True
-            )
+        requests = [(tenant_id, p) for p in prepared]
+        try:
+            async with self.transaction() as conn:
+                outcomes = await self._write_submits(conn, requests, all_or_nothing=True)
+        except CommitOutcomeUnknown as exc:
+            outcomes = await self._read_back_submits(requests, exc, all_or_nothing=True)
         return [o for o in outcomes if isinstance(o, SubmitResult)]
 
     async def insert_each(
@@ -340,8 +375,66 @@ class Store:
         """
         if not requests:
             return []
-        async with self.transaction() as conn:
-            return await self._write_submits(conn, requests, all_or_nothing=False)
+        try:
+            async with self.transaction() as conn:
+                return await self._write_submits(conn, requests, all_or_nothing=False)
+        except CommitOutcomeUnknown as exc:
+            return await self._read_back_submits(requests, exc, all_or_nothing=False)
+
+    async def _read_back_submits(
+        self,
+        requests: Sequence[submits.Request],
+        unknown: CommitOutcomeUnknown,
+        *,
+        all_or_nothing: bool,
+    ) -> list[SubmitResult | SchedulerError]:
+        """Settle a submit batch whose commit outcome is unknown by reading it back.
+
+        The batch was one transaction, so either every task it inserted exists or none
+        does. None found: nothing was written (or the batch inserted nothing: repeats and
+        conflicts only), so StoreUnavailable tells the callers to retry. Found: the batch
+        committed; each request whose own row exists gets it, and the others (repeats of
+        a key, conflicts, a request that failed on its own) are answered by writing them
+        again, which for them inserts nothing.
+
+        Raises:
+            CommitOutcomeUnknown: PostgreSQL did not answer within READ_BACK_TIMEOUT_S.
+        """
+        deadline = time.monotonic() + READ_BACK_TIMEOUT_S
+        while True:
+            try:
+                found = await self._find_submitted(requests)
+                break
+            except StoreUnavailable:
+                if time.monotonic() >= deadline:
+                    raise unknown from None
+                await asyncio.sleep(READ_BACK_RETRY_S)
+        if not found:
+            raise StoreUnavailable(f"nothing was committed ({unknown}); retry") from unknown
+        rest = [r for r in requests if r[1].new.id not in found]
+        answers: list[SubmitResult | SchedulerError] = []
+        if rest:
+            async with self.transaction() as conn:
+                answers = await self._write_submits(conn, rest, all_or_nothing=all_or_nothing)
+        again = iter(answers)
+        return [
+            SubmitResult(found[p.new.id], created=True) if p.new.id in found else next(again)
+            for _, p in requests
+        ]
+
+    async def _find_submitted(self, requests: Sequence[submits.Request]) -> dict[uuid.UUID, Task]:
+        """The tasks of ``requests`` that exist, by id (their own ids: not key repeats)."""
+        async with self.connection() as conn:
+            cur = conn.cursor(row_factory=dict_row)
+            await cur.execute(
+                self._q["get_tasks_by_ref"],
+                {
+                    "tenant_ids": list({t for t, _ in requests}),
+                    "scheduled_ats": [p.new.scheduled_at for _, p in requests],
+                    "ids": [p.new.id for _, p in requests],
+                },
+            )
+            return {task.id: task for task in map(task_from_row, await cur.fetchall())}
 
     async def _write_submits(
         self, conn: Connection, requests: Sequence[submits.Request], *, all_or_nothing: bool

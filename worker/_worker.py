@@ -47,8 +47,10 @@ HandlerT = TypeVar("HandlerT", bound=Callable[[TaskContext], Any])
 DEFAULT_QUEUES = (DEFAULT_QUEUE,)
 DEFAULT_SLOTS = 10
 DEFAULT_DRAIN_GRACE_S = 30.0
-DRAIN_FLUSH_S = 10.0
-"""After the drain, how long to wait for the receipts of the last settlements."""
+DRAIN_FLUSH_S = 30.0
+"""After the drain, how long to wait for the last settlements to be confirmed. They are
+resent with backoff meanwhile, so this covers a PostgreSQL restart (or failover) of up to
+about this long: the worker exits 0 once the scheduler has them all."""
 
 
 @dataclass(frozen=True)
