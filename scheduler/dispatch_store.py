@@ -271,6 +271,12 @@ class DispatchStore:
             await cur.execute(self._q["load_preloaded"], {"shards": sorted(owned)})
             return [timer_from_row(r) for r in await cur.fetchall()]
 
+    async def read_back_preloaded(self, epochs: Mapping[int, int]) -> list[TimerTask]:
+        """Every PRELOADED task of the shards, once no write whose outcome is unknown can
+        still commit (a read-back: see the preloader's resync)."""
+        await self._store.end_lost_transactions()
+        return await self.load_preloaded(epochs)
+
     async def load_preloaded_refs(
         self, epochs: Mapping[int, int], refs: Sequence[TaskRef]
     ) -> list[TimerTask]:
@@ -336,6 +342,7 @@ class DispatchStore:
         """What became of ``intents`` whose :meth:`write_intents` commit outcome was
         unknown (:func:`intent_committed` for each), read under the shards' fence."""
         shards = {i.task.shard: epochs[i.task.shard] for i in intents if i.task.shard in epochs}
+        await self._store.end_lost_transactions()
         async with self._store.transaction() as conn:
             owned = await self._owned(conn, shards)
             mine = [i for i in intents if i.task.shard in owned]

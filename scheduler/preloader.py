@@ -105,7 +105,7 @@ class Preloader:
         return len(timers) == limit
 
     async def _read_back_preloaded(self, epochs: dict[int, int]) -> None:
-        timers = await self._runs.load_preloaded(epochs)
+        timers = await self._runs.read_back_preloaded(epochs)
         self._resync = False
         self.stats["resyncs"] += 1
         adopted = self._dispatcher.adopt(timers)

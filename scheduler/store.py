@@ -26,7 +26,11 @@ state machine (``states``) says which moves a write may make. What it does own:
   unknown is settled by reading its rows back once PostgreSQL answers again: found, the
   batch committed and each caller gets its task; not found, nothing was written and the
   caller may retry. It is never written again blindly (an unkeyed submit would then exist
-  twice).
+  twice). A read-back is only sound once the lost transaction can no longer commit: its
+  COMMIT may still be on its way to a server backend that lives on (a broken network
+  rather than a restart). So every read-back first ends the backend that ran it
+  (:meth:`Store.end_lost_transactions`: ``pg_terminate_backend``, then wait until it is
+  gone), known by its pid and start time, recorded when the connection was made.
 
 Timestamps are sent and returned timezone-aware; sessions run with ``TimeZone=UTC`` so
 returned datetimes are in UTC whatever the server's default.
@@ -42,6 +46,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Self, TypeVar
+from weakref import WeakKeyDictionary
 
 import psycopg
 from psycopg.rows import dict_row
@@ -123,19 +128,34 @@ class SessionLimits:
     idle_in_transaction_s: float = 5.0
 
 
-def _configurer(limits: SessionLimits) -> Callable[[Connection], Awaitable[None]]:
+@dataclass(frozen=True)
+class Backend:
+    """The server process behind a connection: a pid alone may be reused after a restart."""
+
+    pid: int
+    started_at: datetime
+
+
+def _configurer(
+    limits: SessionLimits, backends: WeakKeyDictionary[Connection, Backend]
+) -> Callable[[Connection], Awaitable[None]]:
     async def configure(conn: Connection) -> None:
         # Returned timestamptz values take the session's zone; pin it so every datetime
         # the store hands out is UTC regardless of the server's or the DSN's default.
         await conn.execute("SET TIME ZONE 'UTC'")
-        await conn.execute(
+        cur = await conn.execute(
             "SELECT set_config('statement_timeout', %s, false),"
-            " set_config('idle_in_transaction_session_timeout', %s, false)",
+            " set_config('idle_in_transaction_session_timeout', %s, false),"
+            " pg_backend_pid(),"
+            " (SELECT backend_start FROM pg_stat_activity WHERE pid = pg_backend_pid())",
             (
                 f"{int(limits.statement_timeout_s * 1000)}ms",
                 f"{int(limits.idle_in_transaction_s * 1000)}ms",
             ),
         )
+        row = await cur.fetchone()
+        if row is not None and row[3] is not None:
+            backends[conn] = Backend(row[2], row[3])
 
     return configure
 
@@ -150,6 +170,10 @@ class Store:
         payload_limit_bytes: int = DEFAULT_PAYLOAD_LIMIT_BYTES,
     ) -> None:
         self._pool = pool
+        # Filled by the pool's configure callback (see open()).
+        self._backends: WeakKeyDictionary[Connection, Backend] = WeakKeyDictionary()
+        # Backends whose transaction's commit outcome became unknown, not yet ended.
+        self._lost: set[Backend] = set()
         self._q = queries.load("queries.sql")
         self.payload_limit_bytes = payload_limit_bytes
 
@@ -172,6 +196,7 @@ class Store:
             StoreUnavailable: ``min_size`` connections could not be made in
                 ``open_timeout_s``.
         """
+        backends: WeakKeyDictionary[Connection, Backend] = WeakKeyDictionary()
         pool: AsyncConnectionPool[Connection] = AsyncConnectionPool(
             dsn,
             min_size=min_size,
@@ -179,7 +204,7 @@ class Store:
             open=False,
             timeout=acquire_timeout_s,
             check=AsyncConnectionPool.check_connection,
-            configure=_configurer(session_limits or SessionLimits()),
+            configure=_configurer(session_limits or SessionLimits(), backends),
             kwargs={"autocommit": True},
             name="chronoshard-store",
         )
@@ -188,7 +213,9 @@ class Store:
         except psycopg.OperationalError as exc:
             await pool.close()
             raise StoreUnavailable(f"cannot connect to PostgreSQL: {exc}") from exc
-        return cls(pool, payload_limit_bytes=payload_limit_bytes)
+        store = cls(pool, payload_limit_bytes=payload_limit_bytes)
+        store._backends = backends
+        return store
 
     async def close(self) -> None:
         await self._pool.close()
@@ -228,8 +255,38 @@ class Store:
                     committing = True
             except psycopg.OperationalError as exc:
                 if committing:
+                    backend = self._backends.get(conn)
+                    if backend is not None:
+                        self._lost.add(backend)
                     raise CommitOutcomeUnknown(f"while committing: {exc}") from exc
                 raise
+
+    async def end_lost_transactions(self) -> None:
+        """Make sure no transaction whose commit outcome became unknown can still commit:
+        end its backend if it lives on, and wait until it is gone. Every read-back of an
+        unknown outcome calls this first (module docstring).
+
+        Raises:
+            StoreUnavailable: PostgreSQL cannot be asked (yet), or a backend outlived
+                READ_BACK_TIMEOUT_S after it was told to end; call again.
+        """
+        deadline = time.monotonic() + READ_BACK_TIMEOUT_S
+        while self._lost:
+            lost = list(self._lost)
+            async with self.connection() as conn:
+                cur = await conn.execute(
+                    "SELECT pid, backend_start, pg_terminate_backend(pid)"
+                    " FROM pg_stat_activity"
+                    " WHERE (pid, backend_start) IN (SELECT * FROM unnest(%s::int[],"
+                    " %s::timestamptz[]))",
+                    ([b.pid for b in lost], [b.started_at for b in lost]),
+                )
+                alive = {Backend(pid, started) for pid, started, _ in await cur.fetchall()}
+            self._lost -= set(lost) - alive
+            if alive:
+                if time.monotonic() >= deadline:
+                    raise StoreUnavailable(f"backends {sorted(b.pid for b in alive)} live on")
+                await asyncio.sleep(READ_BACK_RETRY_S / 5)
 
     @asynccontextmanager
     async def shard_tx(self, shard: int, epoch: int) -> AsyncIterator[Connection]:
@@ -403,6 +460,7 @@ class Store:
         deadline = time.monotonic() + READ_BACK_TIMEOUT_S
         while True:
             try:
+                await self.end_lost_transactions()
                 found = await self._find_submitted(requests)
                 break
             except StoreUnavailable:
