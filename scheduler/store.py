@@ -86,6 +86,15 @@ DEFAULT_ACQUIRE_TIMEOUT_S = 5.0
 READ_BACK_TIMEOUT_S = 10.0
 """How long a submit whose commit outcome is unknown tries to read its rows back."""
 READ_BACK_RETRY_S = 0.25
+RECONNECT_GIVE_UP_S = 1.0
+"""How long the pool retries one lost connection before giving it up (after open()).
+
+psycopg_pool retries a lost connection with a backoff doubling from 1 s (1, 2, 4, 8 s
+...), so after an 8 s outage the pool came back up to 7 s after PostgreSQL did: that was
+most of the time to resume after a restart. Giving a connection up after 1 s lets the
+next statement that waits for one start a fresh attempt at once (the pool grows on
+demand), so reconnect tries are at most about a second apart while the node needs
+connections, whatever the outage's length."""
 
 Connection = psycopg.AsyncConnection[Any]
 _R = TypeVar("_R")
@@ -213,6 +222,8 @@ class Store:
         except psycopg.OperationalError as exc:
             await pool.close()
             raise StoreUnavailable(f"cannot connect to PostgreSQL: {exc}") from exc
+        # Only now: the first connections may wait for PostgreSQL up to open_timeout_s.
+        pool.reconnect_timeout = RECONNECT_GIVE_UP_S
         store = cls(pool, payload_limit_bytes=payload_limit_bytes)
         store._backends = backends
         return store

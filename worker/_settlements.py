@@ -39,6 +39,10 @@ logger = logging.getLogger("chronoshard.worker")
 RESEND_CONCURRENCY = 16
 """Unary settlements in flight at once (DESIGN §12: bound calls per channel)."""
 MAX_BACKOFF_FAILURES = 16
+RESEND_MAX_S = 2.0
+"""The longest wait between unary tries of one settlement (from 0.1 s, doubling): a node
+answers a settlement it cannot commit within ``database.acquire_timeout_s`` anyway, so
+the cap sets how late a settlement lands after PostgreSQL is back, not the load."""
 
 OnStale = Callable[[RunKey, str, str], None]
 """Called with (task id, token), what was refused, and the node, for a stale token."""
@@ -185,7 +189,11 @@ class Settlements:
         s = entry.settlement
         addresses = self._topology.addresses()
         if not addresses:  # nowhere to send it yet: try again after the backoff
-            delay = backoff_s(min(entry.unary_attempts, MAX_BACKOFF_FAILURES), self._rng.random())
+            delay = backoff_s(
+                min(entry.unary_attempts, MAX_BACKOFF_FAILURES),
+                self._rng.random(),
+                max_s=RESEND_MAX_S,
+            )
             self.outbox.unary_failed(s.key, self._clock.monotonic(), delay)
             return
         address = addresses[(entry.unary_attempts - 1) % len(addresses)]
@@ -198,7 +206,7 @@ class Settlements:
                 self._on_stale((s.task.id, s.fencing_token), s.kind.value, address)
             elif exc.retryable:
                 failures = min(entry.unary_attempts, MAX_BACKOFF_FAILURES)
-                delay = backoff_s(failures, self._rng.random())
+                delay = backoff_s(failures, self._rng.random(), max_s=RESEND_MAX_S)
                 self.outbox.unary_failed(s.key, self._clock.monotonic(), delay)
                 self._log(
                     logging.INFO,
