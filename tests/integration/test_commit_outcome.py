@@ -28,17 +28,11 @@ from datetime import UTC, datetime, timedelta
 import grpc
 import psycopg
 import pytest
+from fixtures.nodes import node_config, running_node
 from fixtures.waiting import eventually
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from chronoshard.scheduler.auth import hash_api_key, new_api_key
-from chronoshard.scheduler.config import (
-    DatabaseConfig,
-    EtcdConfig,
-    GrpcConfig,
-    SchedulerConfig,
-    WorkersConfig,
-)
 from chronoshard.scheduler.dispatch_store import DispatchStore, Intent
 from chronoshard.scheduler.errors import CommitOutcomeUnknown, StoreUnavailable
 from chronoshard.scheduler.ids import new_task_id
@@ -300,23 +294,9 @@ async def test_a_read_back_first_ends_the_lost_transaction_if_its_backend_lives(
 
 @pytest.fixture
 async def node(cutter: tuple[CommitCutter, str], etcd: EtcdProcess) -> AsyncIterator[SchedulerNode]:
-    config = SchedulerConfig(
-        node_id=f"node-{uuid.uuid4().hex[:6]}",
-        metrics_listen="127.0.0.1:0",
-        etcd=EtcdConfig(
-            endpoints=(etcd.endpoint,), cluster=f"c{uuid.uuid4().hex[:8]}", lease_ttl_s=5
-        ),
-        database=DatabaseConfig(dsn=cutter[1], pool_min_size=1, pool_max_size=6),
-        grpc=GrpcConfig(listen="127.0.0.1:0"),
-        workers=WorkersConfig(heartbeat_interval_s=1.0),
-    )
-    config = replace(config, scheduling=replace(config.scheduling, shard_count=NODE_SHARDS))
-    started = SchedulerNode(config)
-    await started.start()
-    try:
+    config = node_config(cutter[1], etcd.endpoint, shard_count=NODE_SHARDS)
+    async with running_node(config) as started:
         yield started
-    finally:
-        await started.stop()
 
 
 async def test_a_node_reads_back_what_it_could_not_learn_and_retries_what_it_could_not_commit(
