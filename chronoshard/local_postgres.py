@@ -301,6 +301,13 @@ class PostgresServer:
             shutil.rmtree(self._base, ignore_errors=True)
             self._base = None
 
+    def stop_immediately(self) -> None:
+        """What ``pg_ctl stop -m immediate`` does (SIGQUIT): every session is cut and
+        nothing is checkpointed; the next :meth:`start` runs crash recovery on the same
+        data directory and port. For fault tests; a server given by DSN is left alone."""
+        if self._proc is not None:
+            end_process_group(self._proc, signal.SIGQUIT, self._stop_timeout_s)
+
     def __enter__(self) -> Self:
         try:
             self.start()

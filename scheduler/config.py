@@ -77,9 +77,14 @@ class DatabaseConfig:
     # A session idle inside a transaction this long is ended by PostgreSQL: bounds how
     # long a frozen node's row locks can delay a shard takeover.
     idle_in_transaction_timeout_s: float = 5.0
+    # Longest a statement waits for a pooled connection, then fails as unavailable: while
+    # PostgreSQL is down, a submit answers UNAVAILABLE within this (below the client's
+    # 10 s deadline), and a restart shorter than this fails no request at all.
+    acquire_timeout_s: float = 5.0
 
     def validate(self) -> None:
         require(self.pool_min_size >= 1, "database.pool_min_size", "must be at least 1")
+        require(self.acquire_timeout_s > 0, "database.acquire_timeout_s", "must be positive")
         require(
             self.pool_max_size >= self.pool_min_size,
             "database.pool_max_size",

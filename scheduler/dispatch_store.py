@@ -126,6 +126,30 @@ class FailureResult:
 class IntentResult:
     dispatched: list[Task]
     lost_shards: frozenset[int]
+    unwritten: frozenset[uuid.UUID] = frozenset()
+    """Read back after an unknown commit: intents that did not commit (still PRELOADED),
+    to be chosen again. Every other intent not in ``dispatched`` moved on."""
+
+
+def intent_committed(row: Mapping[str, Any], worker_id: str, epoch: int) -> bool | None:
+    """Whether an intent whose commit outcome was unknown committed, from its row read back
+    under the shard's fence: True (DISPATCHED to that worker under this epoch: send it),
+    False (still PRELOADED: choose it again) or None (the task moved on: drop it).
+
+    Sound because only the shard's owner writes intents, under its epoch, and the task was
+    PRELOADED and in this node's hands when the intent was written: DISPATCHED under the
+    same epoch can only be that intent.
+    """
+    status = TaskStatus(row["status"])
+    if status is TaskStatus.PRELOADED:
+        return False
+    if (
+        status is TaskStatus.DISPATCHED
+        and row["worker_id"] == worker_id
+        and row["attempt_epoch"] == epoch
+    ):
+        return True
+    return None
 
 
 # What a repeated settlement may find when the step was already taken by the same token.
@@ -286,6 +310,12 @@ class DispatchStore:
             )
             return [timer_from_row(r) for r in await cur.fetchall()]
 
+    async def read_back_preloaded(self, epochs: Mapping[int, int]) -> list[TimerTask]:
+        """Every PRELOADED task of the shards, once no write whose outcome is unknown can
+        still commit (a read-back: see the preloader's resync)."""
+        await self._store.end_lost_transactions()
+        return await self.load_preloaded(epochs)
+
     async def load_preloaded_refs(
         self, epochs: Mapping[int, int], refs: Sequence[TaskRef]
     ) -> list[TimerTask]:
@@ -330,25 +360,62 @@ class DispatchStore:
 
         Only after this returns may the assignments be sent (intent before action).
         """
+        rows, lost = await self._on_owned_intents(
+            "write_intents",
+            epochs,
+            intents,
+            lambda mine: {"worker_ids": [i.worker_id for i in mine], "lease_s": lease_s},
+        )
+        return IntentResult([task_from_row(r) for r in rows], lost)
+
+    async def _on_owned_intents(
+        self,
+        query: str,
+        epochs: Mapping[int, int],
+        intents: Sequence[Intent],
+        params: Callable[[list[Intent]], dict[str, Any]] = lambda mine: {},
+    ) -> tuple[list[dict[str, Any]], frozenset[int]]:
+        """Run ``query`` for the intents of shards whose epoch is still ours, in one
+        transaction under their fence; its rows, and the shards found lost."""
         shards = {i.task.shard: epochs[i.task.shard] for i in intents if i.task.shard in epochs}
         async with self._store.transaction() as conn:
             owned = await self._owned(conn, shards)
+            lost = frozenset(shards.keys() - owned)
             mine = [i for i in intents if i.task.shard in owned]
             if not mine:
-                return IntentResult([], frozenset(shards.keys() - owned))
+                return [], lost
             cur = conn.cursor(row_factory=dict_row)
             await cur.execute(
-                self._q["write_intents"],
+                self._q[query],
                 {
                     "scheduled_ats": [i.task.scheduled_at for i in mine],
                     "ids": [i.task.id for i in mine],
-                    "worker_ids": [i.worker_id for i in mine],
-                    "lease_s": lease_s,
                     "shards": sorted(owned),
+                    **params(mine),
                 },
             )
-            dispatched = [task_from_row(r) for r in await cur.fetchall()]
-        return IntentResult(dispatched, frozenset(shards.keys() - owned))
+            return await cur.fetchall(), lost
+
+    async def read_back_intents(
+        self, epochs: Mapping[int, int], intents: Sequence[Intent]
+    ) -> IntentResult:
+        """What became of ``intents`` whose :meth:`write_intents` commit outcome was
+        unknown (:func:`intent_committed` for each), read under the shards' fence."""
+        await self._store.end_lost_transactions()
+        found, lost = await self._on_owned_intents("intent_outcomes", epochs, intents)
+        rows = {r["id"]: r for r in found}
+        dispatched: list[Task] = []
+        unwritten: set[uuid.UUID] = set()
+        for intent in intents:
+            row = rows.get(intent.task.id)
+            if row is None:
+                continue  # a shard no longer ours: its new owner sees to the task
+            committed = intent_committed(row, intent.worker_id, epochs[row["shard"]])
+            if committed:
+                dispatched.append(task_from_row(row))
+            elif committed is False:
+                unwritten.add(intent.task.id)
+        return IntentResult(dispatched, lost, frozenset(unwritten))
 
     # ---- worker settlements (token-fenced, any node) ----------------------------------
 

@@ -12,7 +12,15 @@ idle.
 attempt+1, attempt row, lease) in one epoch-guarded transaction; only the tasks that
 transaction returned are sent. A task whose row moved on meanwhile (cancelled) is not
 returned and not sent; a task whose worker session vanished between the commit and the
-send is released at once (attempt ABANDONED), not left for the lease to expire.
+send is released at once (attempt ABANDONED), not left for the lease to expire. An
+intent whose commit outcome is unknown (the connection died during COMMIT) is read back
+before anything else happens to it (DESIGN §12): committed ones are sent, the others are
+chosen again; none is written a second time.
+
+A write elsewhere whose outcome is unknown may have left PRELOADED rows that no wheel
+holds (a preload, a release, a reconciler repair): :meth:`Dispatcher.preloaded_unknown`
+asks the preloader to read the owned shards' PRELOADED rows back, and
+:meth:`Dispatcher.adopt` takes those it does not hold yet.
 
 Lead dispatch: the assignment carries ``due_at`` and the SDK starts the handler exactly
 then, so lateness is the worker's timer precision rather than tick + commit + network.
@@ -31,8 +39,14 @@ from chronoshard.clock import Clock
 from chronoshard.events import wait_event
 from chronoshard.scheduler import faults
 from chronoshard.scheduler.config import SchedulerConfig
-from chronoshard.scheduler.dispatch_store import DispatchStore, Intent, Release, TimerTask
-from chronoshard.scheduler.errors import StoreUnavailable
+from chronoshard.scheduler.dispatch_store import (
+    DispatchStore,
+    Intent,
+    IntentResult,
+    Release,
+    TimerTask,
+)
+from chronoshard.scheduler.errors import CommitOutcomeUnknown, StoreUnavailable
 from chronoshard.scheduler.fairness import ReadyQueues, ReadyTask, TenantLimits
 from chronoshard.scheduler.faults import CrashPoint
 from chronoshard.scheduler.gateway import Gateway, WorkerSession
@@ -90,9 +104,14 @@ class Dispatcher:
         )
         self._ready = ReadyQueues(tenant_limits=tenant_limits)
         self._by_shard: dict[int, set[uuid.UUID]] = {}
+        # Chosen in the round being written: neither on the wheel nor ready meanwhile.
+        self._in_round: set[uuid.UUID] = set()
         self._wake = asyncio.Event()
         # Set whenever the ready queues changed: the node reports backlogs on change.
         self.backlog_changed = asyncio.Event()
+        # Told when a write's unknown outcome may have left PRELOADED rows unheld (the
+        # node wires it to the preloader's resync).
+        self.on_preloaded_unknown: Callable[[], None] | None = None
         self._on_dispatched = on_dispatched
         self._on_remote_ready = on_remote_ready
         self.stats: dict[str, int] = {
@@ -101,6 +120,8 @@ class Dispatcher:
             "intent_rows_skipped": 0,
             "abandoned_undeliverable": 0,
             "store_errors": 0,
+            "intents_read_back": 0,
+            "adopted": 0,
         }
         gateway.set_listener(self)
 
@@ -123,6 +144,23 @@ class Dispatcher:
             added = True
         if added:
             self._wake.set()
+
+    def adopt(self, timers: Iterable[TimerTask]) -> int:
+        """Schedule the PRELOADED tasks read back that this node does not hold yet (not on
+        the wheel, not ready, not in the round being written); how many."""
+        missing = [
+            t
+            for t in timers
+            if t.id not in self._wheel and t.id not in self._ready and t.id not in self._in_round
+        ]
+        self.schedule(missing)
+        self.stats["adopted"] += len(missing)
+        return len(missing)
+
+    def preloaded_unknown(self) -> None:
+        """A write that may have made tasks PRELOADED failed with its outcome unknown."""
+        if self.on_preloaded_unknown is not None:
+            self.on_preloaded_unknown()
 
     def forget(self, task_id: uuid.UUID) -> bool:
         """Take a task off the wheel or the ready queues (cancelled); whether it was here."""
@@ -227,14 +265,13 @@ class Dispatcher:
         self.backlog_changed.set()
         epochs = dict(self._shards.epochs())
         intents = [Intent(_timer(r), s.worker_id) for s, r in chosen]
+        self._in_round = {r.id for _, r in chosen}
         try:
-            result = await self._runs.write_intents(
-                epochs, intents, self._config.workers.task_lease_s
-            )
-        except StoreUnavailable as exc:
+            result = await self._commit_intents(epochs, intents)
+        finally:
+            self._in_round = set()
+        if result is None:
             # Nothing committed: put everything back and try again shortly.
-            self.stats["store_errors"] += 1
-            log.warning("dispatch intent failed; will retry", extra={"error": str(exc)})
             for session, ready in chosen:
                 session.credits += 1
                 self._ready.task_finished(ready.tenant_id, ready.priority)
@@ -263,14 +300,46 @@ class Dispatcher:
                     self._on_dispatched(timer, (wall_now - timer.due_at).total_seconds())
             else:
                 undeliverable.append((task, timer))
-        # Chosen but not written: the row moved on (cancelled) or the shard was lost.
+        # Chosen but not written: the row moved on (cancelled) or the shard was lost; or,
+        # read back after an unknown commit, it is still PRELOADED: choose it again.
         for session, ready in by_id.values():
             session.credits += 1
             self._ready.task_finished(ready.tenant_id, ready.priority)
-            self.stats["intent_rows_skipped"] += 1
+            if ready.id in result.unwritten:
+                self._ready.push(ready, now)
+            else:
+                self.stats["intent_rows_skipped"] += 1
         if undeliverable:
             await self._abandon(undeliverable)
         return len(chosen)
+
+    async def _commit_intents(
+        self, epochs: dict[int, int], intents: list[Intent]
+    ) -> IntentResult | None:
+        """Write the round's intents; None when nothing committed. An unknown commit
+        outcome is read back, until PostgreSQL answers: nothing else can be dispatched
+        meanwhile anyway, and a committed intent must be sent, never written again."""
+        try:
+            return await self._runs.write_intents(
+                epochs, intents, self._config.workers.task_lease_s
+            )
+        except CommitOutcomeUnknown as exc:
+            log.warning(
+                "dispatch intent outcome unknown; reading it back",
+                extra={"error": str(exc), "tasks": len(intents)},
+            )
+        except StoreUnavailable as exc:
+            self.stats["store_errors"] += 1
+            log.warning("dispatch intent failed; will retry", extra={"error": str(exc)})
+            return None
+        self.stats["store_errors"] += 1
+        self.stats["intents_read_back"] += 1
+        while True:
+            try:
+                return await self._runs.read_back_intents(epochs, intents)
+            except StoreUnavailable as exc:
+                log.info("intent read-back failed; retrying", extra={"error": str(exc)})
+                await asyncio.sleep(STORE_RETRY_S)
 
     async def _abandon(self, tasks: list[tuple[Task, TimerTask]]) -> None:
         """Intents committed for a worker that vanished before the send: give them back."""
@@ -284,8 +353,11 @@ class Dispatcher:
         try:
             _, ready = await self._runs.release(releases)
         except StoreUnavailable as exc:
-            # The lease will expire and the reconciler will redispatch them.
+            # The lease will expire and the reconciler will redispatch them; if the
+            # release committed after all, they are PRELOADED and must be read back.
             log.warning("could not release undeliverable intents", extra={"error": str(exc)})
+            if isinstance(exc, CommitOutcomeUnknown):
+                self.preloaded_unknown()
             return
         self.tasks_ready_again(ready)
 

@@ -180,6 +180,19 @@ class StoreUnavailable(SchedulerError):
     grpc_code_name = "UNAVAILABLE"
 
 
+class CommitOutcomeUnknown(StoreUnavailable):
+    """Raised when the connection failed while a transaction was committing: it may have
+    committed or not (DESIGN §12: settle it by reading the rows back, never by a blind
+    retry of a write that is not idempotent).
+
+    Raised to a caller only once reading back could not tell either: a write that is
+    idempotent (a keyed submit, a settlement) may be repeated; any other may then exist
+    twice.
+    """
+
+    reason = "COMMIT_OUTCOME_UNKNOWN"
+
+
 class MigrationError(SchedulerError):
     """Raised by ``chronoshard migrate`` when the schema cannot be brought up to date:
     an applied migration's file changed, migrations are missing or out of order, or a

@@ -48,6 +48,7 @@ from chronoshard.scheduler.dispatch_store import (
     TimerTask,
 )
 from chronoshard.scheduler.errors import (
+    CommitOutcomeUnknown,
     InvalidArgument,
     PayloadTooLarge,
     SchedulerError,
@@ -87,6 +88,8 @@ class GatewayListener(Protocol):
     def retry_scheduled(self, shard: int, due_at: datetime) -> None: ...
 
     def task_ended(self, task: TimerTask) -> None: ...
+
+    def preloaded_unknown(self) -> None: ...
 
 
 @dataclass(eq=False)
@@ -198,12 +201,16 @@ class Gateway(worker_service_pb2_grpc.WorkerServiceServicer):
             committer.start()
 
     async def stop(self) -> None:
-        """Tell every worker to go elsewhere, then flush what is queued."""
+        """Tell every worker to go elsewhere, then flush what is queued (every message
+        handled so far gets its answer), then end what is left of the handlers."""
         self.drain_all("scheduler node shutting down", shutting_down=True)
         for committer in self._committers:
             await committer.stop()
-        for task in list(self._background):
+        left = list(self._background)
+        for task in left:
             task.cancel()
+        # Awaited, so none is destroyed pending when the loop closes.
+        await asyncio.gather(*left, return_exceptions=True)
 
     def drain_all(self, reason: str, *, shutting_down: bool = False) -> None:
         """Send nothing more to any worker and tell each (``Drain``); a worker that
@@ -398,9 +405,17 @@ class Gateway(worker_service_pb2_grpc.WorkerServiceServicer):
                 yield self._drain_message()
             while not session.closed:
                 get = asyncio.ensure_future(session.outbox.get())
-                done, _ = await asyncio.wait({get, reader}, return_when=asyncio.FIRST_COMPLETED)
+                try:
+                    done, _ = await asyncio.wait(
+                        {get, reader}, return_when=asyncio.FIRST_COMPLETED
+                    )
+                finally:
+                    # Also when the call is cancelled (the worker went away) while this
+                    # waits: a get left pending was destroyed with the session later
+                    # ("Task was destroyed but it is pending").
+                    if not get.done():
+                        get.cancel()
                 if get not in done:
-                    get.cancel()
                     break
                 first_out = get.result()
                 if not session.accepts_batches or session.outbox.empty():
@@ -568,12 +583,26 @@ class Gateway(worker_service_pb2_grpc.WorkerServiceServicer):
             log.warning(
                 "bad worker message", extra={"worker_id": session.worker_id, "error": str(exc)}
             )
+            if kind == "heartbeat":
+                return  # there is no receipt of a heartbeat; its leases stay as they were
             body = getattr(message, kind, None)
             session.send(self._receipt(kind, body, exc))
             return
         except StoreUnavailable as exc:
-            # No receipt: the worker resends (stream or unary) until one arrives.
-            log.warning("settlement not committed", extra={"kind": kind, "error": str(exc)})
+            body = getattr(message, kind)
+            fields = {"worker_id": session.worker_id, "kind": kind, "error": str(exc)}
+            if kind == "heartbeat":
+                # No reply: no lease was extended. The next heartbeat tries again.
+                log.info("heartbeat not recorded", extra=fields)
+                return
+            # Told at once, with a retryable error: the worker sends it again (through any
+            # node, with backoff) instead of waiting for its receipt timeout. Settling is
+            # idempotent for the same token, so a repeat of one that did commit is fine.
+            log.warning(
+                "settlement not committed; the worker retries",
+                extra={**fields, "task_id": body.task.id, "token": body.fencing_token},
+            )
+            session.send(self._receipt(kind, body, exc))
             return
         except Exception:
             # A bug: logged here, not left to asyncio as "exception was never retrieved".
@@ -694,7 +723,14 @@ class Gateway(worker_service_pb2_grpc.WorkerServiceServicer):
         return [result.outcomes[f.ref.id] for f in failures]
 
     async def _release_batch(self, releases: Sequence[Release]) -> list[Outcome]:
-        outcomes, ready = await self._store.release(releases)
+        try:
+            outcomes, ready = await self._store.release(releases)
+        except CommitOutcomeUnknown:
+            # Released rows may be PRELOADED now and on no wheel: they are read back. (The
+            # worker's retry finds them released and answers OK without new rows.)
+            if self._listener is not None:
+                self._listener.preloaded_unknown()
+            raise
         if ready and self._listener is not None:
             self._listener.tasks_ready_again(ready)
         return [outcomes[r.ref.id] for r in releases]

@@ -8,6 +8,11 @@ future with its own answer. While a flush runs, new requests queue up, so the ba
 grows with load and the latency of a lone request is one flush plus at most
 ``linger_s`` (DESIGN §7: "one statement per few milliseconds per node"). A caller is
 answered only after its batch committed: nothing is acknowledged early.
+
+``stop`` lets the flush under way finish and flushes what is still queued before the
+flusher ends: cancelling a flush midway would leave its callers without an answer, and
+a worker's settlement whose batch committed without a Receipt would wait for its
+resend. The wait is bounded (``stop_timeout_s``); past it the flusher is cancelled.
 """
 
 from __future__ import annotations
@@ -19,6 +24,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Generic, TypeVar
 
 log = logging.getLogger(__name__)
+
+DEFAULT_STOP_TIMEOUT_S = 10.0
 
 Req = TypeVar("Req")
 Res = TypeVar("Res")
@@ -41,6 +48,7 @@ class GroupCommitter(Generic[Req, Res]):
         self._linger_s = linger_s
         self._pending: list[tuple[Req, asyncio.Future[Res]]] = []
         self._wakeup = asyncio.Event()
+        self._stopping = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self.batches = 0
         self.requests = 0
@@ -50,16 +58,22 @@ class GroupCommitter(Generic[Req, Res]):
         if self._task is None:
             self._task = asyncio.create_task(self._run(), name=f"group-commit-{self.name}")
 
-    async def stop(self) -> None:
-        """Flush what is queued, then stop."""
+    async def stop(self, stop_timeout_s: float = DEFAULT_STOP_TIMEOUT_S) -> None:
+        """Finish the flush under way, flush what is queued, then stop (bounded)."""
         if self._task is None:
             return
         task, self._task = self._task, None
-        task.cancel()
+        self._stopping.set()
+        self._wakeup.set()
+        _, pending = await asyncio.wait({task}, timeout=stop_timeout_s)
+        if pending:
+            log.warning(
+                "group commit still flushing at stop; cancelled",
+                extra={"committer": self.name, "queued": len(self._pending)},
+            )
+            task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
-        if self._pending:
-            await self._flush_once()
 
     async def submit(self, request: Req) -> Res:
         future: asyncio.Future[Res] = asyncio.get_running_loop().create_future()
@@ -76,10 +90,16 @@ class GroupCommitter(Generic[Req, Res]):
 
     async def _run(self) -> None:
         while True:
-            await self._wakeup.wait()
-            if self._linger_s > 0 and len(self._pending) < self._max_batch:
-                # Let concurrent callers join this batch.
-                await asyncio.sleep(self._linger_s)
+            if self._stopping.is_set():
+                if not self._pending:
+                    return
+            else:
+                await self._wakeup.wait()
+                if self._linger_s > 0 and len(self._pending) < self._max_batch:
+                    # Let concurrent callers join this batch (a stop ends the wait).
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(self._linger_s):
+                            await self._stopping.wait()
             await self._flush_once()
 
     async def _flush_once(self) -> None:

@@ -202,6 +202,7 @@ class SchedulerNode:
             config.database.pool_min_size,
             config.database.pool_max_size,
             payload_limit_bytes=config.limits.payload_limit_bytes,
+            acquire_timeout_s=config.database.acquire_timeout_s,
             session_limits=SessionLimits(
                 statement_timeout_s=config.database.statement_timeout_s,
                 idle_in_transaction_s=config.database.idle_in_transaction_timeout_s,
@@ -270,6 +271,7 @@ class SchedulerNode:
             on_remote_ready=self._remote_ready,
         )
         self.preloader = Preloader(config, self.clock, self.runs, self.dispatcher, self.shards)
+        self.dispatcher.on_preloaded_unknown = self.preloader.resync
         self.signals = ShardSignals(
             config.database.dsn, self.store, on_due=self._signal_due, on_ready=self._signal_ready
         )
@@ -562,9 +564,10 @@ class SchedulerNode:
         log.info("scheduler node stopping", extra={"node_id": self.config.node_id})
         await self._health.enter_graceful_shutdown()
         await self.drain("scheduler node shutting down", shutting_down=True)
-        for task in [*self._tasks, *self._side_tasks]:
+        loops = [*self._tasks, *self._side_tasks]
+        for task in loops:
             task.cancel()
-        await self._wait_stopped(self._tasks)
+        await self._wait_stopped(loops)
         await self.gateway.stop()
         if self._server is not None:
             await self._server.stop(SERVER_GRACE_S)

@@ -8,6 +8,12 @@ with ``due_at < now + lookahead`` to PRELOADED, in batches, under the shards' ep
 for the wheel to drain; far-future tasks simply stay in the database until they come
 within reach. The horizon is read from the cluster clock (``cluster_clock.py``), not the
 host's wall clock: stepped an hour ahead, that pulled in an hour too much.
+
+A preload, release or repair whose commit outcome is unknown (the connection died during
+COMMIT) may have left PRELOADED rows that no wheel holds. :meth:`Preloader.resync` (the
+dispatcher's ``on_preloaded_unknown``) makes the next pass read every PRELOADED row of the
+owned shards back first and hand the dispatcher those it does not hold (DESIGN §12: an
+unknown outcome is settled by reading the rows back).
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ from chronoshard.events import wait_event
 from chronoshard.scheduler.config import SchedulerConfig
 from chronoshard.scheduler.dispatch_store import DispatchStore
 from chronoshard.scheduler.dispatcher import Dispatcher, ShardView
-from chronoshard.scheduler.errors import StoreUnavailable
+from chronoshard.scheduler.errors import CommitOutcomeUnknown, StoreUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -41,9 +47,20 @@ class Preloader:
         self._dispatcher = dispatcher
         self._shards = shards
         self._wake = asyncio.Event()
-        self.stats: dict[str, int] = {"passes": 0, "preloaded": 0, "store_errors": 0}
+        self._resync = False
+        self.stats: dict[str, int] = {
+            "passes": 0,
+            "preloaded": 0,
+            "store_errors": 0,
+            "resyncs": 0,
+        }
 
     def wake(self) -> None:
+        self._wake.set()
+
+    def resync(self) -> None:
+        """Read the owned shards' PRELOADED rows back at the next pass (see module doc)."""
+        self._resync = True
         self._wake.set()
 
     def wake_if_due_soon(self, due_at: datetime) -> None:
@@ -71,9 +88,13 @@ class Preloader:
         horizon = self._clock.now() + timedelta(seconds=self._scheduling.lookahead_s)
         self.stats["passes"] += 1
         try:
+            if self._resync:
+                await self._read_back_preloaded(epochs)
             timers, lost = await self._runs.load_due(epochs, horizon, limit)
         except StoreUnavailable as exc:
             self.stats["store_errors"] += 1
+            if isinstance(exc, CommitOutcomeUnknown):
+                self._resync = True  # the rows may be PRELOADED, and in no wheel
             log.warning("preload failed; retrying next pass", extra={"error": str(exc)})
             return False
         if lost:
@@ -82,3 +103,13 @@ class Preloader:
             self.stats["preloaded"] += len(timers)
             self._dispatcher.schedule(timers)
         return len(timers) == limit
+
+    async def _read_back_preloaded(self, epochs: dict[int, int]) -> None:
+        timers = await self._runs.read_back_preloaded(epochs)
+        self._resync = False
+        self.stats["resyncs"] += 1
+        adopted = self._dispatcher.adopt(timers)
+        log.info(
+            "PRELOADED rows read back",
+            extra={"shards": len(epochs), "preloaded": len(timers), "adopted": adopted},
+        )

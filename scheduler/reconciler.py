@@ -54,7 +54,7 @@ from chronoshard.clock import Clock
 from chronoshard.events import wait_event
 from chronoshard.scheduler.config import SchedulerConfig
 from chronoshard.scheduler.dispatch_store import TimerTask
-from chronoshard.scheduler.errors import StoreUnavailable
+from chronoshard.scheduler.errors import CommitOutcomeUnknown, StoreUnavailable
 from chronoshard.scheduler.models import TaskRef
 from chronoshard.scheduler.sharding import shard_of
 from chronoshard.scheduler.states import (
@@ -330,6 +330,8 @@ class Wheel(Protocol):
 
     def tasks_ready_again(self, tasks: Sequence[TimerTask]) -> None: ...
 
+    def preloaded_unknown(self) -> None: ...
+
 
 @dataclass(frozen=True, slots=True)
 class PassReport:
@@ -488,7 +490,12 @@ class Reconciler:
                 repairs.append(Repair(row, decision))
         result = RepairResult([], [], [], frozenset(), frozenset())
         if repairs:
-            result = await self._runs.repair(epochs, repairs)
+            try:
+                result = await self._runs.repair(epochs, repairs)
+            except CommitOutcomeUnknown:
+                # Repaired rows may be PRELOADED now and on no wheel: read them back.
+                self._wheel.preloaded_unknown()
+                raise
             self._after_repair(repairs, result)
         self.outcome_unknown = scan.outcome_unknown + len(result.unknown)
         runs_finished = await self._finish_runs(epochs)

@@ -17,7 +17,20 @@ state machine (``states``) says which moves a write may make. What it does own:
   for the old owner's in-flight writes and every later write sees the new epoch.
 * **One error boundary.** psycopg's ``OperationalError`` (lost connection, pool timeout,
   serialization failure, deadlock, lock timeout) becomes
-  :class:`~.errors.StoreUnavailable` (retryable), chained ``from exc``.
+  :class:`~.errors.StoreUnavailable` (retryable), chained ``from exc``. A connection lost
+  while a transaction was committing becomes :class:`~.errors.CommitOutcomeUnknown`: the
+  transaction may have committed (DESIGN §12). A pooled connection is waited for at most
+  ``acquire_timeout_s``, so while PostgreSQL is down callers hear so within that bound
+  instead of waiting for it to come back.
+* **Unknown submit outcomes are read back.** A submit batch whose commit outcome is
+  unknown is settled by reading its rows back once PostgreSQL answers again: found, the
+  batch committed and each caller gets its task; not found, nothing was written and the
+  caller may retry. It is never written again blindly (an unkeyed submit would then exist
+  twice). A read-back is only sound once the lost transaction can no longer commit: its
+  COMMIT may still be on its way to a server backend that lives on (a broken network
+  rather than a restart). So every read-back first ends the backend that ran it
+  (:meth:`Store.end_lost_transactions`: ``pg_terminate_backend``, then wait until it is
+  gone), known by its pid and start time, recorded when the connection was made.
 
 Timestamps are sent and returned timezone-aware; sessions run with ``TimeZone=UTC`` so
 returned datetimes are in UTC whatever the server's default. JSON comes back with exact
@@ -26,12 +39,15 @@ numbers (``chronoshard.exact_json``): a Decimal where a float could not hold the
 
 from __future__ import annotations
 
+import asyncio
+import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Self, TypeVar
+from weakref import WeakKeyDictionary
 
 import psycopg
 from psycopg.rows import dict_row
@@ -42,6 +58,7 @@ from chronoshard import exact_json
 from chronoshard.clock import Clock, ClockReading
 from chronoshard.scheduler import queries, states, submits
 from chronoshard.scheduler.errors import (
+    CommitOutcomeUnknown,
     IdempotencyConflict,
     InvalidArgument,
     SchedulerError,
@@ -68,6 +85,19 @@ from chronoshard.scheduler.states import AttemptState, Resolution, TaskEvent, Ta
 DEFAULT_POOL_MIN_SIZE = 1
 DEFAULT_POOL_MAX_SIZE = 10
 DEFAULT_OPEN_TIMEOUT_S = 30.0
+DEFAULT_ACQUIRE_TIMEOUT_S = 5.0
+READ_BACK_TIMEOUT_S = 10.0
+"""How long a submit whose commit outcome is unknown tries to read its rows back."""
+READ_BACK_RETRY_S = 0.25
+RECONNECT_GIVE_UP_S = 1.0
+"""How long the pool retries one lost connection before giving it up (after open()).
+
+psycopg_pool retries a lost connection with a backoff doubling from 1 s (1, 2, 4, 8 s
+...), so after an 8 s outage the pool came back up to 7 s after PostgreSQL did: that was
+most of the time to resume after a restart. Giving a connection up after 1 s lets the
+next statement that waits for one start a fresh attempt at once (the pool grows on
+demand), so reconnect tries are at most about a second apart while the node needs
+connections, whatever the outage's length."""
 
 Connection = psycopg.AsyncConnection[Any]
 _R = TypeVar("_R")
@@ -117,21 +147,36 @@ class SessionLimits:
     idle_in_transaction_s: float = 5.0
 
 
-def _configurer(limits: SessionLimits) -> Callable[[Connection], Awaitable[None]]:
+@dataclass(frozen=True)
+class Backend:
+    """The server process behind a connection: a pid alone may be reused after a restart."""
+
+    pid: int
+    started_at: datetime
+
+
+def _configurer(
+    limits: SessionLimits, backends: WeakKeyDictionary[Connection, Backend]
+) -> Callable[[Connection], Awaitable[None]]:
     async def configure(conn: Connection) -> None:
         # jsonb keeps numbers exact; so must reading it (json.loads makes floats of them).
         set_json_loads(exact_json.loads, conn)
         # Returned timestamptz values take the session's zone; pin it so every datetime
         # the store hands out is UTC regardless of the server's or the DSN's default.
         await conn.execute("SET TIME ZONE 'UTC'")
-        await conn.execute(
+        cur = await conn.execute(
             "SELECT set_config('statement_timeout', %s, false),"
-            " set_config('idle_in_transaction_session_timeout', %s, false)",
+            " set_config('idle_in_transaction_session_timeout', %s, false),"
+            " pg_backend_pid(),"
+            " (SELECT backend_start FROM pg_stat_activity WHERE pid = pg_backend_pid())",
             (
                 f"{int(limits.statement_timeout_s * 1000)}ms",
                 f"{int(limits.idle_in_transaction_s * 1000)}ms",
             ),
         )
+        row = await cur.fetchone()
+        if row is not None and row[3] is not None:
+            backends[conn] = Backend(row[2], row[3])
 
     return configure
 
@@ -146,6 +191,10 @@ class Store:
         payload_limit_bytes: int = DEFAULT_PAYLOAD_LIMIT_BYTES,
     ) -> None:
         self._pool = pool
+        # Filled by the pool's configure callback (see open()).
+        self._backends: WeakKeyDictionary[Connection, Backend] = WeakKeyDictionary()
+        # Backends whose transaction's commit outcome became unknown, not yet ended.
+        self._lost: set[Backend] = set()
         self._q = queries.load("queries.sql")
         self.payload_limit_bytes = payload_limit_bytes
 
@@ -158,21 +207,25 @@ class Store:
         *,
         payload_limit_bytes: int = DEFAULT_PAYLOAD_LIMIT_BYTES,
         open_timeout_s: float = DEFAULT_OPEN_TIMEOUT_S,
+        acquire_timeout_s: float = DEFAULT_ACQUIRE_TIMEOUT_S,
         session_limits: SessionLimits | None = None,
     ) -> Self:
-        """A store with an open pool of ``min_size``..``max_size`` connections.
+        """A store with an open pool of ``min_size``..``max_size`` connections; a statement
+        waits at most ``acquire_timeout_s`` for one.
 
         Raises:
             StoreUnavailable: ``min_size`` connections could not be made in
                 ``open_timeout_s``.
         """
+        backends: WeakKeyDictionary[Connection, Backend] = WeakKeyDictionary()
         pool: AsyncConnectionPool[Connection] = AsyncConnectionPool(
             dsn,
             min_size=min_size,
             max_size=max_size,
             open=False,
+            timeout=acquire_timeout_s,
             check=AsyncConnectionPool.check_connection,
-            configure=_configurer(session_limits or SessionLimits()),
+            configure=_configurer(session_limits or SessionLimits(), backends),
             kwargs={"autocommit": True},
             name="chronoshard-store",
         )
@@ -181,7 +234,11 @@ class Store:
         except psycopg.OperationalError as exc:
             await pool.close()
             raise StoreUnavailable(f"cannot connect to PostgreSQL: {exc}") from exc
-        return cls(pool, payload_limit_bytes=payload_limit_bytes)
+        # Only now: the first connections may wait for PostgreSQL up to open_timeout_s.
+        pool.reconnect_timeout = RECONNECT_GIVE_UP_S
+        store = cls(pool, payload_limit_bytes=payload_limit_bytes)
+        store._backends = backends
+        return store
 
     async def close(self) -> None:
         await self._pool.close()
@@ -206,9 +263,53 @@ class Store:
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[Connection]:
-        """A transaction on a pooled connection, committed when the block exits cleanly."""
-        async with self.connection() as conn, conn.transaction():
-            yield conn
+        """A transaction on a pooled connection, committed when the block exits cleanly.
+
+        Raises:
+            CommitOutcomeUnknown: the connection failed during the COMMIT itself (the
+                block had run): the transaction may or may not have committed.
+            StoreUnavailable: it failed earlier: nothing of the block was committed.
+        """
+        async with self.connection() as conn:
+            committing = False
+            try:
+                async with conn.transaction():
+                    yield conn
+                    committing = True
+            except psycopg.OperationalError as exc:
+                if committing:
+                    backend = self._backends.get(conn)
+                    if backend is not None:
+                        self._lost.add(backend)
+                    raise CommitOutcomeUnknown(f"while committing: {exc}") from exc
+                raise
+
+    async def end_lost_transactions(self) -> None:
+        """Make sure no transaction whose commit outcome became unknown can still commit:
+        end its backend if it lives on, and wait until it is gone. Every read-back of an
+        unknown outcome calls this first (module docstring).
+
+        Raises:
+            StoreUnavailable: PostgreSQL cannot be asked (yet), or a backend outlived
+                READ_BACK_TIMEOUT_S after it was told to end; call again.
+        """
+        deadline = time.monotonic() + READ_BACK_TIMEOUT_S
+        while self._lost:
+            lost = list(self._lost)
+            async with self.connection() as conn:
+                cur = await conn.execute(
+                    "SELECT pid, backend_start, pg_terminate_backend(pid)"
+                    " FROM pg_stat_activity"
+                    " WHERE (pid, backend_start) IN (SELECT * FROM unnest(%s::int[],"
+                    " %s::timestamptz[]))",
+                    ([b.pid for b in lost], [b.started_at for b in lost]),
+                )
+                alive = {Backend(pid, started) for pid, started, _ in await cur.fetchall()}
+            self._lost -= set(lost) - alive
+            if alive:
+                if time.monotonic() >= deadline:
+                    raise StoreUnavailable(f"backends {sorted(b.pid for b in alive)} live on")
+                await asyncio.sleep(READ_BACK_RETRY_S / 5)
 
     @asynccontextmanager
     async def shard_tx(self, shard: int, epoch: int) -> AsyncIterator[Connection]:
@@ -332,10 +433,12 @@ class Store:
             raise InvalidArgument("id", "two tasks in one batch share an id")
         if not prepared:
             return []
-        async with self.transaction() as conn:
-            outcomes = await self._write_submits(
-                conn, [(tenant_id, p) for p in prepared], all_or_nothing=True
-            )
+        requests = [(tenant_id, p) for p in prepared]
+        try:
+            async with self.transaction() as conn:
+                outcomes = await self._write_submits(conn, requests, all_or_nothing=True)
+        except CommitOutcomeUnknown as exc:
+            outcomes = await self._read_back_submits(requests, exc, all_or_nothing=True)
         return [o for o in outcomes if isinstance(o, SubmitResult)]
 
     async def insert_each(
@@ -352,8 +455,67 @@ class Store:
         """
         if not requests:
             return []
-        async with self.transaction() as conn:
-            return await self._write_submits(conn, requests, all_or_nothing=False)
+        try:
+            async with self.transaction() as conn:
+                return await self._write_submits(conn, requests, all_or_nothing=False)
+        except CommitOutcomeUnknown as exc:
+            return await self._read_back_submits(requests, exc, all_or_nothing=False)
+
+    async def _read_back_submits(
+        self,
+        requests: Sequence[submits.Request],
+        unknown: CommitOutcomeUnknown,
+        *,
+        all_or_nothing: bool,
+    ) -> list[SubmitResult | SchedulerError]:
+        """Settle a submit batch whose commit outcome is unknown by reading it back.
+
+        The batch was one transaction, so either every task it inserted exists or none
+        does. None found: nothing was written (or the batch inserted nothing: repeats and
+        conflicts only), so StoreUnavailable tells the callers to retry. Found: the batch
+        committed; each request whose own row exists gets it, and the others (repeats of
+        a key, conflicts, a request that failed on its own) are answered by writing them
+        again, which for them inserts nothing.
+
+        Raises:
+            CommitOutcomeUnknown: PostgreSQL did not answer within READ_BACK_TIMEOUT_S.
+        """
+        deadline = time.monotonic() + READ_BACK_TIMEOUT_S
+        while True:
+            try:
+                await self.end_lost_transactions()
+                found = await self._find_submitted(requests)
+                break
+            except StoreUnavailable:
+                if time.monotonic() >= deadline:
+                    raise unknown from None
+                await asyncio.sleep(READ_BACK_RETRY_S)
+        if not found:
+            raise StoreUnavailable(f"nothing was committed ({unknown}); retry") from unknown
+        rest = [r for r in requests if r[1].new.id not in found]
+        answers: list[SubmitResult | SchedulerError] = []
+        if rest:
+            async with self.transaction() as conn:
+                answers = await self._write_submits(conn, rest, all_or_nothing=all_or_nothing)
+        again = iter(answers)
+        return [
+            SubmitResult(found[p.new.id], created=True) if p.new.id in found else next(again)
+            for _, p in requests
+        ]
+
+    async def _find_submitted(self, requests: Sequence[submits.Request]) -> dict[uuid.UUID, Task]:
+        """The tasks of ``requests`` that exist, by id (their own ids: not key repeats)."""
+        async with self.connection() as conn:
+            cur = conn.cursor(row_factory=dict_row)
+            await cur.execute(
+                self._q["get_tasks_by_ref"],
+                {
+                    "tenant_ids": list({t for t, _ in requests}),
+                    "scheduled_ats": [p.new.scheduled_at for _, p in requests],
+                    "ids": [p.new.id for _, p in requests],
+                },
+            )
+            return {task.id: task for task in map(task_from_row, await cur.fetchall())}
 
     async def _write_submits(
         self, conn: Connection, requests: Sequence[submits.Request], *, all_or_nothing: bool

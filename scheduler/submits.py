@@ -20,7 +20,9 @@ its own (a key conflict, an unknown tenant) fails alone. If the batch's transact
 as a whole with an unexpected error (one bad row would take down its neighbours), every
 request is retried alone, so the culprit fails by itself exactly as without coalescing;
 a ``StoreUnavailable`` (nothing was written) is every caller's answer, as it would have
-been for each of them.
+been for each of them. A batch whose commit outcome was unknown has been read back by
+the store before it answers; only when that could not tell either do the callers get
+``CommitOutcomeUnknown`` (the task may exist: repeat it only with its idempotency key).
 """
 
 from __future__ import annotations
@@ -222,9 +224,11 @@ class SubmitCoalescer:
         try:
             outcomes = await self._store.insert_each([w.request for w in batch])
         except StoreUnavailable as exc:
-            # The transaction failed as a whole: nothing of the batch was written.
+            # The transaction failed as a whole: nothing of the batch was written, or
+            # (CommitOutcomeUnknown) the store could not find out. Each caller gets its
+            # own exception of the same kind.
             for w in batch:
-                _settle(w.future, StoreUnavailable(str(exc)))
+                _settle(w.future, type(exc)(str(exc)))
             return
         except Exception as exc:
             if len(batch) == 1:

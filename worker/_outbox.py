@@ -12,7 +12,12 @@ then it sits here in one of four states:
   with the backoff the caller computed, :meth:`confirm` ends it.
 - ``PARKED``: an Ack whose stream broke. There is no unary Ack (a Complete from
   DISPATCHED is accepted anyway), so it waits for its node's next session, where it is
-  sent again (:meth:`parked_for`); the task's final settlement drops it.
+  sent again (:meth:`parked_for`).
+
+The attempt's final settlement (Complete, Fail, Release) drops its Ack, whatever the Ack's
+route: the final one is accepted from DISPATCHED as well, so the Ack is moot. (An Ack kept
+waiting for the Receipt of a node that went away outlived its task, and a shutdown then
+reported it unconfirmed although the task was COMPLETED.)
 
 Pure: time is passed in (monotonic seconds), the async shell does the sending.
 """
@@ -24,8 +29,13 @@ from dataclasses import dataclass
 
 from chronoshard.worker._models import Ack, Settlement, SettlementKey
 
-DEFAULT_RECEIPT_TIMEOUT_S = 30.0
-"""A Receipt this late on a live stream: assume it lost and resend through the unary RPC."""
+DEFAULT_RECEIPT_TIMEOUT_S = 10.0
+"""A Receipt this late on a live stream: assume it lost and resend through the unary RPC.
+
+A node answers every settlement, with an error Receipt when it could not commit it
+(PostgreSQL away: at most ``database.acquire_timeout_s``, 5 s, after it arrived), so a
+Receipt this late was lost (a stream that broke without saying so) and the resend is
+what gets the settlement through. Resending early is harmless: settling is idempotent."""
 
 
 class Route(enum.Enum):
@@ -70,7 +80,7 @@ class Outbox:
 
     def add_stream(self, settlement: Settlement, node: str, now: float) -> None:
         """``settlement`` was queued on ``node``'s stream; its Receipt is awaited."""
-        self._drop_parked_ack(settlement)
+        self._drop_ack(settlement)
         self._entries[settlement.key] = OutboxEntry(
             settlement, Route.STREAM, node, now + self._receipt_timeout_s
         )
@@ -79,17 +89,14 @@ class Outbox:
         """No usable stream: send ``settlement`` through the unary RPC, starting now."""
         if isinstance(settlement, Ack):
             raise ValueError("an Ack has no unary RPC")
-        self._drop_parked_ack(settlement)
+        self._drop_ack(settlement)
         self._entries[settlement.key] = OutboxEntry(settlement, Route.UNARY, None, now)
 
-    def _drop_parked_ack(self, settlement: Settlement) -> None:
-        # The task's final settlement makes its unconfirmed Ack moot: a Complete, Fail or
-        # Release is accepted from DISPATCHED as well as from RUNNING.
+    def _drop_ack(self, settlement: Settlement) -> None:
+        # The task's final settlement makes its unconfirmed Ack moot, in any route: a
+        # Complete, Fail or Release is accepted from DISPATCHED as well as from RUNNING.
         if not isinstance(settlement, Ack):
-            ack = Ack(settlement.task, settlement.fencing_token)
-            entry = self._entries.get(ack.key)
-            if entry is not None and entry.route is Route.PARKED:
-                del self._entries[ack.key]
+            self._entries.pop(Ack(settlement.task, settlement.fencing_token).key, None)
 
     # ---- confirming ------------------------------------------------------------------
 

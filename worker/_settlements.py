@@ -11,14 +11,16 @@ node answers.
 Answers are sorted in one place (:meth:`Settlements.on_receipt`, :meth:`_resend`):
 committed -> forget it; ``STALE_FENCING_TOKEN`` -> another attempt owns the task: drop
 it and report a zombie (never retried); a transient error (node down, shard in handoff,
-``ErrorInfo.retryable``) -> try again later; any other refusal -> drop it, logged as an
-error.
+PostgreSQL away: ``ErrorInfo.retryable``) -> try again through the unary RPCs with
+backoff, for as long as the worker lives; any other refusal -> drop it, logged as an
+error. A Receipt that never comes (``receipt_timeout_s``) counts as a transient error.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import random
 from collections.abc import Callable
 from typing import Any
@@ -38,6 +40,10 @@ logger = logging.getLogger("chronoshard.worker")
 RESEND_CONCURRENCY = 16
 """Unary settlements in flight at once (DESIGN §12: bound calls per channel)."""
 MAX_BACKOFF_FAILURES = 16
+RESEND_MAX_S = 2.0
+"""The longest wait between unary tries of one settlement (from 0.1 s, doubling): a node
+answers a settlement it cannot commit within ``database.acquire_timeout_s`` anyway, so
+the cap sets how late a settlement lands after PostgreSQL is back, not the load."""
 
 OnStale = Callable[[RunKey, str, str], None]
 """Called with (task id, token), what was refused, and the node, for a stale token."""
@@ -63,6 +69,8 @@ class Settlements:
         self._on_change = on_change
         self._rng = rng or random.Random()
         self._wakeup = asyncio.Event()
+        # When the resend loop wakes next by itself (inf: not until woken).
+        self._wake_at = math.inf
         self.outbox = Outbox()
 
     def __len__(self) -> int:
@@ -84,6 +92,12 @@ class Settlements:
         now = self._clock.monotonic()
         if usable and session is not None and session.send(settlement):
             self.outbox.add_stream(settlement, node, now)
+            entry = self.outbox.get(settlement.key)
+            if entry is not None and entry.deadline < self._wake_at:
+                # The resend loop must wake when this Receipt is overdue: it may be
+                # sleeping with no deadline at all (an empty outbox), and then a lost
+                # Receipt would never be noticed.
+                self._wakeup.set()
         elif not isinstance(settlement, Ack):
             self.outbox.add_unary(settlement, now)
             self._wakeup.set()
@@ -166,15 +180,21 @@ class Settlements:
                 await asyncio.gather(*(self._resend(entry) for entry in batch))
             self._on_change()
             deadline = self.outbox.next_deadline()
+            self._wake_at = math.inf if deadline is None else deadline
             timeout = None if deadline is None else max(0.0, deadline - self._clock.monotonic())
             self._wakeup.clear()
             await wait_event(self._wakeup, timeout)
+            self._wake_at = -math.inf  # awake: whatever is added now is seen by this pass
 
     async def _resend(self, entry: OutboxEntry) -> None:
         s = entry.settlement
         addresses = self._topology.addresses()
         if not addresses:  # nowhere to send it yet: try again after the backoff
-            delay = backoff_s(min(entry.unary_attempts, MAX_BACKOFF_FAILURES), self._rng.random())
+            delay = backoff_s(
+                min(entry.unary_attempts, MAX_BACKOFF_FAILURES),
+                self._rng.random(),
+                max_s=RESEND_MAX_S,
+            )
             self.outbox.unary_failed(s.key, self._clock.monotonic(), delay)
             return
         address = addresses[(entry.unary_attempts - 1) % len(addresses)]
@@ -187,7 +207,7 @@ class Settlements:
                 self._on_stale((s.task.id, s.fencing_token), s.kind.value, address)
             elif exc.retryable:
                 failures = min(entry.unary_attempts, MAX_BACKOFF_FAILURES)
-                delay = backoff_s(failures, self._rng.random())
+                delay = backoff_s(failures, self._rng.random(), max_s=RESEND_MAX_S)
                 self.outbox.unary_failed(s.key, self._clock.monotonic(), delay)
                 self._log(
                     logging.INFO,

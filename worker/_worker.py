@@ -50,17 +50,19 @@ DEFAULT_DRAIN_GRACE_S = 30.0
 """On SIGTERM, how long running tasks may go on before they are asked to stop."""
 DRAIN_STOP_MARGIN_S = 2.0
 """After ``drain_stop_s``, how long the releases of stopped handlers may take to queue."""
-DRAIN_FLUSH_S = 10.0
-"""After the drain, how long to wait for the receipts of the last settlements."""
+DRAIN_FLUSH_S = 30.0
+"""After the drain, how long to wait for the last settlements to be confirmed. They are
+resent with backoff meanwhile, so this covers a PostgreSQL restart (or failover) of up to
+about this long: the worker exits 0 once the scheduler has them all."""
 CLOSE_S = 3.0
 """The last step (loops, streams, handlers cancelled by a forced stop) waits this long."""
 SHUTDOWN_MARGIN_S = DRAIN_STOP_MARGIN_S + DRAIN_FLUSH_S + CLOSE_S
-"""What a shutdown adds to ``drain_grace_s + drain_stop_s`` at most (15 s)."""
+"""What a shutdown adds to ``drain_grace_s + drain_stop_s`` at most (35 s)."""
 
 
 def shutdown_bound_s(drain_grace_s: float, drain_stop_s: float) -> float:
     """The longest a graceful shutdown takes, signal to exit: every phase is capped.
-    50 s with the defaults; the process manager must allow at least this much
+    70 s with the defaults; the process manager must allow at least this much
     (Kubernetes ``terminationGracePeriodSeconds``, whose default of 30 s is shorter)."""
     return drain_grace_s + drain_stop_s + SHUTDOWN_MARGIN_S
 

@@ -134,6 +134,16 @@ WITH chosen AS (
 )
 SELECT * FROM moved;
 
+-- name: intent_outcomes
+-- Reading back intents whose commit outcome is unknown (DESIGN §12): the rows as they are
+-- now, with the epoch their current attempt was written under (NULL before any attempt).
+SELECT t.*, a.epoch AS attempt_epoch
+FROM tasks AS t
+LEFT JOIN task_attempts AS a ON a.task_id = t.id AND a.attempt = t.attempt
+WHERE t.scheduled_at = ANY(%(scheduled_ats)s::timestamptz[])
+  AND t.id = ANY(%(ids)s::uuid[])
+  AND t.shard = ANY(%(shards)s::smallint[]);
+
 -- name: ack
 -- DISPATCHED -> RUNNING for the attempt holding the token.
 WITH acked AS (

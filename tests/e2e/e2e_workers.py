@@ -30,6 +30,16 @@ async def record_task(ctx: TaskContext) -> dict[str, int]:
     return {"attempt": ctx.attempt}
 
 
+@worker.task("e2e.work")
+async def work(ctx: TaskContext) -> dict[str, int]:
+    """Work for ``payload.seconds`` (default 0.1), then commit the effect: settlements of
+    such tasks are in flight all the time under load, whatever instant a fault hits."""
+    started_at = datetime.now(UTC)
+    await asyncio.sleep(float(ctx.payload.get("seconds", 0.1)))
+    await record(ctx, started_at, "ok")
+    return {"attempt": ctx.attempt}
+
+
 @worker.task("e2e.flaky")
 async def flaky(ctx: TaskContext) -> dict[str, int]:
     started_at = datetime.now(UTC)

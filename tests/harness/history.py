@@ -111,8 +111,19 @@ class Violations:
         return "; ".join(parts) or "none"
 
 
-def check(dsn: str, task_ids: list[uuid.UUID], *, job_ledger: bool = True) -> Violations:
-    """I1 and I2 over ``task_ids`` (acknowledged submits)."""
+def check(
+    dsn: str,
+    task_ids: list[uuid.UUID],
+    *,
+    job_ledger: bool = True,
+    effects_dsn: str | None = None,
+) -> Violations:
+    """I1 and I2 over ``task_ids`` (acknowledged submits).
+
+    ``effects_dsn``: where the handlers' ``effects`` ledger lives when it is not the
+    scheduler's database (a test that takes the scheduler's PostgreSQL down keeps the
+    ledger on a server that stays up).
+    """
     found = Violations()
     with psycopg.connect(dsn) as conn:
         rows = conn.execute(
@@ -132,10 +143,7 @@ def check(dsn: str, task_ids: list[uuid.UUID], *, job_ledger: bool = True) -> Vi
                 "SELECT task_id FROM task_completions WHERE task_id = ANY(%s)", (task_ids,)
             ).fetchall()
         )
-        effects = conn.execute(
-            "SELECT task_id, token FROM effects WHERE task_id = ANY(%s) AND outcome = 'ok'",
-            (task_ids,),
-        ).fetchall()
+    effects = committed_effects(effects_dsn or dsn, task_ids)
     winning = Counter(t for t, token in effects if status.get(t, (None, -1))[1] == token)
     for task_id in task_ids:
         if task_id not in status:
@@ -150,6 +158,16 @@ def check(dsn: str, task_ids: list[uuid.UUID], *, job_ledger: bool = True) -> Vi
         if winning[task_id] != 1:
             found.winning_effects[task_id] = winning[task_id]
     return found
+
+
+def committed_effects(dsn: str, task_ids: list[uuid.UUID]) -> list[tuple[uuid.UUID, int]]:
+    """(task, token) of every successful side effect the handlers committed."""
+    with psycopg.connect(dsn) as conn:
+        rows = conn.execute(
+            "SELECT task_id, token FROM effects WHERE task_id = ANY(%s) AND outcome = 'ok'",
+            (task_ids,),
+        ).fetchall()
+    return [(r[0], r[1]) for r in rows]
 
 
 def epoch_regressions(dsn: str, task_ids: list[uuid.UUID]) -> list[tuple[int, int, int]]:

@@ -6,24 +6,17 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import grpc
 import pytest
+from fixtures.nodes import node_config, running_node
 from fixtures.waiting import eventually
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client import generate_latest
 
 from chronoshard.scheduler.auth import hash_api_key, new_api_key
-from chronoshard.scheduler.config import (
-    DatabaseConfig,
-    EtcdConfig,
-    GrpcConfig,
-    SchedulerConfig,
-    WorkersConfig,
-)
 from chronoshard.scheduler.ids import new_task_id
 from chronoshard.scheduler.jitter import JitterMode
 from chronoshard.scheduler.models import NewTask, Tenant
@@ -44,23 +37,8 @@ SHARDS = 8
 
 @pytest.fixture
 async def node(fresh_db_dsn: str, etcd: EtcdProcess) -> AsyncIterator[SchedulerNode]:
-    config = SchedulerConfig(
-        node_id=f"node-{uuid.uuid4().hex[:6]}",
-        metrics_listen="127.0.0.1:0",
-        etcd=EtcdConfig(
-            endpoints=(etcd.endpoint,), cluster=f"c{uuid.uuid4().hex[:8]}", lease_ttl_s=5
-        ),
-        database=DatabaseConfig(dsn=fresh_db_dsn, pool_min_size=1, pool_max_size=6),
-        grpc=GrpcConfig(listen="127.0.0.1:0"),
-        workers=WorkersConfig(heartbeat_interval_s=1.0),
-    )
-    config = replace(config, scheduling=replace(config.scheduling, shard_count=SHARDS))
-    node = SchedulerNode(config)
-    await node.start()
-    try:
-        yield node
-    finally:
-        await node.stop()
+    async with running_node(node_config(fresh_db_dsn, etcd.endpoint, shard_count=SHARDS)) as n:
+        yield n
 
 
 async def _tenant(store: Store) -> Tenant:
@@ -322,3 +300,24 @@ async def test_a_hello_with_slots_out_of_range_is_rejected(node: SchedulerNode, 
     assert first.WhichOneof("message") == "reject"
     assert first.reject.error.field == "hello.slots"
     assert node.gateway.sessions() == []
+
+
+async def test_a_worker_that_goes_away_leaves_no_task_of_its_session_behind(
+    node: SchedulerNode,
+) -> None:
+    # The stream's handler waited on the session's outbox when the worker cancelled the
+    # call; the outbox get it left pending was destroyed with the session later, and the
+    # node logged "Task was destroyed but it is pending" (issue 12, item 10).
+    w = worker_service_pb2
+    hello = w.WorkerMessage(hello=w.Hello(worker_id="raw-5", task_types=["none"], slots=1))
+    channel, stream = await _open(node, hello)
+    async with channel, asyncio.timeout(10):
+        first = await stream.read()
+        assert first.WhichOneof("message") == "welcome"
+        stream.cancel()
+    await eventually(lambda: node.gateway.sessions() == [], timeout_s=10, what="session closed")
+
+    def outbox_gets() -> list[asyncio.Task[Any]]:
+        return [t for t in asyncio.all_tasks() if "Queue.get" in repr(t.get_coro())]
+
+    await eventually(lambda: not outbox_gets(), timeout_s=5, what="no outbox get left pending")

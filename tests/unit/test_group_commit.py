@@ -83,3 +83,44 @@ async def test_stop_flushes_what_is_queued() -> None:
     await committer.stop()
     assert await pending == 5
     assert seen == [5]
+
+
+async def test_stop_lets_the_flush_under_way_answer_its_callers() -> None:
+    # Cancelling a flush midway left its callers without an answer: a settlement whose
+    # batch committed got no Receipt at a node's shutdown.
+    started = asyncio.Event()
+    release = asyncio.Event()
+
+    async def flush(requests: Sequence[int]) -> list[int]:
+        started.set()
+        await release.wait()
+        return list(requests)
+
+    committer: GroupCommitter[int, int] = GroupCommitter("t", flush, linger_s=0)
+    committer.start()
+    in_flight = asyncio.create_task(committer.submit(1))
+    await started.wait()
+    queued = asyncio.create_task(committer.submit(2))
+    stopping = asyncio.create_task(committer.stop())
+    await one_loop_turn()
+    assert not stopping.done()
+    release.set()
+    await stopping
+    assert await in_flight == 1
+    assert await queued == 2
+
+
+async def test_stop_gives_up_on_a_flush_that_hangs() -> None:
+    async def flush(requests: Sequence[int]) -> list[int]:
+        await asyncio.Event().wait()
+        return list(requests)
+
+    committer: GroupCommitter[int, int] = GroupCommitter("t", flush, linger_s=0)
+    committer.start()
+    caller = asyncio.create_task(committer.submit(1))
+    await one_loop_turn()
+    async with asyncio.timeout(5):  # a stop that waited for the hung flush fails here
+        await committer.stop(stop_timeout_s=0.05)
+    caller.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await caller

@@ -27,9 +27,9 @@ def complete(ref: TaskRef = REF, token: int = 1) -> Complete:
 
 def test_a_receipt_confirms_exactly_its_settlement() -> None:
     box = Outbox()
-    box.add_stream(Ack(REF, 1), "n1", now=0.0)
+    box.add_stream(Ack(OTHER, 1), "n1", now=0.0)
     box.add_stream(complete(), "n1", now=0.0)
-    assert box.confirm((REF.id, 1, SettlementKind.ACK)) is not None
+    assert box.confirm((OTHER.id, 1, SettlementKind.ACK)) is not None
     assert len(box) == 1
     assert box.confirm((REF.id, 2, SettlementKind.COMPLETE)) is None  # other token
     assert box.confirm((REF.id, 1, SettlementKind.COMPLETE)) is not None
@@ -82,6 +82,19 @@ def test_the_final_settlement_drops_a_parked_ack() -> None:
     box.add_unary(complete(), now=1.0)
     assert box.parked_for("n1") == []
     assert [e.key for e in box.entries()] == [complete().key]
+
+
+def test_the_final_settlement_drops_an_ack_still_waiting_for_its_receipt() -> None:
+    # The Ack went on n1's stream, the Complete elsewhere; n1 then went away without
+    # answering. The Ack must not outlive the confirmed Complete: a shutdown would report
+    # it unconfirmed although the task is COMPLETED (issue 12, item 10).
+    box = Outbox()
+    box.add_stream(Ack(REF, 1), "n1", now=0.0)
+    box.add_unary(complete(), now=0.5)
+    box.confirm(complete().key)
+    box.stream_lost("n1", now=1.0)
+    assert len(box) == 0
+    assert box.parked_for("n1") == []
 
 
 def test_discard_forgets_one_attempt_only() -> None:

@@ -1,0 +1,386 @@
+"""Commits whose outcome the scheduler cannot know, against a real PostgreSQL.
+
+A TCP proxy between the store and the server (:class:`CommitCutter`) loses one COMMIT on
+purpose, on the connection that ran a chosen statement: either the server gets it and
+commits but its answer never comes back (``commits=True``), or it never gets it and rolls
+back (``commits=False``). Both look the same to the client, a connection lost during
+COMMIT: ``CommitOutcomeUnknown``. DESIGN §12: such an outcome is settled by reading the
+rows back, never by writing them again.
+
+* a submit batch, unkeyed, is answered with its task when it committed and with
+  UNAVAILABLE (nothing written) when it did not; either way one row at most;
+* dispatch intents read back tell the committed ones (to be sent) from the others;
+* a read-back ends the lost transaction's backend first, when it lives on;
+* a whole node: a preload whose answer is lost is read back onto the wheel, an intent
+  whose answer is lost is sent (token 1, never a second intent), a Complete the node
+  could not commit is answered at once with a retryable Receipt, and the Complete sent
+  again settles the task.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime, timedelta
+
+import grpc
+import psycopg
+import pytest
+from fixtures.nodes import node_config, running_node
+from fixtures.waiting import eventually
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+from chronoshard.scheduler.auth import hash_api_key, new_api_key
+from chronoshard.scheduler.dispatch_store import DispatchStore, Intent
+from chronoshard.scheduler.errors import CommitOutcomeUnknown, StoreUnavailable
+from chronoshard.scheduler.ids import new_task_id
+from chronoshard.scheduler.jitter import JitterMode
+from chronoshard.scheduler.models import NewTask, PreparedTask, Tenant, prepare
+from chronoshard.scheduler.node import SchedulerNode
+from chronoshard.scheduler.sharding import shard_of
+from chronoshard.scheduler.store import Backend, Store
+from chronoshard.services import EtcdProcess
+from chronoshard.v1 import worker_service_pb2, worker_service_pb2_grpc
+
+COMMIT = b"Q\x00\x00\x00\x0bCOMMIT\x00"  # the simple-query message psycopg commits with
+SHARD = 3
+EPOCH = 100
+NODE_SHARDS = 4
+# Distinctive text of the statements whose transaction loses its COMMIT.
+INSERT_TASKS = b"INSERT INTO tasks"
+LOAD_DUE = b"AS due(scheduled_at, id)"
+WRITE_INTENTS = b"SET status = 'DISPATCHED'"
+COMPLETE = b"SET status = 'COMPLETED'"
+
+
+@dataclass
+class _Armed:
+    statement: bytes
+    commits: bool
+
+
+@dataclass
+class CommitCutter:
+    """A proxy to PostgreSQL that loses one COMMIT when armed (module docstring)."""
+
+    host: str
+    port: int
+    armed: _Armed | None = None
+    cut = 0
+    _server: asyncio.Server | None = None
+    _links: set[asyncio.Task[None]] = field(default_factory=set)
+
+    async def start(self) -> int:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        return int(self._server.sockets[0].getsockname()[1])
+
+    def arm(self, statement: bytes, *, commits: bool) -> None:
+        self.armed = _Armed(statement, commits)
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        for link in list(self._links):
+            link.cancel()
+        await asyncio.gather(*self._links, return_exceptions=True)
+
+    async def _serve(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._links.add(task)
+        try:
+            server_r, server_w = await asyncio.open_connection(self.host, self.port)
+        except OSError:
+            client_w.close()
+            return
+        # Set once this connection ran the armed statement: its next COMMIT is lost.
+        target: list[_Armed] = []
+        answers_lost = asyncio.Event()
+
+        async def upstream() -> None:
+            tail = b""
+            while data := await client_r.read(65536):
+                window = tail + data
+                tail = window[-256:]
+                armed = self.armed
+                if armed is not None and not target and armed.statement in window:
+                    self.armed = None
+                    target.append(armed)
+                if target and COMMIT in window:
+                    self.cut += 1
+                    if target[0].commits:
+                        server_w.write(data)
+                        await server_w.drain()
+                        answers_lost.set()  # the server commits; its answer is dropped
+                    client_w.close()
+                    if not target[0].commits:
+                        server_w.close()  # the server sees the client gone: rollback
+                    return
+                server_w.write(data)
+                await server_w.drain()
+            server_w.close()
+
+        async def downstream() -> None:
+            while data := await server_r.read(65536):
+                if answers_lost.is_set():
+                    break  # the COMMIT's answer (its CommandComplete) never arrives
+                client_w.write(data)
+                await client_w.drain()
+            server_w.close()
+            client_w.close()
+
+        try:
+            await asyncio.gather(upstream(), downstream())
+        except (ConnectionError, OSError):
+            pass
+        finally:
+            server_w.close()
+            client_w.close()
+            self._links.discard(task)
+
+
+@pytest.fixture
+async def cutter(fresh_db_dsn: str) -> AsyncIterator[tuple[CommitCutter, str]]:
+    params = conninfo_to_dict(fresh_db_dsn)
+    proxy = CommitCutter(str(params.get("host") or "127.0.0.1"), int(params.get("port") or 5432))
+    port = await proxy.start()
+    try:
+        yield proxy, make_conninfo(fresh_db_dsn, host="127.0.0.1", port=port)
+    finally:
+        await proxy.close()
+
+
+@pytest.fixture
+async def store(cutter: tuple[CommitCutter, str]) -> AsyncIterator[Store]:
+    async with await Store.open(cutter[1], min_size=1, max_size=4) as opened:
+        assert await opened.claim_shard_epoch(SHARD, EPOCH, "node-a")
+        yield opened
+
+
+async def _tenant(store: Store) -> Tenant:
+    suffix = uuid.uuid4().hex
+    return await store.create_tenant(f"t-{suffix}", "standard", 100.0, 10, "local", f"h{suffix}")
+
+
+def _task(shard: int = SHARD, due_in_s: float = 0.0, **fields: object) -> NewTask:
+    at = datetime.now(UTC) + timedelta(seconds=due_in_s)
+    return NewTask(
+        id=new_task_id(),
+        type="t",
+        scheduled_at=at,
+        due_at=at,
+        shard=shard,
+        payload={"n": 1},
+        jitter_mode=JitterMode.NONE,
+        **fields,  # type: ignore[arg-type]
+    )
+
+
+def _rows(dsn: str, task_id: uuid.UUID) -> int:
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute("SELECT count(*) FROM tasks WHERE id = %s", (task_id,)).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+async def test_an_unkeyed_submit_whose_commit_answer_was_lost_is_read_back_once(
+    store: Store, cutter: tuple[CommitCutter, str], fresh_db_dsn: str
+) -> None:
+    proxy, _ = cutter
+    tenant = await _tenant(store)
+    new = _task()
+    proxy.arm(INSERT_TASKS, commits=True)
+    [result] = await store.insert_tasks(tenant.id, [new])
+    assert proxy.cut == 1, "the COMMIT was not intercepted: the test proves nothing"
+    assert result.created and result.task.id == new.id
+    assert _rows(fresh_db_dsn, new.id) == 1
+
+
+async def test_a_submit_whose_commit_never_arrived_is_unavailable_and_wrote_nothing(
+    store: Store, cutter: tuple[CommitCutter, str], fresh_db_dsn: str
+) -> None:
+    proxy, _ = cutter
+    tenant = await _tenant(store)
+    new = _task()
+    proxy.arm(INSERT_TASKS, commits=False)
+    with pytest.raises(StoreUnavailable) as raised:
+        await store.insert_tasks(tenant.id, [new])
+    assert proxy.cut == 1
+    # Read back: known not written, so a plain retry is safe (not "outcome unknown").
+    assert not isinstance(raised.value, CommitOutcomeUnknown)
+    assert _rows(fresh_db_dsn, new.id) == 0
+    [result] = await store.insert_tasks(tenant.id, [new])
+    assert result.created and _rows(fresh_db_dsn, new.id) == 1
+
+
+async def test_a_keyed_batch_read_back_answers_new_tasks_and_repeats(
+    store: Store, cutter: tuple[CommitCutter, str], fresh_db_dsn: str
+) -> None:
+    proxy, _ = cutter
+    tenant = await _tenant(store)
+    first = _task(idempotency_key="k-old")
+    [original] = await store.insert_tasks(tenant.id, [first])
+    repeat = replace(_task(idempotency_key="k-old"), scheduled_at=first.scheduled_at)
+    repeat = replace(repeat, due_at=first.due_at)
+    fresh = _task(idempotency_key="k-new")
+    proxy.arm(INSERT_TASKS, commits=True)
+    results = await store.insert_each([(tenant.id, p) for p in _prepared(store, [repeat, fresh])])
+    assert proxy.cut == 1
+    by_id = {r.task.id: r for r in results if not isinstance(r, Exception)}
+    assert by_id[original.task.id].created is False
+    assert by_id[fresh.id].created is True
+    assert _rows(fresh_db_dsn, fresh.id) == 1 and _rows(fresh_db_dsn, repeat.id) == 0
+
+
+def _prepared(store: Store, news: list[NewTask]) -> list[PreparedTask]:
+    return [prepare(n, payload_limit_bytes=store.payload_limit_bytes) for n in news]
+
+
+async def test_intents_read_back_tell_committed_from_unwritten(
+    store: Store, cutter: tuple[CommitCutter, str]
+) -> None:
+    proxy, _ = cutter
+    runs = DispatchStore(store)
+    tenant = await _tenant(store)
+    await store.insert_tasks(tenant.id, [_task(), _task()])
+    timers, _ = await runs.load_due({SHARD: EPOCH}, datetime.now(UTC) + timedelta(minutes=1), 10)
+    assert len(timers) == 2
+    sent, kept = timers
+    proxy.arm(WRITE_INTENTS, commits=True)
+    with pytest.raises(CommitOutcomeUnknown):
+        await runs.write_intents({SHARD: EPOCH}, [Intent(sent, "w1")], 30)
+    assert proxy.cut == 1
+    result = await runs.read_back_intents({SHARD: EPOCH}, [Intent(sent, "w1"), Intent(kept, "w1")])
+    assert [t.id for t in result.dispatched] == [sent.id]
+    assert result.dispatched[0].fencing_token == 1
+    assert result.unwritten == frozenset({kept.id})
+    # Under another epoch (the shard moved on), nothing is claimed as ours.
+    moved = await runs.read_back_intents({SHARD: EPOCH + 1}, [Intent(sent, "w1")])
+    assert moved.dispatched == [] and moved.lost_shards == frozenset({SHARD})
+
+
+async def test_a_read_back_first_ends_the_lost_transaction_if_its_backend_lives(
+    store: Store, fresh_db_dsn: str
+) -> None:
+    # A lost COMMIT may still be on its way to a backend that lives on (a broken network,
+    # not a restart). Here that backend holds a transaction with a row inserted; the
+    # store is told its outcome is unknown, as it is when COMMIT's answer never comes.
+    tenant = await _tenant(store)
+    with psycopg.connect(fresh_db_dsn) as other:
+        row = other.execute(
+            "SELECT pid, backend_start FROM pg_stat_activity WHERE pid = pg_backend_pid()"
+        ).fetchone()
+        assert row is not None
+        other.execute(
+            "INSERT INTO tenants (name, tier, rate_limit_rps, max_concurrent_workers,"
+            " home_region, api_key_hash) VALUES (%s, 'standard', 1, 1, 'local', %s)",
+            (f"lost-{tenant.id}", f"lost-{tenant.id}"),
+        )
+        store._lost.add(Backend(row[0], row[1]))
+        await store.end_lost_transactions()
+        with pytest.raises(psycopg.OperationalError):
+            other.execute("SELECT 1")  # its backend was ended: the transaction is gone
+    with psycopg.connect(fresh_db_dsn) as conn:
+        found = conn.execute(
+            "SELECT count(*) FROM tenants WHERE name = %s", (f"lost-{tenant.id}",)
+        ).fetchone()
+    assert found == (0,)
+
+
+# ---- a whole node ------------------------------------------------------------------------
+
+
+@pytest.fixture
+async def node(cutter: tuple[CommitCutter, str], etcd: EtcdProcess) -> AsyncIterator[SchedulerNode]:
+    config = node_config(cutter[1], etcd.endpoint, shard_count=NODE_SHARDS)
+    async with running_node(config) as started:
+        yield started
+
+
+async def test_a_node_reads_back_what_it_could_not_learn_and_retries_what_it_could_not_commit(
+    node: SchedulerNode, cutter: tuple[CommitCutter, str], fresh_db_dsn: str
+) -> None:
+    proxy, _ = cutter
+    await eventually(
+        lambda: len(node.shards.epochs()) == NODE_SHARDS, timeout_s=10, what="shards claimed"
+    )
+    tenant = await _tenant(node.store)
+    task_id = new_task_id()
+    new = replace(_task(shard=shard_of(task_id, NODE_SHARDS), due_in_s=1.0), id=task_id)
+
+    # 1. The preload commits, its answer is lost: read back onto the wheel anyway.
+    proxy.arm(LOAD_DUE, commits=True)
+    await node.store.insert_tasks(tenant.id, [new])
+    node.preloader.wake()
+    await eventually(lambda: proxy.cut == 1, timeout_s=10, what="the preload's COMMIT cut")
+    await eventually(
+        lambda: node.dispatcher.stats["adopted"] == 1, timeout_s=10, what="read back onto the wheel"
+    )
+
+    # 2. A raw worker takes it; the intent's answer is lost: read back and sent, once.
+    proxy.arm(WRITE_INTENTS, commits=True)
+    key = new_api_key()
+    await node.store.create_tenant(
+        f"w-{uuid.uuid4().hex}", "standard", 100.0, 10, "local", hash_api_key(key)
+    )
+    auth = (("authorization", f"Bearer {key}"),)
+    outgoing: asyncio.Queue[worker_service_pb2.WorkerMessage] = asyncio.Queue()
+    for message in (
+        worker_service_pb2.WorkerMessage(
+            hello=worker_service_pb2.Hello(worker_id="raw-1", task_types=["t"], slots=1)
+        ),
+        worker_service_pb2.WorkerMessage(credit_grant=worker_service_pb2.CreditGrant(credits=1)),
+    ):
+        await outgoing.put(message)
+
+    async def requests() -> AsyncIterator[worker_service_pb2.WorkerMessage]:
+        while True:
+            yield await outgoing.get()
+
+    assert node.addresses is not None
+    receipts: list[worker_service_pb2.Receipt] = []
+    async with grpc.aio.insecure_channel(node.addresses.grpc) as channel:
+        stream = worker_service_pb2_grpc.WorkerServiceStub(channel).Connect(
+            requests(), metadata=auth
+        )
+        assignment: worker_service_pb2.Assignment | None = None
+        async with asyncio.timeout(30):
+            async for message in stream:
+                kind = message.WhichOneof("message")
+                if kind == "assignment":
+                    assignment = message.assignment
+                    assert proxy.cut == 2, "the intent's COMMIT was not cut"
+                    # 3. The Complete's COMMIT never reaches the server.
+                    proxy.arm(COMPLETE, commits=False)
+                    await outgoing.put(_complete(assignment))
+                elif kind == "receipt":
+                    receipts.append(message.receipt)
+                    if message.receipt.HasField("error"):
+                        assert assignment is not None
+                        await outgoing.put(_complete(assignment))  # what the SDK does
+                    else:
+                        break
+        stream.cancel()
+    assert assignment is not None
+    assert (assignment.fencing_token, assignment.attempt) == (1, 1)
+    first, second = receipts
+    assert first.error.retryable and first.error.code == "UNAVAILABLE", first.error
+    assert not second.HasField("error")
+    with psycopg.connect(fresh_db_dsn) as conn:
+        states = conn.execute(
+            "SELECT t.status, t.fencing_token, array_agg(a.state ORDER BY a.attempt)"
+            " FROM tasks t JOIN task_attempts a ON a.task_id = t.id WHERE t.id = %s"
+            " GROUP BY t.status, t.fencing_token",
+            (task_id,),
+        ).fetchone()
+    assert states == ("COMPLETED", 1, ["SUCCEEDED"])
+
+
+def _complete(a: worker_service_pb2.Assignment) -> worker_service_pb2.WorkerMessage:
+    return worker_service_pb2.WorkerMessage(
+        complete=worker_service_pb2.Complete(
+            task=a.task, fencing_token=a.fencing_token, result_json=b"{}"
+        )
+    )
