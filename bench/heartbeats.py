@@ -1,6 +1,6 @@
 """Benchmark: what heartbeats of many running tasks cost one scheduler node.
 
-DESIGN §7: every worker heartbeats all its running (task, token) pairs every 5 s; the
+docs/architecture.md#d7: every worker heartbeats all its running (task, token) pairs every 5 s; the
 node extends their leases in one group-committed statement per batch. This measures the
 cost of that at 10,000 running tasks with the default intervals (heartbeat 5 s, lease
 30 s): the scheduler process's CPU (``utime + stime`` from ``/proc/<pid>/stat`` over a
@@ -61,7 +61,7 @@ from chronoshard.v1 import worker_service_pb2, worker_service_pb2_grpc
 
 DEFAULT_TASKS = 10_000
 DEFAULT_WORKERS = 20
-DEFAULT_HEARTBEAT_S = 5.0  # DESIGN §7
+DEFAULT_HEARTBEAT_S = 5.0  # docs/architecture.md#d7
 DEFAULT_LEASE_S = 30.0  # the issue's default lease
 DEFAULT_WINDOW_S = 60.0
 DEFAULT_IDLE_WINDOW_S = 30.0

@@ -10,8 +10,8 @@ time reported comes from the database afterwards, all stamped by one machine's c
 * the handler start: ``effects.started_at``, taken by the handler on the worker;
 * the completion: ``tasks.finished_at`` (the settling transaction).
 
-*Lateness* is handler start − ``due_at``. With lead dispatch (DESIGN §6) the node sends
-a task ``scheduling.lead_dispatch_s`` early and the SDK starts it at ``due_at``, so on an
+*Lateness* is handler start − ``due_at``. With lead dispatch (docs/architecture.md#d6) the node
+sends a task ``scheduling.lead_dispatch_s`` early and the SDK starts it at ``due_at``, so on an
 unloaded system lateness is the worker's timer precision.
 
 * ``stampede N``: N tasks due evenly within one second starting at T. *All dispatched* is

@@ -37,7 +37,7 @@ from typing import Protocol
 from chronoshard.scheduler.timing_wheel import TimingWheel
 
 DEFAULT_SIZES = (10**4, 10**5, 10**6)
-LOOKAHEAD_S = 3600.0  # DESIGN §6: the preloader keeps the next hour in the wheel
+LOOKAHEAD_S = 3600.0  # docs/architecture.md#d6: the preloader keeps the next hour in the wheel
 TICK_S = 0.01
 SLOTS = 512
 START = 1000.0  # any monotonic reading will do

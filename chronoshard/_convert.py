@@ -2,14 +2,14 @@
 
 This is the only module of the client that builds or reads generated messages (STYLE #7).
 The mapping follows the proto's conventions one field at a time: a proto enum value is the
-enum's prefix plus the DESIGN name (``TASK_STATUS_DEAD_LETTER`` <-> ``TaskStatus.DEAD_LETTER``,
-``PRIORITY_BULK`` <-> ``Priority.BULK``); an unset Timestamp/Duration and an empty string or
-``bytes`` become ``None``; Timestamps become aware UTC datetimes (microsecond precision, as
-PostgreSQL stores them) and Durations float seconds; ``*_json`` bytes are decoded with
-exact numbers (:mod:`chronoshard.exact_json`: a number a float cannot hold exactly comes
-back as a ``decimal.Decimal``, never rounded). Anything the server sends that this client
-cannot read raises :class:`~chronoshard.errors.ProtocolError` instead of a bare ValueError
-deep inside a call.
+enum's prefix plus the state machine's name (``TASK_STATUS_DEAD_LETTER`` <->
+``TaskStatus.DEAD_LETTER``, ``PRIORITY_BULK`` <-> ``Priority.BULK``); an unset
+Timestamp/Duration and an empty string or ``bytes`` become ``None``; Timestamps become aware
+UTC datetimes (microsecond precision, as PostgreSQL stores them) and Durations float
+seconds; ``*_json`` bytes are decoded with exact numbers (:mod:`chronoshard.exact_json`: a
+number a float cannot hold exactly comes back as a ``decimal.Decimal``, never rounded).
+Anything the server sends that this client cannot read raises
+:class:`~chronoshard.errors.ProtocolError` instead of a bare ValueError deep inside a call.
 
 Payloads are encoded compactly (``separators=(",", ":")``, UTF-8, no NaN/Infinity since
 neither is JSON nor storable in JSONB), because the server bounds payloads by their size;

@@ -5,7 +5,8 @@ offers the same methods as blocking calls. Both speak the types of
 :mod:`chronoshard.types` and raise the exceptions of :mod:`chronoshard.errors`; protobuf
 stays inside :mod:`chronoshard._convert`.
 
-Connection discipline follows DESIGN §12, where each rule answers a failure measured here:
+Connection discipline follows docs/architecture.md#d12, where each rule answers a failure
+measured here:
 
 * **Explicit keepalives.** The client pings an idle connection (``keepalive_time``) and
   drops it when the ack is late (``keepalive_timeout`` and ``http2.ping_timeout`` — the
@@ -147,7 +148,8 @@ def channel_options(
     server_name: str | None = None,
     extra: Mapping[str, int | str] | None = None,
 ) -> list[ChannelOption]:
-    """The options of every client channel (DESIGN §12); ``extra`` overrides any of them."""
+    """The options of every client channel (docs/architecture.md#d12); ``extra`` overrides any of
+    them."""
     options: dict[str, int | str] = {
         "grpc.keepalive_time_ms": int(KEEPALIVE_TIME_S * 1000),
         "grpc.keepalive_timeout_ms": int(KEEPALIVE_TIMEOUT_S * 1000),

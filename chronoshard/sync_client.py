@@ -275,7 +275,8 @@ class SyncClient:
 
 
 def _new_event_loop() -> asyncio.AbstractEventLoop:
-    # The loop Chronoshard runs on in production (DESIGN §12: grpc.aio on uvloop, checked).
+    # The loop Chronoshard runs on in production (docs/architecture.md#d12: grpc.aio on uvloop,
+    # checked).
     try:
         import uvloop
     except ImportError:

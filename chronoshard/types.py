@@ -5,7 +5,7 @@ so code that submits tasks never touches generated classes. The conventions are 
 Python caller expects rather than the wire's: instants are timezone-aware ``datetime``
 objects in UTC, durations are ``float`` seconds, JSON documents (payload, result) are
 decoded Python values, and an absent optional string is ``None`` rather than ``""``.
-Enum values are the strings DESIGN.md uses (``TaskStatus.DEAD_LETTER == "DEAD_LETTER"``,
+Enum values are the state machine's strings (``TaskStatus.DEAD_LETTER == "DEAD_LETTER"``,
 ``Priority.BULK == "bulk"``) so they can be logged, compared with strings and passed
 through JSON as they are.
 
@@ -40,7 +40,8 @@ __all__ = [
 
 
 class TaskStatus(StrEnum):
-    """A task's lifecycle state (DESIGN §4); the value is the name stored in the database."""
+    """A task's lifecycle state (docs/architecture.md#d4); the value is the name stored in the
+    database."""
 
     SCHEDULED = "SCHEDULED"
     PRELOADED = "PRELOADED"
@@ -72,7 +73,7 @@ _TERMINAL = frozenset(
 
 
 class Priority(StrEnum):
-    """Priority class used by the scheduler's fairness selector (DESIGN §6)."""
+    """Priority class used by the scheduler's fairness selector (docs/architecture.md#d6)."""
 
     CRITICAL = "critical"
     """Has reserved dispatch capacity."""
@@ -83,7 +84,7 @@ class Priority(StrEnum):
 
 
 class JitterMode(StrEnum):
-    """How the scheduler spreads ``due_at`` around ``scheduled_at`` (DESIGN §6)."""
+    """How the scheduler spreads ``due_at`` around ``scheduled_at`` (docs/architecture.md#d6)."""
 
     SYMMETRIC = "symmetric"
     """``due_at`` in ``scheduled_at ± window/2``, never earlier than the submit."""

@@ -1,8 +1,8 @@
 """A worker whose side effects happen once: the task commit protocol of the SDK.
 
-The scheduler refuses a zombie's heartbeat and settlement (DESIGN §5): a worker paused or
-partitioned past its lease comes back with a stale token, and it stops its attempts on
-its own before the lease runs out (worker self-fencing). What a handler writes to
+The scheduler refuses a zombie's heartbeat and settlement (docs/architecture.md#d5): a worker paused
+or partitioned past its lease comes back with a stale token, and it stops its attempts on its own
+before the lease runs out (worker self-fencing). What a handler writes to
 *another* system is its own business, though: two attempts of one task may run (an
 idempotent task after a lost lease, an operator's retry of an unknown outcome), and a
 thread cannot be stopped. ``chronoshard.worker.commit`` closes that gap:

@@ -2,7 +2,7 @@
 
 Each RPC is the same three steps. The caller is authenticated from its API key
 (:class:`~.auth.Authenticator`), and that tenant, never a request field, scopes
-everything the call can see or touch (DESIGN §11). The request is parsed and validated
+everything the call can see or touch (docs/architecture.md#d11). The request is parsed and validated
 completely by the pure functions of :mod:`.convert` before anything is written, so a
 bad field is refused (``INVALID_ARGUMENT`` naming it) with nothing written. Then one
 store call does the work, in one transaction. Single ``SubmitTask`` calls share that

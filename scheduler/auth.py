@@ -2,10 +2,10 @@
 
 A key is ``cs_`` followed by 32 random bytes in URL-safe base64 (:func:`new_api_key`); it
 is shown to the tenant once and only its SHA-256 (:func:`hash_api_key`) is stored, in
-``tenants.api_key_hash`` (DESIGN §11). A plain, unsalted hash is enough here: the key has
-256 bits of entropy, so there is nothing to brute-force, and an unsalted digest is what
-lets the lookup go through the unique index on the hash. Comparing digests rather than
-keys also means the database's comparison timing says nothing about the key itself.
+``tenants.api_key_hash`` (docs/architecture.md#d11). A plain, unsalted hash is enough here: the key
+has 256 bits of entropy, so there is nothing to brute-force, and an unsalted digest is what lets the
+lookup go through the unique index on the hash. Comparing digests rather than keys also means the
+database's comparison timing says nothing about the key itself.
 
 Every call carries ``authorization: Bearer <key>``. :class:`Authenticator` parses it,
 hashes the key and asks the store for the tenant, remembering the answer for

@@ -4,7 +4,7 @@ Built by :func:`chronoshard.settings.load` from defaults, a TOML file
 (``--config`` / ``CHRONOSHARD_CONFIG``) and ``CHRONOSHARD_*`` variables; sections map to
 TOML tables and to ``__`` in env names (``[etcd] lease_ttl_s`` is
 ``CHRONOSHARD_ETCD__LEASE_TTL_S``). Units are in the names. The defaults are the
-failure-detection defaults of DESIGN §12: explicit gRPC keepalives, deadlines on every
+failure-detection defaults of docs/architecture.md#d12: explicit gRPC keepalives, deadlines on every
 call, a pool that checks its connections.
 """
 
@@ -42,7 +42,8 @@ class EtcdConfig:
     # Keys live under /{cluster}/: several clusters can share one etcd.
     cluster: str = "chronoshard"
     lease_ttl_s: float = DEFAULT_NODE_LEASE_TTL_S
-    # A node stops dispatching once last keep-alive + TTL - margin has passed (DESIGN §5).
+    # A node stops dispatching once last keep-alive + TTL - margin has passed
+    # (docs/architecture.md#d5).
     self_fence_margin_s: float = 2.0
     call_timeout_s: float = 3.0
     username: str | None = None
@@ -104,7 +105,8 @@ class GrpcConfig:
     # What other nodes and workers dial; defaults to `listen`.
     advertise: str | None = None
     max_message_bytes: int = 4 * 1024 * 1024
-    # Server pings an idle client this often and drops it if the ack is late (DESIGN §12).
+    # Server pings an idle client this often and drops it if the ack is late
+    # (docs/architecture.md#d12).
     keepalive_time_s: float = 10.0
     keepalive_timeout_s: float = 5.0
     # The fastest client ping rate the server tolerates before sending GOAWAY.
@@ -240,7 +242,7 @@ class WorkersConfig:
 
 @dataclass(frozen=True)
 class ReconcileConfig:
-    # How often the reconciler passes over the owned shards (DESIGN §8).
+    # How often the reconciler passes over the owned shards (docs/architecture.md#d8).
     interval_s: float = DEFAULT_RECONCILE_INTERVAL_S
     # At most this many in-flight rows are examined per pass; the rest wait for the next.
     batch_limit: int = 1000

@@ -1,6 +1,6 @@
 """Cluster coordination through etcd: the node lease, membership and shard claims.
 
-This is the one module that talks to etcd (DESIGN §5, §12), so the client library can
+This is the one module that talks to etcd (docs/architecture.md#d5, #d12), so the client library can
 be replaced here alone. Keys live under ``/{cluster}/``:
 
 * ``config/shard_count`` — fixed when the first node creates the cluster;
@@ -314,7 +314,7 @@ class EtcdCoordinator:
         every change under ``suffix``.
 
         A compacted watch (``compact_revision > 0``) means events were lost: re-read the
-        prefix rather than trusting the stream (DESIGN §12).
+        prefix rather than trusting the stream (docs/architecture.md#d12).
         """
         watch = self._client.watch if self._client is not None else None
         if watch is None:

@@ -2,17 +2,17 @@
 
 The hot path of the scheduler, as batches: each method takes many tasks and issues one
 statement for them (``sql/dispatch.sql``), so the callers can group-commit acks,
-heartbeats and settlements arriving from many workers (DESIGN §7).
+heartbeats and settlements arriving from many workers (docs/architecture.md#d7).
 
 Shard writes (preload, intent, unload) run in one transaction that first locks every
 touched shard's ``shard_owners`` row ``FOR SHARE`` and drops the shards whose epoch is
-not the caller's (DESIGN §5): a node that lost a shard writes nothing for it, and learns
-which shards it lost from the result.
+not the caller's (docs/architecture.md#d5): a node that lost a shard writes nothing for it, and
+learns which shards it lost from the result.
 
 Worker settlements are conditional on the fencing token and need no epoch: any node may
-accept them (DESIGN §5). When a settlement changes nothing, :meth:`_classify` reads the
-row back to tell an idempotent repeat (same token, the step already taken: answer OK)
-from a stale token (another attempt owns the task).
+accept them (docs/architecture.md#d5). When a settlement changes nothing, :meth:`_classify` reads
+the row back to tell an idempotent repeat (same token, the step already taken: answer OK) from a
+stale token (another attempt owns the task).
 """
 
 from __future__ import annotations

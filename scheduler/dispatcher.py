@@ -8,14 +8,14 @@ matches ready tasks to worker credits, and sleeps until the wheel's next deadlin
 next rate-limit opening, or a wake-up (new timers, new credits) — never ticking while
 idle.
 
-**Intent before action** (DESIGN §6): a round's choices are written DISPATCHED (token+1,
-attempt+1, attempt row, lease) in one epoch-guarded transaction; only the tasks that
-transaction returned are sent. A task whose row moved on meanwhile (cancelled) is not
-returned and not sent; a task whose worker session vanished between the commit and the
-send is released at once (attempt ABANDONED), not left for the lease to expire. An
-intent whose commit outcome is unknown (the connection died during COMMIT) is read back
-before anything else happens to it (DESIGN §12): committed ones are sent, the others are
-chosen again; none is written a second time.
+**Intent before action** (docs/architecture.md#d6): a round's choices are written DISPATCHED
+(token+1, attempt+1, attempt row, lease) in one epoch-guarded transaction; only the tasks that
+transaction returned are sent. A task whose row moved on meanwhile (cancelled) is not returned and
+not sent; a task whose worker session vanished between the commit and the send is released at once
+(attempt ABANDONED), not left for the lease to expire. An intent whose commit outcome is unknown
+(the connection died during COMMIT) is read back before anything else happens to it
+(docs/architecture.md#d12): committed ones are sent, the others are chosen again; none is written a
+second time.
 
 A write elsewhere whose outcome is unknown may have left PRELOADED rows that no wheel
 holds (a preload, a release, a reconciler repair): :meth:`Dispatcher.preloaded_unknown`

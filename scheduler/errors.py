@@ -182,7 +182,7 @@ class StoreUnavailable(SchedulerError):
 
 class CommitOutcomeUnknown(StoreUnavailable):
     """Raised when the connection failed while a transaction was committing: it may have
-    committed or not (DESIGN §12: settle it by reading the rows back, never by a blind
+    committed or not (docs/architecture.md#d12: settle it by reading the rows back, never by a blind
     retry of a write that is not idempotent).
 
     Raised to a caller only once reading back could not tell either: a write that is

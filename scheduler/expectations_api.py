@@ -1,6 +1,6 @@
 """The ``WatchdogService`` servicer: the expectation registry of the dead man's switch.
 
-Tenants register here which of their jobs must complete how often (DESIGN §10); the
+Tenants register here which of their jobs must complete how often (docs/architecture.md#d10); the
 watchdog, a separate process, reads the same ``expectations`` table and alerts on silence.
 The servicer follows :mod:`.api` step for step: the caller's API key names the tenant
 (:class:`~.auth.Authenticator`; an unknown key is ``UNAUTHENTICATED``), the request is

@@ -1,7 +1,7 @@
 """What a failed attempt leads to: retry after backoff, dead letter, or cancelled.
 
 Pure: the store locks the task row, hands its retry budget here with ``now``, and
-writes the answer. The rules (DESIGN §4, §7):
+writes the answer. The rules (docs/architecture.md#d4, #d7):
 
 * a task whose cancel was requested ends CANCELLED, whatever the failure: a cancelled
   task is never retried;

@@ -1,10 +1,9 @@
 """Named crash points for fault-injection tests: the node dies exactly where told.
 
-"Intent before action" (DESIGN §6) is only as good as the recovery from a crash at each
-step between the intent and the worker's acknowledgement. A test build names one point
-in ``CHRONOSHARD_CRASH_AT`` and the node ``os._exit(137)``s the first time it gets
-there, leaving the database exactly as a SIGKILL would (no shutdown path runs, no
-buffer is flushed):
+"Intent before action" (docs/architecture.md#d6) is only as good as the recovery from a crash at
+each step between the intent and the worker's acknowledgement. A test build names one point in
+``CHRONOSHARD_CRASH_AT`` and the node ``os._exit(137)``s the first time it gets there, leaving the
+database exactly as a SIGKILL would (no shutdown path runs, no buffer is flushed):
 
 * ``after_intent``: a dispatch round's intents are committed, nothing was sent;
 * ``inside_batch``: half of a round's assignments (at least one) went out to workers,

@@ -5,14 +5,14 @@ types), the credits it granted (the node never sends more assignments than that)
 tasks this node assigned to it, and a bounded outbox. A reader task consumes the
 worker's messages; the servicer's response generator drains the outbox, so a stalled
 worker fills only its own outbox and is then dropped, never blocking other sessions
-(DESIGN §12).
+(docs/architecture.md#d12).
 
 Acks, heartbeats and settlements from all sessions (and the unary ``Complete``, ``Fail``,
 ``Release`` RPCs, which any node accepts) go through one :class:`GroupCommitter` per kind,
 so the database sees one statement per few milliseconds per kind, not one per message
-(DESIGN §7). Every answer is sent after its batch committed. What the dispatcher needs to
-know (new credits, tasks released back, retries scheduled, tasks that ended) it learns
-through the :class:`GatewayListener` it registers; the gateway knows nothing of wheels.
+(docs/architecture.md#d7). Every answer is sent after its batch committed. What the dispatcher needs
+to know (new credits, tasks released back, retries scheduled, tasks that ended) it learns through
+the :class:`GatewayListener` it registers; the gateway knows nothing of wheels.
 
 The protocol is written down in ``docs/worker-protocol.md``.
 """

@@ -6,7 +6,7 @@ transaction each would cap the node at the database's commit rate. A
 queued (up to ``max_batch``), runs one ``flush`` for the lot, and resolves each caller's
 future with its own answer. While a flush runs, new requests queue up, so the batch size
 grows with load and the latency of a lone request is one flush plus at most
-``linger_s`` (DESIGN §7: "one statement per few milliseconds per node"). A caller is
+``linger_s`` (docs/architecture.md#d7: "one statement per few milliseconds per node"). A caller is
 answered only after its batch committed: nothing is acknowledged early.
 
 ``stop`` lets the flush under way finish and flushes what is still queued before the

@@ -1,4 +1,4 @@
-"""Deterministic start-time jitter, computed once at submit (DESIGN §6).
+"""Deterministic start-time jitter, computed once at submit (docs/architecture.md#d6).
 
 Thousands of tasks scheduled "at midnight" would otherwise all fire in the same tick. A
 task that does not ask for strict timing is spread over a window (default 240 s) by a

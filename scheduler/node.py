@@ -106,7 +106,7 @@ class HealthServicer(health_aio.HealthServicer):  # type: ignore[misc]
 
 
 def server_options(config: SchedulerConfig) -> list[tuple[str, Any]]:
-    """gRPC server settings of DESIGN §12: explicit keepalives and a ping policy that
+    """gRPC server settings of docs/architecture.md#d12: explicit keepalives and a ping policy that
     allows the clients' rate, so a stopped peer is detected in seconds, not minutes."""
     grpc_config = config.grpc
     return [

@@ -12,7 +12,7 @@ host's wall clock: stepped an hour ahead, that pulled in an hour too much.
 A preload, release or repair whose commit outcome is unknown (the connection died during
 COMMIT) may have left PRELOADED rows that no wheel holds. :meth:`Preloader.resync` (the
 dispatcher's ``on_preloaded_unknown``) makes the next pass read every PRELOADED row of the
-owned shards back first and hand the dispatcher those it does not hold (DESIGN §12: an
+owned shards back first and hand the dispatcher those it does not hold (docs/architecture.md#d12: an
 unknown outcome is settled by reading the rows back).
 """
 

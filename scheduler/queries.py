@@ -8,7 +8,7 @@ block is the file's header and is ignored. Parameters are psycopg named placehol
 ``importlib.resources``, so an installed wheel works the same as the source tree.
 
 Keeping SQL out of Python lets it be read, reviewed and ``EXPLAIN``-ed as SQL, and
-keeps the SQL behind one small module (DESIGN §1) so the store could be replaced.
+keeps the SQL behind one small module (docs/architecture.md#d1) so the store could be replaced.
 """
 
 from __future__ import annotations

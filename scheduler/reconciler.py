@@ -1,9 +1,9 @@
 """The reconcile loop: in-flight work that nobody is looking after goes back to work.
 
-A node keeps no memory across crashes (DESIGN §6 "intent before action"): an intent can
-be committed and never sent, an assignment sent and never acknowledged, a worker lost
-with its lease. The reconciler reads the in-flight rows of the node's shards and repairs
-them (DESIGN §8, with issue 12's rules for leases):
+A node keeps no memory across crashes (docs/architecture.md#d6 "intent before action"): an intent
+can be committed and never sent, an assignment sent and never acknowledged, a worker lost with its
+lease. The reconciler reads the in-flight rows of the node's shards and repairs them
+(docs/architecture.md#d8, with issue 12's rules for leases):
 
 1. **Unconfirmed dispatch.** A DISPATCHED row that nothing touched for
    ``workers.ack_timeout_s`` (a worker that holds a task refreshes its row with every

@@ -1,6 +1,6 @@
 """Which shard a task belongs to: a stable hash of its id, the same on every node forever.
 
-``shard = blake2b(task_id) mod S`` (DESIGN §5). The digest is 8 bytes (BLAKE2b with
+``shard = blake2b(task_id) mod S`` (docs/architecture.md#d5). The digest is 8 bytes (BLAKE2b with
 ``digest_size=8``, which is its own parameter, not a truncated 64-byte digest) over the
 16 raw bytes of the UUID, read as an unsigned big-endian integer. 64 bits make the modulo
 bias negligible for any shard count the ``smallint`` column can hold (under 2**-48), and

@@ -3,7 +3,7 @@
 Every node watches the live membership (``/nodes/``) and computes the same target map
 with rendezvous hashing (:mod:`.rendezvous`). A reconcile pass, on every membership
 change, claim change, ready mark and every second, moves ownership towards the target
-(DESIGN §5):
+(docs/architecture.md#d5):
 
 * **claim**: an etcd transaction ``create_revision == 0 → put(node_id, lease)``; the
   revision is the shard's epoch, written to ``shard_owners`` (only forward). The new

@@ -1,13 +1,12 @@
 """The task state machine: one table, written as data, that every write obeys.
 
-DESIGN §4 is transcribed below as ``TRANSITIONS``, a mapping ``(status, event) -> status``.
-Nothing else in the scheduler decides whether a move is legal: the store asks
-:func:`sources` for the states a write may start from and puts them in its ``WHERE status
-= ANY(%s)`` clause, so a stale or invalid move changes 0 rows instead of corrupting the
-row, and in-memory code asks :func:`transition`, which raises
-:class:`~chronoshard.scheduler.errors.InvalidTransition`. The strings of
-:class:`TaskStatus` and :class:`AttemptState` are what PostgreSQL stores; renaming a
-member is a migration.
+docs/architecture.md#d4 is transcribed below as ``TRANSITIONS``, a mapping ``(status, event) ->
+status``. Nothing else in the scheduler decides whether a move is legal: the store asks
+:func:`sources` for the states a write may start from and puts them in its ``WHERE status =
+ANY(%s)`` clause, so a stale or invalid move changes 0 rows instead of corrupting the row, and
+in-memory code asks :func:`transition`, which raises
+:class:`~chronoshard.scheduler.errors.InvalidTransition`. The strings of :class:`TaskStatus` and
+:class:`AttemptState` are what PostgreSQL stores; renaming a member is a migration.
 
 Two readings of the table are decisions worth writing down:
 
@@ -21,20 +20,20 @@ Two readings of the table are decisions worth writing down:
   attempt) and ``RELEASE`` (the worker handed the task back: draining, or it could not
   take it). RUNNING -> PRELOADED uses the same two events, ``RELEASE`` carrying the
   checkpoint.
-* OUTCOME_UNKNOWN is the one state DESIGN §4 does not have (issue 12). A non-idempotent
-  attempt whose lease ran out with no settlement may or may not have run its side
-  effect: the node cannot tell a dead worker from a partitioned or paused one, so it
-  neither re-runs the task nor calls it failed (``ATTEMPT_LOST``). It is left by a late
-  settlement of that same attempt, which makes the outcome known (``COMPLETE``,
+* OUTCOME_UNKNOWN is the one state docs/architecture.md#d4 does not have (issue 12). A
+  non-idempotent attempt whose lease ran out with no settlement may or may not have run its side
+  effect: the node cannot tell a dead worker from a partitioned or paused one, so it neither re-runs
+  the task nor calls it failed (``ATTEMPT_LOST``). It is left by a late settlement of that same
+  attempt, which makes the outcome known (``COMPLETE``,
   ``FAIL``, ``RELEASE``), or by an operator (``OPERATOR_RETRY`` runs it again under a new
   token, ``OPERATOR_FAIL`` dead-letters it, ``CANCEL``). It is not terminal: a workflow
   waits for it, retention keeps it.
 
-Acks are group-committed and a completion may be accepted by any node (DESIGN §5, §7), so
-a worker's COMPLETE or FAIL can reach the database before its ACK. DESIGN §5's completion
-write therefore accepts DISPATCHED as well as RUNNING. The table stays exactly §4; the
-``implied_ack`` flag of :func:`transition` and :func:`sources` composes ``ACK`` with the
-event instead of widening the table.
+Acks are group-committed and a completion may be accepted by any node (docs/architecture.md#d5,
+#d7), so a worker's COMPLETE or FAIL can reach the database before its ACK.
+docs/architecture.md#d5's completion write therefore accepts DISPATCHED as well as RUNNING. The
+table stays exactly as drawn there; the ``implied_ack`` flag of :func:`transition` and
+:func:`sources` composes ``ACK`` with the event instead of widening the table.
 """
 
 from __future__ import annotations
@@ -64,7 +63,7 @@ class TaskStatus(StrEnum):
 
 
 class TaskEvent(StrEnum):
-    """Something that happens to a task; each names one or more moves of DESIGN §4."""
+    """Something that happens to a task; each names one or more moves of docs/architecture.md#d4."""
 
     PRELOAD = "PRELOAD"
     """The preloader pulled a SCHEDULED task due within the lookahead into the wheel."""
@@ -139,7 +138,7 @@ class Resolution(StrEnum):
 _S = TaskStatus
 _E = TaskEvent
 
-# DESIGN §4, one line per arrow, then the arrows issue 12 added. Keep this literal:
+# docs/architecture.md#d4, one line per arrow, then the arrows issue 12 added. Keep this literal:
 # tests/unit/test_states.py spells the same table out independently so a change to either
 # side is noticed.
 TRANSITIONS: Mapping[tuple[TaskStatus, TaskEvent], TaskStatus] = MappingProxyType(

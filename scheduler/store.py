@@ -1,7 +1,7 @@
 """The store: every statement the scheduler sends PostgreSQL, issued by one class.
 
 :class:`Store` owns an ``AsyncConnectionPool`` (with ``check=``, so a server restart
-fails no request, DESIGN §12) and runs the named statements of ``sql/queries.sql``. It
+fails no request, docs/architecture.md#d12) and runs the named statements of ``sql/queries.sql``. It
 holds no policy: callers pass fully decided rows (:class:`~.models.NewTask`) and the
 state machine (``states``) says which moves a write may make. What it does own:
 
@@ -19,9 +19,9 @@ state machine (``states``) says which moves a write may make. What it does own:
   serialization failure, deadlock, lock timeout) becomes
   :class:`~.errors.StoreUnavailable` (retryable), chained ``from exc``. A connection lost
   while a transaction was committing becomes :class:`~.errors.CommitOutcomeUnknown`: the
-  transaction may have committed (DESIGN §12). A pooled connection is waited for at most
-  ``acquire_timeout_s``, so while PostgreSQL is down callers hear so within that bound
-  instead of waiting for it to come back.
+  transaction may have committed (docs/architecture.md#d12). A pooled connection is waited for at
+  most ``acquire_timeout_s``, so while PostgreSQL is down callers hear so within that
+  bound instead of waiting for it to come back.
 * **Unknown submit outcomes are read back.** A submit batch whose commit outcome is
   unknown is settled by reading its rows back once PostgreSQL answers again: found, the
   batch committed and each caller gets its task; not found, nothing was written and the
@@ -135,7 +135,7 @@ def _require_aware(field: str, value: datetime) -> None:
 
 @dataclass(frozen=True)
 class SessionLimits:
-    """Per-connection safety limits (DESIGN §12).
+    """Per-connection safety limits (docs/architecture.md#d12).
 
     ``idle_in_transaction_s`` matters for failover: a scheduler frozen (SIGSTOP, a long
     GC or VM pause) inside a transaction holds its ``shard_owners`` row lock, and the new

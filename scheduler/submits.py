@@ -2,7 +2,7 @@
 
 A submit is written as part of a batch whatever its origin: the items of one
 ``SubmitBatch`` call, or single ``SubmitTask`` calls from many clients that
-:class:`SubmitCoalescer` gathers for a few milliseconds (DESIGN §7's group commit,
+:class:`SubmitCoalescer` gathers for a few milliseconds (docs/architecture.md#d7's group commit,
 applied to the submit path). A batch costs a handful of statements however many tasks
 it holds: the idempotency keys are claimed in one ``INSERT ... ON CONFLICT DO NOTHING``,
 read back in one ``SELECT``, and the tasks go in with one ``INSERT ... SELECT FROM

@@ -3,14 +3,14 @@ resolution.
 
 A small class over the :class:`~.store.Store`'s pool, with its statements in
 ``sql/api.sql``. Every query names the caller's tenant, so another tenant's task is
-simply not found (never an existence oracle, DESIGN §11). Every write names its row by
+simply not found (never an existence oracle, docs/architecture.md#d11). Every write names its row by
 ``(scheduled_at, id)`` (read first by id: ``scheduled_at`` never changes) and the states
 it may start from, taken from the state machine (``states.sources``). A row that moved
 on between the read and the write therefore changes nothing, and the caller gets
 :class:`~.errors.CompareAndSetLost` (``ABORTED``): sending the request again sees the
 new state and gets a definite answer.
 
-Cancel follows DESIGN §4 as ``states`` reads it: from SCHEDULED, PRELOADED, DISPATCHED
+Cancel follows docs/architecture.md#d4 as ``states`` reads it: from SCHEDULED, PRELOADED, DISPATCHED
 and RETRYING the task becomes CANCELLED at once (a live attempt row with it); a RUNNING
 handler cannot be stopped from outside, so its cancel is only *requested*
 (``cancel_requested_at``, ``cancel_reason``) and the row stays RUNNING until the worker

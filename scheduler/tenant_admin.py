@@ -2,7 +2,7 @@
 
 Runs against the database directly, like ``chronoshard migrate``: creating a tenant is
 an operator's act, not a tenant's API call. The API key is returned once, in clear, and
-only its hash is stored (DESIGN §11).
+only its hash is stored (docs/architecture.md#d11).
 """
 
 from __future__ import annotations

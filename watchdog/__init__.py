@@ -1,5 +1,5 @@
 """The Chronoshard watchdog: a dead man's switch for jobs that never ran, and canaries
-through the whole path (DESIGN §10; operator guide: ``docs/watchdog.md``).
+through the whole path (docs/architecture.md#d10; operator guide: ``docs/watchdog.md``).
 
 A separate process (``chronoshard-watchdog``) that imports nothing from
 ``chronoshard.scheduler``: it must keep working when every scheduler node is dead.

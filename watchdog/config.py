@@ -46,7 +46,7 @@ class DatabaseConfig:
     connect_timeout_s: float = 5.0
     # Longest any one statement may run; a hung statement ends the leader's term.
     statement_timeout_s: float = 10.0
-    # Losing the database for longer than this is itself an incident (DESIGN §10).
+    # Losing the database for longer than this is itself an incident (docs/architecture.md#d10).
     outage_tolerance_s: float = DEFAULT_OUTAGE_TOLERANCE_S
 
     def validate(self) -> None:

@@ -260,7 +260,7 @@ def outage_condition(
     seconds_without_database: float, tolerance_s: float, node_id: str
 ) -> Condition | None:
     """Firing once the watchdog went longer than ``tolerance_s`` without a successful
-    statement: silence must never look like health (DESIGN §10)."""
+    statement: silence must never look like health (docs/architecture.md#d10)."""
     if seconds_without_database <= tolerance_s:
         return None
     return Condition(

@@ -2,7 +2,7 @@
 
 :meth:`Notifier.submit` starts one background delivery per notice and returns at once, so
 a receiver that times out or refuses connections delays nothing but its own retries: the
-check loop keeps its cadence (DESIGN §10: a sink failure never stops the checks). A
+check loop keeps its cadence (docs/architecture.md#d10: a sink failure never stops the checks). A
 delivery sends to all sinks concurrently; each sink gets up to ``max_attempts`` tries with
 exponential backoff and jitter (:func:`backoff_s`, pure), and gives up at once on an
 error that says retrying cannot help (a 4xx).

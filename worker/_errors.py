@@ -47,7 +47,7 @@ class CallFailed(WorkerError):
 
 
 STALE_FENCING_TOKEN = "STALE_FENCING_TOKEN"
-"""ErrorInfo.reason of a settlement whose attempt is no longer current (DESIGN §5)."""
+"""ErrorInfo.reason of a settlement whose attempt is no longer current (docs/architecture.md#d5)."""
 
 
 class NonRetryableError(Exception):

@@ -1,8 +1,8 @@
 """Worker self-fencing: each run's lease as the worker sees it, never later than the node's.
 
 A node gives an attempt up (runs it again, or declares its outcome unknown) only
-``lease_margin`` after its ``lease_expires_at`` (DESIGN §5, docs/worker-protocol.md). So
-that nothing of the attempt runs by then, the worker stops it on its own ``lease_margin``
+``lease_margin`` after its ``lease_expires_at`` (docs/architecture.md#d5, docs/worker-protocol.md).
+So that nothing of the attempt runs by then, the worker stops it on its own ``lease_margin``
 *before* its lease runs out, as far as it can tell without hearing from any node: a
 worker cut off from every node (a partition), or paused past its lease (SIGSTOP, a VM
 freeze), fences itself instead of writing on after another worker took over.

@@ -45,7 +45,7 @@ from chronoshard.worker._transport import Stream, StreamClosed, Transport
 logger = logging.getLogger("chronoshard.worker")
 
 DEFAULT_HEARTBEAT_INTERVAL_S = 5.0
-"""Used when the node's Welcome leaves heartbeat_interval unset (DESIGN §7)."""
+"""Used when the node's Welcome leaves heartbeat_interval unset (docs/architecture.md#d7)."""
 HELLO_TIMEOUT_S = 10.0
 SEND_QUEUE_MIN = 1024
 SEND_QUEUE_PER_SLOT = 4

@@ -38,7 +38,7 @@ from chronoshard.worker._transport import Transport, is_retryable
 logger = logging.getLogger("chronoshard.worker")
 
 RESEND_CONCURRENCY = 16
-"""Unary settlements in flight at once (DESIGN §12: bound calls per channel)."""
+"""Unary settlements in flight at once (docs/architecture.md#d12: bound calls per channel)."""
 MAX_BACKOFF_FAILURES = 16
 RESEND_MAX_S = 2.0
 """The longest wait between unary tries of one settlement (from 0.1 s, doubling): a node

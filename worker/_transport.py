@@ -2,9 +2,9 @@
 
 One ``grpc.aio`` channel per node address, created on first use and kept for the
 worker's life (gRPC reconnects a channel by itself; the SDK's own backoff decides when
-to open a new *stream*). Every channel sets the keepalives of DESIGN §12 explicitly, so a
-dead node is noticed in about keepalive time + timeout instead of the library's minutes,
-every unary call has a deadline and every stream write a timeout.
+to open a new *stream*). Every channel sets the keepalives of docs/architecture.md#d12 explicitly,
+so a dead node is noticed in about keepalive time + timeout instead of the library's minutes, every
+unary call has a deadline and every stream write a timeout.
 
 gRPC's exceptions stop here: a failed unary call becomes :class:`CallFailed` (status code
 name, ErrorInfo reason from the ``chronoshard-error-bin`` trailer, and whether a retry
@@ -43,7 +43,8 @@ from chronoshard.worker._errors import CallFailed, WorkerError
 from chronoshard.worker._models import ErrorInfo, Inbound, NodeInfo, Outbound, Settlement
 
 KEEPALIVE_TIME_MS = 10_000
-"""Ping an idle connection this often (DESIGN §12); the server allows one ping per second."""
+"""Ping an idle connection this often (docs/architecture.md#d12); the server allows one ping per
+second."""
 KEEPALIVE_TIMEOUT_MS = 5_000
 """Drop the connection when a ping is not answered this fast."""
 PING_TIMEOUT_MS = 5_000
@@ -76,7 +77,7 @@ def is_retryable(code: str, info: ErrorInfo | None) -> bool:
 
 
 def channel_options() -> list[tuple[str, int]]:
-    """The client channel options of DESIGN §12."""
+    """The client channel options of docs/architecture.md#d12."""
     return [
         ("grpc.keepalive_time_ms", KEEPALIVE_TIME_MS),
         ("grpc.keepalive_timeout_ms", KEEPALIVE_TIMEOUT_MS),

@@ -95,7 +95,7 @@ WHERE shard = ANY(%(shards)s::smallint[])
        OR (due_at, id) > (%(after_due)s::timestamptz, %(after_id)s::uuid));
 
 -- name: write_intents
--- The dispatch intent (DESIGN §6): PRELOADED -> DISPATCHED with token+1 and attempt+1,
+-- The dispatch intent (docs/architecture.md#d6): PRELOADED -> DISPATCHED with token+1 and attempt+1,
 -- the worker and the lease, plus one task_attempts row each, in one statement. Rows that
 -- are no longer PRELOADED (cancelled meanwhile) are simply not returned.
 WITH chosen AS (
@@ -135,7 +135,7 @@ WITH chosen AS (
 SELECT * FROM moved;
 
 -- name: intent_outcomes
--- Reading back intents whose commit outcome is unknown (DESIGN §12): the rows as they are
+-- Reading back intents whose commit outcome is unknown (docs/architecture.md#d12): the rows as they are
 -- now, with the epoch their current attempt was written under (NULL before any attempt).
 SELECT t.*, a.epoch AS attempt_epoch
 FROM tasks AS t
@@ -218,7 +218,7 @@ LEFT JOIN extended AS e ON e.id = h.id AND e.fencing_token = h.token
 WHERE e.id IS NULL OR e.cancel_requested;
 
 -- name: complete
--- DISPATCHED/RUNNING -> COMPLETED for the token's attempt (DESIGN §5; DISPATCHED too: a
+-- DISPATCHED/RUNNING -> COMPLETED for the token's attempt (docs/architecture.md#d5; DISPATCHED too: a
 -- completion may overtake its group-committed ack), and OUTCOME_UNKNOWN too: the late
 -- completion of the attempt whose outcome was unknown makes it known. Appends the
 -- watchdog's ledger. The state lists of the settlement statements are

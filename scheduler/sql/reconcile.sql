@@ -1,5 +1,5 @@
 -- The statements of chronoshard.scheduler.reconcile_store.ReconcileStore: the reconcile
--- loop (DESIGN §8) and partition maintenance on a node.
+-- loop (docs/architecture.md#d8) and partition maintenance on a node.
 --
 -- Rules as in dispatch.sql: a task row is named by (scheduled_at, id); every write is a
 -- compare-and-set on the row as the reconciler read it (status, fencing_token,

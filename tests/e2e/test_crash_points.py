@@ -1,7 +1,7 @@
-"""Crash points between intent and acknowledgement (DESIGN §6): a real scheduler process
-dies at each named point (``CHRONOSHARD_CRASH_AT``, test builds only), the scheduler is
-restarted (same node id, same address) or another node takes its shards over, and every
-task still ends COMPLETED exactly once.
+"""Crash points between intent and acknowledgement (docs/architecture.md#d6): a real scheduler
+process dies at each named point (``CHRONOSHARD_CRASH_AT``, test builds only), the scheduler is
+restarted (same node id, same address) or another node takes its shards over, and every task still
+ends COMPLETED exactly once.
 
 "Exactly once", read off the database and the handlers' effects ledger:
 

@@ -38,8 +38,8 @@ from chronoshard import Client
 from chronoshard.services import EtcdProcess
 
 SHARDS = 32
-# The defaults (DESIGN §12), so the crash case measures the bound as documented: the etcd
-# lease, the ack timeout an undelivered intent waits out, the reconcile interval.
+# The defaults (docs/architecture.md#d12), so the crash case measures the bound as documented: the
+# etcd lease, the ack timeout an undelivered intent waits out, the reconcile interval.
 LEASE_TTL_S = 10.0
 ENV = {"CHRONOSHARD_ETCD__LEASE_TTL_S": str(LEASE_TTL_S)}
 TASKS_PER_S = 10_000 / 60

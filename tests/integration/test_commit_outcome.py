@@ -4,8 +4,8 @@ A TCP proxy between the store and the server (:class:`CommitCutter`) loses one C
 purpose, on the connection that ran a chosen statement: either the server gets it and
 commits but its answer never comes back (``commits=True``), or it never gets it and rolls
 back (``commits=False``). Both look the same to the client, a connection lost during
-COMMIT: ``CommitOutcomeUnknown``. DESIGN §12: such an outcome is settled by reading the
-rows back, never by writing them again.
+COMMIT: ``CommitOutcomeUnknown``. docs/architecture.md#d12: such an outcome is settled by reading
+the rows back, never by writing them again.
 
 * a submit batch, unkeyed, is answered with its task when it committed and with
   UNAVAILABLE (nothing written) when it did not; either way one row at most;

@@ -1,4 +1,4 @@
-"""The reconciler against a real PostgreSQL: every repair of DESIGN §8, the races it
+"""The reconciler against a real PostgreSQL: every repair of docs/architecture.md#d8, the races it
 must lose (a completion or heartbeat between its read and its write, a newer shard
 owner), attempt history, workflow runs, and the partial indexes its queries read.
 

@@ -556,8 +556,8 @@ async def _wait_for_lock_waiter(dsn: str, deadline_s: float = 10.0) -> None:
 
 
 async def test_a_new_claim_waits_for_the_old_owners_open_write(store: Store, db_dsn: str) -> None:
-    # The fence of DESIGN §5: the claim cannot commit while a write of the old epoch is
-    # in flight, so no write of the old owner can land after the new owner took over.
+    # The fence of docs/architecture.md#d5: the claim cannot commit while a write of the old epoch
+    # is in flight, so no write of the old owner can land after the new owner took over.
     shard = 911
     await store.claim_shard_epoch(shard, 1, "node-a")
     async with await Store.open(db_dsn, 1, 1) as newcomer:

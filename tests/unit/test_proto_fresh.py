@@ -3,7 +3,7 @@
 The freshness test regenerates into a temporary directory and compares byte for byte, so
 an edited .proto without regenerated code (or a hand-edited ``*_pb2.py``) fails here with
 the command to run. The other tests pin the parts of the contract that other code relies
-on: DESIGN §4's status names, the RPCs of each service, and that one message of each
+on: docs/architecture.md#d4's status names, the RPCs of each service, and that one message of each
 service survives a wire round trip with its presence-sensitive fields intact.
 """
 

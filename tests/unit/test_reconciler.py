@@ -89,7 +89,7 @@ def _past_margin(row: InFlight, now: datetime = NOW) -> bool:
     return row.lease_expires_at is None or row.lease_expires_at + timedelta(seconds=MARGIN_S) <= now
 
 
-# ---- examples: one per rule of DESIGN §8 (as issue 12 amended it) ---------------------------
+# ---- examples: one per rule of docs/architecture.md#d8 (as issue 12 amended it) ---------
 
 
 def test_unacknowledged_dispatch_unknown_to_the_session_is_given_back() -> None:

@@ -1,4 +1,4 @@
-"""The task state machine matches DESIGN §4 exactly and behaves as a closed system."""
+"""The task state machine matches docs/architecture.md#d4 exactly and behaves as a closed system."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from chronoshard.scheduler.states import (
 
 PROPERTY_SETTINGS = settings(max_examples=200, deadline=None)
 
-# DESIGN §4, written out again by hand (as strings, the way PostgreSQL stores them) so
+# docs/architecture.md#d4, written out again by hand (as strings, the way PostgreSQL stores them) so
 # that changing the module's table or the design without the other fails this test.
 DESIGN_TABLE: dict[tuple[str, str], str] = {
     # SCHEDULED  -> PRELOADED (preloader, due within lookahead) | CANCELLED
@@ -180,8 +180,8 @@ def test_store_sources_for_the_hot_path_writes() -> None:
 
 
 def test_implied_ack_matches_the_completion_write_of_design_section_5() -> None:
-    # DESIGN §5: "... AND status IN ('DISPATCHED','RUNNING')", plus the late settlement of
-    # an attempt whose outcome had become unknown (sql/dispatch.sql, `complete`).
+    # docs/architecture.md#d5: "... AND status IN ('DISPATCHED','RUNNING')", plus the late
+    # settlement of an attempt whose outcome had become unknown (sql/dispatch.sql, `complete`).
     assert sources(TaskEvent.COMPLETE) == {TaskStatus.RUNNING, TaskStatus.OUTCOME_UNKNOWN}
     assert sources(TaskEvent.COMPLETE, implied_ack=True) == {
         TaskStatus.DISPATCHED,
