@@ -27,8 +27,8 @@ import psycopg
 from harness.history import EFFECTS_DDL
 from harness.processes import ProcessGroup, SchedulerHandle
 
-from chronoshard.scheduler.migrate import apply_migrations
-from chronoshard.scheduler.tenant_admin import create_tenant
+from chronoshard.scheduler.store.migrate import apply_migrations
+from chronoshard.scheduler.store.tenants import create_tenant
 from chronoshard.services import EtcdProcess, PostgresServer
 
 REPO = Path(__file__).resolve().parent.parent

@@ -39,8 +39,8 @@ from harness.history import EFFECTS_DDL, History, check  # noqa: E402
 from harness.processes import ProcessGroup  # noqa: E402
 
 from chronoshard import Client, SubmitResult, TaskSpec  # noqa: E402
-from chronoshard.scheduler.migrate import apply_migrations  # noqa: E402
-from chronoshard.scheduler.tenant_admin import create_tenant  # noqa: E402
+from chronoshard.scheduler.store.migrate import apply_migrations  # noqa: E402
+from chronoshard.scheduler.store.tenants import create_tenant  # noqa: E402
 from chronoshard.services import EtcdProcess, PostgresServer  # noqa: E402
 
 SHARDS = 32

@@ -375,7 +375,7 @@ async def run_cluster_benchmark(
     warmup_s: float = DEFAULT_WARMUP_S,
 ) -> Result:
     """Measure against a migrated database at ``dsn`` and an etcd at ``etcd_endpoint``."""
-    from chronoshard.scheduler.tenant_admin import create_tenant
+    from chronoshard.scheduler.store.tenants import create_tenant
 
     api_key = create_tenant(
         dsn,
@@ -444,7 +444,7 @@ def run_benchmark(
     etcd_endpoint: str | None = None,
 ) -> Result:
     """Run the whole benchmark; starts PostgreSQL and etcd unless given."""
-    from chronoshard.scheduler.migrate import apply_migrations
+    from chronoshard.scheduler.store.migrate import apply_migrations
     from chronoshard.services import EtcdProcess, PostgresServer
 
     with contextlib.ExitStack() as stack:

@@ -24,8 +24,8 @@ import uvloop
 from bench._cluster import SHARDS, Infrastructure, Node, node, process_rss_mib
 from bench._report import Report, Target
 from chronoshard import Client, SubmitResult, TaskSpec
-from chronoshard.scheduler.ids import new_task_id
-from chronoshard.scheduler.sharding import shard_of
+from chronoshard.scheduler.core.ids import new_task_id
+from chronoshard.scheduler.core.sharding import shard_of
 
 DUE_FROM = timedelta(minutes=45)
 DUE_SPREAD = timedelta(minutes=10)

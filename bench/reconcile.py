@@ -55,13 +55,13 @@ from typing import Any
 import psycopg
 
 from chronoshard.clock import SystemClock
-from chronoshard.scheduler import queries
+from chronoshard.scheduler.cluster.reconciler import Reconciler
 from chronoshard.scheduler.config import SchedulerConfig
-from chronoshard.scheduler.dispatch_store import TimerTask
-from chronoshard.scheduler.migrate import apply_migrations
-from chronoshard.scheduler.reconcile_store import ReconcileStore
-from chronoshard.scheduler.reconciler import Reconciler
-from chronoshard.scheduler.store import Store
+from chronoshard.scheduler.store import queries
+from chronoshard.scheduler.store.database import Store
+from chronoshard.scheduler.store.migrate import apply_migrations
+from chronoshard.scheduler.store.repairs import ReconcileStore
+from chronoshard.scheduler.store.runs import TimerTask
 from chronoshard.services import PostgresServer
 
 DEFAULT_SIZES = (100_000, 500_000, 1_000_000, 2_000_000)
@@ -333,7 +333,7 @@ def _refs(conn: psycopg.Connection[Any], kind: str, limit: int) -> dict[str, lis
 
 
 def _reconcile_statements(conn: psycopg.Connection[Any]) -> list[tuple[str, Mapping[str, Any]]]:
-    sql = queries.load("reconcile.sql")
+    sql = queries.load("repairs.sql")
     refs = _refs(conn, "held", 100)
     n = len(refs["ids"])
     return [
@@ -364,7 +364,7 @@ def _reconcile_statements(conn: psycopg.Connection[Any]) -> list[tuple[str, Mapp
 def _preload_statements(
     conn: psycopg.Connection[Any], live: LiveSet
 ) -> list[tuple[str, Mapping[str, Any]]]:
-    sql = queries.load("dispatch.sql")
+    sql = queries.load("runs.sql")
     refs = _refs(conn, "scheduled", live.preload_limit)
     return [
         (sql["due_refs"], _due_params(live)),
@@ -440,7 +440,7 @@ class _Target:
         return elapsed
 
     async def preload_pass(self) -> float:
-        sql = queries.load("dispatch.sql")
+        sql = queries.load("runs.sql")
         async with self.store.connection() as conn, conn.transaction(force_rollback=True):
             # DispatchStore.load_due's transaction, rolled back so every run moves the
             # same rows: epochs locked, due rows found and locked, then moved.

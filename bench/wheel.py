@@ -34,7 +34,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Protocol
 
-from chronoshard.scheduler.timing_wheel import TimingWheel
+from chronoshard.scheduler.core.timing_wheel import TimingWheel
 
 DEFAULT_SIZES = (10**4, 10**5, 10**6)
 LOOKAHEAD_S = 3600.0  # docs/architecture.md#d6: the preloader keeps the next hour in the wheel

@@ -36,7 +36,7 @@ def configure_migrate(parser: argparse.ArgumentParser) -> None:
 
 
 def run_migrate(args: argparse.Namespace, out: TextIO) -> int:
-    from chronoshard.scheduler.migrate import apply_migrations
+    from chronoshard.scheduler.store.migrate import apply_migrations
 
     applied = apply_migrations(require_dsn(args))
     if args.output == "json":
@@ -53,7 +53,7 @@ def run_migrate(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def configure_partitions_ensure(parser: argparse.ArgumentParser) -> None:
-    from chronoshard.scheduler.migrate import DEFAULT_DAYS_AHEAD
+    from chronoshard.scheduler.store.migrate import DEFAULT_DAYS_AHEAD
 
     add_dsn(parser)
     parser.add_argument(
@@ -67,7 +67,7 @@ def configure_partitions_ensure(parser: argparse.ArgumentParser) -> None:
 
 
 def run_partitions_ensure(args: argparse.Namespace, out: TextIO) -> int:
-    from chronoshard.scheduler.migrate import ensure_partitions
+    from chronoshard.scheduler.store.migrate import ensure_partitions
 
     created = ensure_partitions(require_dsn(args), days_ahead=args.days_ahead)
     if args.output == "json":
@@ -78,7 +78,7 @@ def run_partitions_ensure(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def configure_partitions_detach(parser: argparse.ArgumentParser) -> None:
-    from chronoshard.scheduler.migrate import DEFAULT_RETENTION_DAYS
+    from chronoshard.scheduler.store.migrate import DEFAULT_RETENTION_DAYS
 
     add_dsn(parser)
     parser.add_argument(
@@ -92,7 +92,7 @@ def configure_partitions_detach(parser: argparse.ArgumentParser) -> None:
 
 
 def run_partitions_detach(args: argparse.Namespace, out: TextIO) -> int:
-    from chronoshard.scheduler.migrate import detach_old_partitions
+    from chronoshard.scheduler.store.migrate import detach_old_partitions
 
     dropped = detach_old_partitions(require_dsn(args), retention_days=args.retention_days)
     if args.output == "json":
@@ -131,7 +131,7 @@ Only the key's SHA-256 is stored: copy it now. Clients and workers send it as
 
 
 def configure_tenants_create(parser: argparse.ArgumentParser) -> None:
-    from chronoshard.scheduler.tenant_admin import DEFAULT_MAX_CONCURRENT, DEFAULT_RATE_LIMIT_RPS
+    from chronoshard.scheduler.store.tenants import DEFAULT_MAX_CONCURRENT, DEFAULT_RATE_LIMIT_RPS
 
     add_dsn(parser)
     parser.add_argument("name", help="unique tenant name")
@@ -161,7 +161,7 @@ def configure_tenants_create(parser: argparse.ArgumentParser) -> None:
 
 
 def run_tenants_create(args: argparse.Namespace, out: TextIO) -> int:
-    from chronoshard.scheduler.tenant_admin import create_tenant
+    from chronoshard.scheduler.store.tenants import create_tenant
 
     made = create_tenant(
         require_dsn(args),
@@ -194,7 +194,7 @@ def configure_tenants_ls(parser: argparse.ArgumentParser) -> None:
 
 
 def run_tenants_ls(args: argparse.Namespace, out: TextIO) -> int:
-    from chronoshard.scheduler.tenant_admin import list_tenants
+    from chronoshard.scheduler.store.tenants import list_tenants
 
     tenants = list_tenants(require_dsn(args))
     if args.output == "json":

@@ -7,7 +7,7 @@ Tests drive a :class:`FakeClock` instead of sleeping.
 
 A host's wall clock can step (an NTP step, a VM resume); its monotonic clock does not.
 Where wall time decides something, Chronoshard uses the time of a *reference* clock
-instead: PostgreSQL's, for a scheduler node (``scheduler/cluster_clock.py``), or the
+instead: PostgreSQL's, for a scheduler node (``scheduler/cluster/clock.py``), or the
 assigning node's, for a worker waiting for ``due_at``. A :class:`ClockReading` is one
 question to the reference over a round trip; an :class:`Anchor` pins the reference's
 time to a point of the local monotonic clock, and :class:`AnchoredClock` reads it from

@@ -201,7 +201,7 @@ class DevCluster:
         self.record()
         self._start_postgres()
         self.record()
-        from chronoshard.scheduler.migrate import apply_migrations
+        from chronoshard.scheduler.store.migrate import apply_migrations
 
         applied = apply_migrations(self.dsn)
         self._say(f"schema: applied {', '.join(applied)}" if applied else "schema: up to date")
@@ -321,7 +321,7 @@ class DevCluster:
         """The default tenant's and the canary tenant's API keys: made on first start
         and kept in ``dev.json`` (the database holds only their hashes). A saved key that
         no longer authenticates (another database) is replaced."""
-        from chronoshard.scheduler.tenant_admin import create_tenant
+        from chronoshard.scheduler.store.tenants import create_tenant
 
         key_file = self.data_dir / "dev.json"
         try:
@@ -342,7 +342,7 @@ class DevCluster:
         return keys["api_key"], keys["canary_api_key"]
 
     def _key_is_valid(self, key: str) -> bool:
-        from chronoshard.scheduler.auth import hash_api_key
+        from chronoshard.scheduler.api.auth import hash_api_key
 
         with psycopg.connect(self.dsn) as conn:
             row = conn.execute(

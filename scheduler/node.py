@@ -39,30 +39,30 @@ from grpc_reflection.v1alpha import reflection
 from prometheus_client import start_http_server
 
 from chronoshard.clock import Clock, SystemClock
-from chronoshard.scheduler.access import AccessInterceptor
-from chronoshard.scheduler.admin import AdminServicer
-from chronoshard.scheduler.api import TaskServiceServicer
-from chronoshard.scheduler.auth import Authenticator
-from chronoshard.scheduler.boundary import RequestDecoding
-from chronoshard.scheduler.cluster_clock import ClusterClock
+from chronoshard.scheduler.api.access import AccessInterceptor
+from chronoshard.scheduler.api.admin import AdminServicer
+from chronoshard.scheduler.api.auth import Authenticator
+from chronoshard.scheduler.api.boundary import RequestDecoding
+from chronoshard.scheduler.api.expectations import WatchdogServiceServicer
+from chronoshard.scheduler.api.tasks import TaskServiceServicer
+from chronoshard.scheduler.api.workers import Gateway
+from chronoshard.scheduler.cluster.clock import ClusterClock
+from chronoshard.scheduler.cluster.coordination import CoordinationError, EtcdCoordinator, NodeInfo
+from chronoshard.scheduler.cluster.liveness import REFRESHES_PER_TIMEOUT, WorkerLiveness
+from chronoshard.scheduler.cluster.maintenance import PartitionMaintenance
+from chronoshard.scheduler.cluster.reconciler import Reconciler
+from chronoshard.scheduler.cluster.shards import ShardManager
+from chronoshard.scheduler.cluster.signals import ShardSignals, encode_due, encode_ready
 from chronoshard.scheduler.config import SchedulerConfig
-from chronoshard.scheduler.coordination import CoordinationError, EtcdCoordinator, NodeInfo
-from chronoshard.scheduler.dispatch_store import DispatchStore, TimerTask
-from chronoshard.scheduler.dispatcher import Dispatcher
+from chronoshard.scheduler.core.fairness import UNLIMITED, TenantLimits
+from chronoshard.scheduler.core.models import Task, TaskRef
+from chronoshard.scheduler.dispatch.dispatcher import Dispatcher
+from chronoshard.scheduler.dispatch.preloader import Preloader
 from chronoshard.scheduler.errors import StoreUnavailable
-from chronoshard.scheduler.expectations_api import WatchdogServiceServicer
-from chronoshard.scheduler.fairness import UNLIMITED, TenantLimits
-from chronoshard.scheduler.gateway import Gateway
-from chronoshard.scheduler.liveness import REFRESHES_PER_TIMEOUT, WorkerLiveness
-from chronoshard.scheduler.maintenance import PartitionMaintenance
 from chronoshard.scheduler.metrics import NodeCollector, SchedulerMetrics
-from chronoshard.scheduler.models import Task, TaskRef
-from chronoshard.scheduler.notifier import ShardSignals, encode_due, encode_ready
-from chronoshard.scheduler.preloader import Preloader
-from chronoshard.scheduler.reconcile_store import ReconcileStore
-from chronoshard.scheduler.reconciler import Reconciler
-from chronoshard.scheduler.shards import ShardManager
-from chronoshard.scheduler.store import SessionLimits, Store
+from chronoshard.scheduler.store.database import SessionLimits, Store
+from chronoshard.scheduler.store.repairs import ReconcileStore
+from chronoshard.scheduler.store.runs import DispatchStore, TimerTask
 from chronoshard.v1 import (
     admin_service_pb2,
     admin_service_pb2_grpc,
@@ -225,11 +225,11 @@ class SchedulerNode:
         self.tenant_limits = TenantLimitsCache(self.store)
         await self.tenant_limits.refresh()
         self.gateway = Gateway(config, self.runs, self.clock)
-        # WorkerService and AdminService calls need an API key (access.py); TaskService
+        # WorkerService and AdminService calls need an API key (api/access.py); TaskService
         # and WatchdogService check theirs in the servicer, scoped to the key's tenant.
         self._server = grpc.aio.server(
             options=server_options(config),
-            # Decoding first: garbage is INVALID_ARGUMENT whatever the key (boundary.py).
+            # Decoding first: garbage is INVALID_ARGUMENT whatever the key (api/boundary.py).
             interceptors=[RequestDecoding(), AccessInterceptor(Authenticator(self.store))],
         )
         port = self._bind(self._server)

@@ -47,9 +47,9 @@ from harness.history import EFFECTS_DDL, History, check, epoch_regressions
 from harness.processes import ProcessGroup, SchedulerHandle
 
 from chronoshard import Client, JitterMode, SubmitResult, TaskSpec
-from chronoshard.scheduler import rendezvous
-from chronoshard.scheduler.ids import uuid7_time
-from chronoshard.scheduler.tenant_admin import create_tenant
+from chronoshard.scheduler.core import rendezvous
+from chronoshard.scheduler.core.ids import uuid7_time
+from chronoshard.scheduler.store.tenants import create_tenant
 from chronoshard.services import EtcdProcess
 from chronoshard.v1 import admin_service_pb2, admin_service_pb2_grpc
 
@@ -58,7 +58,7 @@ SHARDS = 16
 LEAD_S = 0.1  # scheduling.lead_dispatch_s, the default
 MAX_OFFSET_S = 1.0  # clock.max_offset_s, the default
 WORKER_AHEAD_S = 30
-# The offset is checked every 0.2 s against the last reading (cluster_clock.py): the skew
+# The offset is checked every 0.2 s against the last reading (cluster/clock.py): the skew
 # is reported within that, plus the test's polling of /metrics and a loaded machine.
 DETECTION_BOUND_S = 1.0
 # A step moves no due time (the cluster clock does not follow the wall clock): lateness

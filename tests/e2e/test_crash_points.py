@@ -38,8 +38,8 @@ from harness.processes import (
 )
 
 from chronoshard import Client, SubmitResult, TaskSpec
-from chronoshard.scheduler.faults import CRASH_EXIT_CODE
-from chronoshard.scheduler.tenant_admin import create_tenant
+from chronoshard.scheduler.dispatch.faults import CRASH_EXIT_CODE
+from chronoshard.scheduler.store.tenants import create_tenant
 from chronoshard.services import EtcdProcess
 
 E2E_DIR = Path(__file__).resolve().parent

@@ -40,7 +40,7 @@ from harness.history import EFFECTS_DDL, check
 from harness.processes import ManagedProcess, ProcessGroup, SchedulerHandle
 
 from chronoshard import Client, SubmitResult, TaskSpec
-from chronoshard.scheduler.tenant_admin import create_tenant
+from chronoshard.scheduler.store.tenants import create_tenant
 from chronoshard.services import EtcdProcess
 from chronoshard.v1 import admin_service_pb2, admin_service_pb2_grpc
 from chronoshard.wire import error_info_from_metadata

@@ -42,7 +42,7 @@ from chronoshard import (
     Task,
     TaskSpec,
 )
-from chronoshard.scheduler.tenant_admin import create_tenant
+from chronoshard.scheduler.store.tenants import create_tenant
 from chronoshard.services import EtcdProcess
 from chronoshard.v1 import common_pb2, worker_service_pb2, worker_service_pb2_grpc
 from chronoshard.wire import error_info_from_metadata

@@ -52,7 +52,7 @@ from harness.processes import ManagedProcess, ProcessGroup, SchedulerHandle
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from chronoshard import Client, Resolution, SubmitResult, Task, TaskSpec
-from chronoshard.scheduler.tenant_admin import create_tenant
+from chronoshard.scheduler.store.tenants import create_tenant
 from chronoshard.services import EtcdProcess
 from chronoshard.worker.commit import PostgresEffects
 

@@ -55,8 +55,8 @@ from harness.processes import ManagedProcess, ProcessGroup
 
 from chronoshard import Client, TaskSpec
 from chronoshard.errors import ChronoshardError
-from chronoshard.scheduler.migrate import apply_migrations
-from chronoshard.scheduler.tenant_admin import create_tenant
+from chronoshard.scheduler.store.migrate import apply_migrations
+from chronoshard.scheduler.store.tenants import create_tenant
 from chronoshard.services import EtcdProcess
 
 E2E_DIR = Path(__file__).resolve().parent

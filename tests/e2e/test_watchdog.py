@@ -36,7 +36,7 @@ from harness.processes import ManagedProcess, ProcessGroup, SchedulerHandle
 
 from chronoshard import ChronoshardError, Client, cli
 from chronoshard._localproc import free_ports
-from chronoshard.scheduler.tenant_admin import create_tenant
+from chronoshard.scheduler.store.tenants import create_tenant
 from chronoshard.services import EtcdProcess
 
 E2E_DIR = Path(__file__).resolve().parent

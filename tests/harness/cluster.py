@@ -19,7 +19,7 @@ import psycopg
 from fixtures.waiting import eventually
 
 from chronoshard import Client, SubmitResult, TaskSpec
-from chronoshard.scheduler.tenant_admin import create_tenant
+from chronoshard.scheduler.store.tenants import create_tenant
 from harness.history import EFFECTS_DDL, History
 from harness.processes import ProcessGroup, SchedulerHandle
 

@@ -1,4 +1,4 @@
-"""API keys on WorkerService and AdminService (``chronoshard.scheduler.access``), against
+"""API keys on WorkerService and AdminService (``chronoshard.scheduler.api.access``), against
 one real node in-process: a bad key opens no session and writes nothing, a tenant key
 reads the topology but cannot drain, an operator key can; health stays open."""
 
@@ -22,12 +22,12 @@ from chronoshard.scheduler.config import (
     SchedulerConfig,
     WorkersConfig,
 )
-from chronoshard.scheduler.ids import new_task_id
-from chronoshard.scheduler.jitter import JitterMode
-from chronoshard.scheduler.models import NewTask, Tenant
+from chronoshard.scheduler.core.ids import new_task_id
+from chronoshard.scheduler.core.jitter import JitterMode
+from chronoshard.scheduler.core.models import NewTask, Tenant
+from chronoshard.scheduler.core.sharding import shard_of
 from chronoshard.scheduler.node import SchedulerNode
-from chronoshard.scheduler.sharding import shard_of
-from chronoshard.scheduler.tenant_admin import create_tenant
+from chronoshard.scheduler.store.tenants import create_tenant
 from chronoshard.services import EtcdProcess
 from chronoshard.v1 import (
     admin_service_pb2,

@@ -20,12 +20,12 @@ import pytest
 from fixtures.waiting import eventually
 from google.protobuf import duration_pb2, timestamp_pb2
 
-from chronoshard.scheduler.api import TaskServiceServicer
-from chronoshard.scheduler.auth import Authenticator, hash_api_key, new_api_key
+from chronoshard.scheduler.api.auth import Authenticator, hash_api_key, new_api_key
+from chronoshard.scheduler.api.tasks import TaskServiceServicer
 from chronoshard.scheduler.config import LimitsConfig, SchedulerConfig, SchedulingConfig
-from chronoshard.scheduler.models import Task, Tenant
-from chronoshard.scheduler.sharding import shard_of
-from chronoshard.scheduler.store import Store
+from chronoshard.scheduler.core.models import Task, Tenant
+from chronoshard.scheduler.core.sharding import shard_of
+from chronoshard.scheduler.store.database import Store
 from chronoshard.v1 import common_pb2, task_service_pb2, task_service_pb2_grpc
 from chronoshard.wire import error_info_from_metadata
 
@@ -466,7 +466,7 @@ async def test_unexpected_errors_are_internal_and_logged(
     server, port = await _serve(store, Authenticator(Broken()), Recorder())
     try:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
-            with caplog.at_level(logging.ERROR, logger="chronoshard.scheduler.boundary"):
+            with caplog.at_level(logging.ERROR, logger="chronoshard.scheduler.api.boundary"):
                 info = await _refused(
                     Stub(channel).SubmitTask(
                         Req(type="t"), metadata=(("authorization", "Bearer cs_x"),)
@@ -477,7 +477,7 @@ async def test_unexpected_errors_are_internal_and_logged(
         await server.stop(grace=None)
     assert "secret" not in info.message
     # The servicers' one error boundary (boundary.serve) logs it, naming the RPC.
-    [record] = [r for r in caplog.records if r.name == "chronoshard.scheduler.boundary"]
+    [record] = [r for r in caplog.records if r.name == "chronoshard.scheduler.api.boundary"]
     assert record.getMessage() == "TaskService.SubmitTask failed"
     assert record.exc_info is not None and "secret detail" in str(record.exc_info[1])
 

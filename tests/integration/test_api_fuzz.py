@@ -43,6 +43,7 @@ from hypothesis import strategies as st
 
 from chronoshard import exact_json
 from chronoshard._convert import decode_json
+from chronoshard.scheduler.api.payloads import MAX_DEPTH, MAX_NUMBER_DIGITS
 from chronoshard.scheduler.config import (
     DatabaseConfig,
     EtcdConfig,
@@ -52,8 +53,7 @@ from chronoshard.scheduler.config import (
 )
 from chronoshard.scheduler.errors import UNAUTHENTICATED_MESSAGE
 from chronoshard.scheduler.node import SchedulerNode
-from chronoshard.scheduler.payloads import MAX_DEPTH, MAX_NUMBER_DIGITS
-from chronoshard.scheduler.tenant_admin import create_tenant
+from chronoshard.scheduler.store.tenants import create_tenant
 from chronoshard.services import EtcdProcess
 from chronoshard.v1 import (
     admin_service_pb2,

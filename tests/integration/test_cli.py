@@ -24,7 +24,7 @@ from chronoshard.scheduler.config import (
     WorkersConfig,
 )
 from chronoshard.scheduler.node import SchedulerNode
-from chronoshard.scheduler.tenant_admin import create_tenant
+from chronoshard.scheduler.store.tenants import create_tenant
 from chronoshard.services import EtcdProcess
 from chronoshard.worker import TaskContext, Worker
 

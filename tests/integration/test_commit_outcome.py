@@ -32,15 +32,15 @@ from fixtures.nodes import node_config, running_node
 from fixtures.waiting import eventually
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from chronoshard.scheduler.auth import hash_api_key, new_api_key
-from chronoshard.scheduler.dispatch_store import DispatchStore, Intent
+from chronoshard.scheduler.api.auth import hash_api_key, new_api_key
+from chronoshard.scheduler.core.ids import new_task_id
+from chronoshard.scheduler.core.jitter import JitterMode
+from chronoshard.scheduler.core.models import NewTask, PreparedTask, Tenant, prepare
+from chronoshard.scheduler.core.sharding import shard_of
 from chronoshard.scheduler.errors import CommitOutcomeUnknown, StoreUnavailable
-from chronoshard.scheduler.ids import new_task_id
-from chronoshard.scheduler.jitter import JitterMode
-from chronoshard.scheduler.models import NewTask, PreparedTask, Tenant, prepare
 from chronoshard.scheduler.node import SchedulerNode
-from chronoshard.scheduler.sharding import shard_of
-from chronoshard.scheduler.store import Backend, Store
+from chronoshard.scheduler.store.database import Backend, Store
+from chronoshard.scheduler.store.runs import DispatchStore, Intent
 from chronoshard.services import EtcdProcess
 from chronoshard.v1 import worker_service_pb2, worker_service_pb2_grpc
 

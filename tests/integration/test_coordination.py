@@ -10,14 +10,14 @@ from fixtures.etcd import EtcdFactory
 from fixtures.waiting import eventually
 
 from chronoshard.clock import SystemClock
-from chronoshard.scheduler.config import EtcdConfig
-from chronoshard.scheduler.coordination import (
+from chronoshard.scheduler.cluster.coordination import (
     CoordinationError,
     EtcdCoordinator,
     NodeInfo,
     ShardCountMismatch,
     reconnect_cap_s,
 )
+from chronoshard.scheduler.config import EtcdConfig
 from chronoshard.services import EtcdProcess
 
 

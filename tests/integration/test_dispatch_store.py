@@ -11,7 +11,13 @@ from typing import Any
 import psycopg
 import pytest
 
-from chronoshard.scheduler.dispatch_store import (
+from chronoshard.scheduler.core.ids import new_task_id
+from chronoshard.scheduler.core.jitter import JitterMode
+from chronoshard.scheduler.core.models import NewTask, TaskRef, Tenant
+from chronoshard.scheduler.core.retry import FailureReport
+from chronoshard.scheduler.core.states import AttemptState, TaskStatus
+from chronoshard.scheduler.store.database import Store
+from chronoshard.scheduler.store.runs import (
     Beat,
     Completion,
     DispatchStore,
@@ -22,12 +28,6 @@ from chronoshard.scheduler.dispatch_store import (
     Settle,
     TimerTask,
 )
-from chronoshard.scheduler.failures import FailureReport
-from chronoshard.scheduler.ids import new_task_id
-from chronoshard.scheduler.jitter import JitterMode
-from chronoshard.scheduler.models import NewTask, TaskRef, Tenant
-from chronoshard.scheduler.states import AttemptState, TaskStatus
-from chronoshard.scheduler.store import Store
 
 SHARD = 3
 EPOCH = 100

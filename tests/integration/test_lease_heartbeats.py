@@ -12,11 +12,11 @@ from typing import Any
 import psycopg
 import pytest
 
-from chronoshard.scheduler.dispatch_store import Beat, DispatchStore, Intent, Settle
-from chronoshard.scheduler.ids import new_task_id
-from chronoshard.scheduler.jitter import JitterMode
-from chronoshard.scheduler.models import NewTask, Task, Tenant
-from chronoshard.scheduler.store import Store
+from chronoshard.scheduler.core.ids import new_task_id
+from chronoshard.scheduler.core.jitter import JitterMode
+from chronoshard.scheduler.core.models import NewTask, Task, Tenant
+from chronoshard.scheduler.store.database import Store
+from chronoshard.scheduler.store.runs import Beat, DispatchStore, Intent, Settle
 
 SHARD = 5
 EPOCH = 7

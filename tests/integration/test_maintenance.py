@@ -13,10 +13,10 @@ import psycopg
 import pytest
 from fixtures.waiting import eventually
 
+from chronoshard.scheduler.cluster.maintenance import ANALYZE_MIN_CHANGES, PartitionMaintenance
 from chronoshard.scheduler.config import MaintenanceConfig
 from chronoshard.scheduler.errors import StoreUnavailable
-from chronoshard.scheduler.maintenance import ANALYZE_MIN_CHANGES, PartitionMaintenance
-from chronoshard.scheduler.store import Store
+from chronoshard.scheduler.store.database import Store
 
 CONFIG = MaintenanceConfig(retention_days=30, partitions_ahead_days=7, lock_timeout_s=0.2)
 # Far above the 0.2 s lock timeout: the round must give up, not wait for the lock holder.

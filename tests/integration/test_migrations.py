@@ -28,17 +28,17 @@ import pytest
 from fixtures.databases import unique_database_name
 
 from chronoshard import cli
+from chronoshard.scheduler.core.jitter import JitterMode
+from chronoshard.scheduler.core.models import Priority
+from chronoshard.scheduler.core.states import AttemptState, TaskStatus
 from chronoshard.scheduler.errors import MigrationError, StoreUnavailable
-from chronoshard.scheduler.jitter import JitterMode
-from chronoshard.scheduler.migrate import (
+from chronoshard.scheduler.store.migrate import (
     apply_migrations,
     detach_old_partitions,
     ensure_partitions,
     load_migrations,
     make_migration,
 )
-from chronoshard.scheduler.models import Priority
-from chronoshard.scheduler.states import AttemptState, TaskStatus
 from chronoshard.services import PostgresServer
 
 SNAPSHOT = Path(__file__).with_name("schema_snapshot.txt")

@@ -16,13 +16,13 @@ from fixtures.waiting import eventually
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client import generate_latest
 
-from chronoshard.scheduler.auth import hash_api_key, new_api_key
-from chronoshard.scheduler.ids import new_task_id
-from chronoshard.scheduler.jitter import JitterMode
-from chronoshard.scheduler.models import NewTask, Tenant
+from chronoshard.scheduler.api.auth import hash_api_key, new_api_key
+from chronoshard.scheduler.core.ids import new_task_id
+from chronoshard.scheduler.core.jitter import JitterMode
+from chronoshard.scheduler.core.models import NewTask, Tenant
+from chronoshard.scheduler.core.sharding import shard_of
 from chronoshard.scheduler.node import CLOCK_HEALTH_SERVICE, SchedulerNode
-from chronoshard.scheduler.sharding import shard_of
-from chronoshard.scheduler.store import Store
+from chronoshard.scheduler.store.database import Store
 from chronoshard.services import EtcdProcess
 from chronoshard.v1 import (
     admin_service_pb2,

@@ -36,19 +36,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from chronoshard.clock import SystemClock
-from chronoshard.scheduler.config import SchedulerConfig
-from chronoshard.scheduler.dispatch_store import (
-    Completion,
-    DispatchStore,
-    Intent,
-    Settle,
-    TimerTask,
-)
-from chronoshard.scheduler.ids import new_task_id
-from chronoshard.scheduler.jitter import JitterMode
-from chronoshard.scheduler.models import NewTask, TaskRef, Tenant
-from chronoshard.scheduler.reconcile_store import ReconcileStore
-from chronoshard.scheduler.reconciler import (
+from chronoshard.scheduler.cluster.reconciler import (
     Reconciler,
     Repair,
     RepairResult,
@@ -56,7 +44,19 @@ from chronoshard.scheduler.reconciler import (
     RunOutcome,
     Scan,
 )
-from chronoshard.scheduler.store import Store
+from chronoshard.scheduler.config import SchedulerConfig
+from chronoshard.scheduler.core.ids import new_task_id
+from chronoshard.scheduler.core.jitter import JitterMode
+from chronoshard.scheduler.core.models import NewTask, TaskRef, Tenant
+from chronoshard.scheduler.store.database import Store
+from chronoshard.scheduler.store.repairs import ReconcileStore
+from chronoshard.scheduler.store.runs import (
+    Completion,
+    DispatchStore,
+    Intent,
+    Settle,
+    TimerTask,
+)
 
 SHARD = 5
 EPOCH = 40

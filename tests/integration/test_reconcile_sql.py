@@ -23,9 +23,18 @@ from fixtures.waiting import eventually
 from psycopg.rows import dict_row
 
 from chronoshard.clock import SystemClock
-from chronoshard.scheduler import queries
+from chronoshard.scheduler.cluster.reconciler import Reconciler, Repair, decide
 from chronoshard.scheduler.config import SchedulerConfig
-from chronoshard.scheduler.dispatch_store import (
+from chronoshard.scheduler.core.ids import new_task_id
+from chronoshard.scheduler.core.jitter import JitterMode
+from chronoshard.scheduler.core.models import NewTask, Task, Tenant
+from chronoshard.scheduler.core.retry import FailureReport
+from chronoshard.scheduler.core.sharding import shard_of
+from chronoshard.scheduler.core.states import AttemptState
+from chronoshard.scheduler.store import queries
+from chronoshard.scheduler.store.database import Store
+from chronoshard.scheduler.store.repairs import ReconcileStore
+from chronoshard.scheduler.store.runs import (
     Beat,
     Completion,
     DispatchStore,
@@ -35,15 +44,6 @@ from chronoshard.scheduler.dispatch_store import (
     Release,
     TimerTask,
 )
-from chronoshard.scheduler.failures import FailureReport
-from chronoshard.scheduler.ids import new_task_id
-from chronoshard.scheduler.jitter import JitterMode
-from chronoshard.scheduler.models import NewTask, Task, Tenant
-from chronoshard.scheduler.reconcile_store import ReconcileStore
-from chronoshard.scheduler.reconciler import Reconciler, Repair, decide
-from chronoshard.scheduler.sharding import shard_of
-from chronoshard.scheduler.states import AttemptState
-from chronoshard.scheduler.store import Store
 
 SHARD = 3
 EPOCH = 100
@@ -549,8 +549,8 @@ async def test_preloader_and_reconciler_queries_read_only_live_rows(
         "scheduled_ats": [n.scheduled_at for n in live],
         "ids": [n.id for n in live],
     }
-    dispatch_sql = queries.load("dispatch.sql")
-    reconcile_sql = queries.load("reconcile.sql")
+    dispatch_sql = queries.load("runs.sql")
+    reconcile_sql = queries.load("repairs.sql")
     shards = list(range(8))
     finding = {
         "due_refs": (

@@ -14,7 +14,12 @@ from typing import Any
 import psycopg
 import pytest
 
-from chronoshard.scheduler import states
+from chronoshard.scheduler.core import states
+from chronoshard.scheduler.core.ids import new_task_id
+from chronoshard.scheduler.core.jitter import JitterMode
+from chronoshard.scheduler.core.models import NewTask, Priority, Task, TaskRef, Tenant
+from chronoshard.scheduler.core.sharding import shard_of
+from chronoshard.scheduler.core.states import AttemptState, TaskEvent, TaskStatus
 from chronoshard.scheduler.errors import (
     IdempotencyConflict,
     InvalidArgument,
@@ -23,12 +28,7 @@ from chronoshard.scheduler.errors import (
     StoreUnavailable,
     TenantNotFound,
 )
-from chronoshard.scheduler.ids import new_task_id
-from chronoshard.scheduler.jitter import JitterMode
-from chronoshard.scheduler.models import NewTask, Priority, Task, TaskRef, Tenant
-from chronoshard.scheduler.sharding import shard_of
-from chronoshard.scheduler.states import AttemptState, TaskEvent, TaskStatus
-from chronoshard.scheduler.store import Store
+from chronoshard.scheduler.store.database import Store
 
 SHARDS = 64
 NOW = datetime.now(UTC).replace(microsecond=123456)

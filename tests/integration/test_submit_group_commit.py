@@ -15,13 +15,12 @@ import psycopg
 import pytest
 from google.protobuf import timestamp_pb2
 
-from chronoshard.scheduler.api import TaskServiceServicer
-from chronoshard.scheduler.auth import Authenticator, hash_api_key, new_api_key
+from chronoshard.scheduler.api.auth import Authenticator, hash_api_key, new_api_key
+from chronoshard.scheduler.api.tasks import TaskServiceServicer
 from chronoshard.scheduler.config import SchedulerConfig, SchedulingConfig
-from chronoshard.scheduler.errors import IdempotencyConflict, InvalidArgument, TenantNotFound
-from chronoshard.scheduler.ids import new_task_id
-from chronoshard.scheduler.jitter import JitterMode
-from chronoshard.scheduler.models import (
+from chronoshard.scheduler.core.ids import new_task_id
+from chronoshard.scheduler.core.jitter import JitterMode
+from chronoshard.scheduler.core.models import (
     DEFAULT_PAYLOAD_LIMIT_BYTES,
     NewTask,
     PreparedTask,
@@ -29,9 +28,10 @@ from chronoshard.scheduler.models import (
     Tenant,
     prepare,
 )
-from chronoshard.scheduler.sharding import shard_of
-from chronoshard.scheduler.store import Store
-from chronoshard.scheduler.submits import SubmitCoalescer
+from chronoshard.scheduler.core.sharding import shard_of
+from chronoshard.scheduler.errors import IdempotencyConflict, InvalidArgument, TenantNotFound
+from chronoshard.scheduler.store.database import Store
+from chronoshard.scheduler.store.submits import SubmitCoalescer
 from chronoshard.v1 import task_service_pb2, task_service_pb2_grpc
 from chronoshard.wire import error_info_from_metadata
 

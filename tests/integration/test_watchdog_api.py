@@ -17,10 +17,10 @@ import pytest
 from google.protobuf import duration_pb2
 
 from chronoshard import cli
-from chronoshard.scheduler.auth import Authenticator, hash_api_key, new_api_key
-from chronoshard.scheduler.expectations_api import WatchdogServiceServicer
-from chronoshard.scheduler.models import Tenant
-from chronoshard.scheduler.store import Store
+from chronoshard.scheduler.api.auth import Authenticator, hash_api_key, new_api_key
+from chronoshard.scheduler.api.expectations import WatchdogServiceServicer
+from chronoshard.scheduler.core.models import Tenant
+from chronoshard.scheduler.store.database import Store
 from chronoshard.v1 import watchdog_service_pb2 as pb
 from chronoshard.v1 import watchdog_service_pb2_grpc
 from chronoshard.wire import error_info_from_metadata

@@ -1,11 +1,11 @@
-"""Which rule guards which method (``chronoshard.scheduler.access.rule_for``), checked
+"""Which rule guards which method (``chronoshard.scheduler.api.access.rule_for``), checked
 against every method the protos declare, so a new RPC cannot slip through unclassified."""
 
 from __future__ import annotations
 
 import pytest
 
-from chronoshard.scheduler.access import Rule, rule_for
+from chronoshard.scheduler.api.access import Rule, rule_for
 from chronoshard.v1 import (
     admin_service_pb2,
     task_service_pb2,

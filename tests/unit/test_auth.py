@@ -11,15 +11,15 @@ from typing import Any, NamedTuple
 import pytest
 
 from chronoshard.clock import FakeClock
-from chronoshard.scheduler.auth import (
+from chronoshard.scheduler.api.auth import (
     Authenticator,
     TenantCache,
     bearer_key,
     hash_api_key,
     new_api_key,
 )
+from chronoshard.scheduler.core.models import Tenant
 from chronoshard.scheduler.errors import Unauthenticated
-from chronoshard.scheduler.models import Tenant
 
 
 def _tenant(name: str = "acme") -> Tenant:

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from chronoshard.scheduler.backoff import (
+from chronoshard.scheduler.core.backoff import (
     MAX_ATTEMPT,
     base_delay_s,
     jitter_unit,

@@ -15,7 +15,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from chronoshard.clock import Anchor, AnchoredClock, Clock, ClockReading, FakeClock
-from chronoshard.scheduler.cluster_clock import (
+from chronoshard.scheduler.api.workers import Gateway
+from chronoshard.scheduler.cluster.clock import (
     DRIFT_RATE,
     RECOVER_AFTER_S,
     ClusterClock,
@@ -24,13 +25,12 @@ from chronoshard.scheduler.cluster_clock import (
     preferred_anchor,
     within_bound,
 )
+from chronoshard.scheduler.cluster.coordination import NodeInfo
 from chronoshard.scheduler.config import ClockConfig, SchedulerConfig
-from chronoshard.scheduler.coordination import NodeInfo
-from chronoshard.scheduler.dispatch_store import DispatchStore, TimerTask
-from chronoshard.scheduler.dispatcher import Dispatcher, ShardView
-from chronoshard.scheduler.fairness import UNLIMITED
-from chronoshard.scheduler.gateway import Gateway
-from chronoshard.scheduler.models import Priority
+from chronoshard.scheduler.core.fairness import UNLIMITED
+from chronoshard.scheduler.core.models import Priority
+from chronoshard.scheduler.dispatch.dispatcher import Dispatcher, ShardView
+from chronoshard.scheduler.store.runs import DispatchStore, TimerTask
 from chronoshard.settings import ConfigError, load
 
 PROPERTY_SETTINGS = settings(max_examples=300, deadline=None)

@@ -10,8 +10,9 @@ from google.protobuf import duration_pb2
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from chronoshard.scheduler import boundary, convert
-from chronoshard.scheduler.auth import bearer_key
+from chronoshard.scheduler.api import boundary, convert
+from chronoshard.scheduler.api.auth import bearer_key
+from chronoshard.scheduler.api.expectations import spec_from_pb
 from chronoshard.scheduler.errors import (
     UNAUTHENTICATED_MESSAGE,
     InvalidArgument,
@@ -19,7 +20,6 @@ from chronoshard.scheduler.errors import (
     seconds_text,
     shown,
 )
-from chronoshard.scheduler.expectations_api import spec_from_pb
 from chronoshard.v1 import common_pb2, watchdog_service_pb2
 from chronoshard.wire import error_info_from_metadata, error_info_metadata
 

@@ -8,8 +8,8 @@ from datetime import UTC, datetime, timedelta
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from chronoshard.scheduler.failures import FailureReport, RetryBudget, decide
-from chronoshard.scheduler.states import AttemptState, TaskStatus
+from chronoshard.scheduler.core.retry import FailureReport, RetryBudget, decide
+from chronoshard.scheduler.core.states import AttemptState, TaskStatus
 
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 TASK = uuid.UUID("01890a5d-ac96-774b-bcce-b302099a8057")

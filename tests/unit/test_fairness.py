@@ -19,8 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from chronoshard.scheduler.errors import InvalidArgument
-from chronoshard.scheduler.fairness import (
+from chronoshard.scheduler.core.fairness import (
     CLASSES,
     UNLIMITED,
     FairnessPolicy,
@@ -30,6 +29,7 @@ from chronoshard.scheduler.fairness import (
     TenantLimits,
     WorkerOffer,
 )
+from chronoshard.scheduler.errors import InvalidArgument
 
 CRITICAL, STANDARD, BULK = Priority.CRITICAL, Priority.STANDARD, Priority.BULK
 TENANTS = [uuid.UUID(int=0xA000 + i) for i in range(16)]

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from chronoshard.scheduler.faults import CRASH_EXIT_CODE, CrashPoint, armed_point
+from chronoshard.scheduler.dispatch.faults import CRASH_EXIT_CODE, CrashPoint, armed_point
 
 
 def test_a_crash_point_needs_the_testing_flag() -> None:
@@ -25,7 +25,7 @@ def test_an_unknown_crash_point_in_a_test_build_is_an_error() -> None:
 
 def _reach(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     code = (
-        "from chronoshard.scheduler import faults\n"
+        "from chronoshard.scheduler.dispatch import faults\n"
         "faults.reached(faults.CrashPoint.AFTER_SEND)\n"
         "faults.reached(faults.CrashPoint.INSIDE_BATCH)\n"
         "print('survived')\n"

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import pytest
 from fixtures.loop import one_loop_turn
 
-from chronoshard.scheduler.group_commit import GroupCommitter
+from chronoshard.scheduler.dispatch.group_commit import GroupCommitter
 
 
 async def test_concurrent_submits_share_batches_and_get_their_own_answers() -> None:

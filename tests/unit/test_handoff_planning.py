@@ -10,7 +10,7 @@ from datetime import UTC, datetime, timedelta
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from chronoshard.scheduler.handoff import (
+from chronoshard.scheduler.core.handoff import (
     Cursor,
     IncomingHandoffs,
     OutgoingHandoffs,
@@ -36,7 +36,7 @@ def _rows(offsets: list[int]) -> list[FakeRow]:
 
 
 def _page(rows: list[FakeRow], after: Cursor | None, limit: int) -> list[FakeRow]:
-    """What a keyset-paged statement answers (sql/dispatch.sql, read_warm)."""
+    """What a keyset-paged statement answers (sql/runs.sql, read_warm)."""
     return [r for r in rows if after is None or (r.due_at, r.id) > after][:limit]
 
 

@@ -13,14 +13,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from chronoshard.scheduler.errors import InvalidArgument
-from chronoshard.scheduler.ids import (
+from chronoshard.scheduler.core.ids import (
     UUIDv7Generator,
     new_task_id,
     uuid7,
     uuid7_time,
     wall_clock_ms,
 )
+from chronoshard.scheduler.errors import InvalidArgument
 
 PROPERTY_SETTINGS = settings(max_examples=200, deadline=None)
 MAX_MS = (1 << 48) - 1

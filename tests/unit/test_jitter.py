@@ -10,13 +10,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from chronoshard.scheduler.errors import InvalidArgument
-from chronoshard.scheduler.jitter import (
+from chronoshard.scheduler.core.jitter import (
     MAX_WINDOW_S,
     JitterMode,
     jitter_offset_ms,
     jittered_due,
 )
+from chronoshard.scheduler.errors import InvalidArgument
 
 PROPERTY_SETTINGS = settings(max_examples=200, deadline=None)
 TENANT = uuid.UUID("0190a7d2-0000-7000-8000-000000000001")

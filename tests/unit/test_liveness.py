@@ -1,11 +1,11 @@
-"""Worker session records (``scheduler/liveness.py``): which workers each node has a
+"""Worker session records (``scheduler/cluster/liveness.py``): which workers each node has a
 session of, kept in ``worker_sessions`` for a node warming up shards to wait on."""
 
 from __future__ import annotations
 
 from collections.abc import Collection
 
-from chronoshard.scheduler.liveness import WorkerLiveness
+from chronoshard.scheduler.cluster.liveness import WorkerLiveness
 
 
 class Sessions:

@@ -9,8 +9,8 @@ from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 
+from chronoshard.scheduler.core.models import NewTask, Priority, prepare
 from chronoshard.scheduler.errors import InvalidArgument, PayloadTooLarge
-from chronoshard.scheduler.models import NewTask, Priority, prepare
 
 AT = datetime(2026, 3, 1, 9, 30, tzinfo=UTC)
 

@@ -1,4 +1,4 @@
-"""What the scheduler stores as a payload or result (``chronoshard.scheduler.payloads``):
+"""What the scheduler stores as a payload or result (``chronoshard.scheduler.api.payloads``):
 exact numbers of at most 1000 digits written out, at most 100 levels of nesting, strings
 PostgreSQL can hold, and a size counted as stored. Refusals name the request field and
 say where in the document, in words, in a bounded message."""
@@ -14,9 +14,9 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from chronoshard import exact_json
-from chronoshard.scheduler import payloads
+from chronoshard.scheduler.api import payloads
+from chronoshard.scheduler.api.payloads import MAX_DEPTH, MAX_NUMBER_DIGITS
 from chronoshard.scheduler.errors import InvalidArgument, PayloadTooLarge
-from chronoshard.scheduler.payloads import MAX_DEPTH, MAX_NUMBER_DIGITS
 
 LIMIT = 64 * 1024
 FIELD = "payload_json"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from chronoshard.scheduler import queries
+from chronoshard.scheduler.store import queries
 
 SAMPLE = """\
 -- header comment, ignored
@@ -39,8 +39,8 @@ def test_malformed_files_are_refused(text: str, message: str) -> None:
 
 
 def test_packaged_files_load() -> None:
-    store = queries.load("queries.sql")
+    store = queries.load("database.sql")
     assert {"insert_tasks", "load_due", "claim_shard_epoch", "lock_shard_epoch"} <= set(store)
     migrate = queries.load("migrate.sql")
     assert {"lock", "unlock", "record_migration", "ensure_partitions"} <= set(migrate)
-    assert queries.load("queries.sql") is store
+    assert queries.load("database.sql") is store

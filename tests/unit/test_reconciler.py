@@ -12,10 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from chronoshard.clock import FakeClock
-from chronoshard.scheduler.config import SchedulerConfig
-from chronoshard.scheduler.dispatch_store import TimerTask
-from chronoshard.scheduler.models import Priority
-from chronoshard.scheduler.reconciler import (
+from chronoshard.scheduler.cluster.reconciler import (
     ACK_DEADLINE_SLACK_S,
     MIN_PASS_GAP_S,
     Cause,
@@ -33,8 +30,11 @@ from chronoshard.scheduler.reconciler import (
     next_pass_in_s,
     workflow_outcome,
 )
-from chronoshard.scheduler.sharding import shard_of
-from chronoshard.scheduler.states import AttemptState, TaskStatus
+from chronoshard.scheduler.config import SchedulerConfig
+from chronoshard.scheduler.core.models import Priority
+from chronoshard.scheduler.core.sharding import shard_of
+from chronoshard.scheduler.core.states import AttemptState, TaskStatus
+from chronoshard.scheduler.store.runs import TimerTask
 
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 ACK_S = 10.0

@@ -8,7 +8,7 @@ from collections import Counter
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from chronoshard.scheduler.rendezvous import assign, preference, shards_of, weight
+from chronoshard.scheduler.core.rendezvous import assign, preference, shards_of, weight
 
 node_ids = st.lists(
     st.text(alphabet="abcdefghijklmnop0123456789-", min_size=1, max_size=12),

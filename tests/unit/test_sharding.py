@@ -12,9 +12,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from chronoshard.scheduler.core.ids import UUIDv7Generator
+from chronoshard.scheduler.core.sharding import MAX_SHARD_COUNT, shard_of
 from chronoshard.scheduler.errors import InvalidArgument
-from chronoshard.scheduler.ids import UUIDv7Generator
-from chronoshard.scheduler.sharding import MAX_SHARD_COUNT, shard_of
 
 # Computed once from the documented recipe (BLAKE2b, 8-byte digest, big-endian, mod S)
 # and frozen: a change here reassigns every stored task to another shard.
@@ -36,7 +36,7 @@ def test_same_shard_in_a_process_with_another_hash_seed() -> None:
     task_id = "0190a7d2-6a3b-7c4d-8e5f-6a7b8c9d0e1f"
     code = (
         "import uuid\n"
-        "from chronoshard.scheduler.sharding import shard_of\n"
+        "from chronoshard.scheduler.core.sharding import shard_of\n"
         f"print(shard_of(uuid.UUID({task_id!r}), 1000), hash('salted?'))\n"
     )
     outputs = []

@@ -9,9 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from chronoshard.scheduler import queries
-from chronoshard.scheduler.errors import InvalidTransition
-from chronoshard.scheduler.states import (
+from chronoshard.scheduler.core.states import (
     TERMINAL,
     TRANSITIONS,
     AttemptState,
@@ -21,6 +19,8 @@ from chronoshard.scheduler.states import (
     sources,
     transition,
 )
+from chronoshard.scheduler.errors import InvalidTransition
+from chronoshard.scheduler.store import queries
 
 PROPERTY_SETTINGS = settings(max_examples=200, deadline=None)
 
@@ -181,7 +181,7 @@ def test_store_sources_for_the_hot_path_writes() -> None:
 
 def test_implied_ack_matches_the_completion_write_of_design_section_5() -> None:
     # docs/architecture.md#d5: "... AND status IN ('DISPATCHED','RUNNING')", plus the late
-    # settlement of an attempt whose outcome had become unknown (sql/dispatch.sql, `complete`).
+    # settlement of an attempt whose outcome had become unknown (sql/runs.sql, `complete`).
     assert sources(TaskEvent.COMPLETE) == {TaskStatus.RUNNING, TaskStatus.OUTCOME_UNKNOWN}
     assert sources(TaskEvent.COMPLETE, implied_ack=True) == {
         TaskStatus.DISPATCHED,
@@ -277,9 +277,9 @@ def test_allowed_events_agree_with_transition(status: TaskStatus) -> None:
 def test_the_settlement_statements_start_from_the_states_the_table_allows(
     statement: str, event: TaskEvent
 ) -> None:
-    """sql/dispatch.sql spells each settlement's source states out (a partial index needs
+    """sql/runs.sql spells each settlement's source states out (a partial index needs
     literals): they are the state machine's, with the worker's ack taken as read."""
-    text = queries.load("dispatch.sql")[statement]
+    text = queries.load("runs.sql")[statement]
     found = re.findall(r"t\.status IN \(([^)]*)\)", text)
     assert found, statement
     listed = {s.strip().strip("'") for s in found[-1].split(",")}

@@ -12,15 +12,9 @@ from typing import Any
 import pytest
 from fixtures.loop import one_loop_turn
 
-from chronoshard.scheduler.errors import (
-    IdempotencyConflict,
-    SchedulerError,
-    StoreUnavailable,
-    TenantNotFound,
-)
-from chronoshard.scheduler.ids import new_task_id
-from chronoshard.scheduler.jitter import JitterMode
-from chronoshard.scheduler.models import (
+from chronoshard.scheduler.core.ids import new_task_id
+from chronoshard.scheduler.core.jitter import JitterMode
+from chronoshard.scheduler.core.models import (
     DEFAULT_PAYLOAD_LIMIT_BYTES,
     NewTask,
     PreparedTask,
@@ -29,8 +23,14 @@ from chronoshard.scheduler.models import (
     TaskRef,
     prepare,
 )
-from chronoshard.scheduler.states import TaskStatus
-from chronoshard.scheduler.submits import (
+from chronoshard.scheduler.core.states import TaskStatus
+from chronoshard.scheduler.errors import (
+    IdempotencyConflict,
+    SchedulerError,
+    StoreUnavailable,
+    TenantNotFound,
+)
+from chronoshard.scheduler.store.submits import (
     KeyOwner,
     Request,
     SubmitCoalescer,

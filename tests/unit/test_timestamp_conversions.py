@@ -11,7 +11,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from chronoshard import _convert as client_convert
-from chronoshard.scheduler import convert as scheduler_convert
+from chronoshard.scheduler.api import convert as scheduler_convert
 from chronoshard.scheduler.errors import InvalidArgument
 from chronoshard.v1 import common_pb2
 from chronoshard.worker import _convert as worker_convert

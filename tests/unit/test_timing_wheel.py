@@ -23,7 +23,7 @@ from hypothesis.stateful import (
     rule,
 )
 
-from chronoshard.scheduler.timing_wheel import Entry, TimingWheel, WheelStats
+from chronoshard.scheduler.core.timing_wheel import Entry, TimingWheel, WheelStats
 
 YEAR_S = 365 * 24 * 3600.0
 

@@ -12,12 +12,12 @@ import pytest
 from google.protobuf import duration_pb2
 
 from chronoshard import cli
-from chronoshard.scheduler.errors import InvalidArgument
-from chronoshard.scheduler.expectations_api import (
+from chronoshard.scheduler.api.expectations import (
     page_token_from_pb,
     page_token_to_pb,
     spec_from_pb,
 )
+from chronoshard.scheduler.errors import InvalidArgument
 from chronoshard.settings import ConfigError, load
 from chronoshard.v1 import watchdog_service_pb2
 from chronoshard.watchdog.config import WatchdogConfig

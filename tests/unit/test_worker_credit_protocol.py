@@ -1,6 +1,6 @@
 """The credit protocol as a whole, simulated: workers' ledgers talking to model nodes.
 
-Each model node behaves as ``scheduler/gateway.py`` and ``scheduler/dispatcher.py`` do:
+Each model node behaves as ``scheduler/api/workers.py`` and ``scheduler/dispatch/dispatcher.py`` do:
 it sends an Assignment only against a credit it holds, answers every CreditRecall with
 one CreditReturn of ``min(held, asked)``, reports its backlog (ready tasks) whenever it
 changed, and after ``Drain`` dispatches nothing more but keeps (and gives back on

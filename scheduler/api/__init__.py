@@ -1,0 +1,11 @@
+"""The gRPC edge of a node: servicers, the wire and its rules.
+
+A request arrives through one decoding and error boundary (:mod:`.boundary`: bad bytes
+are ``INVALID_ARGUMENT``, every failure gets one status and a bounded message), is
+authenticated (:mod:`.auth`, :mod:`.access`), converted from ``chronoshard.v1`` messages
+to the core's types and validated (:mod:`.convert`, :mod:`.payloads`), and served:
+``TaskService`` (:mod:`.tasks`), ``WorkerService`` streams and settlements
+(:mod:`.workers`), ``AdminService`` (:mod:`.admin`) and ``WatchdogService``
+(:mod:`.expectations`). With :mod:`chronoshard.scheduler.node`, these are the only
+server modules that import generated code.
+"""

@@ -1,0 +1,162 @@
+"""API keys: how a call's ``authorization`` metadata becomes a tenant.
+
+A key is ``cs_`` followed by 32 random bytes in URL-safe base64 (:func:`new_api_key`); it
+is shown to the tenant once and only its SHA-256 (:func:`hash_api_key`) is stored, in
+``tenants.api_key_hash`` (docs/architecture.md#d11). A plain, unsalted hash is enough here: the key
+has 256 bits of entropy, so there is nothing to brute-force, and an unsalted digest is what lets the
+lookup go through the unique index on the hash. Comparing digests rather than keys also means the
+database's comparison timing says nothing about the key itself.
+
+Every call carries ``authorization: Bearer <key>``. :class:`Authenticator` parses it,
+hashes the key and asks the store for the tenant, remembering the answer for
+``cache_ttl_s`` (a known tenant only: an unknown key is looked up every time, so a key
+created a moment ago works at once). The cost of the cache is that a revoked or rotated
+key keeps working for up to ``cache_ttl_s`` on a node that served it recently. Every
+failure, whether the header is missing, malformed or names no tenant, is the same
+:class:`~.errors.Unauthenticated`, so a caller cannot probe which keys exist.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+from collections.abc import Iterable
+from typing import Any, Protocol
+
+from chronoshard.clock import Clock, SystemClock
+from chronoshard.scheduler.core.models import Tenant
+from chronoshard.scheduler.errors import Unauthenticated
+
+API_KEY_PREFIX = "cs_"
+API_KEY_BYTES = 32
+MAX_API_KEY_CHARS = 256
+"""Far above a real key (46 chars); a longer value is refused before it is hashed."""
+AUTHORIZATION_KEY = "authorization"
+DEFAULT_CACHE_TTL_S = 30.0
+DEFAULT_MAX_CACHED = 10_000
+
+
+def new_api_key() -> str:
+    """A fresh random API key: ``cs_`` + 32 random bytes, URL-safe base64."""
+    return API_KEY_PREFIX + secrets.token_urlsafe(API_KEY_BYTES)
+
+
+def hash_api_key(key: str) -> str:
+    """The hex SHA-256 of ``key``: what ``tenants.api_key_hash`` stores."""
+    return hashlib.sha256(key.encode("utf-8")).hexdigest()
+
+
+def bearer_key(metadata: Iterable[Any] | None) -> str:
+    """The API key of an ``authorization: Bearer <key>`` entry in call metadata.
+
+    ``metadata`` is what ``context.invocation_metadata()`` returns: ``(key, value)``
+    pairs or objects with ``.key``/``.value``. The scheme is matched case-insensitively,
+    as HTTP does.
+
+    Raises:
+        Unauthenticated: no such entry, more than one, or a value that is not a bearer
+            token shaped like an API key.
+    """
+    values = []
+    for item in metadata or ():
+        key, value = (item.key, item.value) if hasattr(item, "key") else item
+        if key == AUTHORIZATION_KEY:
+            values.append(value)
+    if not values:
+        raise Unauthenticated()
+    # Two credentials on one call is a confused client, or someone hoping one of them
+    # is checked and the other used; refuse rather than pick.
+    if len(values) > 1 or not isinstance(values[0], str):
+        raise Unauthenticated()
+    scheme, _, token = values[0].strip().partition(" ")
+    token = token.strip()
+    if (
+        scheme.lower() != "bearer"
+        or not token.startswith(API_KEY_PREFIX)
+        or len(token) > MAX_API_KEY_CHARS
+        or any(c.isspace() for c in token)
+    ):
+        raise Unauthenticated()
+    return token
+
+
+class TenantLookup(Protocol):
+    """What the authenticator needs from the store."""
+
+    async def get_tenant_by_key_hash(self, api_key_hash: str) -> Tenant | None: ...
+
+
+class TenantCache:
+    """Tenants by key hash for ``ttl_s`` seconds of the monotonic clock; pure, time
+    passed in. Holds at most ``max_entries``: when full, expired entries go first, then
+    the oldest."""
+
+    def __init__(self, ttl_s: float, max_entries: int = DEFAULT_MAX_CACHED) -> None:
+        if ttl_s < 0:
+            raise ValueError("ttl_s must not be negative")
+        if max_entries < 1:
+            raise ValueError("max_entries must be at least 1")
+        self.ttl_s = ttl_s
+        self.max_entries = max_entries
+        # Insertion order is expiry order: every entry lives exactly ttl_s.
+        self._entries: dict[str, tuple[Tenant, float]] = {}
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def get(self, key_hash: str, now: float) -> Tenant | None:
+        entry = self._entries.get(key_hash)
+        if entry is None:
+            return None
+        tenant, expires = entry
+        if now >= expires:
+            del self._entries[key_hash]
+            return None
+        return tenant
+
+    def put(self, key_hash: str, tenant: Tenant, now: float) -> None:
+        if self.ttl_s == 0:
+            return
+        self._entries.pop(key_hash, None)
+        if len(self._entries) >= self.max_entries:
+            self._evict(now)
+        self._entries[key_hash] = (tenant, now + self.ttl_s)
+
+    def _evict(self, now: float) -> None:
+        for key_hash, (_, expires) in list(self._entries.items()):
+            if expires > now and len(self._entries) < self.max_entries:
+                break
+            del self._entries[key_hash]
+
+
+class Authenticator:
+    """Resolves a call's API key to its tenant, caching known keys for ``cache_ttl_s``."""
+
+    def __init__(
+        self,
+        store: TenantLookup,
+        cache_ttl_s: float = DEFAULT_CACHE_TTL_S,
+        *,
+        clock: Clock | None = None,
+        max_cached: int = DEFAULT_MAX_CACHED,
+    ) -> None:
+        self._store = store
+        self._clock = clock or SystemClock()
+        self._cache = TenantCache(cache_ttl_s, max_cached)
+
+    async def authenticate(self, metadata: Iterable[Any] | None) -> Tenant:
+        """The tenant whose API key the call presents.
+
+        Raises:
+            Unauthenticated: no valid key (see :func:`bearer_key`), or no tenant has it.
+            StoreUnavailable: the lookup could not reach PostgreSQL.
+        """
+        key_hash = hash_api_key(bearer_key(metadata))
+        tenant = self._cache.get(key_hash, self._clock.monotonic())
+        if tenant is not None:
+            return tenant
+        tenant = await self._store.get_tenant_by_key_hash(key_hash)
+        if tenant is None:
+            raise Unauthenticated()
+        self._cache.put(key_hash, tenant, self._clock.monotonic())
+        return tenant

@@ -1,0 +1,301 @@
+"""The ``WatchdogService`` servicer: the expectation registry of the dead man's switch.
+
+Tenants register here which of their jobs must complete how often (docs/architecture.md#d10); the
+watchdog, a separate process, reads the same ``expectations`` table and alerts on silence.
+The servicer follows :mod:`.tasks` step for step: the caller's API key names the tenant
+(:class:`~.auth.Authenticator`; an unknown key is ``UNAUTHENTICATED``), the request is
+validated completely by the pure :func:`spec_from_pb` before anything is written (a bad
+field is ``INVALID_ARGUMENT`` naming it), then one statement does the work. Errors leave
+through :meth:`WatchdogServiceServicer._serve` only (the node's one error boundary,
+:mod:`.boundary`), as a gRPC status plus an ``ErrorInfo`` in the trailing metadata.
+
+Expectations defined in the watchdog's config file live in the same table with
+``source = 'config'``: the API lists them but refuses to change or delete them
+(``FAILED_PRECONDITION``), because the watchdog would silently put them back.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import logging
+import math
+import unicodedata
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, TypeAlias, TypeVar
+
+import grpc
+from psycopg.rows import dict_row
+
+from chronoshard.scheduler.api import boundary, convert
+from chronoshard.scheduler.api.auth import Authenticator
+from chronoshard.scheduler.core.models import MAX_KEY_LENGTH, Tenant
+from chronoshard.scheduler.errors import InvalidArgument, SchedulerError, seconds_text, shown
+from chronoshard.scheduler.store import queries
+from chronoshard.scheduler.store.database import Store
+from chronoshard.v1 import watchdog_service_pb2, watchdog_service_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+_Req = TypeVar("_Req")
+_Resp = TypeVar("_Resp")
+Context: TypeAlias = grpc.aio.ServicerContext[Any, Any]
+
+MAX_INTERVAL_S = 366 * 86_400.0
+"""A year: a job expected less often than yearly is not what a dead man's switch is for,
+and the bound keeps interval + tolerance far from any timestamp overflow."""
+MAX_TOLERANCE_S = MAX_INTERVAL_S
+MAX_DESCRIPTION_CHARS = 1000
+DEFAULT_PAGE_SIZE = 100
+MAX_PAGE_SIZE = 1000
+MAX_PAGE_TOKEN_CHARS = 1024
+SEVERITIES = ("critical", "error", "warning", "info")
+
+
+class ExpectationNotFound(SchedulerError):
+    """Raised when DeleteExpectation names a job the tenant has no expectation for."""
+
+    reason = "EXPECTATION_NOT_FOUND"
+    grpc_code_name = "NOT_FOUND"
+
+    def __init__(self, job_id: str) -> None:
+        super().__init__(f"no expectation for job {shown(job_id)}")
+        self.field = "job_id"
+
+
+class ExpectationManagedByConfig(SchedulerError):
+    """Raised when the API is asked to change or delete an expectation that the
+    watchdog's config file defines; nothing was written."""
+
+    reason = "EXPECTATION_MANAGED_BY_CONFIG"
+    grpc_code_name = "FAILED_PRECONDITION"
+
+    def __init__(self, job_id: str) -> None:
+        super().__init__(
+            f"the expectation for job {shown(job_id)} is defined in the watchdog's config file; "
+            "change it there"
+        )
+        self.field = "job_id"
+
+
+@dataclass(frozen=True)
+class ExpectationSpec:
+    """A validated CreateExpectation request."""
+
+    job_id: str
+    interval_s: float
+    tolerance_s: float
+    severity: str
+    enabled: bool
+    description: str
+
+
+# --- pure request parsing ------------------------------------------------------------------
+
+
+def job_id_from_pb(value: str, field: str = "job_id") -> str:
+    """A job id as tasks carry it: 1-200 characters, not blank, no control characters."""
+    if value == "":
+        raise InvalidArgument(field, "required")
+    if len(value) > MAX_KEY_LENGTH:
+        raise InvalidArgument(field, f"must be at most {MAX_KEY_LENGTH} characters")
+    if not value.strip():
+        raise InvalidArgument(field, "must not be blank")
+    if any(unicodedata.category(c) == "Cc" for c in value):
+        raise InvalidArgument(field, "must not contain control characters")
+    return value
+
+
+def _seconds(value: Any, field: str, *, positive: bool, limit_s: float) -> float:
+    seconds, nanos = value.seconds, value.nanos
+    if abs(nanos) > 999_999_999 or (seconds > 0 > nanos) or (seconds < 0 < nanos):
+        raise InvalidArgument(field, "is not a valid duration")
+    result = convert.duration_from_pb(value, field)
+    if positive and result <= 0:
+        raise InvalidArgument(field, "must be positive")
+    if result < 0:
+        raise InvalidArgument(field, "must not be negative")
+    if not math.isfinite(result) or result > limit_s:
+        raise InvalidArgument(field, f"must be at most {seconds_text(limit_s)}")
+    return result
+
+
+def spec_from_pb(request: watchdog_service_pb2.CreateExpectationRequest) -> ExpectationSpec:
+    """Validate a CreateExpectation request completely.
+
+    Raises:
+        InvalidArgument: naming ``job_id``, ``interval``, ``tolerance``, ``severity`` or
+            ``description``.
+    """
+    job_id = job_id_from_pb(request.job_id)
+    if not request.HasField("interval"):
+        raise InvalidArgument("interval", "required, and must be positive")
+    interval_s = _seconds(request.interval, "interval", positive=True, limit_s=MAX_INTERVAL_S)
+    tolerance_s = 0.0
+    if request.HasField("tolerance"):
+        tolerance_s = _seconds(
+            request.tolerance, "tolerance", positive=False, limit_s=MAX_TOLERANCE_S
+        )
+    severity = severity_from_pb(request.severity)
+    if len(request.description) > MAX_DESCRIPTION_CHARS:
+        raise InvalidArgument("description", f"must be at most {MAX_DESCRIPTION_CHARS} characters")
+    if "\x00" in request.description:
+        raise InvalidArgument("description", "must not contain NUL")
+    return ExpectationSpec(
+        job_id=job_id,
+        interval_s=interval_s,
+        tolerance_s=tolerance_s,
+        severity=severity,
+        enabled=request.enabled if request.HasField("enabled") else True,
+        description=request.description.strip(),
+    )
+
+
+def severity_from_pb(value: int) -> str:
+    if value == watchdog_service_pb2.SEVERITY_UNSPECIFIED:
+        return "critical"
+    try:
+        name = watchdog_service_pb2.Severity.Name(value)
+    except ValueError:
+        raise InvalidArgument("severity", f"unknown value {value}") from None
+    return name.removeprefix("SEVERITY_").lower()
+
+
+def severity_to_pb(value: str) -> int:
+    return int(watchdog_service_pb2.Severity.Value(f"SEVERITY_{value.upper()}"))
+
+
+def expectation_to_pb(row: Mapping[str, Any]) -> watchdog_service_pb2.Expectation:
+    return watchdog_service_pb2.Expectation(
+        job_id=row["job_id"],
+        interval=convert.duration_to_pb(row["interval_s"]),
+        tolerance=convert.duration_to_pb(row["tolerance_s"]),
+        severity=severity_to_pb(row["severity"]),  # type: ignore[arg-type]
+        enabled=row["enabled"],
+        description=row["description"],
+        created_at=convert.ts_to_pb(row["created_at"]),
+        updated_at=convert.ts_to_pb(row["updated_at"]),
+        from_config=row["source"] == "config",
+    )
+
+
+def page_token_to_pb(last_job_id: str) -> str:
+    """Opaque to clients: where the next page starts (inside the caller's own tenant)."""
+    return base64.urlsafe_b64encode(last_job_id.encode("utf-8")).decode("ascii").rstrip("=")
+
+
+def page_token_from_pb(token: str) -> str:
+    if token == "":
+        return ""
+    try:
+        if len(token) > MAX_PAGE_TOKEN_CHARS:
+            raise ValueError("too long")
+        raw = base64.b64decode(token + "=" * (-len(token) % 4), altchars=b"-_", validate=True)
+        after = raw.decode("utf-8")
+        if "\x00" in after:  # no job id has one; PostgreSQL text cannot hold it
+            raise ValueError("NUL")
+        return after
+    except (ValueError, binascii.Error, UnicodeDecodeError):
+        raise InvalidArgument("page_token", "not a token this server issued") from None
+
+
+# --- the servicer ----------------------------------------------------------------------------
+
+
+class WatchdogServiceServicer(watchdog_service_pb2_grpc.WatchdogServiceServicer):
+    """The ``chronoshard.v1.WatchdogService`` implementation (see ``docs/watchdog.md``)."""
+
+    def __init__(self, *, store: Store, authenticator: Authenticator) -> None:
+        self._store = store
+        self._auth = authenticator
+        self._q = queries.load("expectations.sql")
+
+    async def CreateExpectation(
+        self, request: watchdog_service_pb2.CreateExpectationRequest, context: Context
+    ) -> watchdog_service_pb2.CreateExpectationResponse:
+        return await self._serve("CreateExpectation", self._create, request, context)
+
+    async def ListExpectations(
+        self, request: watchdog_service_pb2.ListExpectationsRequest, context: Context
+    ) -> watchdog_service_pb2.ListExpectationsResponse:
+        return await self._serve("ListExpectations", self._list, request, context)
+
+    async def DeleteExpectation(
+        self, request: watchdog_service_pb2.DeleteExpectationRequest, context: Context
+    ) -> watchdog_service_pb2.DeleteExpectationResponse:
+        return await self._serve("DeleteExpectation", self._delete, request, context)
+
+    async def _serve(
+        self,
+        method: str,
+        handler: Callable[[Tenant, _Req], Awaitable[_Resp]],
+        request: _Req,
+        context: Context,
+    ) -> _Resp:
+        """Authenticate, run ``handler``, translate every error (:mod:`.boundary`)."""
+
+        async def call() -> _Resp:
+            tenant = await self._auth.authenticate(context.invocation_metadata())
+            return await handler(tenant, request)
+
+        return await boundary.serve(f"WatchdogService.{method}", context, call)
+
+    async def _create(
+        self, tenant: Tenant, request: watchdog_service_pb2.CreateExpectationRequest
+    ) -> watchdog_service_pb2.CreateExpectationResponse:
+        spec = spec_from_pb(request)
+        params = {
+            "tenant_id": tenant.id,
+            "job_id": spec.job_id,
+            "interval_s": spec.interval_s,
+            "tolerance_s": spec.tolerance_s,
+            "severity": spec.severity,
+            "enabled": spec.enabled,
+            "description": spec.description,
+        }
+        async with self._store.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
+            await cur.execute(self._q["upsert_expectation"], params)
+            row = await cur.fetchone()
+        if row is None:
+            raise ExpectationManagedByConfig(spec.job_id)
+        log.info(
+            "expectation registered",
+            extra={"tenant_id": str(tenant.id), "job_id": spec.job_id, "new": row["created"]},
+        )
+        return watchdog_service_pb2.CreateExpectationResponse(
+            expectation=expectation_to_pb(row), created=row["created"]
+        )
+
+    async def _list(
+        self, tenant: Tenant, request: watchdog_service_pb2.ListExpectationsRequest
+    ) -> watchdog_service_pb2.ListExpectationsResponse:
+        after = page_token_from_pb(request.page_token)
+        page_size = min(request.page_size or DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE)
+        params = {"tenant_id": tenant.id, "after": after, "limit": page_size + 1}
+        async with self._store.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
+            await cur.execute(self._q["list_expectations"], params)
+            rows = await cur.fetchall()
+        response = watchdog_service_pb2.ListExpectationsResponse(
+            expectations=[expectation_to_pb(r) for r in rows[:page_size]]
+        )
+        # One row more than the page says whether another page exists.
+        if len(rows) > page_size:
+            response.next_page_token = page_token_to_pb(rows[page_size - 1]["job_id"])
+        return response
+
+    async def _delete(
+        self, tenant: Tenant, request: watchdog_service_pb2.DeleteExpectationRequest
+    ) -> watchdog_service_pb2.DeleteExpectationResponse:
+        job_id = job_id_from_pb(request.job_id)
+        params = {"tenant_id": tenant.id, "job_id": job_id}
+        async with self._store.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
+            await cur.execute(self._q["delete_expectation"], params)
+            row = await cur.fetchone()
+            if row is None:
+                await cur.execute(self._q["get_expectation"], params)
+                if await cur.fetchone() is not None:
+                    raise ExpectationManagedByConfig(job_id)
+                raise ExpectationNotFound(job_id)
+        log.info("expectation deleted", extra={"tenant_id": str(tenant.id), "job_id": job_id})
+        return watchdog_service_pb2.DeleteExpectationResponse(expectation=expectation_to_pb(row))

@@ -1,0 +1,353 @@
+"""The ``TaskService`` servicer: what clients call to submit, read, cancel and retry tasks.
+
+Each RPC is the same three steps. The caller is authenticated from its API key
+(:class:`~.auth.Authenticator`), and that tenant, never a request field, scopes
+everything the call can see or touch (docs/architecture.md#d11). The request is parsed and validated
+completely by the pure functions of :mod:`.convert` before anything is written, so a
+bad field is refused (``INVALID_ARGUMENT`` naming it) with nothing written. Then one
+store call does the work, in one transaction. Single ``SubmitTask`` calls share that
+transaction with concurrent ones (group commit,
+:class:`~chronoshard.scheduler.store.submits.SubmitCoalescer`): each is still answered only after
+its row committed, with its own outcome.
+
+Errors leave in exactly one place, :meth:`TaskServiceServicer._serve`, through the
+node's one error boundary (:func:`.boundary.serve`): a :class:`~.errors.SchedulerError`
+becomes the gRPC status its class names plus an ``ErrorInfo`` (reason, field,
+retryable) in the trailing metadata (see ``chronoshard.wire``), both bounded in size;
+anything else is a bug, logged with its traceback and answered ``INTERNAL`` with a
+generic message, so internals never reach a client.
+
+What the node must do when tasks appear or are cancelled (wake the preloader, forget a
+timer, tell a worker) it learns through the :class:`SubmitListener` it passes in, called
+after the transaction committed; a listener that raises is logged and ignored, because
+the write has happened and the client must hear so.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from datetime import timedelta
+from typing import Any, Protocol, TypeAlias, TypeVar
+
+import grpc
+
+from chronoshard.clock import Clock, SystemClock
+from chronoshard.scheduler.api import boundary, convert
+from chronoshard.scheduler.api.auth import Authenticator
+from chronoshard.scheduler.config import SchedulerConfig
+from chronoshard.scheduler.core.ids import new_task_id, unix_ms
+from chronoshard.scheduler.core.models import PreparedTask, SubmitResult, Task, Tenant
+from chronoshard.scheduler.core.states import TaskStatus
+from chronoshard.scheduler.errors import (
+    IdempotencyConflict,
+    InvalidArgument,
+    TaskNotFound,
+)
+from chronoshard.scheduler.store.database import Store
+from chronoshard.scheduler.store.submits import SubmitCoalescer
+from chronoshard.scheduler.store.tasks import PageCursor, TaskQueries
+from chronoshard.v1 import task_service_pb2, task_service_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+_Req = TypeVar("_Req")
+_Resp = TypeVar("_Resp")
+Context: TypeAlias = grpc.aio.ServicerContext[Any, Any]
+
+
+class SubmitListener(Protocol):
+    """What the node hears from the API, after each commit."""
+
+    def tasks_submitted(self, tasks: Sequence[Task]) -> None:
+        """Tasks became SCHEDULED: created by a submit, or re-queued by RetryTask.
+
+        The node wakes its preloader if one of them is due within the lookahead."""
+        ...
+
+    def cancel_requested(self, task: Task, reason: str) -> None:
+        """A cancel was written: ``task`` is CANCELLED (the node drops its timer and
+        tells a worker holding a DISPATCHED attempt) or still RUNNING with the request
+        recorded (the node tells the worker to stop)."""
+        ...
+
+
+class _NoListener:
+    def tasks_submitted(self, tasks: Sequence[Task]) -> None:
+        pass
+
+    def cancel_requested(self, task: Task, reason: str) -> None:
+        pass
+
+
+class TaskServiceServicer(task_service_pb2_grpc.TaskServiceServicer):
+    """The ``chronoshard.v1.TaskService`` implementation (see ``docs/api.md``)."""
+
+    def __init__(
+        self,
+        *,
+        config: SchedulerConfig,
+        store: Store,
+        authenticator: Authenticator,
+        listener: SubmitListener | None = None,
+        clock: Clock | None = None,
+    ) -> None:
+        self._store = store
+        self._queries = TaskQueries(store)
+        self._auth = authenticator
+        self._listener: SubmitListener = listener or _NoListener()
+        self._clock = clock or SystemClock()
+        self._limits = convert.SubmitLimits.from_config(config)
+        self._max_batch = config.limits.max_batch_tasks
+        self._max_page_size = config.limits.max_list_page_size
+        # Single submits from many clients share transactions (group commit); each
+        # caller is answered after its own row committed.
+        self._submits = SubmitCoalescer(store)
+
+    # --- the RPCs (each is the boundary wrapper around one handler) ----------------------
+
+    async def SubmitTask(
+        self, request: task_service_pb2.SubmitTaskRequest, context: Context
+    ) -> task_service_pb2.SubmitTaskResponse:
+        return await self._serve("SubmitTask", self._submit_task, request, context)
+
+    async def SubmitBatch(
+        self, request: task_service_pb2.SubmitBatchRequest, context: Context
+    ) -> task_service_pb2.SubmitBatchResponse:
+        return await self._serve("SubmitBatch", self._submit_batch, request, context)
+
+    async def GetTask(
+        self, request: task_service_pb2.GetTaskRequest, context: Context
+    ) -> task_service_pb2.GetTaskResponse:
+        return await self._serve("GetTask", self._get_task, request, context)
+
+    async def ListTasks(
+        self, request: task_service_pb2.ListTasksRequest, context: Context
+    ) -> task_service_pb2.ListTasksResponse:
+        return await self._serve("ListTasks", self._list_tasks, request, context)
+
+    async def CancelTask(
+        self, request: task_service_pb2.CancelTaskRequest, context: Context
+    ) -> task_service_pb2.CancelTaskResponse:
+        return await self._serve("CancelTask", self._cancel_task, request, context)
+
+    async def RetryTask(
+        self, request: task_service_pb2.RetryTaskRequest, context: Context
+    ) -> task_service_pb2.RetryTaskResponse:
+        return await self._serve("RetryTask", self._retry_task, request, context)
+
+    async def ResolveTask(
+        self, request: task_service_pb2.ResolveTaskRequest, context: Context
+    ) -> task_service_pb2.ResolveTaskResponse:
+        return await self._serve("ResolveTask", self._resolve_task, request, context)
+
+    async def _serve(
+        self,
+        method: str,
+        handler: Callable[[Tenant, _Req, Context], Awaitable[_Resp]],
+        request: _Req,
+        context: Context,
+    ) -> _Resp:
+        """Authenticate, run ``handler``, and translate every error (:mod:`.boundary`)."""
+
+        async def call() -> _Resp:
+            tenant = await self._auth.authenticate(context.invocation_metadata())
+            return await handler(tenant, request, context)
+
+        return await boundary.serve(f"TaskService.{method}", context, call)
+
+    # --- handlers -------------------------------------------------------------------------
+
+    async def _submit_task(
+        self, tenant: Tenant, request: task_service_pb2.SubmitTaskRequest, context: Context
+    ) -> task_service_pb2.SubmitTaskResponse:
+        trace = convert.trace_context_from_metadata(context.invocation_metadata())
+        prepared = self._prepare(tenant, request, trace, prefix="")
+        try:
+            result = await self._submits.submit(tenant.id, prepared)
+        except IdempotencyConflict as exc:
+            exc.field = "idempotency_key"  # type: ignore[attr-defined]
+            raise
+        self._notify_submitted([result])
+        return _submit_response(result)
+
+    async def _submit_batch(
+        self, tenant: Tenant, request: task_service_pb2.SubmitBatchRequest, context: Context
+    ) -> task_service_pb2.SubmitBatchResponse:
+        # All or nothing: the whole batch is validated, then written in one transaction,
+        # and the first invalid item fails the call (field "tasks[i].<field>"). The
+        # per-item `error` outcome of SubmitBatchResult is therefore never used: a
+        # response lists only accepted items, in request order.
+        if len(request.tasks) > self._max_batch:
+            raise InvalidArgument("tasks", f"at most {self._max_batch} tasks per batch")
+        trace = convert.trace_context_from_metadata(context.invocation_metadata())
+        prepared = [
+            self._prepare(tenant, item, trace, prefix=f"tasks[{i}].")
+            for i, item in enumerate(request.tasks)
+        ]
+        _check_batch_keys(prepared)
+        results = await self._insert(tenant, prepared, prefix="tasks[{}].")
+        self._notify_submitted(results)
+        return task_service_pb2.SubmitBatchResponse(
+            results=[
+                task_service_pb2.SubmitBatchResult(submitted=_submit_response(r)) for r in results
+            ]
+        )
+
+    async def _get_task(
+        self, tenant: Tenant, request: task_service_pb2.GetTaskRequest, context: Context
+    ) -> task_service_pb2.GetTaskResponse:
+        task_id = convert.uuid_from_pb(request.id, "id")
+        task = await self._store.get_task(tenant.id, task_id)
+        if task is None:
+            raise TaskNotFound(task_id)
+        response = task_service_pb2.GetTaskResponse(task=convert.task_to_pb(task))
+        if request.include_attempts:
+            attempts = await self._store.get_attempts(task.id)
+            response.attempts.extend(convert.attempt_to_pb(a) for a in attempts)
+        return response
+
+    async def _list_tasks(
+        self, tenant: Tenant, request: task_service_pb2.ListTasksRequest, context: Context
+    ) -> task_service_pb2.ListTasksResponse:
+        flt = convert.list_filter_from_pb(request)
+        after = convert.page_token_from_pb(request.page_token, tenant.id, flt)
+        page_size = convert.page_size_from_pb(request.page_size, self._max_page_size)
+        # One row more than the page tells whether another page exists, so the last page
+        # never ends with a token that leads to an empty one.
+        tasks = await self._queries.list_tasks(
+            tenant.id,
+            flt,
+            after=after,
+            limit=page_size + 1,
+            include_payloads=request.include_payloads,
+        )
+        response = task_service_pb2.ListTasksResponse(
+            tasks=[
+                convert.task_to_pb(t, include_payload=request.include_payloads)
+                for t in tasks[:page_size]
+            ]
+        )
+        if len(tasks) > page_size:
+            last = tasks[page_size - 1]
+            cursor = PageCursor(last.scheduled_at, last.id)
+            response.next_page_token = convert.page_token_to_pb(cursor, tenant.id, flt)
+        return response
+
+    async def _cancel_task(
+        self, tenant: Tenant, request: task_service_pb2.CancelTaskRequest, context: Context
+    ) -> task_service_pb2.CancelTaskResponse:
+        task_id = convert.uuid_from_pb(request.id, "id")
+        reason = convert.reason_from_pb(request.reason)
+        result = await self._queries.cancel_task(tenant.id, task_id, reason)
+        if result.changed:
+            # A repeated request keeps the first reason; tell the node the stored one.
+            told = result.task.cancel_reason or reason
+            self._notify(lambda: self._listener.cancel_requested(result.task, told))
+        return task_service_pb2.CancelTaskResponse(task=convert.task_to_pb(result.task))
+
+    async def _retry_task(
+        self, tenant: Tenant, request: task_service_pb2.RetryTaskRequest, context: Context
+    ) -> task_service_pb2.RetryTaskResponse:
+        task_id = convert.uuid_from_pb(request.id, "id")
+        delay_s = 0.0
+        if request.HasField("delay"):
+            delay_s = convert.duration_arg_from_pb(request.delay, "delay")
+        due_at = self._clock.now() + timedelta(seconds=delay_s)
+        task = await self._queries.retry_task(tenant.id, task_id, due_at)
+        self._notify(lambda: self._listener.tasks_submitted([task]))
+        return task_service_pb2.RetryTaskResponse(task=convert.task_to_pb(task))
+
+    async def _resolve_task(
+        self, tenant: Tenant, request: task_service_pb2.ResolveTaskRequest, context: Context
+    ) -> task_service_pb2.ResolveTaskResponse:
+        task_id = convert.uuid_from_pb(request.id, "id")
+        resolution = convert.resolution_from_pb(request.resolution)
+        reason = convert.reason_from_pb(request.reason, default="no reason given")
+        task, written = await self._queries.resolve_task(
+            tenant.id, task_id, resolution, reason, self._clock.now()
+        )
+        if written:
+            log.warning(
+                "task outcome resolved by an operator",
+                extra={
+                    "task_id": str(task.id),
+                    "tenant_id": str(tenant.id),
+                    "shard": task.shard,
+                    "fencing_token": task.fencing_token,
+                    "resolution": resolution.value,
+                    "reason": reason,
+                },
+            )
+            if task.status is TaskStatus.SCHEDULED:
+                self._notify(lambda: self._listener.tasks_submitted([task]))
+        return task_service_pb2.ResolveTaskResponse(task=convert.task_to_pb(task))
+
+    # --- helpers --------------------------------------------------------------------------
+
+    def _prepare(
+        self,
+        tenant: Tenant,
+        request: task_service_pb2.SubmitTaskRequest,
+        trace: dict[str, str] | None,
+        *,
+        prefix: str,
+    ) -> PreparedTask:
+        # The cluster clock (node.py): a stepped wall clock of this node must move neither
+        # the submit time nor the time in the id.
+        now = self._clock.now()
+        return convert.submit_from_pb(
+            request,
+            tenant_id=tenant.id,
+            task_id=new_task_id(lambda: unix_ms(now)),
+            now=now,
+            limits=self._limits,
+            trace_context=trace,
+            prefix=prefix,
+        )
+
+    async def _insert(
+        self, tenant: Tenant, prepared: Sequence[PreparedTask], *, prefix: str
+    ) -> list[SubmitResult]:
+        try:
+            return await self._store.insert_prepared(tenant.id, prepared)
+        except IdempotencyConflict as exc:
+            # Name the request field at fault; in a batch, the first item with that key.
+            index = next(i for i, p in enumerate(prepared) if p.new.idempotency_key == exc.key)
+            exc.field = prefix.format(index) + "idempotency_key"  # type: ignore[attr-defined]
+            raise
+
+    def _notify_submitted(self, results: Sequence[SubmitResult]) -> None:
+        created = [r.task for r in results if r.created]
+        if created:
+            self._notify(lambda: self._listener.tasks_submitted(created))
+
+    def _notify(self, call: Callable[[], None]) -> None:
+        try:
+            call()
+        except Exception:
+            # The write committed; failing the RPC now would invite a duplicate submit.
+            # The node's periodic passes (preload, heartbeat answers) catch up.
+            log.exception("TaskService listener failed after commit")
+
+
+def _check_batch_keys(prepared: Sequence[PreparedTask]) -> None:
+    """Two items of one batch may share an idempotency key only as the same request
+    (the second then answers with the first's task, created=False)."""
+    seen: dict[str, tuple[int, str]] = {}
+    for i, p in enumerate(prepared):
+        key = p.new.idempotency_key
+        if key is None:
+            continue
+        first = seen.setdefault(key, (i, p.fingerprint))
+        if first[1] != p.fingerprint:
+            raise InvalidArgument(
+                f"tasks[{i}].idempotency_key",
+                f"repeats the key of tasks[{first[0]}] with a different request",
+            )
+
+
+def _submit_response(result: SubmitResult) -> task_service_pb2.SubmitTaskResponse:
+    return task_service_pb2.SubmitTaskResponse(
+        task=convert.task_to_pb(result.task), created=result.created
+    )

@@ -1,0 +1,588 @@
+"""The reconcile loop: in-flight work that nobody is looking after goes back to work.
+
+A node keeps no memory across crashes (docs/architecture.md#d6 "intent before action"): an intent
+can be committed and never sent, an assignment sent and never acknowledged, a worker lost with its
+lease. The reconciler reads the in-flight rows of the node's shards and repairs them
+(docs/architecture.md#d8, with issue 12's rules for leases):
+
+1. **Unconfirmed dispatch.** A DISPATCHED row that nothing touched for
+   ``workers.ack_timeout_s`` (a worker that holds a task refreshes its row with every
+   heartbeat, so "untouched" means "not delivered or not running") whose worker has a
+   session on this node that does not know the attempt is given back: the attempt
+   ABANDONED, the task PRELOADED and on the wheel again, where the next intent gives it
+   a new token. This is the one case where the node *knows* the attempt never ran, so it
+   holds for non-idempotent tasks too (a crash between intent and send).
+2. **Expired lease.** Acted on only ``workers.lease_margin_s`` after
+   ``lease_expires_at`` (the database's clock): the worker stops the attempt on its own
+   that margin *before* its lease runs out (worker self-fencing, docs/worker-sdk.md), so
+   by then nothing of the attempt is running. An idempotent task is given back as
+   above. A non-idempotent one may have run its side effect or not — a dead worker, a
+   partitioned one and a paused one look the same from here — so it is never run again
+   on a guess: the task becomes OUTCOME_UNKNOWN, its attempt recorded as such, counted
+   by a gauge, until its own late settlement makes the outcome known or an operator
+   resolves it (``ResolveTask``). A task whose cancel was requested ends CANCELLED.
+3. **Finished workflow runs** still marked RUNNING (no task left that is not terminal)
+   are made terminal. A run belongs to the shard of its id.
+
+A pass runs every ``reconcile.interval_s``, and also at the next lease expiry (plus the
+margin) that the previous pass saw coming, so an expired lease is acted on within the
+pass's own latency of ``lease_expires_at + lease_margin_s``, not up to an interval later.
+
+The decisions are the pure functions :func:`decide` and :func:`workflow_outcome` (no
+I/O; ``now`` is the database's clock, read with the rows, so node clock skew cannot
+expire a lease early). :class:`Reconciler` is the thin shell: read, decide, write,
+hand the freed tasks to the dispatcher. Every write is a compare-and-set on the row as
+it was read — status, fencing token and ``updated_at`` — under the shard epochs, in one
+transaction (:mod:`chronoshard.scheduler.store.repairs`), so two reconcilers over one shard (old and
+new owner in a handoff, or a pass that overran its interval) cannot both win, and a completion or
+heartbeat that lands between the read and the write wins: the row changed, the write changes
+nothing, and the next pass looks again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from enum import StrEnum
+from typing import Protocol
+
+from chronoshard.clock import Clock
+from chronoshard.events import wait_event
+from chronoshard.scheduler.config import SchedulerConfig
+from chronoshard.scheduler.core.models import TaskRef
+from chronoshard.scheduler.core.sharding import shard_of
+from chronoshard.scheduler.core.states import (
+    TERMINAL,
+    AttemptState,
+    TaskEvent,
+    TaskStatus,
+    transition,
+)
+from chronoshard.scheduler.errors import CommitOutcomeUnknown, StoreUnavailable
+from chronoshard.scheduler.store.runs import TimerTask
+
+log = logging.getLogger(__name__)
+
+# ---- the pure core -------------------------------------------------------------------------
+
+
+class Verdict(StrEnum):
+    """What the reconciler does with one in-flight row."""
+
+    KEEP = "KEEP"
+    """Nothing: the attempt is (or may be) alive and its lease has not run out."""
+    REDISPATCH = "REDISPATCH"
+    """The attempt is ABANDONED; the task goes back to PRELOADED for a new dispatch."""
+    CANCEL = "CANCEL"
+    """The task's cancel was requested and its attempt is lost: it ends CANCELLED."""
+    OUTCOME_UNKNOWN = "OUTCOME_UNKNOWN"
+    """A non-idempotent attempt's lease ran out unsettled: the task is held, not re-run."""
+
+
+@dataclass(frozen=True, slots=True)
+class InFlight:
+    """A DISPATCHED or RUNNING row as the reconciler read it."""
+
+    timer: TimerTask
+    status: TaskStatus
+    fencing_token: int
+    attempt: int
+    worker_id: str | None
+    idempotent: bool
+    cancel_requested: bool
+    lease_expires_at: datetime | None
+    updated_at: datetime
+    """Any write to the row (intent, ack, heartbeat, cancel request) moves it."""
+
+    @property
+    def ref(self) -> TaskRef:
+        return self.timer.ref
+
+
+class Cause(StrEnum):
+    """Why an attempt is given up (the split of the reconciler's counters)."""
+
+    UNACKNOWLEDGED = "UNACKNOWLEDGED"
+    LEASE_EXPIRED = "LEASE_EXPIRED"
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    verdict: Verdict
+    target: TaskStatus | None = None
+    """The row's new status (every verdict but KEEP)."""
+    attempt_state: AttemptState | None = None
+    """What the attempt row records (every verdict but KEEP)."""
+    cause: Cause | None = None
+    reason: str = ""
+
+
+KEEP = Decision(Verdict.KEEP)
+
+
+def _give_back(row: InFlight, cause: Cause, reason: str) -> Decision:
+    # A task whose cancel was requested never runs again, whatever took its worker away.
+    if row.cancel_requested:
+        return Decision(
+            Verdict.CANCEL,
+            transition(row.status, TaskEvent.CANCEL),
+            AttemptState.CANCELLED,
+            cause,
+            f"{reason}; cancel requested",
+        )
+    return Decision(
+        Verdict.REDISPATCH,
+        transition(row.status, TaskEvent.LEASE_EXPIRED),
+        AttemptState.ABANDONED,
+        cause,
+        reason,
+    )
+
+
+def decide(
+    row: InFlight,
+    now: datetime,
+    *,
+    ack_timeout_s: float,
+    lease_margin_s: float,
+    knows: bool | None,
+) -> Decision:
+    """What to do with ``row`` at ``now`` (the database's clock).
+
+    ``knows`` is the worker's session on this node asked about the attempt: True (this
+    node sent it on the live session and it is unsettled), False (the worker has had a
+    live session here for at least the ack timeout, which was never sent this attempt)
+    or None (no such session: nothing can be learnt locally).
+
+    Why False is enough to run the attempt again, even a non-idempotent one: the row was
+    untouched for the ack timeout — no ack, no heartbeat — while the worker had a live
+    stream here for as long. A worker that held the attempt would have heartbeated it
+    (heartbeats are more frequent than the ack timeout, and go to any usable node) or,
+    had it finished, settled it (settlements are resent through any node, at most
+    ~5 s apart). What remains is a worker that finished the handler and could not reach
+    any node with its result for the whole ack timeout while it had a stream here.
+
+    Nothing else gives an attempt up before ``lease_expires_at + lease_margin_s``: not a
+    closed stream, not a worker unseen everywhere (a partition looks exactly like that).
+    """
+    if row.status not in (TaskStatus.DISPATCHED, TaskStatus.RUNNING):
+        return KEEP
+    untouched_s = (now - row.updated_at).total_seconds()
+    overdue_ack = row.status is TaskStatus.DISPATCHED and untouched_s >= ack_timeout_s
+    # Never delivered (the worker's session here was never sent it, and no heartbeat
+    # touched the row): nobody runs it, whatever its lease says.
+    if overdue_ack and knows is False:
+        return _give_back(
+            row, Cause.UNACKNOWLEDGED, "not acknowledged; the worker's session never got it"
+        )
+    if row.lease_expires_at is not None and now < row.lease_expires_at + timedelta(
+        seconds=lease_margin_s
+    ):
+        return KEEP
+    # When the lease ran out goes on record: no write of the attempt's worker should land
+    # after it (the commit helpers bound their transactions by it).
+    expired = "" if row.lease_expires_at is None else f" at {row.lease_expires_at.isoformat()}"
+    if row.idempotent or row.cancel_requested:
+        return _give_back(row, Cause.LEASE_EXPIRED, f"lease expired{expired}")
+    # The worker stopped the attempt by now (it fences itself before its lease runs
+    # out), but whether its side effect happened is unknown: running it again could do it
+    # twice, calling it failed could lose it. The task waits for an answer.
+    return Decision(
+        Verdict.OUTCOME_UNKNOWN,
+        transition(row.status, TaskEvent.ATTEMPT_LOST),
+        AttemptState.OUTCOME_UNKNOWN,
+        Cause.LEASE_EXPIRED,
+        f"lease expired{expired} with no settlement from worker {row.worker_id or '-'}; the "
+        "task is not idempotent, so it is not run again: outcome unknown until its worker "
+        "reports or an operator resolves it",
+    )
+
+
+class RunState(StrEnum):
+    """``workflow_runs.state``."""
+
+    RUNNING = "RUNNING"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    CANCELLED = "CANCELLED"
+
+
+_FAILED_TASKS = frozenset({TaskStatus.DEAD_LETTER, TaskStatus.UPSTREAM_FAILED})
+
+
+def workflow_outcome(statuses: Collection[TaskStatus]) -> RunState | None:
+    """The terminal state of a run whose tasks are in ``statuses`` (each distinct status
+    once is enough), or None while any of them can still change on its own.
+
+    A failed task fails the run; otherwise a cancelled one cancels it; a run whose every
+    task completed (or that has none) succeeded.
+    """
+    if any(s not in TERMINAL for s in statuses):
+        return None
+    if any(s in _FAILED_TASKS for s in statuses):
+        return RunState.FAILED
+    if TaskStatus.CANCELLED in statuses:
+        return RunState.CANCELLED
+    return RunState.SUCCEEDED
+
+
+# ---- the shell -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Repair:
+    """A decided write: the row as read (the compare) and what it becomes (the set)."""
+
+    row: InFlight
+    decision: Decision
+
+
+@dataclass(frozen=True, slots=True)
+class RepairResult:
+    ready: list[TimerTask]
+    """Tasks now PRELOADED: back onto the wheel."""
+    cancelled: list[uuid.UUID]
+    unknown: list[uuid.UUID]
+    """Tasks now OUTCOME_UNKNOWN."""
+    applied: frozenset[uuid.UUID]
+    lost_shards: frozenset[int]
+
+
+@dataclass(frozen=True, slots=True)
+class RunCandidate:
+    id: uuid.UUID
+    created_at: datetime
+    statuses: frozenset[TaskStatus] | None
+    """Distinct statuses of its tasks; None while one of them is not terminal."""
+
+
+@dataclass(frozen=True, slots=True)
+class RunOutcome:
+    id: uuid.UUID
+    shard: int
+    state: RunState
+
+
+@dataclass(frozen=True, slots=True)
+class Scan:
+    now: datetime
+    rows: list[InFlight]
+    next_expiry: datetime | None = None
+    """The earliest lease of an in-flight row of the shards not yet due for action (later
+    than ``now - lease_margin_s``): the next pass is due at it plus the margin."""
+    outcome_unknown: int = 0
+    """OUTCOME_UNKNOWN tasks of the shards, as read with the rows."""
+    next_ack_due: datetime | None = None
+    """When the next DISPATCHED row, untouched since, reaches the ack timeout: an intent
+    never delivered (its owner crashed after the commit) is given back then."""
+
+
+class ReconcileRuns(Protocol):
+    """The statements the reconciler issues
+    (:class:`chronoshard.scheduler.store.repairs.ReconcileStore`)."""
+
+    async def scan_inflight(
+        self,
+        shards: Collection[int],
+        *,
+        ack_timeout_s: float,
+        lease_s: float,
+        lease_margin_s: float,
+        limit: int,
+    ) -> Scan: ...
+
+    async def repair(
+        self, epochs: Mapping[int, int], repairs: Sequence[Repair]
+    ) -> RepairResult: ...
+
+    async def scan_runs(
+        self, after: tuple[datetime, uuid.UUID] | None, limit: int
+    ) -> list[RunCandidate]: ...
+
+    async def finish_runs(
+        self, epochs: Mapping[int, int], outcomes: Sequence[RunOutcome]
+    ) -> tuple[list[uuid.UUID], frozenset[int]]: ...
+
+
+class Shards(Protocol):
+    def epochs(self) -> Mapping[int, int]: ...
+
+    def dispatch_allowed(self) -> bool: ...
+
+    def epochs_lost(self, shards: Collection[int]) -> None: ...
+
+
+class Sessions(Protocol):
+    """The worker gateway, asked about attempts it sent."""
+
+    def knows(
+        self, worker_id: str, task_id: uuid.UUID, token: int, *, min_age_s: float = 0.0
+    ) -> bool | None: ...
+
+    def attempt_superseded(self, task_id: uuid.UUID, token: int) -> None: ...
+
+
+class Wheel(Protocol):
+    """The dispatcher: freed tasks go back onto its wheel (only those of owned shards)."""
+
+    def tasks_ready_again(self, tasks: Sequence[TimerTask]) -> None: ...
+
+    def preloaded_unknown(self) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class PassReport:
+    examined: int
+    redispatched: int
+    cancelled: int
+    outcome_unknown: int
+    """Tasks this pass moved to OUTCOME_UNKNOWN."""
+    lost_races: int
+    runs_finished: int
+    next_pass_in_s: float
+    """How long the loop sleeps before the next pass (the interval, or less when a lease
+    expires sooner)."""
+
+
+WORKFLOW_SCAN_LIMIT = 500
+ACK_DEADLINE_SLACK_S = 0.05
+"""Wake this long after a row's ack deadline, so that it is past it when scanned."""
+MIN_PASS_GAP_S = 0.01
+"""The shortest sleep between passes: a lease due "now" that lost its repair race is
+looked at again next pass, not in a busy loop."""
+
+
+def next_pass_in_s(
+    scan: Scan | None,
+    *,
+    interval_s: float,
+    lease_s: float,
+    lease_margin_s: float,
+    since_start_s: float,
+    since_scan_s: float = 0.0,
+) -> float:
+    """How long to sleep, at the end of a pass, until the next one.
+
+    The interval counts from the pass's start (``since_start_s`` ago), so a pass that
+    overran it is followed at once by the next, never by a second one beside it. It is
+    capped at ``lease_s``: a task dispatched right after this pass, whose worker dies at
+    once, expires one lease later, and the next pass must see it before then to know
+    when to wake. The wake-ups for the earliest lease the scan saw (``scan.next_expiry``
+    plus the margin) and for the next ack deadline (``scan.next_ack_due``), both on the
+    database's clock of ``scan.now``, count from the scan (``since_scan_s`` ago).
+    """
+    gap_s = min(interval_s, lease_s) - since_start_s
+    if scan is not None and scan.next_expiry is not None:
+        due_s = (scan.next_expiry - scan.now).total_seconds() + lease_margin_s
+        gap_s = min(gap_s, due_s - since_scan_s)
+    if scan is not None and scan.next_ack_due is not None:
+        # A little after the deadline: the row must be past it when scanned.
+        due_s = (scan.next_ack_due - scan.now).total_seconds() + ACK_DEADLINE_SLACK_S
+        gap_s = min(gap_s, due_s - since_scan_s)
+    return max(MIN_PASS_GAP_S, gap_s)
+
+
+class Reconciler:
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        clock: Clock,
+        runs: ReconcileRuns,
+        shards: Shards,
+        sessions: Sessions,
+        wheel: Wheel,
+        shard_count: int,
+    ) -> None:
+        self._config = config
+        self._clock = clock
+        self._runs = runs
+        self._shards = shards
+        self._sessions = sessions
+        self._wheel = wheel
+        self._shard_count = shard_count
+        self._run_cursor: tuple[datetime, uuid.UUID] | None = None
+        self.outcome_unknown = 0
+        """OUTCOME_UNKNOWN tasks of the owned shards after the last pass (a gauge)."""
+        self._wake = asyncio.Event()
+        self.stats: dict[str, int] = {
+            "passes": 0,
+            "redispatched": 0,
+            "abandoned_unacknowledged": 0,
+            "abandoned_lease_expired": 0,
+            "cancelled": 0,
+            "outcome_unknown": 0,
+            "lost_races": 0,
+            "workflow_runs_finished": 0,
+            "store_errors": 0,
+        }
+
+    def _gap_s(self, started: float, scan: Scan | None = None, scanned_at: float = 0.0) -> float:
+        now = self._clock.monotonic()
+        return next_pass_in_s(
+            scan,
+            interval_s=self._config.reconcile.interval_s,
+            lease_s=self._config.workers.task_lease_s,
+            lease_margin_s=self._config.workers.lease_margin_s,
+            since_start_s=now - started,
+            since_scan_s=now - scanned_at,
+        )
+
+    def wake(self) -> None:
+        """Pass now (a shard was just claimed: its previous owner's undelivered intents
+        may be overdue already)."""
+        self._wake.set()
+
+    async def run(self) -> None:
+        while True:
+            # Cleared before the pass: a wake-up during it (a claim) is not lost.
+            self._wake.clear()
+            started = self._clock.monotonic()
+            gap_s = None
+            if self._shards.dispatch_allowed():
+                try:
+                    gap_s = (await self.reconcile_once()).next_pass_in_s
+                except StoreUnavailable as exc:
+                    self.stats["store_errors"] += 1
+                    log.warning("reconcile pass failed; next pass", extra={"error": str(exc)})
+            await wait_event(self._wake, self._gap_s(started) if gap_s is None else gap_s)
+
+    async def reconcile_once(self) -> PassReport:
+        """One pass over the owned shards: in-flight rows, then workflow runs."""
+        started = self._clock.monotonic()
+        epochs = dict(self._shards.epochs())
+        self.stats["passes"] += 1
+        if not epochs:
+            self.outcome_unknown = 0
+            return PassReport(0, 0, 0, 0, 0, 0, self._gap_s(started))
+        workers = self._config.workers
+        scan = await self._runs.scan_inflight(
+            epochs.keys(),
+            ack_timeout_s=workers.ack_timeout_s,
+            lease_s=workers.task_lease_s,
+            lease_margin_s=workers.lease_margin_s,
+            limit=self._config.reconcile.batch_limit,
+        )
+        scanned_at = self._clock.monotonic()
+        repairs: list[Repair] = []
+        for row in scan.rows:
+            knows = None
+            if row.worker_id is not None:
+                # Only a session open for the whole ack timeout can say "never got it": a
+                # younger one may belong to a worker that holds the attempt from an
+                # earlier stream (or an earlier owner) and has not heartbeated it here yet.
+                knows = self._sessions.knows(
+                    row.worker_id,
+                    row.timer.id,
+                    row.fencing_token,
+                    min_age_s=workers.ack_timeout_s,
+                )
+            decision = decide(
+                row,
+                scan.now,
+                ack_timeout_s=workers.ack_timeout_s,
+                lease_margin_s=workers.lease_margin_s,
+                knows=knows,
+            )
+            if decision.verdict is not Verdict.KEEP:
+                repairs.append(Repair(row, decision))
+        result = RepairResult([], [], [], frozenset(), frozenset())
+        if repairs:
+            try:
+                result = await self._runs.repair(epochs, repairs)
+            except CommitOutcomeUnknown:
+                # Repaired rows may be PRELOADED now and on no wheel: read them back.
+                self._wheel.preloaded_unknown()
+                raise
+            self._after_repair(repairs, result)
+        self.outcome_unknown = scan.outcome_unknown + len(result.unknown)
+        runs_finished = await self._finish_runs(epochs)
+        lost = len(repairs) - len(result.applied)
+        gap_s = self._gap_s(started, scan, scanned_at)
+        if len(scan.rows) >= self._config.reconcile.batch_limit:
+            # A full batch: more rows may be waiting behind it (a mass failure). Go on.
+            gap_s = MIN_PASS_GAP_S
+        return PassReport(
+            examined=len(scan.rows),
+            redispatched=len(result.ready),
+            cancelled=len(result.cancelled),
+            outcome_unknown=len(result.unknown),
+            lost_races=lost,
+            runs_finished=runs_finished,
+            next_pass_in_s=gap_s,
+        )
+
+    def _after_repair(self, repairs: Sequence[Repair], result: RepairResult) -> None:
+        if result.lost_shards:
+            self._shards.epochs_lost(result.lost_shards)
+        for repair in repairs:
+            row, decision = repair.row, repair.decision
+            if row.timer.id not in result.applied:
+                # A completion, heartbeat, ack or another reconciler got there first.
+                self.stats["lost_races"] += 1
+                continue
+            # Its worker (if its session is here) is told at its next heartbeat; the
+            # session stops counting the attempt against the tenant's concurrency now.
+            self._sessions.attempt_superseded(row.timer.id, row.fencing_token)
+            if decision.verdict is Verdict.CANCEL:
+                self.stats["cancelled"] += 1
+            elif decision.verdict is Verdict.OUTCOME_UNKNOWN:
+                self.stats["outcome_unknown"] += 1
+            elif decision.cause is Cause.UNACKNOWLEDGED:
+                self.stats["abandoned_unacknowledged"] += 1
+            else:
+                self.stats["abandoned_lease_expired"] += 1
+            unknown = decision.verdict is Verdict.OUTCOME_UNKNOWN
+            # An unknown outcome needs an operator (or the worker's late report): a
+            # warning, where a routine repair is information.
+            log.log(
+                logging.WARNING if unknown else logging.INFO,
+                "task outcome unknown; held for resolution"
+                if unknown
+                else "reconciler repaired a task",
+                extra={
+                    "task_id": str(row.timer.id),
+                    "tenant_id": str(row.timer.tenant_id),
+                    "shard": row.timer.shard,
+                    "fencing_token": row.fencing_token,
+                    "worker_id": row.worker_id,
+                    "verdict": decision.verdict.value,
+                    "reason": decision.reason,
+                },
+            )
+        self.stats["redispatched"] += len(result.ready)
+        if result.ready:
+            self._wheel.tasks_ready_again(result.ready)
+
+    async def _finish_runs(self, epochs: Mapping[int, int]) -> int:
+        candidates = await self._runs.scan_runs(self._run_cursor, WORKFLOW_SCAN_LIMIT)
+        # Keyset paging across passes bounds each pass's cost however many runs are
+        # active; a short page means the end was reached and the next pass starts over.
+        if len(candidates) < WORKFLOW_SCAN_LIMIT:
+            self._run_cursor = None
+        else:
+            last = candidates[-1]
+            self._run_cursor = (last.created_at, last.id)
+        outcomes: dict[uuid.UUID, RunOutcome] = {}
+        for run in candidates:
+            shard = shard_of(run.id, self._shard_count)
+            if run.statuses is None or shard not in epochs:
+                continue
+            state = workflow_outcome(run.statuses)
+            if state is not None:
+                outcomes[run.id] = RunOutcome(run.id, shard, state)
+        if not outcomes:
+            return 0
+        finished, lost = await self._runs.finish_runs(epochs, list(outcomes.values()))
+        if lost:
+            self._shards.epochs_lost(lost)
+        self.stats["workflow_runs_finished"] += len(finished)
+        for run_id in finished:
+            log.info(
+                "reconciler finished a workflow run",
+                extra={"workflow_id": str(run_id), "state": outcomes[run_id].state.value},
+            )
+        return len(finished)

@@ -1,0 +1,133 @@
+"""Cross-node signals over PostgreSQL LISTEN/NOTIFY.
+
+Any node accepts submits, settlements and releases, but only a shard's owner preloads
+and dispatches its tasks. When a node changes a task of a shard it does not own in a
+way the owner must act on soon, it tells the owner through one channel
+(``chronoshard_shards``), so the owner does not wait for its next periodic pass:
+
+* ``due <shard> <shard> ...`` — tasks became due within the lookahead (a submit, a retry
+  scheduled): the owner wakes its preloader;
+* ``ready <shard> <scheduled_at> <id>`` (one line per task) — a task went back to
+  PRELOADED (a release accepted by this node): the owner reloads exactly those rows.
+
+Every node receives every notification and keeps what concerns shards it owns. A lost
+notification (the listener reconnecting) only costs latency: the periodic preload pass
+and the reconciler find the same work. NOTIFY is transactional and payloads are limited
+to ~8 kB, so messages are chunked.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import Callable, Iterable, Sequence
+from datetime import datetime
+
+import psycopg
+
+from chronoshard.scheduler.core.models import TaskRef
+from chronoshard.scheduler.store.database import Store
+
+log = logging.getLogger(__name__)
+
+CHANNEL = "chronoshard_shards"
+MAX_PAYLOAD_CHARS = 7000
+RECONNECT_S = 1.0
+
+
+def encode_due(shards: Iterable[int]) -> list[str]:
+    return _chunks("due", [str(s) for s in sorted(set(shards))], " ")
+
+
+def encode_ready(tasks: Iterable[tuple[int, TaskRef]]) -> list[str]:
+    lines = [f"{shard} {ref.scheduled_at.isoformat()} {ref.id}" for shard, ref in tasks]
+    return _chunks("ready", lines, "\n")
+
+
+def _chunks(kind: str, items: list[str], sep: str) -> list[str]:
+    payloads: list[str] = []
+    current: list[str] = []
+    size = len(kind)
+    for item in items:
+        if current and size + len(item) + 1 > MAX_PAYLOAD_CHARS:
+            payloads.append(kind + sep + sep.join(current))
+            current, size = [], len(kind)
+        current.append(item)
+        size += len(item) + 1
+    if current:
+        payloads.append(kind + sep + sep.join(current))
+    return payloads
+
+
+def decode(payload: str) -> tuple[str, set[int], list[tuple[int, TaskRef]]]:
+    """(kind, shards to wake, tasks to reload); raises ValueError for a malformed payload."""
+    if payload.startswith("due "):
+        return "due", {int(s) for s in payload[4:].split()}, []
+    if payload.startswith("ready\n"):
+        tasks = []
+        for line in payload[6:].splitlines():
+            shard, at, task_id = line.split(" ")
+            tasks.append((int(shard), TaskRef(datetime.fromisoformat(at), uuid.UUID(task_id))))
+        return "ready", {shard for shard, _ in tasks}, tasks
+    raise ValueError(f"unknown notification {payload[:40]!r}")
+
+
+class ShardSignals:
+    """Sends and receives the cross-node signals of one node."""
+
+    def __init__(
+        self,
+        dsn: str,
+        store: Store,
+        on_due: Callable[[set[int]], None],
+        on_ready: Callable[[list[tuple[int, TaskRef]]], None],
+    ) -> None:
+        self._dsn = dsn
+        self._store = store
+        self._on_due = on_due
+        self._on_ready = on_ready
+        self.stats: dict[str, int] = {"sent": 0, "received": 0, "send_errors": 0, "reconnects": 0}
+
+    async def send(self, payloads: Sequence[str]) -> None:
+        """Best effort: a signal that cannot be sent is found by the periodic passes."""
+        if not payloads:
+            return
+        try:
+            async with self._store.connection() as conn:
+                for payload in payloads:
+                    await conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL, payload))
+            self.stats["sent"] += len(payloads)
+        except Exception as exc:
+            self.stats["send_errors"] += 1
+            log.warning("cannot notify other nodes", extra={"error": str(exc)})
+
+    async def listen(self) -> None:
+        """Receive signals forever, reconnecting after a lost connection."""
+        while True:
+            try:
+                async with await psycopg.AsyncConnection.connect(
+                    self._dsn, autocommit=True
+                ) as conn:
+                    await conn.execute(f"LISTEN {CHANNEL}")
+                    async for notify in conn.notifies():
+                        self.stats["received"] += 1
+                        self._handle(notify.payload)
+            except (psycopg.OperationalError, OSError) as exc:
+                self.stats["reconnects"] += 1
+                log.warning("signal listener lost its connection", extra={"error": str(exc)})
+                await asyncio.sleep(RECONNECT_S)
+
+    def _handle(self, payload: str) -> None:
+        try:
+            kind, shards, tasks = decode(payload)
+        except ValueError as exc:
+            log.warning("ignoring malformed signal", extra={"error": str(exc)})
+            return
+        try:
+            if kind == "due":
+                self._on_due(shards)
+            else:
+                self._on_ready(tasks)
+        except Exception:  # a bad handler must not stop the listener
+            log.exception("signal handler failed", extra={"kind": kind})

@@ -1,0 +1,368 @@
+"""The dispatcher: due timers become committed intents, then assignments.
+
+It owns the node's :class:`TimingWheel` (PRELOADED tasks of owned shards, keyed by task
+id, fired ``lead_dispatch_s`` before ``due_at`` on the monotonic clock) and the
+:class:`ReadyQueues` (fired tasks waiting for a worker, chosen by the fairness policy).
+One loop, :meth:`Dispatcher.run`, reads the clock once per turn, advances the wheel,
+matches ready tasks to worker credits, and sleeps until the wheel's next deadline, the
+next rate-limit opening, or a wake-up (new timers, new credits) — never ticking while
+idle.
+
+**Intent before action** (docs/architecture.md#d6): a round's choices are written DISPATCHED
+(token+1, attempt+1, attempt row, lease) in one epoch-guarded transaction; only the tasks that
+transaction returned are sent. A task whose row moved on meanwhile (cancelled) is not returned and
+not sent; a task whose worker session vanished between the commit and the send is released at once
+(attempt ABANDONED), not left for the lease to expire. An intent whose commit outcome is unknown
+(the connection died during COMMIT) is read back before anything else happens to it
+(docs/architecture.md#d12): committed ones are sent, the others are chosen again; none is written a
+second time.
+
+A write elsewhere whose outcome is unknown may have left PRELOADED rows that no wheel
+holds (a preload, a release, a reconciler repair): :meth:`Dispatcher.preloaded_unknown`
+asks the preloader to read the owned shards' PRELOADED rows back, and
+:meth:`Dispatcher.adopt` takes those it does not hold yet.
+
+Lead dispatch: the assignment carries ``due_at`` and the SDK starts the handler exactly
+then, so lateness is the worker's timer precision rather than tick + commit + network.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from datetime import datetime
+from typing import Protocol
+
+from chronoshard.clock import Clock
+from chronoshard.events import wait_event
+from chronoshard.scheduler.api.workers import Gateway, WorkerSession
+from chronoshard.scheduler.config import SchedulerConfig
+from chronoshard.scheduler.core.fairness import ReadyQueues, ReadyTask, TenantLimits
+from chronoshard.scheduler.core.models import Task
+from chronoshard.scheduler.core.states import AttemptState
+from chronoshard.scheduler.core.timing_wheel import TimingWheel
+from chronoshard.scheduler.dispatch import faults
+from chronoshard.scheduler.dispatch.faults import CrashPoint
+from chronoshard.scheduler.errors import CommitOutcomeUnknown, StoreUnavailable
+from chronoshard.scheduler.store.runs import (
+    DispatchStore,
+    Intent,
+    IntentResult,
+    Release,
+    TimerTask,
+)
+
+log = logging.getLogger(__name__)
+
+STORE_RETRY_S = 0.5
+
+
+class ShardView(Protocol):
+    """What the dispatcher needs to know of shard ownership (the shard manager)."""
+
+    def epochs(self) -> Mapping[int, int]:
+        """Owned shard -> its epoch."""
+        ...
+
+    def dispatch_allowed(self) -> bool:
+        """False while the node is self-fenced (its etcd lease may have lapsed)."""
+        ...
+
+    def epochs_lost(self, shards: Iterable[int]) -> None:
+        """A write found that another node owns these shards now."""
+        ...
+
+    def retry_due(self, shard: int, due_at: datetime) -> None:
+        """A task of ``shard`` went to RETRYING, due at ``due_at``."""
+        ...
+
+
+class Dispatcher:
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        clock: Clock,
+        runs: DispatchStore,
+        gateway: Gateway,
+        shards: ShardView,
+        tenant_limits: Callable[[uuid.UUID], TenantLimits],
+        on_dispatched: Callable[[TimerTask, float], None] | None = None,
+        on_remote_ready: Callable[[Sequence[TimerTask]], None] | None = None,
+    ) -> None:
+        self._config = config
+        self._clock = clock
+        self._runs = runs
+        self._gateway = gateway
+        self._shards = shards
+        scheduling = config.scheduling
+        self._lead_s = scheduling.lead_dispatch_s
+        self._batch_max = scheduling.dispatch_batch_max
+        self._wheel: TimingWheel[uuid.UUID, TimerTask] = TimingWheel(
+            clock.monotonic(), tick_s=scheduling.wheel_tick_s, slots=scheduling.wheel_slots
+        )
+        self._ready = ReadyQueues(tenant_limits=tenant_limits)
+        self._by_shard: dict[int, set[uuid.UUID]] = {}
+        # Chosen in the round being written: neither on the wheel nor ready meanwhile.
+        self._in_round: set[uuid.UUID] = set()
+        self._wake = asyncio.Event()
+        # Set whenever the ready queues changed: the node reports backlogs on change.
+        self.backlog_changed = asyncio.Event()
+        # Told when a write's unknown outcome may have left PRELOADED rows unheld (the
+        # node wires it to the preloader's resync).
+        self.on_preloaded_unknown: Callable[[], None] | None = None
+        self._on_dispatched = on_dispatched
+        self._on_remote_ready = on_remote_ready
+        self.stats: dict[str, int] = {
+            "dispatched": 0,
+            "intent_batches": 0,
+            "intent_rows_skipped": 0,
+            "abandoned_undeliverable": 0,
+            "store_errors": 0,
+            "intents_read_back": 0,
+            "adopted": 0,
+        }
+        gateway.set_listener(self)
+
+    # ---- what others tell the dispatcher --------------------------------------------------
+
+    def schedule(self, timers: Iterable[TimerTask]) -> None:
+        """Put PRELOADED tasks on the wheel, firing ``lead_dispatch_s`` before due.
+
+        ``due_at`` becomes a monotonic deadline through the clock's ``now()``, which on a
+        node is the cluster clock (``cluster/clock.py``): the host's wall clock would
+        move every deadline by its own error, and a step of it by the step.
+        """
+        mono_now = self._clock.monotonic()
+        wall_now = self._clock.now()
+        added = False
+        for timer in timers:
+            delay_s = (timer.due_at - wall_now).total_seconds() - self._lead_s
+            self._wheel.add(timer.id, mono_now + delay_s, timer)
+            self._by_shard.setdefault(timer.shard, set()).add(timer.id)
+            added = True
+        if added:
+            self._wake.set()
+
+    def adopt(self, timers: Iterable[TimerTask]) -> int:
+        """Schedule the PRELOADED tasks read back that this node does not hold yet (not on
+        the wheel, not ready, not in the round being written); how many."""
+        missing = [
+            t
+            for t in timers
+            if t.id not in self._wheel and t.id not in self._ready and t.id not in self._in_round
+        ]
+        self.schedule(missing)
+        self.stats["adopted"] += len(missing)
+        return len(missing)
+
+    def preloaded_unknown(self) -> None:
+        """A write that may have made tasks PRELOADED failed with its outcome unknown."""
+        if self.on_preloaded_unknown is not None:
+            self.on_preloaded_unknown()
+
+    def forget(self, task_id: uuid.UUID) -> bool:
+        """Take a task off the wheel or the ready queues (cancelled); whether it was here."""
+        was_ready = self._ready.remove(task_id)
+        if was_ready:
+            self.backlog_changed.set()
+        return self._wheel.cancel(task_id) | was_ready
+
+    def drop_shards(self, shards: Iterable[int]) -> int:
+        """Forget every task of shards this node no longer owns; how many were dropped."""
+        dropped = 0
+        for shard in shards:
+            for task_id in self._by_shard.pop(shard, set()):
+                dropped += self.forget(task_id)
+        return dropped
+
+    def pending(self) -> int:
+        return len(self._wheel) + len(self._ready)
+
+    def wheel_size(self) -> int:
+        return len(self._wheel)
+
+    def ready_size(self) -> int:
+        return len(self._ready)
+
+    def backlog_for(self, session: WorkerSession) -> int:
+        return self._ready.waiting_for(session.queues, session.types)
+
+    # GatewayListener
+
+    def credits_available(self) -> None:
+        self._wake.set()
+
+    def tasks_ready_again(self, tasks: Sequence[TimerTask]) -> None:
+        owned = self._shards.epochs()
+        self.schedule(t for t in tasks if t.shard in owned)
+        elsewhere = [t for t in tasks if t.shard not in owned]
+        if elsewhere and self._on_remote_ready is not None:
+            # Released through this node, owned by another: its wheel must hear of them.
+            self._on_remote_ready(elsewhere)
+
+    def retry_scheduled(self, shard: int, due_at: datetime) -> None:
+        self._shards.retry_due(shard, due_at)
+
+    def task_ended(self, task: TimerTask) -> None:
+        self._ready.task_finished(task.tenant_id, task.priority)
+        self._wake.set()
+
+    # ---- the loop -------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        while True:
+            self._wake.clear()
+            now = self._clock.monotonic()
+            for entry in self._wheel.advance(now):
+                self._push_ready(entry.item, now)
+            dispatched = 0
+            if self._shards.dispatch_allowed():
+                dispatched = await self._dispatch_round(now)
+            if dispatched:
+                continue  # more credits or more ready work may be waiting
+            await self._sleep(now)
+
+    def _push_ready(self, timer: TimerTask, now: float) -> None:
+        self.backlog_changed.set()
+        self._ready.push(
+            ReadyTask(
+                id=timer.id,
+                tenant_id=timer.tenant_id,
+                priority=timer.priority,
+                queue=timer.queue,
+                type=timer.type,
+                due_at_wall=timer.due_at.timestamp(),
+                item=timer,
+            ),
+            now,
+        )
+
+    async def _sleep(self, now: float) -> None:
+        candidates = (self._wheel.next_deadline(), self._ready.next_eligible_at(now))
+        wake_at = [t for t in candidates if t is not None]
+        timeout = max(0.0, min(wake_at) - self._clock.monotonic()) if wake_at else None
+        await wait_event(self._wake, timeout)
+
+    async def _dispatch_round(self, now: float) -> int:
+        if not len(self._ready):
+            return 0
+        self._ready.set_capacity(self._gateway.total_slots())
+        chosen: list[tuple[WorkerSession, ReadyTask]] = []
+        for session in self._gateway.sessions_with_credit():
+            while session.credits > 0 and len(chosen) < self._batch_max:
+                ready = self._ready.pop_for(session.offer, now)
+                if ready is None:
+                    break
+                # Counted at once, not after the commit: otherwise one round could take a
+                # tenant past its concurrency limit by up to the batch size.
+                self._ready.task_started(ready)
+                session.credits -= 1
+                chosen.append((session, ready))
+        if not chosen:
+            return 0
+        self.backlog_changed.set()
+        epochs = dict(self._shards.epochs())
+        intents = [Intent(_timer(r), s.worker_id) for s, r in chosen]
+        self._in_round = {r.id for _, r in chosen}
+        try:
+            result = await self._commit_intents(epochs, intents)
+        finally:
+            self._in_round = set()
+        if result is None:
+            # Nothing committed: put everything back and try again shortly.
+            for session, ready in chosen:
+                session.credits += 1
+                self._ready.task_finished(ready.tenant_id, ready.priority)
+                self._ready.push(ready, now)
+            self.backlog_changed.set()
+            await asyncio.sleep(STORE_RETRY_S)
+            return 0
+        self.stats["intent_batches"] += 1
+        if result.dispatched:
+            faults.reached(CrashPoint.AFTER_INTENT)  # fault injection (test builds)
+        if result.lost_shards:
+            self._shards.epochs_lost(result.lost_shards)
+        by_id = {r.id: (s, r) for s, r in chosen}
+        wall_now = self._clock.now()
+        undeliverable = []
+        for sent, task in enumerate(result.dispatched):
+            if sent == len(result.dispatched) // 2 > 0 and faults.armed(CrashPoint.INSIDE_BATCH):
+                # Fault injection (test builds): half the batch is on its way, half not.
+                await faults.crash_when(CrashPoint.INSIDE_BATCH, self._gateway.outboxes_empty)
+            session, ready = by_id.pop(task.id)
+            timer = _timer(ready)
+            self._by_shard.get(timer.shard, set()).discard(timer.id)
+            if self._gateway.send_assignment(session, task, timer):
+                self.stats["dispatched"] += 1
+                if self._on_dispatched is not None:
+                    self._on_dispatched(timer, (wall_now - timer.due_at).total_seconds())
+            else:
+                undeliverable.append((task, timer))
+        # Chosen but not written: the row moved on (cancelled) or the shard was lost; or,
+        # read back after an unknown commit, it is still PRELOADED: choose it again.
+        for session, ready in by_id.values():
+            session.credits += 1
+            self._ready.task_finished(ready.tenant_id, ready.priority)
+            if ready.id in result.unwritten:
+                self._ready.push(ready, now)
+            else:
+                self.stats["intent_rows_skipped"] += 1
+        if undeliverable:
+            await self._abandon(undeliverable)
+        return len(chosen)
+
+    async def _commit_intents(
+        self, epochs: dict[int, int], intents: list[Intent]
+    ) -> IntentResult | None:
+        """Write the round's intents; None when nothing committed. An unknown commit
+        outcome is read back, until PostgreSQL answers: nothing else can be dispatched
+        meanwhile anyway, and a committed intent must be sent, never written again."""
+        try:
+            return await self._runs.write_intents(
+                epochs, intents, self._config.workers.task_lease_s
+            )
+        except CommitOutcomeUnknown as exc:
+            log.warning(
+                "dispatch intent outcome unknown; reading it back",
+                extra={"error": str(exc), "tasks": len(intents)},
+            )
+        except StoreUnavailable as exc:
+            self.stats["store_errors"] += 1
+            log.warning("dispatch intent failed; will retry", extra={"error": str(exc)})
+            return None
+        self.stats["store_errors"] += 1
+        self.stats["intents_read_back"] += 1
+        while True:
+            try:
+                return await self._runs.read_back_intents(epochs, intents)
+            except StoreUnavailable as exc:
+                log.info("intent read-back failed; retrying", extra={"error": str(exc)})
+                await asyncio.sleep(STORE_RETRY_S)
+
+    async def _abandon(self, tasks: list[tuple[Task, TimerTask]]) -> None:
+        """Intents committed for a worker that vanished before the send: give them back."""
+        releases = []
+        for task, timer in tasks:
+            releases.append(
+                Release(timer.ref, task.fencing_token, None, AttemptState.ABANDONED, "worker gone")
+            )
+            self._ready.task_finished(timer.tenant_id, timer.priority)
+        self.stats["abandoned_undeliverable"] += len(releases)
+        try:
+            _, ready = await self._runs.release(releases)
+        except StoreUnavailable as exc:
+            # The lease will expire and the reconciler will redispatch them; if the
+            # release committed after all, they are PRELOADED and must be read back.
+            log.warning("could not release undeliverable intents", extra={"error": str(exc)})
+            if isinstance(exc, CommitOutcomeUnknown):
+                self.preloaded_unknown()
+            return
+        self.tasks_ready_again(ready)
+
+
+def _timer(ready: ReadyTask) -> TimerTask:
+    item = ready.item
+    assert isinstance(item, TimerTask)
+    return item

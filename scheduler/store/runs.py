@@ -1,0 +1,575 @@
+"""Run state in PostgreSQL: preload, dispatch intent, and what workers report back.
+
+The hot path of the scheduler, as batches: each method takes many tasks and issues one
+statement for them (``sql/runs.sql``), so the callers can group-commit acks,
+heartbeats and settlements arriving from many workers (docs/architecture.md#d7).
+
+Shard writes (preload, intent, unload) run in one transaction that first locks every
+touched shard's ``shard_owners`` row ``FOR SHARE`` and drops the shards whose epoch is
+not the caller's (docs/architecture.md#d5): a node that lost a shard writes nothing for it, and
+learns which shards it lost from the result.
+
+Worker settlements are conditional on the fencing token and need no epoch: any node may
+accept them (docs/architecture.md#d5). When a settlement changes nothing, :meth:`_classify` reads
+the row back to tell an idempotent repeat (same token, the step already taken: answer OK) from a
+stale token (another attempt owns the task).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import uuid
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from enum import StrEnum
+from typing import Any, ParamSpec, TypeVar
+
+import psycopg
+from psycopg.rows import dict_row
+
+from chronoshard.scheduler.config import DEFAULT_LEASE_MARGIN_S
+from chronoshard.scheduler.core.handoff import Cursor
+from chronoshard.scheduler.core.models import Priority, Task, TaskRef
+from chronoshard.scheduler.core.retry import FailureReport, RetryBudget, decide
+from chronoshard.scheduler.core.states import AttemptState, TaskStatus
+from chronoshard.scheduler.errors import StoreUnavailable
+from chronoshard.scheduler.store import queries
+from chronoshard.scheduler.store.database import Connection, Store, task_from_row
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class TimerTask:
+    """What the wheel and the ready queues hold for a PRELOADED task: enough to choose a
+    worker, not the payload (fetched by the intent write)."""
+
+    id: uuid.UUID
+    scheduled_at: datetime
+    shard: int
+    tenant_id: uuid.UUID
+    priority: Priority
+    queue: str
+    type: str
+    due_at: datetime
+    strict_timing: bool
+
+    @property
+    def ref(self) -> TaskRef:
+        return TaskRef(self.scheduled_at, self.id)
+
+
+@dataclass(frozen=True, slots=True)
+class Intent:
+    task: TimerTask
+    worker_id: str
+
+
+class Outcome(StrEnum):
+    """What became of one settlement."""
+
+    OK = "OK"
+    STALE_FENCING_TOKEN = "STALE_FENCING_TOKEN"
+    TASK_CANCELLED = "TASK_CANCELLED"
+    TASK_NOT_FOUND = "TASK_NOT_FOUND"
+
+
+@dataclass(frozen=True, slots=True)
+class Settle:
+    """A worker message about one attempt: the row and the token it holds."""
+
+    ref: TaskRef
+    token: int
+
+
+@dataclass(frozen=True, slots=True)
+class Completion(Settle):
+    result_json: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Failure(Settle):
+    error: str
+    report: FailureReport
+
+
+@dataclass(frozen=True, slots=True)
+class Release(Settle):
+    checkpoint: bytes | None
+    attempt_state: AttemptState
+    detail: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Beat(Settle):
+    checkpoint: bytes | None
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseUpdate:
+    extended: frozenset[uuid.UUID]
+    cancel_requested: Mapping[uuid.UUID, str]
+    """Extended tasks whose cancel was requested, with the reason: the node tells the
+    worker to stop them cooperatively."""
+
+
+@dataclass(frozen=True, slots=True)
+class FailureResult:
+    outcomes: dict[uuid.UUID, Outcome]
+    retrying: list[tuple[int, datetime]]
+    """(shard, due_at) of tasks that went to RETRYING: the preloader must see them."""
+
+
+@dataclass(frozen=True, slots=True)
+class IntentResult:
+    dispatched: list[Task]
+    lost_shards: frozenset[int]
+    unwritten: frozenset[uuid.UUID] = frozenset()
+    """Read back after an unknown commit: intents that did not commit (still PRELOADED),
+    to be chosen again. Every other intent not in ``dispatched`` moved on."""
+
+
+def intent_committed(row: Mapping[str, Any], worker_id: str, epoch: int) -> bool | None:
+    """Whether an intent whose commit outcome was unknown committed, from its row read back
+    under the shard's fence: True (DISPATCHED to that worker under this epoch: send it),
+    False (still PRELOADED: choose it again) or None (the task moved on: drop it).
+
+    Sound because only the shard's owner writes intents, under its epoch, and the task was
+    PRELOADED and in this node's hands when the intent was written: DISPATCHED under the
+    same epoch can only be that intent.
+    """
+    status = TaskStatus(row["status"])
+    if status is TaskStatus.PRELOADED:
+        return False
+    if (
+        status is TaskStatus.DISPATCHED
+        and row["worker_id"] == worker_id
+        and row["attempt_epoch"] == epoch
+    ):
+        return True
+    return None
+
+
+# What a repeated settlement may find when the step was already taken by the same token.
+_ALREADY = {
+    # A late ack of an attempt whose outcome became unknown changes nothing (only its
+    # settlement does), and must not make its worker drop that settlement as stale.
+    "ack": {
+        TaskStatus.RUNNING,
+        TaskStatus.COMPLETED,
+        TaskStatus.RETRYING,
+        TaskStatus.DEAD_LETTER,
+        TaskStatus.OUTCOME_UNKNOWN,
+    },
+    "complete": {TaskStatus.COMPLETED},
+    "fail": {TaskStatus.RETRYING, TaskStatus.DEAD_LETTER, TaskStatus.CANCELLED},
+    "release": {TaskStatus.PRELOADED, TaskStatus.SCHEDULED},
+}
+
+
+def timer_from_row(row: Mapping[str, Any]) -> TimerTask:
+    """A wheel entry from a ``tasks`` row read with ``dict_row``."""
+    return TimerTask(
+        id=row["id"],
+        scheduled_at=row["scheduled_at"],
+        shard=row["shard"],
+        tenant_id=row["tenant_id"],
+        priority=Priority(row["priority"]),
+        queue=row["queue"],
+        type=row["type"],
+        due_at=row["due_at"],
+        strict_timing=row["strict_timing"],
+    )
+
+
+def _refs(items: Iterable[Settle]) -> dict[str, list[Any]]:
+    items = list(items)
+    return {
+        "scheduled_ats": [i.ref.scheduled_at for i in items],
+        "ids": [i.ref.id for i in items],
+        "tokens": [i.token for i in items],
+    }
+
+
+def _keyset(after: Cursor | None) -> dict[str, Any]:
+    """The ``after_due``/``after_id`` parameters of a keyset-paged statement."""
+    return {"after_due": after[0] if after else None, "after_id": after[1] if after else None}
+
+
+ROLLBACK_RETRIES = 3
+_P = ParamSpec("_P")
+_T = TypeVar("_T")
+
+
+def _retry_rollbacks(
+    method: Callable[_P, Awaitable[_T]],
+) -> Callable[_P, Awaitable[_T]]:
+    """Run a batch again when PostgreSQL rolled it back (deadlock, serialization).
+
+    The batch statements lock rows in one order, so this should not happen; when it
+    does anyway (a lock taken by something outside this module), the batch is safe to
+    repeat: nothing of it committed.
+    """
+
+    @functools.wraps(method)
+    async def run(*args: _P.args, **kwargs: _P.kwargs) -> _T:
+        for attempt in range(1, ROLLBACK_RETRIES + 1):
+            try:
+                return await method(*args, **kwargs)
+            except StoreUnavailable as exc:
+                rolled_back = isinstance(
+                    exc.__cause__,
+                    psycopg.errors.DeadlockDetected | psycopg.errors.SerializationFailure,
+                )
+                if not rolled_back or attempt == ROLLBACK_RETRIES:
+                    raise
+                log.warning(
+                    "batch rolled back; retrying",
+                    extra={"operation": method.__name__, "attempt": attempt, "error": str(exc)},
+                )
+        raise AssertionError("unreachable")
+
+    return run
+
+
+class DispatchStore:
+    """Batch run-state statements over the :class:`Store`'s pool."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+        self._q = queries.load("runs.sql")
+
+    # ---- shard-fenced writes ------------------------------------------------------------
+
+    async def _owned(self, conn: Connection, epochs: Mapping[int, int]) -> set[int]:
+        """Lock the shards' owner rows; the shards whose epoch is still ours."""
+        cur = await conn.execute(self._q["lock_shard_epochs"], {"shards": sorted(epochs)})
+        current = dict(await cur.fetchall())
+        return {shard for shard, epoch in epochs.items() if current.get(shard) == epoch}
+
+    async def load_due(
+        self, epochs: Mapping[int, int], horizon: datetime, limit: int
+    ) -> tuple[list[TimerTask], frozenset[int]]:
+        """Move due SCHEDULED/RETRYING tasks of the shards to PRELOADED, earliest first.
+
+        Returns the moved tasks and the shards whose epoch was lost (nothing moved there).
+        """
+        async with self._store.transaction() as conn:
+            owned = await self._owned(conn, epochs)
+            if not owned:
+                return [], frozenset(epochs)
+            cur = await conn.execute(
+                self._q["due_refs"],
+                {"shards": sorted(owned), "horizon": horizon, "limit": limit},
+            )
+            due = await cur.fetchall()
+            if not due:
+                return [], frozenset(epochs.keys() - owned)
+            # Two statements: see load_due in sql/runs.sql (partition pruning).
+            dict_cur = conn.cursor(row_factory=dict_row)
+            await dict_cur.execute(
+                self._q["load_due"],
+                {"scheduled_ats": [r[0] for r in due], "ids": [r[1] for r in due]},
+            )
+            rows = await dict_cur.fetchall()
+        return [timer_from_row(r) for r in rows], frozenset(epochs.keys() - owned)
+
+    async def load_preloaded(
+        self,
+        epochs: Mapping[int, int],
+        *,
+        after: Cursor | None = None,
+        limit: int | None = None,
+    ) -> list[TimerTask]:
+        """The PRELOADED tasks of shards just claimed (left by a previous owner), in
+        ``(due_at, id)`` order: those after ``after``, at most ``limit``."""
+        async with self._store.transaction() as conn:
+            owned = await self._owned(conn, epochs)
+            if not owned:
+                return []
+            cur = conn.cursor(row_factory=dict_row)
+            await cur.execute(
+                self._q["load_preloaded"],
+                {"shards": sorted(owned), "limit": limit, **_keyset(after)},
+            )
+            return [timer_from_row(r) for r in await cur.fetchall()]
+
+    async def read_warm(
+        self, shard: int, horizon: datetime, after: Cursor | None, limit: int
+    ) -> list[TimerTask]:
+        """A shard's tasks due before ``horizon`` that are or will be PRELOADED, in
+        ``(due_at, id)`` order after ``after``: read for a shard another node still owns
+        (planned handoff), so no epoch applies and nothing changes."""
+        async with self._store.connection() as conn:
+            cur = conn.cursor(row_factory=dict_row)
+            await cur.execute(
+                self._q["read_warm"],
+                {"shard": shard, "horizon": horizon, "limit": limit, **_keyset(after)},
+            )
+            return [timer_from_row(r) for r in await cur.fetchall()]
+
+    async def read_back_preloaded(self, epochs: Mapping[int, int]) -> list[TimerTask]:
+        """Every PRELOADED task of the shards, once no write whose outcome is unknown can
+        still commit (a read-back: see the preloader's resync)."""
+        await self._store.end_lost_transactions()
+        return await self.load_preloaded(epochs)
+
+    async def load_preloaded_refs(
+        self, epochs: Mapping[int, int], refs: Sequence[TaskRef]
+    ) -> list[TimerTask]:
+        """The given tasks, if they are PRELOADED and in a shard we own (under its epoch)."""
+        if not refs:
+            return []
+        async with self._store.transaction() as conn:
+            owned = await self._owned(conn, epochs)
+            if not owned:
+                return []
+            cur = conn.cursor(row_factory=dict_row)
+            await cur.execute(
+                self._q["load_preloaded_refs"],
+                {
+                    "scheduled_ats": [r.scheduled_at for r in refs],
+                    "ids": [r.id for r in refs],
+                    "shards": sorted(owned),
+                },
+            )
+            return [timer_from_row(r) for r in await cur.fetchall()]
+
+    async def unload_preloaded(
+        self, epochs: Mapping[int, int], *, after: Cursor | None = None
+    ) -> int:
+        """PRELOADED rows of the shards (after ``after`` in ``(due_at, id)`` order, if
+        given) back to SCHEDULED; how many moved."""
+        async with self._store.transaction() as conn:
+            owned = await self._owned(conn, epochs)
+            if not owned:
+                return 0
+            cur = await conn.execute(
+                self._q["unload_preloaded"], {"shards": sorted(owned), **_keyset(after)}
+            )
+            return cur.rowcount
+
+    @_retry_rollbacks
+    async def write_intents(
+        self, epochs: Mapping[int, int], intents: Sequence[Intent], lease_s: float
+    ) -> IntentResult:
+        """PRELOADED -> DISPATCHED (token+1, attempt+1, attempt row) for every intent whose
+        shard is still ours and whose row is still PRELOADED, in one transaction.
+
+        Only after this returns may the assignments be sent (intent before action).
+        """
+        rows, lost = await self._on_owned_intents(
+            "write_intents",
+            epochs,
+            intents,
+            lambda mine: {"worker_ids": [i.worker_id for i in mine], "lease_s": lease_s},
+        )
+        return IntentResult([task_from_row(r) for r in rows], lost)
+
+    async def _on_owned_intents(
+        self,
+        query: str,
+        epochs: Mapping[int, int],
+        intents: Sequence[Intent],
+        params: Callable[[list[Intent]], dict[str, Any]] = lambda mine: {},
+    ) -> tuple[list[dict[str, Any]], frozenset[int]]:
+        """Run ``query`` for the intents of shards whose epoch is still ours, in one
+        transaction under their fence; its rows, and the shards found lost."""
+        shards = {i.task.shard: epochs[i.task.shard] for i in intents if i.task.shard in epochs}
+        async with self._store.transaction() as conn:
+            owned = await self._owned(conn, shards)
+            lost = frozenset(shards.keys() - owned)
+            mine = [i for i in intents if i.task.shard in owned]
+            if not mine:
+                return [], lost
+            cur = conn.cursor(row_factory=dict_row)
+            await cur.execute(
+                self._q[query],
+                {
+                    "scheduled_ats": [i.task.scheduled_at for i in mine],
+                    "ids": [i.task.id for i in mine],
+                    "shards": sorted(owned),
+                    **params(mine),
+                },
+            )
+            return await cur.fetchall(), lost
+
+    async def read_back_intents(
+        self, epochs: Mapping[int, int], intents: Sequence[Intent]
+    ) -> IntentResult:
+        """What became of ``intents`` whose :meth:`write_intents` commit outcome was
+        unknown (:func:`intent_committed` for each), read under the shards' fence."""
+        await self._store.end_lost_transactions()
+        found, lost = await self._on_owned_intents("intent_outcomes", epochs, intents)
+        rows = {r["id"]: r for r in found}
+        dispatched: list[Task] = []
+        unwritten: set[uuid.UUID] = set()
+        for intent in intents:
+            row = rows.get(intent.task.id)
+            if row is None:
+                continue  # a shard no longer ours: its new owner sees to the task
+            committed = intent_committed(row, intent.worker_id, epochs[row["shard"]])
+            if committed:
+                dispatched.append(task_from_row(row))
+            elif committed is False:
+                unwritten.add(intent.task.id)
+        return IntentResult(dispatched, lost, frozenset(unwritten))
+
+    # ---- worker settlements (token-fenced, any node) ----------------------------------
+
+    @_retry_rollbacks
+    async def ack(self, acks: Sequence[Settle]) -> dict[uuid.UUID, Outcome]:
+        if not acks:
+            return {}
+        async with self._store.transaction() as conn:
+            cur = await conn.execute(self._q["ack"], _refs(acks))
+            moved = {row[0] for row in await cur.fetchall()}
+            return await self._classify(conn, acks, moved, "ack")
+
+    @_retry_rollbacks
+    async def extend_leases(
+        self, beats: Sequence[Beat], lease_s: float, margin_s: float = DEFAULT_LEASE_MARGIN_S
+    ) -> LeaseUpdate:
+        """Extend the leases the beats hold to now + ``lease_s``; a lease that ran out more
+        than ``margin_s`` ago is not extended (the beat is refused)."""
+        if not beats:
+            return LeaseUpdate(frozenset(), {})
+        async with self._store.connection() as conn:
+            cur = await conn.execute(
+                self._q["extend_leases"],
+                {
+                    **_refs(beats),
+                    "checkpoints": [b.checkpoint for b in beats],
+                    "lease_s": lease_s,
+                    "margin_s": margin_s,
+                },
+            )
+            # Only the exceptions come back (sql/runs.sql): beats not extended, and
+            # extended ones whose cancel was requested.
+            rows = await cur.fetchall()
+            refused = {(task_id, token) for task_id, token, extended, _, _ in rows if not extended}
+            await self._mark_fenced(conn, [b for b in beats if (b.ref.id, b.token) in refused])
+        return LeaseUpdate(
+            frozenset(b.ref.id for b in beats if (b.ref.id, b.token) not in refused),
+            {task_id: reason or "" for task_id, _, _, cancel, reason in rows if cancel},
+        )
+
+    @_retry_rollbacks
+    async def complete(self, completions: Sequence[Completion]) -> dict[uuid.UUID, Outcome]:
+        if not completions:
+            return {}
+        async with self._store.transaction() as conn:
+            cur = await conn.execute(
+                self._q["complete"],
+                {**_refs(completions), "results": [c.result_json for c in completions]},
+            )
+            moved = {row[0] for row in await cur.fetchall()}
+            return await self._classify(conn, completions, moved, "complete")
+
+    @_retry_rollbacks
+    async def fail(self, failures: Sequence[Failure], now: datetime) -> FailureResult:
+        if not failures:
+            return FailureResult({}, [])
+        by_id = {f.ref.id: f for f in failures}
+        async with self._store.transaction() as conn:
+            cur = conn.cursor(row_factory=dict_row)
+            await cur.execute(self._q["lock_for_failure"], _refs(failures))
+            rows = await cur.fetchall()
+            decided = []
+            for row in rows:
+                failure = by_id[row["id"]]
+                budget = RetryBudget(
+                    task_id=row["id"],
+                    retry_count=row["retry_count"],
+                    max_retries=row["max_retries"],
+                    backoff_initial_s=row["backoff_initial_s"],
+                    backoff_max_s=row["backoff_max_s"],
+                    backoff_multiplier=row["backoff_multiplier"],
+                    cancel_requested=row["cancel_requested"],
+                )
+                decided.append((failure, decide(budget, failure.report, now)))
+            retrying: list[tuple[int, datetime]] = []
+            moved: set[uuid.UUID] = set()
+            if decided:
+                applied = await conn.execute(
+                    self._q["apply_failures"],
+                    {
+                        **_refs(f for f, _ in decided),
+                        "statuses": [str(d.status) for _, d in decided],
+                        "due_ats": [d.due_at for _, d in decided],
+                        "errors": [f.error for f, _ in decided],
+                        "attempt_states": [str(d.attempt_state) for _, d in decided],
+                        "retry_counts": [d.retry_count for _, d in decided],
+                    },
+                )
+                for task_id, shard, status, due_at in await applied.fetchall():
+                    moved.add(task_id)
+                    if status == TaskStatus.RETRYING:
+                        retrying.append((shard, due_at))
+            outcomes = await self._classify(conn, failures, moved, "fail")
+        return FailureResult(outcomes, retrying)
+
+    @_retry_rollbacks
+    async def release(
+        self, releases: Sequence[Release]
+    ) -> tuple[dict[uuid.UUID, Outcome], list[TimerTask]]:
+        """Give tasks back (PRELOADED again); the outcomes and the tasks now ready again."""
+        if not releases:
+            return {}, []
+        async with self._store.transaction() as conn:
+            cur = conn.cursor(row_factory=dict_row)
+            await cur.execute(
+                self._q["release"],
+                {
+                    **_refs(releases),
+                    "checkpoints": [r.checkpoint for r in releases],
+                    "attempt_states": [str(r.attempt_state) for r in releases],
+                    "details": [r.detail for r in releases],
+                },
+            )
+            ready = [timer_from_row(r) for r in await cur.fetchall()]
+            outcomes = await self._classify(conn, releases, {t.id for t in ready}, "release")
+        return outcomes, ready
+
+    async def _classify(
+        self, conn: Connection, items: Sequence[Settle], moved: set[uuid.UUID], kind: str
+    ) -> dict[uuid.UUID, Outcome]:
+        outcomes = {i.ref.id: Outcome.OK for i in items if i.ref.id in moved}
+        unmoved = [i for i in items if i.ref.id not in moved]
+        if not unmoved:
+            return outcomes
+        cur = await conn.execute(
+            self._q["settlement_state"],
+            {
+                "scheduled_ats": [i.ref.scheduled_at for i in unmoved],
+                "ids": [i.ref.id for i in unmoved],
+            },
+        )
+        found = {row[0]: (row[1], TaskStatus(row[2])) for row in await cur.fetchall()}
+        for item in unmoved:
+            current = found.get(item.ref.id)
+            if current is None:
+                outcomes[item.ref.id] = Outcome.TASK_NOT_FOUND
+                continue
+            token, status = current
+            if token == item.token and status in _ALREADY[kind]:
+                outcomes[item.ref.id] = Outcome.OK
+            elif token == item.token and status is TaskStatus.CANCELLED:
+                outcomes[item.ref.id] = Outcome.TASK_CANCELLED
+            else:
+                outcomes[item.ref.id] = Outcome.STALE_FENCING_TOKEN
+        await self._mark_fenced(
+            conn, [i for i in unmoved if outcomes[i.ref.id] is Outcome.STALE_FENCING_TOKEN]
+        )
+        return outcomes
+
+    async def _mark_fenced(self, conn: Connection, refused: Sequence[Settle]) -> None:
+        """A worker spoke for an attempt the scheduler had given up (ABANDONED): it ran
+        after all, and was refused. Its attempt row says so (FENCED)."""
+        if refused:
+            await conn.execute(
+                self._q["mark_fenced"],
+                {"ids": [i.ref.id for i in refused], "tokens": [i.token for i in refused]},
+            )

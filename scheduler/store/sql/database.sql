@@ -1,0 +1,183 @@
+-- The statements of chronoshard.scheduler.store.database.Store, one named block each.
+--
+-- Rules every statement here follows:
+-- * a statement that changes a task names its row by (scheduled_at, id), so PostgreSQL
+--   prunes to one partition, and names the states it may start from, so a stale or
+--   invalid move changes 0 rows;
+-- * a statement for a shard runs inside Store.shard_tx, after lock_shard_epoch;
+-- * predicates that must match a partial index are spelled literally (a bound parameter
+--   cannot prove the index predicate, and the planner would not use the index).
+
+-- name: insert_tenant
+INSERT INTO tenants (name, tier, rate_limit_rps, max_concurrent_workers, home_region, api_key_hash)
+VALUES (%(name)s, %(tier)s, %(rate_limit_rps)s, %(max_concurrent_workers)s, %(home_region)s,
+        %(api_key_hash)s)
+RETURNING id, name, tier, rate_limit_rps, max_concurrent_workers, home_region, api_key_hash,
+          created_at, operator;
+
+-- name: get_tenant
+SELECT id, name, tier, rate_limit_rps, max_concurrent_workers, home_region, api_key_hash,
+       created_at, operator
+FROM tenants
+WHERE id = %(tenant_id)s;
+
+-- name: get_tenant_by_key_hash
+-- Authentication: the unique index on api_key_hash answers it.
+SELECT id, name, tier, rate_limit_rps, max_concurrent_workers, home_region, api_key_hash,
+       created_at, operator
+FROM tenants
+WHERE api_key_hash = %(api_key_hash)s;
+
+-- name: list_tenants
+SELECT id, name, tier, rate_limit_rps, max_concurrent_workers, home_region, api_key_hash,
+       created_at, operator
+FROM tenants
+ORDER BY name;
+
+-- name: set_tenant_operator
+-- Operator rights (AdminService.DrainNode) for a tenant, by id; `chronoshard tenants`.
+UPDATE tenants SET operator = %(operator)s
+WHERE id = %(tenant_id)s
+RETURNING id, name, tier, rate_limit_rps, max_concurrent_workers, home_region, api_key_hash,
+          created_at, operator;
+
+-- name: tenants_exist
+SELECT id FROM tenants WHERE id = ANY(%(tenant_ids)b::uuid[]);
+
+-- name: claim_idempotency_keys
+-- One statement for the whole batch (which may hold several tenants' submits, coalesced
+-- by group commit), in (tenant, key) order, so two batches sharing keys lock them in the
+-- same order (no deadlock). ON CONFLICT DO NOTHING waits for a concurrent insert of the
+-- same key to commit or abort, then skips: whoever committed first owns the key. A key
+-- repeated inside one batch is claimed by its first occurrence.
+INSERT INTO idempotency_keys (tenant_id, key, task_id, scheduled_at, request_fingerprint)
+SELECT k.tenant_id, k.key, k.task_id, k.scheduled_at, k.fingerprint
+FROM unnest(%(tenant_ids)b::uuid[], %(keys)b::text[], %(task_ids)b::uuid[],
+            %(scheduled_ats)b::timestamptz[], %(fingerprints)b::text[])
+     WITH ORDINALITY AS k(tenant_id, key, task_id, scheduled_at, fingerprint, ord)
+ORDER BY k.ord
+ON CONFLICT (tenant_id, key) DO NOTHING;
+
+-- name: get_idempotency_keys
+SELECT i.tenant_id, i.key, i.task_id, i.scheduled_at, i.request_fingerprint
+FROM idempotency_keys AS i
+JOIN unnest(%(tenant_ids)b::uuid[], %(keys)b::text[]) AS k(tenant_id, key)
+  ON i.tenant_id = k.tenant_id AND i.key = k.key;
+
+-- name: insert_tasks
+-- A whole batch in one statement: one array per column, unnested into rows. One parse,
+-- one plan and one round trip however many rows; PostgreSQL routes each row to its day
+-- partition. Payloads and trace contexts arrive as JSON text and are cast per row. The
+-- arrays are bound in binary format (the b placeholders): psycopg dumps them several
+-- times faster than as text.
+INSERT INTO tasks (
+    id, tenant_id, type, scheduled_at, due_at, status, idempotency_key, max_retries,
+    backoff_initial_s, backoff_max_s, backoff_multiplier, jitter_mode, payload, shard,
+    priority, queue, strict_timing, idempotent, timeout_s, job_id, workflow_id,
+    unresolved_dependencies, schedule_id, logical_date, trace_context, submitted_by
+)
+SELECT t.id, t.tenant_id, t.type, t.scheduled_at, t.due_at, 'SCHEDULED', t.idempotency_key,
+       t.max_retries, t.backoff_initial_s, t.backoff_max_s, t.backoff_multiplier,
+       t.jitter_mode, t.payload::jsonb, t.shard, t.priority, t.queue, t.strict_timing,
+       t.idempotent, t.timeout_s, t.job_id, t.workflow_id, t.unresolved_dependencies,
+       t.schedule_id, t.logical_date, t.trace_context::jsonb, t.submitted_by
+FROM unnest(
+    %(id)b::uuid[], %(tenant_id)b::uuid[], %(type)b::text[], %(scheduled_at)b::timestamptz[],
+    %(due_at)b::timestamptz[], %(idempotency_key)b::text[], %(max_retries)b::integer[],
+    %(backoff_initial_s)b::double precision[], %(backoff_max_s)b::double precision[],
+    %(backoff_multiplier)b::double precision[], %(jitter_mode)b::text[],
+    %(payload)b::text[], %(shard)b::smallint[], %(priority)b::text[], %(queue)b::text[],
+    %(strict_timing)b::boolean[], %(idempotent)b::boolean[],
+    %(timeout_s)b::double precision[], %(job_id)b::text[], %(workflow_id)b::uuid[],
+    %(unresolved_dependencies)b::integer[], %(schedule_id)b::uuid[],
+    %(logical_date)b::timestamptz[], %(trace_context)b::text[], %(submitted_by)b::text[]
+) AS t(id, tenant_id, type, scheduled_at, due_at, idempotency_key, max_retries,
+       backoff_initial_s, backoff_max_s, backoff_multiplier, jitter_mode, payload, shard,
+       priority, queue, strict_timing, idempotent, timeout_s, job_id, workflow_id,
+       unresolved_dependencies, schedule_id, logical_date, trace_context, submitted_by)
+RETURNING *;
+
+-- name: get_tasks_by_ref
+-- Originals of idempotent repeats: scheduled_at = ANY prunes to their partitions.
+SELECT *
+FROM tasks
+WHERE tenant_id = ANY(%(tenant_ids)b::uuid[])
+  AND scheduled_at = ANY(%(scheduled_ats)b::timestamptz[])
+  AND id = ANY(%(ids)b::uuid[]);
+
+-- name: get_task
+-- By id alone (GetTask): probes the id index of every partition. The tenant is part of
+-- the predicate, so another tenant's task is simply not found.
+SELECT *
+FROM tasks
+WHERE id = %(id)s AND tenant_id = %(tenant_id)s;
+
+-- name: get_attempts
+SELECT task_id, attempt, scheduled_at, fencing_token, state, worker_id, entered_at,
+       finished_at, error, resolution
+FROM task_attempts
+WHERE task_id = %(task_id)s
+ORDER BY attempt;
+
+-- name: claim_shard_epoch
+-- Only forward: a lower or equal epoch from another node changes nothing. The same node
+-- repeating its own claim (a retry after a lost commit acknowledgement) is answered yes.
+INSERT INTO shard_owners (shard, epoch, node_id, claimed_at)
+VALUES (%(shard)s, %(epoch)s, %(node_id)s, now())
+ON CONFLICT (shard) DO UPDATE
+    SET epoch = EXCLUDED.epoch, node_id = EXCLUDED.node_id, claimed_at = EXCLUDED.claimed_at
+    WHERE shard_owners.epoch < EXCLUDED.epoch
+       OR (shard_owners.epoch = EXCLUDED.epoch AND shard_owners.node_id = EXCLUDED.node_id)
+RETURNING epoch;
+
+-- name: lock_shard_epoch
+-- FOR SHARE: many writes of the owner run at once, but a new owner's claim (an UPDATE of
+-- this row) waits until they commit, and every later write sees the new epoch.
+SELECT epoch FROM shard_owners WHERE shard = %(shard)s FOR SHARE;
+
+-- name: load_due
+-- Preloader: SCHEDULED/RETRYING rows of one shard due before the horizon become
+-- PRELOADED, earliest first. SKIP LOCKED leaves rows another transaction is changing
+-- (a cancel, say) for the next pass instead of waiting on them.
+UPDATE tasks AS t
+SET status = 'PRELOADED', updated_at = now()
+FROM (
+    SELECT scheduled_at, id
+    FROM tasks
+    WHERE shard = %(shard)s
+      AND status IN ('SCHEDULED', 'RETRYING')
+      AND unresolved_dependencies = 0
+      AND due_at < %(horizon)s
+    ORDER BY due_at
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+) AS due
+WHERE t.scheduled_at = due.scheduled_at AND t.id = due.id
+RETURNING t.*;
+
+-- name: update_status
+-- One row of a batch: moves only from an expected state (%(targets)s maps each expected
+-- state to where the event leads from it) and only a row of the guarded shard.
+UPDATE tasks
+SET status = %(targets)s::jsonb ->> status,
+    updated_at = now(),
+    finished_at = CASE WHEN (%(targets)s::jsonb ->> status) = ANY(%(terminal)s::text[])
+                       THEN now() END
+WHERE scheduled_at = %(scheduled_at)s
+  AND id = %(id)s
+  AND shard = %(shard)s
+  AND status = ANY(%(sources)s::text[])
+RETURNING scheduled_at, id;
+
+-- name: rotate_tenant_key
+-- A new API key for an existing tenant (by name); the old key stops working once the
+-- nodes' authentication caches expire.
+UPDATE tenants SET api_key_hash = %(api_key_hash)s
+WHERE name = %(name)s
+RETURNING id, name, tier, rate_limit_rps, max_concurrent_workers, home_region, api_key_hash,
+          created_at, operator;
+
+-- name: database_clock
+-- PostgreSQL's clock for the node's cluster clock (cluster/clock.py): the instant the
+-- function runs, where now() would be the start of the transaction.
+SELECT clock_timestamp()

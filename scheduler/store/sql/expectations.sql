@@ -1,0 +1,45 @@
+-- The watchdog's expectation registry as the API sees it (scheduler/api/expectations.py).
+-- Every statement is scoped by tenant_id, which comes from the caller's API key.
+-- Expectations with source = 'config' belong to the watchdog's config file: the API
+-- reads them but never changes or removes them.
+
+-- name: upsert_expectation
+-- Create, or replace an API-registered one keeping created_at. A config expectation
+-- under the same key makes the conflict branch update nothing, so no row comes back.
+-- (xmax = 0) is true only for a freshly inserted row version.
+INSERT INTO expectations AS e
+    (tenant_id, job_id, interval_s, tolerance_s, severity, enabled, description, source)
+VALUES
+    (%(tenant_id)s, %(job_id)s, %(interval_s)s, %(tolerance_s)s, %(severity)s, %(enabled)s,
+     %(description)s, 'api')
+ON CONFLICT (tenant_id, job_id) DO UPDATE
+SET interval_s = EXCLUDED.interval_s,
+    tolerance_s = EXCLUDED.tolerance_s,
+    severity = EXCLUDED.severity,
+    enabled = EXCLUDED.enabled,
+    description = EXCLUDED.description,
+    updated_at = now()
+WHERE e.source = 'api'
+RETURNING e.job_id, e.interval_s, e.tolerance_s, e.severity, e.enabled, e.description,
+          e.created_at, e.updated_at, e.source, (xmax = 0) AS created;
+
+-- name: get_expectation
+SELECT job_id, interval_s, tolerance_s, severity, enabled, description, created_at,
+       updated_at, source
+FROM expectations
+WHERE tenant_id = %(tenant_id)s AND job_id = %(job_id)s;
+
+-- name: list_expectations
+-- Keyset pages over the primary key (tenant_id, job_id).
+SELECT job_id, interval_s, tolerance_s, severity, enabled, description, created_at,
+       updated_at, source
+FROM expectations
+WHERE tenant_id = %(tenant_id)s AND job_id > %(after)s
+ORDER BY job_id
+LIMIT %(limit)s;
+
+-- name: delete_expectation
+DELETE FROM expectations
+WHERE tenant_id = %(tenant_id)s AND job_id = %(job_id)s AND source = 'api'
+RETURNING job_id, interval_s, tolerance_s, severity, enabled, description, created_at,
+          updated_at, source;
