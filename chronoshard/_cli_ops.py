@@ -78,7 +78,7 @@ def run_partitions_ensure(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def configure_partitions_detach(parser: argparse.ArgumentParser) -> None:
-    from chronoshard.scheduler.store.migrate import DEFAULT_RETENTION_DAYS
+    from chronoshard.scheduler.config import DEFAULT_RETENTION_DAYS
 
     add_dsn(parser)
     parser.add_argument(

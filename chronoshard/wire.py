@@ -1,4 +1,8 @@
-"""How errors travel over gRPC, shared by the scheduler (encodes) and clients (decode).
+"""What both ends of the wire share: protocol defaults and how errors travel over gRPC.
+
+The defaults are the values a message means when it leaves a field unset; the
+scheduler, the worker SDK and the client read them from here, so they cannot drift.
+
 
 A failed unary call carries a gRPC status code, a readable ``details`` string, and the
 machine-readable :class:`chronoshard.v1.common_pb2.ErrorInfo` serialized in the trailing
@@ -13,6 +17,12 @@ from collections.abc import Iterable
 from typing import Any
 
 from chronoshard.v1 import common_pb2
+
+DEFAULT_QUEUE = "default"
+"""The queue a task is in when it names none."""
+DEFAULT_LEASE_MARGIN_S = 2.0
+"""How long before its lease runs out a worker stops an attempt, and how long after it
+the node acts (``workers.lease_margin_s``, sent in ``Welcome.lease_margin``)."""
 
 ERROR_INFO_KEY = "chronoshard-error-bin"
 

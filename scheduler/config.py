@@ -14,16 +14,16 @@ import os
 import socket
 from dataclasses import dataclass, field
 
+from chronoshard.scheduler.core.jitter import DEFAULT_WINDOW_S as DEFAULT_JITTER_WINDOW_S
+from chronoshard.scheduler.core.models import DEFAULT_PAYLOAD_LIMIT_BYTES
 from chronoshard.settings import require
+from chronoshard.wire import DEFAULT_LEASE_MARGIN_S
 
 DEFAULT_SHARD_COUNT = 64
 DEFAULT_NODE_LEASE_TTL_S = 10.0
 DEFAULT_LOOKAHEAD_S = 3600.0
 DEFAULT_TASK_LEASE_S = 30.0
 DEFAULT_HEARTBEAT_INTERVAL_S = 5.0
-DEFAULT_LEASE_MARGIN_S = 2.0
-DEFAULT_PAYLOAD_LIMIT_BYTES = 256 * 1024
-DEFAULT_JITTER_WINDOW_S = 240.0
 DEFAULT_LEAD_DISPATCH_S = 0.1
 DEFAULT_RECONCILE_INTERVAL_S = 5.0
 DEFAULT_RETENTION_DAYS = 30

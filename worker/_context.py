@@ -37,12 +37,10 @@ from types import MappingProxyType
 from typing import Any, Final
 
 from chronoshard import exact_json
+from chronoshard.wire import DEFAULT_QUEUE
 from chronoshard.worker._errors import LeaseLost, TaskCancelled
 from chronoshard.worker._lease import RunLease
 from chronoshard.worker._models import Assignment
-
-DEFAULT_QUEUE = "default"
-"""The queue a task is in when it names none."""
 
 
 class _Unset(enum.Enum):

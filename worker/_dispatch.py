@@ -27,8 +27,8 @@ from typing import Any
 
 import chronoshard
 from chronoshard.clock import Anchor, AnchoredClock, Clock
+from chronoshard.wire import DEFAULT_QUEUE
 from chronoshard.worker._context import (
-    DEFAULT_QUEUE,
     FINAL_STOPS,
     BadAttempt,
     StopReason,

@@ -34,10 +34,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from datetime import datetime
 
-DEFAULT_LEASE_MARGIN_S = 2.0
-"""The margin when a node's Welcome does not state one (an older node): the default of
-the scheduler's ``workers.lease_margin_s``."""
-
 
 def initial_deadline(
     *,

@@ -28,8 +28,8 @@ from typing import Any, Protocol
 
 from chronoshard.batching import MAX_BATCH_MESSAGES, take_queued
 from chronoshard.events import wait_event
+from chronoshard.wire import DEFAULT_LEASE_MARGIN_S
 from chronoshard.worker._backoff import backoff_s
-from chronoshard.worker._lease import DEFAULT_LEASE_MARGIN_S
 from chronoshard.worker._models import (
     Heartbeat,
     HeartbeatReply,

@@ -32,7 +32,8 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from chronoshard.clock import Clock, SystemClock
-from chronoshard.worker._context import DEFAULT_QUEUE, StopReason, TaskContext
+from chronoshard.wire import DEFAULT_QUEUE
+from chronoshard.worker._context import StopReason, TaskContext
 from chronoshard.worker._dispatch import Dispatcher
 from chronoshard.worker._errors import ConfigurationError
 from chronoshard.worker._execution import DRAIN_STOP_S, HandlerSpec, handler_spec

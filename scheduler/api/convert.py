@@ -39,7 +39,6 @@ from chronoshard.scheduler.core.models import (
     DEFAULT_BACKOFF_INITIAL_S,
     DEFAULT_BACKOFF_MAX_S,
     DEFAULT_BACKOFF_MULTIPLIER,
-    DEFAULT_QUEUE,
     MAX_KEY_LENGTH,
     MAX_TYPE_LENGTH,
     QUEUE_PATTERN,
@@ -57,6 +56,7 @@ from chronoshard.scheduler.core.states import AttemptState, Resolution, TaskStat
 from chronoshard.scheduler.errors import InvalidArgument, PayloadTooLarge, seconds_text, shown
 from chronoshard.scheduler.store.tasks import PageCursor, TaskFilter
 from chronoshard.v1 import common_pb2, task_service_pb2
+from chronoshard.wire import DEFAULT_QUEUE
 
 _JITTER_BY_NAME = {
     "JITTER_MODE_SYMMETRIC": JitterMode.SYMMETRIC,

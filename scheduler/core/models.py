@@ -30,9 +30,9 @@ from chronoshard.scheduler.api import payloads
 from chronoshard.scheduler.core.jitter import JitterMode
 from chronoshard.scheduler.core.states import AttemptState, Resolution, TaskStatus
 from chronoshard.scheduler.errors import InvalidArgument
+from chronoshard.wire import DEFAULT_QUEUE
 
 DEFAULT_PAYLOAD_LIMIT_BYTES = 256 * 1024
-DEFAULT_QUEUE = "default"
 DEFAULT_MAX_RETRIES = 3
 DEFAULT_BACKOFF_INITIAL_S = 1.0
 DEFAULT_BACKOFF_MAX_S = 300.0

@@ -33,13 +33,13 @@ from typing import LiteralString
 
 import psycopg
 
+from chronoshard.scheduler.config import DEFAULT_RETENTION_DAYS
 from chronoshard.scheduler.errors import MigrationError, StoreUnavailable
 from chronoshard.scheduler.store import queries
 
 PACKAGE = "chronoshard.scheduler.store"
 MIGRATIONS_DIR = "migrations"
 DEFAULT_DAYS_AHEAD = 7
-DEFAULT_RETENTION_DAYS = 30
 CONNECT_TIMEOUT_S = 10
 
 _FILE_NAME = re.compile(r"^(?P<version>\d{4})_(?P<slug>[a-z0-9_]+)\.sql$")

@@ -29,7 +29,6 @@ from typing import Any, ParamSpec, TypeVar
 import psycopg
 from psycopg.rows import dict_row
 
-from chronoshard.scheduler.config import DEFAULT_LEASE_MARGIN_S
 from chronoshard.scheduler.core.handoff import Cursor
 from chronoshard.scheduler.core.models import Priority, Task, TaskRef
 from chronoshard.scheduler.core.retry import FailureReport, RetryBudget, decide
@@ -37,6 +36,7 @@ from chronoshard.scheduler.core.states import AttemptState, TaskStatus
 from chronoshard.scheduler.errors import StoreUnavailable
 from chronoshard.scheduler.store import queries
 from chronoshard.scheduler.store.database import Connection, Store, task_from_row
+from chronoshard.wire import DEFAULT_LEASE_MARGIN_S
 
 log = logging.getLogger(__name__)
 
