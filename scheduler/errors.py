@@ -13,21 +13,9 @@ import math
 import uuid
 from typing import ClassVar
 
-SHOWN_CHARS = 40
-"""How much of a value taken from a request an error message quotes (see :func:`shown`)."""
-
-
-def shown(value: str, limit: int = SHOWN_CHARS) -> str:
-    """``value`` quoted for an error message, cut to ``limit`` characters.
-
-    A message never echoes a request field whole: a 1 MiB id quoted in full made the
-    error trailer overflow gRPC's header limit, and the client saw ``RESOURCE_EXHAUSTED:
-    Stream removed`` instead of the refusal.
-    """
-    if len(value) <= limit:
-        return repr(value)
-    return f"{value[:limit]!r}... ({len(value)} characters)"
-
+# Re-exported: the servicers quote request values through these.
+from chronoshard.quoting import SHOWN_CHARS as SHOWN_CHARS
+from chronoshard.quoting import shown as shown
 
 _UNITS = (("year", 365 * 86_400), ("day", 86_400), ("hour", 3_600), ("minute", 60))
 
