@@ -1287,6 +1287,8 @@ async def test_a_result_the_scheduler_would_refuse_fails_at_once_and_a_refused_o
     assert [kind for kind, _ in fake.settlements_for(refused_there)] == ["complete", "fail"]
     there = by_id[refused_there]
     assert there.error_type == "chronoshard.worker.ResultRefused" and not there.retryable
-    assert "PAYLOAD_TOO_LARGE" in there.error_message and "limit of 1000 bytes" in there.error_message
+    assert (
+        "PAYLOAD_TOO_LARGE" in there.error_message and "limit of 1000 bytes" in there.error_message
+    )
     assert len(logs.events("result_refused")) == 1
     assert not logs.events("settlement_refused")
