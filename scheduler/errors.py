@@ -241,3 +241,28 @@ class PermissionDenied(SchedulerError):
 
     reason = "PERMISSION_DENIED"
     grpc_code_name = "PERMISSION_DENIED"
+
+
+class NodeNotFound(SchedulerError):
+    """Raised when an AdminService call names a node that is not live. Nothing was done."""
+
+    reason = "NODE_NOT_FOUND"
+    grpc_code_name = "NOT_FOUND"
+
+    def __init__(self, node_id: str) -> None:
+        super().__init__(f"no live node {shown(node_id)}")
+        self.node_id = node_id
+        self.field = "node_id"
+
+
+class WrongNode(SchedulerError):
+    """Raised when DrainNode/UndrainNode names another live node: it acts on the node
+    asked only; the message says where to ask. Nothing was done."""
+
+    reason = "WRONG_NODE"
+    grpc_code_name = "FAILED_PRECONDITION"
+
+    def __init__(self, node_id: str, address: str, verb: str) -> None:
+        super().__init__(f"ask node {shown(node_id)} (at {address}) to {verb} itself")
+        self.node_id = node_id
+        self.field = "node_id"
