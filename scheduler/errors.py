@@ -13,21 +13,9 @@ import math
 import uuid
 from typing import ClassVar
 
-SHOWN_CHARS = 40
-"""How much of a value taken from a request an error message quotes (see :func:`shown`)."""
-
-
-def shown(value: str, limit: int = SHOWN_CHARS) -> str:
-    """``value`` quoted for an error message, cut to ``limit`` characters.
-
-    A message never echoes a request field whole: a 1 MiB id quoted in full made the
-    error trailer overflow gRPC's header limit, and the client saw ``RESOURCE_EXHAUSTED:
-    Stream removed`` instead of the refusal.
-    """
-    if len(value) <= limit:
-        return repr(value)
-    return f"{value[:limit]!r}... ({len(value)} characters)"
-
+# Re-exported: the servicers quote request values through these.
+from chronoshard.quoting import SHOWN_CHARS as SHOWN_CHARS
+from chronoshard.quoting import shown as shown
 
 _UNITS = (("year", 365 * 86_400), ("day", 86_400), ("hour", 3_600), ("minute", 60))
 
@@ -253,3 +241,28 @@ class PermissionDenied(SchedulerError):
 
     reason = "PERMISSION_DENIED"
     grpc_code_name = "PERMISSION_DENIED"
+
+
+class NodeNotFound(SchedulerError):
+    """Raised when an AdminService call names a node that is not live. Nothing was done."""
+
+    reason = "NODE_NOT_FOUND"
+    grpc_code_name = "NOT_FOUND"
+
+    def __init__(self, node_id: str) -> None:
+        super().__init__(f"no live node {shown(node_id)}")
+        self.node_id = node_id
+        self.field = "node_id"
+
+
+class WrongNode(SchedulerError):
+    """Raised when DrainNode/UndrainNode names another live node: it acts on the node
+    asked only; the message says where to ask. Nothing was done."""
+
+    reason = "WRONG_NODE"
+    grpc_code_name = "FAILED_PRECONDITION"
+
+    def __init__(self, node_id: str, address: str, verb: str) -> None:
+        super().__init__(f"ask node {shown(node_id)} (at {address}) to {verb} itself")
+        self.node_id = node_id
+        self.field = "node_id"

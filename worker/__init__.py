@@ -23,6 +23,8 @@ files). The user guide is ``docs/worker-sdk.md``; the wire protocol is
 
 from chronoshard.worker._context import UNSET, HeartbeatRecord, StopReason, TaskContext
 from chronoshard.worker._errors import (
+    RESULT_REFUSED,
+    CheckpointRefused,
     ConfigurationError,
     LeaseLost,
     LoadError,
@@ -34,7 +36,9 @@ from chronoshard.worker._transport import TLSConfig
 from chronoshard.worker._worker import DrainReport, Worker
 
 __all__ = [
+    "RESULT_REFUSED",
     "UNSET",
+    "CheckpointRefused",
     "ConfigurationError",
     "DrainReport",
     "HeartbeatRecord",

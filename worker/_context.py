@@ -36,9 +36,9 @@ from datetime import datetime
 from types import MappingProxyType
 from typing import Any, Final
 
-from chronoshard import exact_json
+from chronoshard import exact_json, json_documents
 from chronoshard.wire import DEFAULT_QUEUE
-from chronoshard.worker._errors import LeaseLost, TaskCancelled
+from chronoshard.worker._errors import CheckpointRefused, LeaseLost, TaskCancelled
 from chronoshard.worker._lease import RunLease
 from chronoshard.worker._models import Assignment
 
@@ -82,6 +82,17 @@ def encode_json(value: Any) -> bytes:
         return exact_json.dumps(value).encode()
     except RecursionError:
         raise ValueError("nested too deeply for JSON") from None
+
+
+def encode_checkpoint(checkpoint: Any) -> bytes:
+    """A checkpoint as the node stores it; refused here, at the handler's call, when it
+    breaks a rule of :mod:`chronoshard.json_documents` (CheckpointRefused) or is not JSON
+    (TypeError/ValueError), so that it is never sent."""
+    try:
+        json_documents.check(checkpoint)
+    except json_documents.DocumentRefused as exc:
+        raise CheckpointRefused(exc.rule.value, f"checkpoint: {exc.problem}") from None
+    return encode_json(checkpoint)
 
 
 def decode_json(data: bytes, *, empty: Any) -> Any:
@@ -308,13 +319,16 @@ class TaskContext:
     async def heartbeat(self, *, checkpoint: Any = UNSET, progress: Any = None) -> None:
         """Record a checkpoint and/or progress; sent with the worker's next heartbeat.
 
-        Raises TypeError/ValueError at once if ``checkpoint`` is not JSON-serialisable.
+        Raises at once, recording nothing: :class:`CheckpointRefused` (a ValueError) if
+        ``checkpoint`` is JSON the scheduler would not store (a NUL or lone surrogate in a
+        string, more than 100 levels of nesting, a number of more than 1000 digits),
+        TypeError/ValueError if it is not JSON-serialisable.
         """
         self.heartbeat_sync(checkpoint=checkpoint, progress=progress)
 
     def heartbeat_sync(self, *, checkpoint: Any = UNSET, progress: Any = None) -> None:
         """Thread-safe ``heartbeat`` for sync handlers."""
-        encoded = None if checkpoint is UNSET else encode_json(checkpoint)
+        encoded = None if checkpoint is UNSET else encode_checkpoint(checkpoint)
         with self._lock:
             if encoded is not None:
                 self._state.value = encoded

@@ -2,11 +2,12 @@
 
 :class:`WorkerError` is the root of every error the SDK raises on purpose; gRPC errors
 never leak through the public API, they are mapped once in ``_transport.py`` and chained
-``from exc``. Handlers may raise :class:`NonRetryableError` (fail without using up the
-task's retries) and :class:`TaskCancelled` (``ctx.raise_if_cancelled()``: acknowledge a
-cancel or a drain request). :class:`LeaseLost`, a TaskCancelled, is what the fencing
-helpers (``ctx.check_lease()``, ``chronoshard.worker.commit``) raise once the attempt may no
-longer write.
+``from exc``; :class:`CheckpointRefused` is what ``ctx.heartbeat`` raises for a checkpoint
+the scheduler would not store. Handlers may raise :class:`NonRetryableError` (fail
+without using up the task's retries) and :class:`TaskCancelled`
+(``ctx.raise_if_cancelled()``: acknowledge a cancel or a drain request).
+:class:`LeaseLost`, a TaskCancelled, is what the fencing helpers (``ctx.check_lease()``,
+``chronoshard.worker.commit``) raise once the attempt may no longer write.
 """
 
 from __future__ import annotations
@@ -24,6 +25,21 @@ class ConfigurationError(WorkerError):
 class LoadError(WorkerError):
     """Raised by the runner when ``pkg.module:attr`` does not name a Worker (or a
     zero-argument factory returning one)."""
+
+
+class CheckpointRefused(WorkerError, ValueError):
+    """Raised by ``ctx.heartbeat(checkpoint=...)`` when the checkpoint is JSON the
+    scheduler would not store (a NUL or a lone surrogate in a string, nesting deeper than
+    100 levels, a number of more than 1000 digits written out: the rules of
+    ``chronoshard.json_documents``). Nothing was recorded; the previous checkpoint stays.
+    ``rule`` names the rule broken; the message says where (``$.items[3]``).
+
+    A ValueError, as a checkpoint JSON cannot encode (NaN) raises one too.
+    """
+
+    def __init__(self, rule: str, message: str) -> None:
+        super().__init__(message)
+        self.rule = rule
 
 
 class CallFailed(WorkerError):
@@ -45,6 +61,12 @@ class CallFailed(WorkerError):
     def stale(self) -> bool:
         return self.reason == STALE_FENCING_TOKEN
 
+
+RESULT_REFUSED = "chronoshard.worker.ResultRefused"
+"""``Fail.error_type`` of an attempt whose handler returned a result the scheduler does
+not store: one that breaks the document rules (checked by the SDK), or one a node
+refused with ``INVALID_ARGUMENT`` (over its size limit, which the worker cannot know).
+Never retryable: the same handler would return the same result."""
 
 STALE_FENCING_TOKEN = "STALE_FENCING_TOKEN"
 """ErrorInfo.reason of a settlement whose attempt is no longer current (docs/architecture.md#d5)."""

@@ -9,7 +9,11 @@ what happened                   outcome (and the settlement the worker sends)
 ==============================  =============================================
 handler returned a value        ``Completed`` (Complete), even after a Cancel
                                 or a drain request: the work was done
-return value not JSON           ``Failed`` non-retryable (Fail)
+return value not JSON           ``Failed`` non-retryable (Fail), error type
+                                ``ResultNotSerializable``
+return value JSON the           ``Failed`` non-retryable (Fail), error type
+scheduler would not store       ``ResultRefused``: NUL or lone surrogate,
+                                nesting over 100, a number over 1000 digits
 handler raised                  ``Failed``; retryable unless the exception says
                                 ``retryable = False`` (NonRetryableError)
 raised after a Cancel           ``Failed(cancelled=True)``: the task ends CANCELLED
@@ -43,7 +47,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from chronoshard import json_documents
 from chronoshard.worker._context import FINAL_STOPS, StopReason, TaskContext, encode_json
+from chronoshard.worker._errors import RESULT_REFUSED
 
 Handler = Callable[[TaskContext], Any]
 """``async def handler(ctx) -> json`` or ``def handler(ctx) -> json`` (runs in a thread)."""
@@ -183,6 +189,17 @@ def result_outcome(value: Any, task_type: str) -> Completed | Failed:
             retryable=False,
         )
     try:
+        # The rules the node checks the result by (all but its size limit, which the
+        # worker does not know): a result it would refuse fails here, at once, instead of
+        # a Complete the node drops (the task would stay DISPATCHED until its lease ran
+        # out). A deterministic bug of the handler: never retried.
+        json_documents.check(value)
+    except json_documents.DocumentRefused as exc:
+        return result_refused(
+            f"handler for {task_type!r} returned a result the scheduler does not store "
+            f"({exc.rule} rule): result: {exc.problem}"
+        )
+    try:
         return Completed(encode_json(value))
     except (TypeError, ValueError) as exc:
         return _sdk_failure(
@@ -191,6 +208,19 @@ def result_outcome(value: Any, task_type: str) -> Completed | Failed:
             "ResultNotSerializable",
             retryable=False,
         )
+
+
+MAX_REFUSAL_CHARS = 1024
+"""A ResultRefused message is cut to this: it names a rule and a place, not the result."""
+
+
+def result_refused(message: str) -> Failed:
+    """The outcome of a result the scheduler does not store; ``message`` says which
+    rule it breaks and where (cut to :data:`MAX_REFUSAL_CHARS`). Non-retryable: the same
+    handler returns the same result."""
+    if len(message) > MAX_REFUSAL_CHARS:
+        message = message[: MAX_REFUSAL_CHARS - 3] + "..."
+    return Failed(message, RESULT_REFUSED, retryable=False)
 
 
 def decide(

@@ -12,7 +12,12 @@ Answers are sorted in one place (:meth:`Settlements.on_receipt`, :meth:`_resend`
 committed -> forget it; ``STALE_FENCING_TOKEN`` -> another attempt owns the task: drop
 it and report a zombie (never retried); a transient error (node down, shard in handoff,
 PostgreSQL away: ``ErrorInfo.retryable``) -> try again through the unary RPCs with
-backoff, for as long as the worker lives; any other refusal -> drop it, logged as an
+backoff, for as long as the worker lives; a Complete refused ``INVALID_ARGUMENT`` (its
+result over the node's size limit, which the worker cannot know: the SDK checked the
+other document rules before sending it) -> replaced by a non-retryable Fail of the same
+attempt (``chronoshard.worker.ResultRefused``, saying why), sent once the same way, so
+the task fails at once instead of waiting out its lease (and, non-idempotent, ending
+OUTCOME_UNKNOWN); any other refusal, that Fail's included -> drop it, logged as an
 error. A Receipt that never comes (``receipt_timeout_s``) counts as a transient error.
 """
 
@@ -29,7 +34,8 @@ from chronoshard.clock import Clock
 from chronoshard.events import wait_event
 from chronoshard.worker._backoff import backoff_s
 from chronoshard.worker._errors import STALE_FENCING_TOKEN, CallFailed
-from chronoshard.worker._models import Ack, Receipt, RunKey, Settlement
+from chronoshard.worker._execution import result_refused
+from chronoshard.worker._models import Ack, Complete, Fail, Receipt, RunKey, Settlement
 from chronoshard.worker._outbox import Outbox, OutboxEntry
 from chronoshard.worker._session import NodeSession
 from chronoshard.worker._topology import Topology
@@ -47,6 +53,24 @@ the cap sets how late a settlement lands after PostgreSQL is back, not the load.
 
 OnStale = Callable[[RunKey, str, str], None]
 """Called with (task id, token), what was refused, and the node, for a stale token."""
+
+INVALID_ARGUMENT = "INVALID_ARGUMENT"
+
+
+def refused_result(settlement: Settlement, code: str, reason: str, message: str) -> Fail | None:
+    """The Fail that replaces ``settlement`` when a node refused it with ``code``: only a
+    Complete refused ``INVALID_ARGUMENT`` has one (its result is what the node refused:
+    the attempt fails, non-retryable, saying why). None: nothing replaces it."""
+    if not isinstance(settlement, Complete) or code != INVALID_ARGUMENT:
+        return None
+    failed = result_refused(f"the scheduler refused the handler's result ({reason}): {message}")
+    return Fail(
+        settlement.task,
+        settlement.fencing_token,
+        failed.error_message,
+        failed.error_type,
+        failed.retryable,
+    )
 
 
 class Settlements:
@@ -158,6 +182,10 @@ class Settlements:
             )
             self.outbox.add_unary(entry.settlement, self._clock.monotonic())
             self._wakeup.set()
+        elif entry is not None and (
+            fail := refused_result(entry.settlement, error.code, error.reason, error.message)
+        ):
+            self._fail_instead(fail, session.address, receipt.kind.value, **fields)
         else:
             self._log(
                 logging.ERROR,
@@ -168,6 +196,19 @@ class Settlements:
                 event="settlement_refused",
                 **fields,
             )
+
+    def _fail_instead(self, fail: Fail, address: str, refused: str, **fields: Any) -> None:
+        """Send ``fail`` in place of a refused Complete: on the stream to ``address`` if it
+        is usable, else unary. Its own refusal is not replaced again (only a Complete is)."""
+        self._log(
+            logging.WARNING,
+            "%s refused, the attempt fails instead (not retried): %s",
+            refused,
+            fail.error_message,
+            event="result_refused",
+            **fields,
+        )
+        self.send(address, fail, on_draining_node=False)
 
     # ---- unary resends ---------------------------------------------------------------
 
@@ -219,6 +260,9 @@ class Settlements:
                     event="settlement_retry",
                     **fields,
                 )
+            elif fail := refused_result(s, exc.code, exc.reason, exc.message):
+                self.outbox.confirm(s.key)
+                self._fail_instead(fail, address, s.kind.value, **fields)
             else:
                 self.outbox.confirm(s.key)
                 self._log(

@@ -5,20 +5,31 @@ Topology comes from etcd (live nodes with their draining flag, current claims wi
 epochs), so any node answers for the whole cluster; workers use it to discover every
 node. Drain and undrain act on the node asked; asked of another node they answer
 FAILED_PRECONDITION naming where to ask.
+
+Every RPC runs inside the node's one error boundary (:func:`.boundary.serve`, as
+TaskService's do): a :class:`~.errors.SchedulerError` (etcd away, a node id naming no
+live node) leaves as its status with a bounded message and the ``ErrorInfo`` trailer;
+anything else is a bug, logged with its traceback and answered ``INTERNAL``, never
+grpc's ``UNKNOWN`` with the exception's text. (Access is checked before, by the
+interceptor of ``access.py``.)
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, TypeAlias, TypeVar
 
 import grpc
 
 from chronoshard.scheduler.api import boundary
-from chronoshard.scheduler.cluster.coordination import CoordinationError, EtcdCoordinator
+from chronoshard.scheduler.cluster.coordination import EtcdCoordinator
 from chronoshard.scheduler.cluster.shards import ShardManager
-from chronoshard.scheduler.errors import shown
-from chronoshard.v1 import admin_service_pb2, admin_service_pb2_grpc, common_pb2
+from chronoshard.scheduler.errors import NodeNotFound, WrongNode
+from chronoshard.v1 import admin_service_pb2, admin_service_pb2_grpc
+
+Context: TypeAlias = grpc.aio.ServicerContext[Any, Any]
+_Req = TypeVar("_Req")
+_Resp = TypeVar("_Resp")
 
 
 class AdminServicer(admin_service_pb2_grpc.AdminServiceServicer):
@@ -41,11 +52,41 @@ class AdminServicer(admin_service_pb2_grpc.AdminServiceServicer):
         self._is_draining = is_draining
 
     async def GetTopology(
-        self,
-        request: admin_service_pb2.GetTopologyRequest,
-        context: grpc.aio.ServicerContext[Any, Any],
+        self, request: admin_service_pb2.GetTopologyRequest, context: Context
     ) -> admin_service_pb2.GetTopologyResponse:
-        claims = await self._claims(context)
+        return await self._serve("GetTopology", self._get_topology, request, context)
+
+    async def ListShards(
+        self, request: admin_service_pb2.ListShardsRequest, context: Context
+    ) -> admin_service_pb2.ListShardsResponse:
+        return await self._serve("ListShards", self._list_shards, request, context)
+
+    async def DrainNode(
+        self, request: admin_service_pb2.DrainNodeRequest, context: Context
+    ) -> admin_service_pb2.DrainNodeResponse:
+        return await self._serve("DrainNode", self._drain_node, request, context)
+
+    async def UndrainNode(
+        self, request: admin_service_pb2.UndrainNodeRequest, context: Context
+    ) -> admin_service_pb2.UndrainNodeResponse:
+        return await self._serve("UndrainNode", self._undrain_node, request, context)
+
+    async def _serve(
+        self,
+        method: str,
+        handler: Callable[[_Req], Awaitable[_Resp]],
+        request: _Req,
+        context: Context,
+    ) -> _Resp:
+        """Run ``handler`` inside the error boundary (:mod:`.boundary`)."""
+        return await boundary.serve(f"AdminService.{method}", context, lambda: handler(request))
+
+    # --- handlers -------------------------------------------------------------------------
+
+    async def _get_topology(
+        self, request: admin_service_pb2.GetTopologyRequest
+    ) -> admin_service_pb2.GetTopologyResponse:
+        claims = await self._coordinator.shard_claims()
         by_node: dict[str, list[int]] = {}
         for claim in claims.values():
             by_node.setdefault(claim.node_id, []).append(claim.shard)
@@ -74,12 +115,10 @@ class AdminServicer(admin_service_pb2_grpc.AdminServiceServicer):
             node_id=self._node_id,
         )
 
-    async def ListShards(
-        self,
-        request: admin_service_pb2.ListShardsRequest,
-        context: grpc.aio.ServicerContext[Any, Any],
+    async def _list_shards(
+        self, request: admin_service_pb2.ListShardsRequest
     ) -> admin_service_pb2.ListShardsResponse:
-        claims = await self._claims(context)
+        claims = await self._coordinator.shard_claims()
         target = self._shards.target_map()
         states = []
         for shard in range(self._shard_count):
@@ -93,21 +132,17 @@ class AdminServicer(admin_service_pb2_grpc.AdminServiceServicer):
             )
         return admin_service_pb2.ListShardsResponse(shards=states, shard_count=self._shard_count)
 
-    async def DrainNode(
-        self,
-        request: admin_service_pb2.DrainNodeRequest,
-        context: grpc.aio.ServicerContext[Any, Any],
+    async def _drain_node(
+        self, request: admin_service_pb2.DrainNodeRequest
     ) -> admin_service_pb2.DrainNodeResponse:
-        await self._check_node(request.node_id, "drain", context)
+        self._check_node(request.node_id, "drain")
         await self._drain()
         return admin_service_pb2.DrainNodeResponse(node=self._self_node(draining=True))
 
-    async def UndrainNode(
-        self,
-        request: admin_service_pb2.UndrainNodeRequest,
-        context: grpc.aio.ServicerContext[Any, Any],
+    async def _undrain_node(
+        self, request: admin_service_pb2.UndrainNodeRequest
     ) -> admin_service_pb2.UndrainNodeResponse:
-        await self._check_node(request.node_id, "undrain", context)
+        self._check_node(request.node_id, "undrain")
         await self._undrain()
         return admin_service_pb2.UndrainNodeResponse(node=self._self_node(draining=False))
 
@@ -119,32 +154,12 @@ class AdminServicer(admin_service_pb2_grpc.AdminServiceServicer):
             node.metrics_address = info.metrics_address
         return node
 
-    async def _check_node(
-        self, node_id: str, verb: str, context: grpc.aio.ServicerContext[Any, Any]
-    ) -> None:
-        """The request names this node (or none): else FAILED_PRECONDITION, saying where
-        that node is, or that no such node is live."""
+    def _check_node(self, node_id: str, verb: str) -> None:
+        """The request names this node (or none): else NOT_FOUND (no such live node) or
+        FAILED_PRECONDITION saying where that node is."""
         if node_id in ("", self._node_id):
             return
         info = self._shards.members.get(node_id)
         if info is None:
-            code, reason = "NOT_FOUND", "NODE_NOT_FOUND"
-            message = f"no live node {shown(node_id)}"
-        else:
-            code, reason = "FAILED_PRECONDITION", "WRONG_NODE"
-            message = f"ask node {shown(node_id)} (at {info.address}) to {verb} itself"
-        await boundary.abort(
-            context,
-            common_pb2.ErrorInfo(code=code, reason=reason, message=message, field="node_id"),
-        )
-
-    async def _claims(self, context: grpc.aio.ServicerContext[Any, Any]) -> dict[int, Any]:
-        try:
-            return await self._coordinator.shard_claims()
-        except CoordinationError as exc:
-            await boundary.abort(
-                context,
-                common_pb2.ErrorInfo(
-                    code="UNAVAILABLE", reason=exc.reason, message=str(exc), retryable=True
-                ),
-            )
+            raise NodeNotFound(node_id)
+        raise WrongNode(node_id, info.address, verb)

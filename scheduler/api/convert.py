@@ -166,11 +166,25 @@ def duration_from_pb(value: duration_pb2.Duration, field: str) -> float:
     return value.seconds + value.nanos / 1e9
 
 
+_CANONICAL_UUID = re.compile(
+    r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"
+)
+
+
 def uuid_from_pb(value: str, field: str) -> uuid.UUID:
-    try:
-        return uuid.UUID(value)
-    except (ValueError, AttributeError, TypeError):
-        raise InvalidArgument(field, f"is not a UUID: {shown(value)}") from None
+    """An id as the wire carries it: canonical UUID text only (8-4-4-4-12 hex digits).
+
+    ``uuid.UUID()`` also takes braces, a ``urn:uuid:`` prefix and no hyphens; the API
+    says ids are canonical text, and accepting other spellings would make one id have
+    several (an idempotent repeat, a cache keyed by the text). Upper-case hex is
+    accepted (RFC 9562 reads UUID text case-insensitively): it names the same 128 bits,
+    so nothing is lost when it is answered in lower case.
+    """
+    if _CANONICAL_UUID.fullmatch(value) is None:
+        raise InvalidArgument(
+            field, f"is not a UUID in canonical text (8-4-4-4-12 hex digits): {shown(value)}"
+        )
+    return uuid.UUID(value)
 
 
 def ref_from_pb(ref: common_pb2.TaskRef, field: str = "task") -> TaskRef:

@@ -10,10 +10,11 @@ from __future__ import annotations
 import asyncio
 import os
 from datetime import UTC, datetime
+from typing import Any
 
 from ledger_pool import record as record_effect
 
-from chronoshard.worker import NonRetryableError, TaskContext, Worker
+from chronoshard.worker import CheckpointRefused, NonRetryableError, TaskContext, Worker
 
 SLOTS = int(os.environ.get("E2E_WORKER_SLOTS", "50"))
 worker = Worker([], slots=SLOTS)
@@ -69,3 +70,31 @@ async def sleep(ctx: TaskContext) -> dict[str, float]:
     seconds = float(ctx.payload.get("seconds", 1))
     await asyncio.sleep(seconds)
     return {"slept": seconds}
+
+
+def _nested(depth: int) -> list[Any]:
+    value: list[Any] = []
+    for _ in range(depth - 1):
+        value = [value]
+    return value
+
+
+@worker.task("e2e.bad_result")
+async def bad_result(ctx: TaskContext) -> Any:
+    """Return a result the scheduler does not store (``payload.kind``): a NUL, nesting
+    200 deep, more than the node's size limit (``payload.bytes``); or, for
+    ``checkpoint``, try such a checkpoint first and report what was raised."""
+    await record(ctx, datetime.now(UTC), "started")
+    kind = ctx.payload["kind"]
+    if kind == "nul":
+        return {"x": "\u0000"}
+    if kind == "deep":
+        return {"deep": _nested(200)}
+    if kind == "huge":
+        return {"blob": "x" * int(ctx.payload["bytes"])}
+    assert kind == "checkpoint"
+    try:
+        await ctx.heartbeat(checkpoint={"step": "a\u0000b"})
+    except CheckpointRefused as exc:
+        return {"caught": type(exc).__name__, "rule": exc.rule}
+    return {"caught": None}

@@ -302,5 +302,69 @@ async def test_a_stopped_worker_stream_is_dropped_within_the_bound(one_node: One
         extra.kill()
 
 
+# A task whose handler's result is refused ends within this: settled at once, far inside
+# the 30 s lease (workers.task_lease_s) whose expiry used to be what ended it.
+RESULT_REFUSED_BOUND_S = 15.0
+
+
+async def test_a_result_the_scheduler_does_not_store_fails_the_task_at_once(
+    one_node: OneNode, client: Client
+) -> None:
+    # Refused by the worker's own check (a NUL, nesting 200 deep) or by the node (over
+    # its size limit, which the worker does not know): either way the task is failed,
+    # not retried, with the reason, instead of a dropped Complete leaving it DISPATCHED
+    # until its lease ran out (and then, not idempotent, OUTCOME_UNKNOWN).
+    log_path = one_node.node.process.log_path
+    log_start = log_path.stat().st_size
+    limit = 256 * 1024  # limits.payload_limit_bytes, the default this node runs with
+    kinds = {"nul": {}, "deep": {}, "huge": {"bytes": limit + 1024}}
+    submitted = {
+        kind: await client.submit(
+            "e2e.bad_result", {"kind": kind, **extra}, max_retries=3, strict_timing=True
+        )
+        for kind, extra in kinds.items()
+    }
+    checkpoint = await client.submit("e2e.bad_result", {"kind": "checkpoint"}, strict_timing=True)
+
+    async def ended(task_id: str) -> Task | None:
+        task = await client.get(task_id, attempts=True)
+        return task if task.status.is_terminal else None
+
+    started = asyncio.get_running_loop().time()
+    for kind, result in submitted.items():
+        task = await eventually(
+            lambda task_id=result.task.id: ended(task_id),
+            timeout_s=RESULT_REFUSED_BOUND_S,
+            what=f"{kind} ended",
+        )
+        assert task.status.value == "DEAD_LETTER", (kind, task.status)
+        assert [a.state.value for a in task.attempts] == ["FAILED"], kind  # never retried
+        error = task.attempts[0].error or ""
+        assert error.startswith("chronoshard.worker.ResultRefused: "), error
+        assert task.result is None
+    assert asyncio.get_running_loop().time() - started < RESULT_REFUSED_BOUND_S
+    errors = {
+        k: (await client.get(r.task.id, attempts=True)).attempts[0].error
+        for k, r in submitted.items()
+    }
+    assert "a string at $.x contains a NUL character" in str(errors["nul"])
+    assert "nested deeper than 100 levels" in str(errors["deep"])
+    assert "PAYLOAD_TOO_LARGE" in str(errors["huge"]) and f"limit of {limit} bytes" in str(
+        errors["huge"]
+    )
+    # A checkpoint breaking the rules raised at the handler's call, which caught it.
+    done = await eventually(
+        lambda: ended(checkpoint.task.id), timeout_s=RESULT_REFUSED_BOUND_S, what="checkpoint"
+    )
+    assert done.status.value == "COMPLETED"
+    assert done.result == {"caught": "CheckpointRefused", "rule": "string"}
+    assert done.checkpoint is None  # never sent
+    with log_path.open("rb") as log_file:
+        log_file.seek(log_start)
+        node_log = log_file.read().decode(errors="replace")
+    assert "Traceback" not in node_log
+    assert not [line for line in node_log.splitlines() if " ERROR " in line]
+
+
 def _fast_retry() -> RetryPolicy:
     return RetryPolicy(initial_backoff_s=0.05, max_backoff_s=0.2, multiplier=2.0)

@@ -1244,3 +1244,51 @@ async def test_an_assignment_due_far_ahead_is_held_and_logged_as_clock_skew(
         await fake.wait_for(lambda: session.of("ack"))
         assert worker.running == 1  # it holds its slot while it waits
     assert started == []
+
+
+# ---- results the scheduler does not store --------------------------------------------
+
+
+async def test_a_result_the_scheduler_would_refuse_fails_at_once_and_a_refused_one_too(
+    fake: FakeScheduler, logs: LogCapture
+) -> None:
+    # A result breaking the document rules never goes out as a Complete: it is a Fail
+    # (ResultRefused, not retryable). A result the node refuses all the same (its size
+    # limit, which the worker cannot know) is replaced by that Fail, once.
+    worker = make_worker(fake)
+
+    @worker.task("nul")
+    async def nul(ctx: TaskContext) -> dict[str, str]:
+        return {"x": "\u0000"}
+
+    @worker.task("big")
+    async def big(ctx: TaskContext) -> str:
+        return "x" * 1000
+
+    async with running(worker):
+        session = await fake.session_with_credit()
+        refused_here = session.assign("nul")
+        session = await fake.session_with_credit()
+        refused_there = str(uuid.uuid4())
+        fake.receipt_errors[(refused_there, "complete")] = common_pb2.ErrorInfo(
+            code="INVALID_ARGUMENT",
+            reason="PAYLOAD_TOO_LARGE",
+            message="complete.result_json: 1002 bytes is over the limit of 1000 bytes",
+            field="complete.result_json",
+        )
+        session.assign("big", task_id=refused_there)
+        fails = await fake.wait_for(lambda: len(fake.all_of("fail")) == 2 and fake.all_of("fail"))
+        await fake.wait_for(lambda: not any(worker.stats()["outbox"].values()))
+    by_id = {f.task.id: f for f in fails}
+    assert [kind for kind, _ in fake.settlements_for(refused_here)] == ["fail"]
+    here = by_id[refused_here]
+    assert here.error_type == "chronoshard.worker.ResultRefused" and not here.retryable
+    assert "a string at $.x contains a NUL character" in here.error_message
+    assert [kind for kind, _ in fake.settlements_for(refused_there)] == ["complete", "fail"]
+    there = by_id[refused_there]
+    assert there.error_type == "chronoshard.worker.ResultRefused" and not there.retryable
+    assert (
+        "PAYLOAD_TOO_LARGE" in there.error_message and "limit of 1000 bytes" in there.error_message
+    )
+    assert len(logs.events("result_refused")) == 1
+    assert not logs.events("settlement_refused")

@@ -62,7 +62,10 @@ def test_limits_print_in_plain_units() -> None:
 
 def test_a_request_value_is_quoted_only_in_part() -> None:
     error = _refused(lambda: convert.uuid_from_pb("x" * (1 << 20), "id"))
-    assert str(error) == f"id: is not a UUID: {'x' * 40!r}... (1048576 characters)"
+    assert str(error) == (
+        f"id: is not a UUID in canonical text (8-4-4-4-12 hex digits): {'x' * 40!r}... "
+        "(1048576 characters)"
+    )
     assert shown("short") == "'short'"
 
 

@@ -1,4 +1,5 @@
-"""UUIDv7 ids: RFC 9562 layout, readable time, and creation-order sorting."""
+"""UUIDv7 ids: RFC 9562 layout, readable time, creation-order sorting, and the one text
+form the API accepts for an id."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from chronoshard.scheduler.api import convert
 from chronoshard.scheduler.core.ids import (
     UUIDv7Generator,
     new_task_id,
@@ -212,3 +214,36 @@ def test_a_forked_child_does_not_continue_the_parents_sequence() -> None:
     # Without the fork hook the child would make exactly parent_last + 1, as the parent does.
     assert parent_next.int == parent_last.int + 1
     assert child_id != parent_next
+
+
+@PROPERTY_SETTINGS
+@given(st.uuids())
+def test_an_id_is_read_from_its_canonical_text_in_either_case(value: uuid.UUID) -> None:
+    # Upper-case hex names the same 128 bits: accepted, and answered in lower case.
+    assert convert.uuid_from_pb(str(value), "id") == value
+    assert convert.uuid_from_pb(str(value).upper(), "id") == value
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "{0190a5e2-0000-7000-8000-000000000001}",  # braces
+        "urn:uuid:0190a5e2-0000-7000-8000-000000000001",
+        "0190a5e2000070008000000000000001",  # no hyphens
+        "0190a5e2-0000-7000-8000-00000000001",  # one digit short
+        "0190a5e2-0000-7000-8000-0000000000012",  # one too many
+        "0190a5e20-000-7000-8000-000000000001",  # hyphens in the wrong places
+        "0190a5e2-0000-7000-8000-00000000000g",
+        " 0190a5e2-0000-7000-8000-000000000001",
+        "0190a5e2-0000-7000-8000-000000000001\n",
+        "0190a5e2-0000-7000-8000-00000000000\uff11",  # a non-ASCII digit
+        "",
+    ],
+)
+def test_any_other_spelling_of_an_id_is_refused_on_its_field(text: str) -> None:
+    # The first three uuid.UUID() reads (braces, urn:uuid:, no hyphens), and so did this:
+    # the API does not, so an id has one spelling (case aside).
+    with pytest.raises(InvalidArgument) as raised:
+        convert.uuid_from_pb(text, "task.id")
+    assert raised.value.field == "task.id"
+    assert "canonical text (8-4-4-4-12 hex digits)" in raised.value.message

@@ -18,7 +18,14 @@ import pytest
 from fixtures.loop import one_loop_turn
 
 from chronoshard.clock import FakeClock
-from chronoshard.worker import NonRetryableError, StopReason, TaskCancelled, TaskContext
+from chronoshard.worker import (
+    RESULT_REFUSED,
+    CheckpointRefused,
+    NonRetryableError,
+    StopReason,
+    TaskCancelled,
+    TaskContext,
+)
 from chronoshard.worker._context import (
     UNSET,
     BadAttempt,
@@ -145,6 +152,38 @@ async def test_a_checkpoint_json_cannot_hold_is_refused_at_once() -> None:
     assert ctx._latest_checkpoint() is None
 
 
+def _nested(depth: int) -> list[Any]:
+    value: list[Any] = []
+    for _ in range(depth - 1):
+        value = [value]
+    return value
+
+
+@pytest.mark.parametrize(
+    ("checkpoint", "rule", "where"),
+    [
+        ({"step": "a\u0000b"}, "string", "a string at $.step contains a NUL"),
+        ({"k": _nested(200)}, "depth", "nested deeper than 100 levels"),
+        ({"n": 10**1500}, "number", "the number at $.n"),
+    ],
+)
+async def test_a_checkpoint_the_scheduler_would_not_store_raises_at_the_call(
+    checkpoint: Any, rule: str, where: str
+) -> None:
+    ctx = context()
+    await ctx.heartbeat(checkpoint={"step": 1})
+    with pytest.raises(CheckpointRefused) as raised:
+        await ctx.heartbeat(checkpoint=checkpoint)
+    assert raised.value.rule == rule
+    assert str(raised.value).startswith("checkpoint: ") and where in str(raised.value)
+    with pytest.raises(ValueError):  # catchable as the ValueError it was documented as
+        ctx.heartbeat_sync(checkpoint=checkpoint)
+    # Nothing recorded: the previous checkpoint is the one still to send.
+    assert ctx._latest_checkpoint() == b'{"step":1}'
+    pending = ctx._pending_checkpoint()
+    assert pending is not None and pending[1] == b'{"step":1}'
+
+
 async def test_stop_requests_set_both_flags_and_revocation_wins() -> None:
     ctx = context()
     assert not ctx.cancelled and ctx.cancel_reason is None
@@ -218,6 +257,31 @@ def test_results_json_cannot_hold_fail_without_retry() -> None:
         out = result_outcome(value, "t")
         assert isinstance(out, Failed) and not out.retryable
         assert out.error_type == "chronoshard.worker.ResultNotSerializable"
+
+
+@pytest.mark.parametrize(
+    ("value", "rule", "where"),
+    [
+        ({"x": "\u0000"}, "string", "a string at $.x contains a NUL character"),
+        ({"ok": ["\udc00"]}, "string", "a string at $.ok[0] contains a lone surrogate"),
+        ({"deep": _nested(200)}, "depth", "nested deeper than 100 levels"),
+        ([Decimal("1e5000")], "number", "the number at $[0]"),
+    ],
+)
+def test_results_the_scheduler_would_not_store_fail_without_retry(
+    value: Any, rule: str, where: str
+) -> None:
+    out = result_outcome(value, "report")
+    assert isinstance(out, Failed) and not out.retryable
+    assert out.error_type == RESULT_REFUSED == "chronoshard.worker.ResultRefused"
+    assert out.error_message.startswith("handler for 'report' returned a result")
+    assert f"({rule} rule)" in out.error_message and where in out.error_message
+    assert len(out.error_message) < 400
+
+
+def test_a_result_just_inside_the_rules_completes() -> None:
+    out = result_outcome({"deep": _nested(99), "n": Decimal("1e999")}, "t")
+    assert isinstance(out, Completed)
 
 
 async def test_a_sync_handler_returning_a_coroutine_fails_clearly() -> None:

@@ -1,5 +1,6 @@
 """The settlements shell: a settlement waiting for its Receipt is resent when the Receipt
-is overdue, and one the node refused for now is retried, until confirmed."""
+is overdue, one the node refused for now is retried, until confirmed, and a Complete
+whose result the node refused is replaced, once, by a non-retryable Fail."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ from datetime import UTC, datetime
 from fixtures.waiting import eventually
 
 from chronoshard.clock import SystemClock
-from chronoshard.worker._errors import CallFailed
-from chronoshard.worker._models import Complete, ErrorInfo, Receipt, Settlement, TaskRef
+from chronoshard.worker._errors import RESULT_REFUSED, CallFailed
+from chronoshard.worker._models import Complete, ErrorInfo, Fail, Receipt, Settlement, TaskRef
 from chronoshard.worker._outbox import Outbox
 from chronoshard.worker._settlements import Settlements
 
@@ -44,15 +45,27 @@ class FakeTopology:
 
 @dataclass
 class FakeTransport:
-    """Unary settle calls: the first ``failures`` answer UNAVAILABLE, then OK."""
+    """Unary settle calls: the first ``failures`` answer UNAVAILABLE, then OK (or, with
+    ``refuse``, that refusal for every call)."""
 
     failures: int = 0
+    refuse: CallFailed | None = None
     calls: list[Settlement] = field(default_factory=list)
 
     async def settle(self, address: str, worker_id: str, settlement: Settlement) -> None:
         self.calls.append(settlement)
         if len(self.calls) <= self.failures:
             raise CallFailed("UNAVAILABLE", "STORE_UNAVAILABLE", "down", retryable=True)
+        if self.refuse is not None:
+            raise self.refuse
+
+
+TOO_LARGE = ErrorInfo(
+    "INVALID_ARGUMENT",
+    "PAYLOAD_TOO_LARGE",
+    "complete.result_json: 300000 bytes is over the limit of 262144 bytes",
+    field="complete.result_json",
+)
 
 
 def _settlements(transport: FakeTransport, stream: FakeSession) -> Settlements:
@@ -104,6 +117,81 @@ async def test_a_settlement_refused_for_now_is_retried_until_confirmed() -> None
         settlements.on_receipt(stream, receipt)  # type: ignore[arg-type]
         await eventually(lambda: len(settlements) == 0, timeout_s=10, what="confirmed")
         assert len(transport.calls) == 4
+    finally:
+        loop.cancel()
+        await asyncio.gather(loop, return_exceptions=True)
+
+
+def _receipt(settlement: Settlement, error: ErrorInfo | None) -> Receipt:
+    return Receipt(
+        task=settlement.task,
+        fencing_token=settlement.fencing_token,
+        kind=settlement.kind,
+        error=error,
+    )
+
+
+def _is_result_refused(settlement: Settlement) -> bool:
+    return (
+        isinstance(settlement, Fail)
+        and settlement.error_type == RESULT_REFUSED
+        and not settlement.retryable
+        and "PAYLOAD_TOO_LARGE" in settlement.error_message
+        and "over the limit of 262144 bytes" in settlement.error_message
+    )
+
+
+async def test_a_complete_refused_on_the_stream_becomes_one_fail_of_the_same_attempt() -> None:
+    # The node refused the result (over its size limit, which the worker cannot know):
+    # the attempt fails at once, not retried, instead of the Complete being dropped and
+    # the task waiting out its lease.
+    transport, stream = FakeTransport(), FakeSession()
+    settlements = _settlements(transport, stream)
+    complete = Complete(REF, 7, b'"big"')
+    settlements.send("n1", complete)
+    settlements.on_receipt(stream, _receipt(complete, TOO_LARGE))  # type: ignore[arg-type]
+    assert stream.sent[0] == complete and len(stream.sent) == 2
+    fail = stream.sent[1]
+    assert _is_result_refused(fail)
+    assert (fail.task, fail.fencing_token) == (REF, 7)
+    assert len(settlements) == 1  # the Fail, waiting for its Receipt
+    # The Fail refused in turn is dropped: no third settlement, nothing left pending.
+    settlements.on_receipt(stream, _receipt(fail, TOO_LARGE))  # type: ignore[arg-type]
+    # A repeated refusal of the Complete (its entry is gone) converts nothing again.
+    settlements.on_receipt(stream, _receipt(complete, TOO_LARGE))  # type: ignore[arg-type]
+    assert len(stream.sent) == 2 and len(settlements) == 0 and not transport.calls
+
+
+async def test_other_refusals_and_other_kinds_are_not_converted() -> None:
+    transport, stream = FakeTransport(), FakeSession()
+    settlements = _settlements(transport, stream)
+    complete = Complete(REF, 1, b"{}")
+    settlements.send("n1", complete)
+    precondition = ErrorInfo("FAILED_PRECONDITION", "TASK_CANCELLED", "cancelled")
+    settlements.on_receipt(stream, _receipt(complete, precondition))  # type: ignore[arg-type]
+    fail = Fail(REF, 2, "boom", "ValueError", True)
+    settlements.send("n1", fail)
+    settlements.on_receipt(stream, _receipt(fail, TOO_LARGE))  # type: ignore[arg-type]
+    assert stream.sent == [complete, fail] and len(settlements) == 0
+
+
+async def test_a_complete_refused_through_the_unary_rpc_becomes_one_fail() -> None:
+    stream = FakeSession(live=False, usable=False)  # no stream: everything goes unary
+    transport = FakeTransport(
+        refuse=CallFailed(
+            "INVALID_ARGUMENT", TOO_LARGE.reason, TOO_LARGE.message, retryable=False
+        )
+    )
+    settlements = _settlements(transport, stream)
+    loop = asyncio.create_task(settlements.run())
+    try:
+        complete = Complete(REF, 3, b'"big"')
+        settlements.send("n1", complete)
+        await eventually(lambda: len(settlements) == 0, timeout_s=5, what="refusals handled")
+        # The Complete, then its Fail (refused too, by this transport): dropped, not looped.
+        assert transport.calls[0] == complete and len(transport.calls) == 2
+        assert _is_result_refused(transport.calls[1])
+        assert not stream.sent
     finally:
         loop.cancel()
         await asyncio.gather(loop, return_exceptions=True)
