@@ -57,11 +57,11 @@ import psycopg
 from chronoshard.clock import SystemClock
 from chronoshard.scheduler.cluster.reconciler import Reconciler
 from chronoshard.scheduler.config import SchedulerConfig
+from chronoshard.scheduler.core.runs import TimerTask
 from chronoshard.scheduler.store import queries
 from chronoshard.scheduler.store.database import Store
 from chronoshard.scheduler.store.migrate import apply_migrations
 from chronoshard.scheduler.store.repairs import ReconcileStore
-from chronoshard.scheduler.store.runs import TimerTask
 from chronoshard.services import PostgresServer
 
 DEFAULT_SIZES = (100_000, 500_000, 1_000_000, 2_000_000)

@@ -342,7 +342,7 @@ class DevCluster:
         return keys["api_key"], keys["canary_api_key"]
 
     def _key_is_valid(self, key: str) -> bool:
-        from chronoshard.scheduler.api.auth import hash_api_key
+        from chronoshard.scheduler.core.api_keys import hash_api_key
 
         with psycopg.connect(self.dsn) as conn:
             row = conn.execute(

@@ -56,13 +56,14 @@ from chronoshard.scheduler.cluster.signals import ShardSignals, encode_due, enco
 from chronoshard.scheduler.config import SchedulerConfig
 from chronoshard.scheduler.core.fairness import UNLIMITED, TenantLimits
 from chronoshard.scheduler.core.models import Task, TaskRef
+from chronoshard.scheduler.core.runs import TimerTask
 from chronoshard.scheduler.dispatch.dispatcher import Dispatcher
 from chronoshard.scheduler.dispatch.preloader import Preloader
 from chronoshard.scheduler.errors import StoreUnavailable
 from chronoshard.scheduler.metrics import NodeCollector, SchedulerMetrics
 from chronoshard.scheduler.store.database import SessionLimits, Store
 from chronoshard.scheduler.store.repairs import ReconcileStore
-from chronoshard.scheduler.store.runs import DispatchStore, TimerTask
+from chronoshard.scheduler.store.runs import DispatchStore
 from chronoshard.v1 import (
     admin_service_pb2,
     admin_service_pb2_grpc,

@@ -1,7 +1,8 @@
 """API keys: how a call's ``authorization`` metadata becomes a tenant.
 
-A key is ``cs_`` followed by 32 random bytes in URL-safe base64 (:func:`new_api_key`); it
-is shown to the tenant once and only its SHA-256 (:func:`hash_api_key`) is stored, in
+A key is ``cs_`` followed by 32 random bytes in URL-safe base64
+(:func:`~chronoshard.scheduler.core.api_keys.new_api_key`); it is shown to the tenant once
+and only its SHA-256 (:func:`~chronoshard.scheduler.core.api_keys.hash_api_key`) is stored, in
 ``tenants.api_key_hash`` (docs/architecture.md#d11). A plain, unsalted hash is enough here: the key
 has 256 bits of entropy, so there is nothing to brute-force, and an unsalted digest is what lets the
 lookup go through the unique index on the hash. Comparing digests rather than keys also means the
@@ -18,32 +19,19 @@ failure, whether the header is missing, malformed or names no tenant, is the sam
 
 from __future__ import annotations
 
-import hashlib
-import secrets
 from collections.abc import Iterable
 from typing import Any, Protocol
 
 from chronoshard.clock import Clock, SystemClock
+from chronoshard.scheduler.core.api_keys import API_KEY_PREFIX, hash_api_key
 from chronoshard.scheduler.core.models import Tenant
 from chronoshard.scheduler.errors import Unauthenticated
 
-API_KEY_PREFIX = "cs_"
-API_KEY_BYTES = 32
 MAX_API_KEY_CHARS = 256
 """Far above a real key (46 chars); a longer value is refused before it is hashed."""
 AUTHORIZATION_KEY = "authorization"
 DEFAULT_CACHE_TTL_S = 30.0
 DEFAULT_MAX_CACHED = 10_000
-
-
-def new_api_key() -> str:
-    """A fresh random API key: ``cs_`` + 32 random bytes, URL-safe base64."""
-    return API_KEY_PREFIX + secrets.token_urlsafe(API_KEY_BYTES)
-
-
-def hash_api_key(key: str) -> str:
-    """The hex SHA-256 of ``key``: what ``tenants.api_key_hash`` stores."""
-    return hashlib.sha256(key.encode("utf-8")).hexdigest()
 
 
 def bearer_key(metadata: Iterable[Any] | None) -> str:

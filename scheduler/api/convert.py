@@ -35,6 +35,7 @@ from chronoshard import exact_json
 from chronoshard.scheduler.api import payloads
 from chronoshard.scheduler.config import SchedulerConfig
 from chronoshard.scheduler.core.jitter import MAX_WINDOW_S, JitterMode, jittered_due
+from chronoshard.scheduler.core.listing import PageCursor, TaskFilter
 from chronoshard.scheduler.core.models import (
     DEFAULT_BACKOFF_INITIAL_S,
     DEFAULT_BACKOFF_MAX_S,
@@ -54,7 +55,6 @@ from chronoshard.scheduler.core.models import (
 from chronoshard.scheduler.core.sharding import shard_of
 from chronoshard.scheduler.core.states import AttemptState, Resolution, TaskStatus
 from chronoshard.scheduler.errors import InvalidArgument, PayloadTooLarge, seconds_text, shown
-from chronoshard.scheduler.store.tasks import PageCursor, TaskFilter
 from chronoshard.v1 import common_pb2, task_service_pb2
 from chronoshard.wire import DEFAULT_QUEUE
 

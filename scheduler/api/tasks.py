@@ -37,6 +37,7 @@ from chronoshard.scheduler.api import boundary, convert
 from chronoshard.scheduler.api.auth import Authenticator
 from chronoshard.scheduler.config import SchedulerConfig
 from chronoshard.scheduler.core.ids import new_task_id, unix_ms
+from chronoshard.scheduler.core.listing import PageCursor
 from chronoshard.scheduler.core.models import PreparedTask, SubmitResult, Task, Tenant
 from chronoshard.scheduler.core.states import TaskStatus
 from chronoshard.scheduler.errors import (
@@ -46,7 +47,7 @@ from chronoshard.scheduler.errors import (
 )
 from chronoshard.scheduler.store.database import Store
 from chronoshard.scheduler.store.submits import SubmitCoalescer
-from chronoshard.scheduler.store.tasks import PageCursor, TaskQueries
+from chronoshard.scheduler.store.tasks import TaskQueries
 from chronoshard.v1 import task_service_pb2, task_service_pb2_grpc
 
 log = logging.getLogger(__name__)

@@ -38,6 +38,17 @@ from chronoshard.scheduler.config import SchedulerConfig
 from chronoshard.scheduler.core.fairness import WorkerOffer
 from chronoshard.scheduler.core.models import Task, TaskRef
 from chronoshard.scheduler.core.retry import FailureReport
+from chronoshard.scheduler.core.runs import (
+    Beat,
+    Completion,
+    Failure,
+    FailureResult,
+    LeaseUpdate,
+    Release,
+    Settle,
+    SettleOutcome,
+    TimerTask,
+)
 from chronoshard.scheduler.core.states import AttemptState
 from chronoshard.scheduler.dispatch import faults
 from chronoshard.scheduler.dispatch.faults import CrashPoint
@@ -49,18 +60,7 @@ from chronoshard.scheduler.errors import (
     SchedulerError,
     StoreUnavailable,
 )
-from chronoshard.scheduler.store.runs import (
-    Beat,
-    Completion,
-    DispatchStore,
-    Failure,
-    FailureResult,
-    LeaseUpdate,
-    Outcome,
-    Release,
-    Settle,
-    TimerTask,
-)
+from chronoshard.scheduler.store.runs import DispatchStore
 from chronoshard.v1 import common_pb2, worker_service_pb2, worker_service_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -73,9 +73,9 @@ MAX_NAME_CHARS = 200
 MAX_HELLO_NAMES = 1000
 
 _OUTCOME_CODES = {
-    Outcome.STALE_FENCING_TOKEN: "FAILED_PRECONDITION",
-    Outcome.TASK_CANCELLED: "FAILED_PRECONDITION",
-    Outcome.TASK_NOT_FOUND: "NOT_FOUND",
+    SettleOutcome.STALE_FENCING_TOKEN: "FAILED_PRECONDITION",
+    SettleOutcome.TASK_CANCELLED: "FAILED_PRECONDITION",
+    SettleOutcome.TASK_NOT_FOUND: "NOT_FOUND",
 }
 
 
@@ -612,9 +612,9 @@ class Gateway(worker_service_pb2_grpc.WorkerServiceServicer):
             )
             return
         if kind != "ack" and outcome in (
-            Outcome.OK,
-            Outcome.STALE_FENCING_TOKEN,
-            Outcome.TASK_CANCELLED,
+            SettleOutcome.OK,
+            SettleOutcome.STALE_FENCING_TOKEN,
+            SettleOutcome.TASK_CANCELLED,
         ):
             held = session.assigned.pop(ref.id, None)
             if held is not None and self._listener is not None:
@@ -623,7 +623,7 @@ class Gateway(worker_service_pb2_grpc.WorkerServiceServicer):
 
     async def _settle(
         self, kind: str, body: Any, ref: TaskRef, token: int, worker_id: str
-    ) -> Outcome:
+    ) -> SettleOutcome:
         if kind == "ack":
             return await self._acks.submit(Settle(ref, token))
         limit = self._config.limits.payload_limit_bytes
@@ -649,7 +649,7 @@ class Gateway(worker_service_pb2_grpc.WorkerServiceServicer):
         )
 
     def _receipt(
-        self, kind: str, body: Any, result: Outcome | SchedulerError
+        self, kind: str, body: Any, result: SettleOutcome | SchedulerError
     ) -> worker_service_pb2.SchedulerMessage:
         receipt = worker_service_pb2.Receipt(
             kind=getattr(worker_service_pb2, f"SETTLEMENT_KIND_{kind.upper()}"),
@@ -659,7 +659,7 @@ class Gateway(worker_service_pb2_grpc.WorkerServiceServicer):
             receipt.fencing_token = body.fencing_token
         if isinstance(result, SchedulerError):
             receipt.error.CopyFrom(boundary.error_info(result))
-        elif result is not Outcome.OK:
+        elif result is not SettleOutcome.OK:
             self.stats["stale_settlements"] += 1
             receipt.error.CopyFrom(_outcome_error(result))
         return worker_service_pb2.SchedulerMessage(receipt=receipt)
@@ -678,7 +678,7 @@ class Gateway(worker_service_pb2_grpc.WorkerServiceServicer):
                     worker_service_pb2.RevokedTask(
                         task=convert.ref_to_pb(beat.ref),
                         fencing_token=beat.token,
-                        reason=Outcome.STALE_FENCING_TOKEN.value,
+                        reason=SettleOutcome.STALE_FENCING_TOKEN.value,
                     )
                 )
                 self.stats["revoked_in_heartbeats"] += 1
@@ -698,11 +698,11 @@ class Gateway(worker_service_pb2_grpc.WorkerServiceServicer):
 
     # ---- group-commit flushes -------------------------------------------------------------
 
-    async def _ack_batch(self, acks: Sequence[Settle]) -> list[Outcome]:
+    async def _ack_batch(self, acks: Sequence[Settle]) -> list[SettleOutcome]:
         outcomes = await self._store.ack(acks)
         return [outcomes[a.ref.id] for a in acks]
 
-    async def _complete_batch(self, completions: Sequence[Completion]) -> list[Outcome]:
+    async def _complete_batch(self, completions: Sequence[Completion]) -> list[SettleOutcome]:
         outcomes = await self._store.complete(completions)
         return [outcomes[c.ref.id] for c in completions]
 
@@ -716,14 +716,14 @@ class Gateway(worker_service_pb2_grpc.WorkerServiceServicer):
         # Every heartbeat in the batch gets the same answer: it filters by its own ids.
         return [update] * len(batches)
 
-    async def _fail_batch(self, failures: Sequence[Failure]) -> list[Outcome]:
+    async def _fail_batch(self, failures: Sequence[Failure]) -> list[SettleOutcome]:
         result: FailureResult = await self._store.fail(failures, self._clock.now())
         if self._listener is not None:
             for shard, due_at in result.retrying:
                 self._listener.retry_scheduled(shard, due_at)
         return [result.outcomes[f.ref.id] for f in failures]
 
-    async def _release_batch(self, releases: Sequence[Release]) -> list[Outcome]:
+    async def _release_batch(self, releases: Sequence[Release]) -> list[SettleOutcome]:
         try:
             outcomes, ready = await self._store.release(releases)
         except CommitOutcomeUnknown:
@@ -765,13 +765,13 @@ class Gateway(worker_service_pb2_grpc.WorkerServiceServicer):
     async def _unary(
         self, kind: str, body: Any, context: grpc.aio.ServicerContext[Any, Any]
     ) -> None:
-        async def settle() -> Outcome:
+        async def settle() -> SettleOutcome:
             ref = convert.ref_from_pb(body.task, f"{kind}.task")
             token = _token(body.fencing_token, f"{kind}.fencing_token")
             return await self._settle(kind, body, ref, token, "")
 
         outcome = await boundary.serve(f"WorkerService.{kind.capitalize()}", context, settle)
-        if outcome is not Outcome.OK:
+        if outcome is not SettleOutcome.OK:
             self.stats["stale_settlements"] += 1
             await boundary.abort(context, _outcome_error(outcome))
 
@@ -855,12 +855,12 @@ def _free_text(value: str) -> str:
     return value[:MAX_ERROR_CHARS].replace("\x00", "\ufffd")
 
 
-def _outcome_error(outcome: Outcome) -> common_pb2.ErrorInfo:
+def _outcome_error(outcome: SettleOutcome) -> common_pb2.ErrorInfo:
     messages = {
-        Outcome.STALE_FENCING_TOKEN: "the fencing token is no longer current: another "
+        SettleOutcome.STALE_FENCING_TOKEN: "the fencing token is no longer current: another "
         "attempt owns the task; abort this one",
-        Outcome.TASK_CANCELLED: "the task was cancelled",
-        Outcome.TASK_NOT_FOUND: "no such task",
+        SettleOutcome.TASK_CANCELLED: "the task was cancelled",
+        SettleOutcome.TASK_NOT_FOUND: "no such task",
     }
     return common_pb2.ErrorInfo(
         code=_OUTCOME_CODES[outcome], reason=outcome.value, message=messages[outcome]

@@ -56,9 +56,10 @@ from chronoshard.scheduler.core.handoff import (
     next_cursor,
     workers_ready,
 )
+from chronoshard.scheduler.core.runs import TimerTask
 from chronoshard.scheduler.errors import StoreUnavailable
 from chronoshard.scheduler.store.database import Store
-from chronoshard.scheduler.store.runs import DispatchStore, TimerTask
+from chronoshard.scheduler.store.runs import DispatchStore
 
 if TYPE_CHECKING:
     from chronoshard.scheduler.dispatch.dispatcher import Dispatcher

@@ -41,18 +41,13 @@ from chronoshard.scheduler.api.workers import Gateway, WorkerSession
 from chronoshard.scheduler.config import SchedulerConfig
 from chronoshard.scheduler.core.fairness import ReadyQueues, ReadyTask, TenantLimits
 from chronoshard.scheduler.core.models import Task
+from chronoshard.scheduler.core.runs import Intent, IntentResult, Release, TimerTask
 from chronoshard.scheduler.core.states import AttemptState
 from chronoshard.scheduler.core.timing_wheel import TimingWheel
 from chronoshard.scheduler.dispatch import faults
 from chronoshard.scheduler.dispatch.faults import CrashPoint
 from chronoshard.scheduler.errors import CommitOutcomeUnknown, StoreUnavailable
-from chronoshard.scheduler.store.runs import (
-    DispatchStore,
-    Intent,
-    IntentResult,
-    Release,
-    TimerTask,
-)
+from chronoshard.scheduler.store.runs import DispatchStore
 
 log = logging.getLogger(__name__)
 

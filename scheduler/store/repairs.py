@@ -2,7 +2,7 @@
 
 Issues the named statements of ``sql/repairs.sql`` over the :class:`.database.Store`'s
 pool. Like :class:`.runs.DispatchStore`, it holds no policy: the reconciler
-decides (:func:`chronoshard.scheduler.cluster.reconciler.decide`), this writes the decisions, each a
+decides (:func:`chronoshard.scheduler.core.repairs.decide`), this writes the decisions, each a
 compare-and-set on the row as read, in one transaction that first locks the shards' ``shard_owners``
 rows ``FOR SHARE`` and writes only for the shards whose epoch is still the caller's.
 """
@@ -16,7 +16,7 @@ from typing import Any
 
 from psycopg.rows import dict_row
 
-from chronoshard.scheduler.cluster.reconciler import (
+from chronoshard.scheduler.core.repairs import (
     InFlight,
     Repair,
     RepairResult,

@@ -21,9 +21,7 @@ import functools
 import logging
 import uuid
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from datetime import datetime
-from enum import StrEnum
 from typing import Any, ParamSpec, TypeVar
 
 import psycopg
@@ -31,125 +29,28 @@ from psycopg.rows import dict_row
 
 from chronoshard.scheduler.core.handoff import Cursor
 from chronoshard.scheduler.core.models import Priority, Task, TaskRef
-from chronoshard.scheduler.core.retry import FailureReport, RetryBudget, decide
-from chronoshard.scheduler.core.states import AttemptState, TaskStatus
+from chronoshard.scheduler.core.retry import RetryBudget, decide
+from chronoshard.scheduler.core.runs import (
+    Beat,
+    Completion,
+    Failure,
+    FailureResult,
+    Intent,
+    IntentResult,
+    LeaseUpdate,
+    Release,
+    Settle,
+    SettleOutcome,
+    TimerTask,
+    intent_committed,
+)
+from chronoshard.scheduler.core.states import TaskStatus
 from chronoshard.scheduler.errors import StoreUnavailable
 from chronoshard.scheduler.store import queries
 from chronoshard.scheduler.store.database import Connection, Store, task_from_row
 from chronoshard.wire import DEFAULT_LEASE_MARGIN_S
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class TimerTask:
-    """What the wheel and the ready queues hold for a PRELOADED task: enough to choose a
-    worker, not the payload (fetched by the intent write)."""
-
-    id: uuid.UUID
-    scheduled_at: datetime
-    shard: int
-    tenant_id: uuid.UUID
-    priority: Priority
-    queue: str
-    type: str
-    due_at: datetime
-    strict_timing: bool
-
-    @property
-    def ref(self) -> TaskRef:
-        return TaskRef(self.scheduled_at, self.id)
-
-
-@dataclass(frozen=True, slots=True)
-class Intent:
-    task: TimerTask
-    worker_id: str
-
-
-class Outcome(StrEnum):
-    """What became of one settlement."""
-
-    OK = "OK"
-    STALE_FENCING_TOKEN = "STALE_FENCING_TOKEN"
-    TASK_CANCELLED = "TASK_CANCELLED"
-    TASK_NOT_FOUND = "TASK_NOT_FOUND"
-
-
-@dataclass(frozen=True, slots=True)
-class Settle:
-    """A worker message about one attempt: the row and the token it holds."""
-
-    ref: TaskRef
-    token: int
-
-
-@dataclass(frozen=True, slots=True)
-class Completion(Settle):
-    result_json: str | None
-
-
-@dataclass(frozen=True, slots=True)
-class Failure(Settle):
-    error: str
-    report: FailureReport
-
-
-@dataclass(frozen=True, slots=True)
-class Release(Settle):
-    checkpoint: bytes | None
-    attempt_state: AttemptState
-    detail: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class Beat(Settle):
-    checkpoint: bytes | None
-
-
-@dataclass(frozen=True, slots=True)
-class LeaseUpdate:
-    extended: frozenset[uuid.UUID]
-    cancel_requested: Mapping[uuid.UUID, str]
-    """Extended tasks whose cancel was requested, with the reason: the node tells the
-    worker to stop them cooperatively."""
-
-
-@dataclass(frozen=True, slots=True)
-class FailureResult:
-    outcomes: dict[uuid.UUID, Outcome]
-    retrying: list[tuple[int, datetime]]
-    """(shard, due_at) of tasks that went to RETRYING: the preloader must see them."""
-
-
-@dataclass(frozen=True, slots=True)
-class IntentResult:
-    dispatched: list[Task]
-    lost_shards: frozenset[int]
-    unwritten: frozenset[uuid.UUID] = frozenset()
-    """Read back after an unknown commit: intents that did not commit (still PRELOADED),
-    to be chosen again. Every other intent not in ``dispatched`` moved on."""
-
-
-def intent_committed(row: Mapping[str, Any], worker_id: str, epoch: int) -> bool | None:
-    """Whether an intent whose commit outcome was unknown committed, from its row read back
-    under the shard's fence: True (DISPATCHED to that worker under this epoch: send it),
-    False (still PRELOADED: choose it again) or None (the task moved on: drop it).
-
-    Sound because only the shard's owner writes intents, under its epoch, and the task was
-    PRELOADED and in this node's hands when the intent was written: DISPATCHED under the
-    same epoch can only be that intent.
-    """
-    status = TaskStatus(row["status"])
-    if status is TaskStatus.PRELOADED:
-        return False
-    if (
-        status is TaskStatus.DISPATCHED
-        and row["worker_id"] == worker_id
-        and row["attempt_epoch"] == epoch
-    ):
-        return True
-    return None
 
 
 # What a repeated settlement may find when the step was already taken by the same token.
@@ -420,7 +321,7 @@ class DispatchStore:
     # ---- worker settlements (token-fenced, any node) ----------------------------------
 
     @_retry_rollbacks
-    async def ack(self, acks: Sequence[Settle]) -> dict[uuid.UUID, Outcome]:
+    async def ack(self, acks: Sequence[Settle]) -> dict[uuid.UUID, SettleOutcome]:
         if not acks:
             return {}
         async with self._store.transaction() as conn:
@@ -457,7 +358,7 @@ class DispatchStore:
         )
 
     @_retry_rollbacks
-    async def complete(self, completions: Sequence[Completion]) -> dict[uuid.UUID, Outcome]:
+    async def complete(self, completions: Sequence[Completion]) -> dict[uuid.UUID, SettleOutcome]:
         if not completions:
             return {}
         async with self._store.transaction() as conn:
@@ -514,7 +415,7 @@ class DispatchStore:
     @_retry_rollbacks
     async def release(
         self, releases: Sequence[Release]
-    ) -> tuple[dict[uuid.UUID, Outcome], list[TimerTask]]:
+    ) -> tuple[dict[uuid.UUID, SettleOutcome], list[TimerTask]]:
         """Give tasks back (PRELOADED again); the outcomes and the tasks now ready again."""
         if not releases:
             return {}, []
@@ -535,8 +436,8 @@ class DispatchStore:
 
     async def _classify(
         self, conn: Connection, items: Sequence[Settle], moved: set[uuid.UUID], kind: str
-    ) -> dict[uuid.UUID, Outcome]:
-        outcomes = {i.ref.id: Outcome.OK for i in items if i.ref.id in moved}
+    ) -> dict[uuid.UUID, SettleOutcome]:
+        outcomes = {i.ref.id: SettleOutcome.OK for i in items if i.ref.id in moved}
         unmoved = [i for i in items if i.ref.id not in moved]
         if not unmoved:
             return outcomes
@@ -551,17 +452,17 @@ class DispatchStore:
         for item in unmoved:
             current = found.get(item.ref.id)
             if current is None:
-                outcomes[item.ref.id] = Outcome.TASK_NOT_FOUND
+                outcomes[item.ref.id] = SettleOutcome.TASK_NOT_FOUND
                 continue
             token, status = current
             if token == item.token and status in _ALREADY[kind]:
-                outcomes[item.ref.id] = Outcome.OK
+                outcomes[item.ref.id] = SettleOutcome.OK
             elif token == item.token and status is TaskStatus.CANCELLED:
-                outcomes[item.ref.id] = Outcome.TASK_CANCELLED
+                outcomes[item.ref.id] = SettleOutcome.TASK_CANCELLED
             else:
-                outcomes[item.ref.id] = Outcome.STALE_FENCING_TOKEN
+                outcomes[item.ref.id] = SettleOutcome.STALE_FENCING_TOKEN
         await self._mark_fenced(
-            conn, [i for i in unmoved if outcomes[i.ref.id] is Outcome.STALE_FENCING_TOKEN]
+            conn, [i for i in unmoved if outcomes[i.ref.id] is SettleOutcome.STALE_FENCING_TOKEN]
         )
         return outcomes
 

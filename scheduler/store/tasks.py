@@ -35,6 +35,7 @@ from typing import Any
 from psycopg.rows import dict_row
 
 from chronoshard.scheduler.core import states
+from chronoshard.scheduler.core.listing import PageCursor, TaskFilter
 from chronoshard.scheduler.core.models import Task
 from chronoshard.scheduler.core.states import Resolution, TaskEvent, TaskStatus
 from chronoshard.scheduler.errors import (
@@ -49,28 +50,6 @@ from chronoshard.scheduler.store.database import Store, task_from_row
 COOPERATIVE_CANCEL: frozenset[TaskStatus] = frozenset({TaskStatus.RUNNING})
 """States whose cancel must be acknowledged by the worker running the handler."""
 IMMEDIATE_CANCEL: frozenset[TaskStatus] = states.sources(TaskEvent.CANCEL) - COOPERATIVE_CANCEL
-
-
-@dataclass(frozen=True, slots=True)
-class TaskFilter:
-    """ListTasks filters; an empty tuple or None means "any". Ranges are half-open."""
-
-    statuses: tuple[TaskStatus, ...] = ()
-    type: str | None = None
-    queue: str | None = None
-    job_id: str | None = None
-    scheduled_from: datetime | None = None
-    scheduled_before: datetime | None = None
-    due_from: datetime | None = None
-    due_before: datetime | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class PageCursor:
-    """The last row of a page: the next page starts strictly after it."""
-
-    scheduled_at: datetime
-    id: uuid.UUID
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,7 +13,7 @@ from typing import Literal
 import psycopg
 from psycopg.rows import dict_row
 
-from chronoshard.scheduler.api.auth import hash_api_key, new_api_key
+from chronoshard.scheduler.core.api_keys import hash_api_key, new_api_key
 from chronoshard.scheduler.core.models import Tenant
 from chronoshard.scheduler.errors import InvalidArgument, StoreUnavailable
 from chronoshard.scheduler.store import queries

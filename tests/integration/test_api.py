@@ -20,9 +20,10 @@ import pytest
 from fixtures.waiting import eventually
 from google.protobuf import duration_pb2, timestamp_pb2
 
-from chronoshard.scheduler.api.auth import Authenticator, hash_api_key, new_api_key
+from chronoshard.scheduler.api.auth import Authenticator
 from chronoshard.scheduler.api.tasks import TaskServiceServicer
 from chronoshard.scheduler.config import LimitsConfig, SchedulerConfig, SchedulingConfig
+from chronoshard.scheduler.core.api_keys import hash_api_key, new_api_key
 from chronoshard.scheduler.core.models import Task, Tenant
 from chronoshard.scheduler.core.sharding import shard_of
 from chronoshard.scheduler.store.database import Store

@@ -32,15 +32,16 @@ from fixtures.nodes import node_config, running_node
 from fixtures.waiting import eventually
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from chronoshard.scheduler.api.auth import hash_api_key, new_api_key
+from chronoshard.scheduler.core.api_keys import hash_api_key, new_api_key
 from chronoshard.scheduler.core.ids import new_task_id
 from chronoshard.scheduler.core.jitter import JitterMode
 from chronoshard.scheduler.core.models import NewTask, PreparedTask, Tenant, prepare
+from chronoshard.scheduler.core.runs import Intent
 from chronoshard.scheduler.core.sharding import shard_of
 from chronoshard.scheduler.errors import CommitOutcomeUnknown, StoreUnavailable
 from chronoshard.scheduler.node import SchedulerNode
 from chronoshard.scheduler.store.database import Backend, Store
-from chronoshard.scheduler.store.runs import DispatchStore, Intent
+from chronoshard.scheduler.store.runs import DispatchStore
 from chronoshard.services import EtcdProcess
 from chronoshard.v1 import worker_service_pb2, worker_service_pb2_grpc
 

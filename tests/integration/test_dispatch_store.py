@@ -15,19 +15,19 @@ from chronoshard.scheduler.core.ids import new_task_id
 from chronoshard.scheduler.core.jitter import JitterMode
 from chronoshard.scheduler.core.models import NewTask, TaskRef, Tenant
 from chronoshard.scheduler.core.retry import FailureReport
-from chronoshard.scheduler.core.states import AttemptState, TaskStatus
-from chronoshard.scheduler.store.database import Store
-from chronoshard.scheduler.store.runs import (
+from chronoshard.scheduler.core.runs import (
     Beat,
     Completion,
-    DispatchStore,
     Failure,
     Intent,
-    Outcome,
     Release,
     Settle,
+    SettleOutcome,
     TimerTask,
 )
+from chronoshard.scheduler.core.states import AttemptState, TaskStatus
+from chronoshard.scheduler.store.database import Store
+from chronoshard.scheduler.store.runs import DispatchStore
 
 SHARD = 3
 EPOCH = 100
@@ -141,10 +141,10 @@ async def test_ack_heartbeat_complete_and_the_ledger(
 ) -> None:
     new = await _submit(store, tenant, job_id="nightly-report")
     [task] = await _dispatch(runs)
-    assert await runs.ack([Settle(task.ref, 1)]) == {new.id: Outcome.OK}
+    assert await runs.ack([Settle(task.ref, 1)]) == {new.id: SettleOutcome.OK}
     # A repeated ack is answered OK; an ack with another token is stale.
-    assert await runs.ack([Settle(task.ref, 1)]) == {new.id: Outcome.OK}
-    assert await runs.ack([Settle(task.ref, 2)]) == {new.id: Outcome.STALE_FENCING_TOKEN}
+    assert await runs.ack([Settle(task.ref, 1)]) == {new.id: SettleOutcome.OK}
+    assert await runs.ack([Settle(task.ref, 2)]) == {new.id: SettleOutcome.STALE_FENCING_TOKEN}
     update = await runs.extend_leases([Beat(task.ref, 1, b'{"row": 7}')], lease_s=60)
     assert update.extended == {new.id}
     stale = await runs.extend_leases([Beat(task.ref, 9, None)], lease_s=60)
@@ -152,13 +152,13 @@ async def test_ack_heartbeat_complete_and_the_ledger(
     row = await _row(store, new.id)
     assert row["status"] == "RUNNING" and bytes(row["checkpoint"]) == b'{"row": 7}'
     outcome = await runs.complete([Completion(task.ref, 1, '{"sent": true}')])
-    assert outcome == {new.id: Outcome.OK}
+    assert outcome == {new.id: SettleOutcome.OK}
     row = await _row(store, new.id)
     assert row["status"] == "COMPLETED" and row["result_payload"] == {"sent": True}
     # Completion is idempotent for the winning token, refused for any other.
-    assert await runs.complete([Completion(task.ref, 1, None)]) == {new.id: Outcome.OK}
+    assert await runs.complete([Completion(task.ref, 1, None)]) == {new.id: SettleOutcome.OK}
     assert await runs.complete([Completion(task.ref, 0, None)]) == {
-        new.id: Outcome.STALE_FENCING_TOKEN
+        new.id: SettleOutcome.STALE_FENCING_TOKEN
     }
     async with store.connection() as conn:
         cur = await conn.execute(
@@ -179,13 +179,13 @@ async def test_a_stale_completion_changes_nothing(
     outcomes, ready = await runs.release(
         [Release(first.ref, 1, None, AttemptState.ABANDONED, "lease expired")]
     )
-    assert outcomes == {new.id: Outcome.OK} and [t.id for t in ready] == [new.id]
+    assert outcomes == {new.id: SettleOutcome.OK} and [t.id for t in ready] == [new.id]
     result = await runs.write_intents({SHARD: EPOCH}, [Intent(ready[0], "w2")], 30)
     [second] = result.dispatched
     assert second.fencing_token == 2
     before = await _row(store, new.id)
     assert await runs.complete([Completion(first.ref, 1, '{"zombie": 1}')]) == {
-        new.id: Outcome.STALE_FENCING_TOKEN
+        new.id: SettleOutcome.STALE_FENCING_TOKEN
     }
     assert await _row(store, new.id) == before
 
@@ -196,7 +196,7 @@ async def test_failures_retry_with_backoff_then_dead_letter(
     new = await _submit(store, tenant, max_retries=1, backoff_initial_s=0.01, backoff_max_s=0.02)
     [task] = await _dispatch(runs)
     result = await runs.fail([Failure(task.ref, 1, "boom", ERROR)], datetime.now(UTC))
-    assert result.outcomes == {new.id: Outcome.OK}
+    assert result.outcomes == {new.id: SettleOutcome.OK}
     assert [shard for shard, _ in result.retrying] == [SHARD]
     row = await _row(store, new.id)
     assert (row["status"], row["retry_count"], row["last_error"]) == ("RETRYING", 1, "boom")
@@ -211,7 +211,7 @@ async def test_failures_retry_with_backoff_then_dead_letter(
     assert states == [AttemptState.FAILED, AttemptState.FAILED]
     # A repeat of the same failure report is OK; an old token's is stale.
     again = await runs.fail([Failure(task.ref, 2, "boom again", ERROR)], datetime.now(UTC))
-    assert again.outcomes == {new.id: Outcome.OK}
+    assert again.outcomes == {new.id: SettleOutcome.OK}
 
 
 async def test_release_keeps_the_retry_budget_and_stores_the_checkpoint(
@@ -223,7 +223,7 @@ async def test_release_keeps_the_retry_budget_and_stores_the_checkpoint(
     outcomes, ready = await runs.release(
         [Release(task.ref, 1, b'{"offset": 500}', AttemptState.RELEASED, "draining")]
     )
-    assert outcomes == {new.id: Outcome.OK}
+    assert outcomes == {new.id: SettleOutcome.OK}
     assert isinstance(ready[0], TimerTask) and ready[0].id == new.id
     row = await _row(store, new.id)
     assert row["status"] == "PRELOADED" and row["retry_count"] == 0
@@ -238,7 +238,7 @@ async def test_release_keeps_the_retry_budget_and_stores_the_checkpoint(
 
 async def test_unknown_task_is_not_found(runs: DispatchStore) -> None:
     ghost = Settle(TaskRef(datetime.now(UTC), uuid.uuid4()), 1)
-    assert await runs.ack([ghost]) == {ghost.ref.id: Outcome.TASK_NOT_FOUND}
+    assert await runs.ack([ghost]) == {ghost.ref.id: SettleOutcome.TASK_NOT_FOUND}
 
 
 async def test_a_warm_handoff_reads_without_writing_and_no_task_is_dispatched_twice(

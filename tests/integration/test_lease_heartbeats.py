@@ -15,8 +15,9 @@ import pytest
 from chronoshard.scheduler.core.ids import new_task_id
 from chronoshard.scheduler.core.jitter import JitterMode
 from chronoshard.scheduler.core.models import NewTask, Task, Tenant
+from chronoshard.scheduler.core.runs import Beat, Intent, Settle
 from chronoshard.scheduler.store.database import Store
-from chronoshard.scheduler.store.runs import Beat, DispatchStore, Intent, Settle
+from chronoshard.scheduler.store.runs import DispatchStore
 
 SHARD = 5
 EPOCH = 7

@@ -16,7 +16,7 @@ from fixtures.waiting import eventually
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client import generate_latest
 
-from chronoshard.scheduler.api.auth import hash_api_key, new_api_key
+from chronoshard.scheduler.core.api_keys import hash_api_key, new_api_key
 from chronoshard.scheduler.core.ids import new_task_id
 from chronoshard.scheduler.core.jitter import JitterMode
 from chronoshard.scheduler.core.models import NewTask, Tenant

@@ -36,27 +36,16 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from chronoshard.clock import SystemClock
-from chronoshard.scheduler.cluster.reconciler import (
-    Reconciler,
-    Repair,
-    RepairResult,
-    RunCandidate,
-    RunOutcome,
-    Scan,
-)
+from chronoshard.scheduler.cluster.reconciler import Reconciler
 from chronoshard.scheduler.config import SchedulerConfig
 from chronoshard.scheduler.core.ids import new_task_id
 from chronoshard.scheduler.core.jitter import JitterMode
 from chronoshard.scheduler.core.models import NewTask, TaskRef, Tenant
+from chronoshard.scheduler.core.repairs import Repair, RepairResult, RunCandidate, RunOutcome, Scan
+from chronoshard.scheduler.core.runs import Completion, Intent, Settle, TimerTask
 from chronoshard.scheduler.store.database import Store
 from chronoshard.scheduler.store.repairs import ReconcileStore
-from chronoshard.scheduler.store.runs import (
-    Completion,
-    DispatchStore,
-    Intent,
-    Settle,
-    TimerTask,
-)
+from chronoshard.scheduler.store.runs import DispatchStore
 
 SHARD = 5
 EPOCH = 40

@@ -23,27 +23,28 @@ from fixtures.waiting import eventually
 from psycopg.rows import dict_row
 
 from chronoshard.clock import SystemClock
-from chronoshard.scheduler.cluster.reconciler import Reconciler, Repair, decide
+from chronoshard.scheduler.cluster.reconciler import Reconciler
 from chronoshard.scheduler.config import SchedulerConfig
 from chronoshard.scheduler.core.ids import new_task_id
 from chronoshard.scheduler.core.jitter import JitterMode
 from chronoshard.scheduler.core.models import NewTask, Task, Tenant
+from chronoshard.scheduler.core.repairs import Repair, decide
 from chronoshard.scheduler.core.retry import FailureReport
+from chronoshard.scheduler.core.runs import (
+    Beat,
+    Completion,
+    Failure,
+    Intent,
+    Release,
+    SettleOutcome,
+    TimerTask,
+)
 from chronoshard.scheduler.core.sharding import shard_of
 from chronoshard.scheduler.core.states import AttemptState
 from chronoshard.scheduler.store import queries
 from chronoshard.scheduler.store.database import Store
 from chronoshard.scheduler.store.repairs import ReconcileStore
-from chronoshard.scheduler.store.runs import (
-    Beat,
-    Completion,
-    DispatchStore,
-    Failure,
-    Intent,
-    Outcome,
-    Release,
-    TimerTask,
-)
+from chronoshard.scheduler.store.runs import DispatchStore
 
 SHARD = 3
 EPOCH = 100
@@ -270,10 +271,10 @@ async def test_a_late_settlement_of_the_same_attempt_makes_the_outcome_known(
     assert (await reconciler.reconcile_once()).outcome_unknown == 1
     # A stale token is still refused, and changes nothing.
     assert await runs.complete([Completion(task.ref, 2, None)]) == {
-        new.id: Outcome.STALE_FENCING_TOKEN
+        new.id: SettleOutcome.STALE_FENCING_TOKEN
     }
     # A late ack says nothing about the outcome: OK, and the row stays held.
-    assert await runs.ack([Beat(task.ref, 1, None)]) == {new.id: Outcome.OK}
+    assert await runs.ack([Beat(task.ref, 1, None)]) == {new.id: SettleOutcome.OK}
     assert (await _row(store, new.id))["status"] == "OUTCOME_UNKNOWN"
     if settlement == "complete":
         outcome = await runs.complete([Completion(task.ref, 1, '{"done": true}')])
@@ -289,13 +290,13 @@ async def test_a_late_settlement_of_the_same_attempt_makes_the_outcome_known(
         )
         assert [t.id for t in ready] == [new.id]
         expected = ("PRELOADED", AttemptState.ABANDONED)
-    assert outcome == {new.id: Outcome.OK}
+    assert outcome == {new.id: SettleOutcome.OK}
     row = await _row(store, new.id)
     [attempt] = await store.get_attempts(new.id)
     assert (row["status"], attempt.state) == expected
     # Its repeat is an idempotent OK, as for any settlement.
     if settlement == "complete":
-        assert await runs.complete([Completion(task.ref, 1, None)]) == {new.id: Outcome.OK}
+        assert await runs.complete([Completion(task.ref, 1, None)]) == {new.id: SettleOutcome.OK}
 
 
 async def test_a_heartbeat_for_a_lease_past_its_margin_is_refused(
@@ -319,7 +320,7 @@ async def test_expired_lease_with_a_cancel_request_ends_cancelled(
 ) -> None:
     new = await _submit(store, tenant)
     [task] = await _dispatch(runs)
-    assert (await runs.ack([Beat(task.ref, 1, None)])) == {new.id: Outcome.OK}
+    assert (await runs.ack([Beat(task.ref, 1, None)])) == {new.id: SettleOutcome.OK}
     await _sql(
         store,
         "UPDATE tasks SET cancel_requested_at = now(), cancel_reason = 'operator' WHERE id = %s",
@@ -351,7 +352,7 @@ async def test_a_completion_between_the_read_and_the_write_wins(
     async def complete_first(epochs: Mapping[int, int], repairs: Sequence[Any]) -> Any:
         # The worker's completion commits after the scan, before the compare-and-set.
         outcome = await runs.complete([Completion(task.ref, task.fencing_token, '{"ok": 1}')])
-        assert outcome == {new.id: Outcome.OK}
+        assert outcome == {new.id: SettleOutcome.OK}
         return await real_repair(epochs, repairs)
 
     reconcile_store.repair = complete_first  # type: ignore[method-assign]
@@ -410,10 +411,10 @@ async def test_a_stale_completion_after_redispatch_marks_the_attempt_fenced(
     reconciler, _ = _reconciler(store, Sessions(), Wheel())
     assert (await reconciler.reconcile_once()).redispatched == 1
     [winner] = await _dispatch(runs, "w-winner")
-    assert await runs.complete([Completion(winner.ref, 2, None)]) == {new.id: Outcome.OK}
+    assert await runs.complete([Completion(winner.ref, 2, None)]) == {new.id: SettleOutcome.OK}
     # The paused worker wakes up and reports under its superseded token.
     assert await runs.complete([Completion(zombie.ref, 1, None)]) == {
-        new.id: Outcome.STALE_FENCING_TOKEN
+        new.id: SettleOutcome.STALE_FENCING_TOKEN
     }
     states = [(a.fencing_token, a.state) for a in await store.get_attempts(new.id)]
     assert states == [(1, AttemptState.FENCED), (2, AttemptState.SUCCEEDED)]

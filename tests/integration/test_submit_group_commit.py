@@ -15,9 +15,10 @@ import psycopg
 import pytest
 from google.protobuf import timestamp_pb2
 
-from chronoshard.scheduler.api.auth import Authenticator, hash_api_key, new_api_key
+from chronoshard.scheduler.api.auth import Authenticator
 from chronoshard.scheduler.api.tasks import TaskServiceServicer
 from chronoshard.scheduler.config import SchedulerConfig, SchedulingConfig
+from chronoshard.scheduler.core.api_keys import hash_api_key, new_api_key
 from chronoshard.scheduler.core.ids import new_task_id
 from chronoshard.scheduler.core.jitter import JitterMode
 from chronoshard.scheduler.core.models import (

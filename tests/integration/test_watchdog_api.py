@@ -17,8 +17,9 @@ import pytest
 from google.protobuf import duration_pb2
 
 from chronoshard import cli
-from chronoshard.scheduler.api.auth import Authenticator, hash_api_key, new_api_key
+from chronoshard.scheduler.api.auth import Authenticator
 from chronoshard.scheduler.api.expectations import WatchdogServiceServicer
+from chronoshard.scheduler.core.api_keys import hash_api_key, new_api_key
 from chronoshard.scheduler.core.models import Tenant
 from chronoshard.scheduler.store.database import Store
 from chronoshard.v1 import watchdog_service_pb2 as pb

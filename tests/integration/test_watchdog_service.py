@@ -24,7 +24,7 @@ from e2e.watchdog_receiver import Receiver, running_receiver
 from fixtures.waiting import eventually
 
 from chronoshard._localproc import free_ports
-from chronoshard.scheduler.api.auth import hash_api_key, new_api_key
+from chronoshard.scheduler.core.api_keys import hash_api_key, new_api_key
 from chronoshard.watchdog.config import (
     DatabaseConfig,
     ElectionConfig,

@@ -15,7 +15,7 @@ import psycopg
 import pytest
 
 from chronoshard.clock import SystemClock
-from chronoshard.scheduler.api.auth import hash_api_key, new_api_key
+from chronoshard.scheduler.core.api_keys import hash_api_key, new_api_key
 from chronoshard.watchdog.config import DatabaseConfig as WatchdogDatabase
 from chronoshard.watchdog.config import (
     ElectionConfig,

@@ -11,13 +11,8 @@ from typing import Any, NamedTuple
 import pytest
 
 from chronoshard.clock import FakeClock
-from chronoshard.scheduler.api.auth import (
-    Authenticator,
-    TenantCache,
-    bearer_key,
-    hash_api_key,
-    new_api_key,
-)
+from chronoshard.scheduler.api.auth import Authenticator, TenantCache, bearer_key
+from chronoshard.scheduler.core.api_keys import hash_api_key, new_api_key
 from chronoshard.scheduler.core.models import Tenant
 from chronoshard.scheduler.errors import Unauthenticated
 

@@ -29,8 +29,9 @@ from chronoshard.scheduler.cluster.coordination import NodeInfo
 from chronoshard.scheduler.config import ClockConfig, SchedulerConfig
 from chronoshard.scheduler.core.fairness import UNLIMITED
 from chronoshard.scheduler.core.models import Priority
+from chronoshard.scheduler.core.runs import TimerTask
 from chronoshard.scheduler.dispatch.dispatcher import Dispatcher, ShardView
-from chronoshard.scheduler.store.runs import DispatchStore, TimerTask
+from chronoshard.scheduler.store.runs import DispatchStore
 from chronoshard.settings import ConfigError, load
 
 PROPERTY_SETTINGS = settings(max_examples=300, deadline=None)

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from chronoshard.scheduler.store.runs import intent_committed
+from chronoshard.scheduler.core.runs import intent_committed
 
 
 def _row(status: str, worker_id: str | None = "w1", attempt_epoch: int | None = 7) -> Any:

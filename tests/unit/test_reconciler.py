@@ -12,13 +12,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from chronoshard.clock import FakeClock
-from chronoshard.scheduler.cluster.reconciler import (
+from chronoshard.scheduler.cluster.reconciler import Reconciler
+from chronoshard.scheduler.config import SchedulerConfig
+from chronoshard.scheduler.core.models import Priority
+from chronoshard.scheduler.core.repairs import (
     ACK_DEADLINE_SLACK_S,
     MIN_PASS_GAP_S,
     Cause,
     Decision,
     InFlight,
-    Reconciler,
     Repair,
     RepairResult,
     RunCandidate,
@@ -30,11 +32,9 @@ from chronoshard.scheduler.cluster.reconciler import (
     next_pass_in_s,
     workflow_outcome,
 )
-from chronoshard.scheduler.config import SchedulerConfig
-from chronoshard.scheduler.core.models import Priority
+from chronoshard.scheduler.core.runs import TimerTask
 from chronoshard.scheduler.core.sharding import shard_of
 from chronoshard.scheduler.core.states import AttemptState, TaskStatus
-from chronoshard.scheduler.store.runs import TimerTask
 
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 ACK_S = 10.0
