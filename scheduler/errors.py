@@ -129,19 +129,6 @@ class StaleFencingToken(SchedulerError):
         self.token = token
 
 
-class ShardEpochLost(SchedulerError):
-    """Raised when a shard write finds that another owner raised the shard's epoch.
-
-    The node must stop the shard: it no longer owns it.
-    """
-
-    reason = "SHARD_EPOCH_LOST"
-    grpc_code_name = "UNAVAILABLE"
-
-    def __init__(self, shard: int, epoch: int) -> None:
-        super().__init__(f"shard {shard}: epoch {epoch} has been superseded")
-        self.shard = shard
-        self.epoch = epoch
 
 
 class CompareAndSetLost(SchedulerError):

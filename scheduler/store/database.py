@@ -12,10 +12,11 @@ moves a write may make. What it does own:
   NOTHING``) in the same transaction as its task, so of two concurrent submits of one key
   exactly one commits a task; the other waits for it, then answers with that task (same
   request fingerprint) or :class:`~.errors.IdempotencyConflict` (different request).
-* **The shard fence.** Every write for a shard runs in :meth:`Store.shard_tx`, which
-  first reads ``shard_owners`` ``FOR SHARE`` and raises :class:`~.errors.ShardEpochLost`
-  unless the epoch is the caller's. A new owner's claim updates that row, so it waits
-  for the old owner's in-flight writes and every later write sees the new epoch.
+* **The shard fence, once.** Every write for a shard (preload, intent, unload, repairs)
+  runs in a transaction that first calls :meth:`Store.owned_shards`, which reads the
+  shards' ``shard_owners`` rows ``FOR SHARE`` and keeps only those whose epoch is the
+  caller's. A new owner's claim updates that row, so it waits for the old owner's
+  in-flight writes and every later write sees the new epoch.
 * **One error boundary.** psycopg's ``OperationalError`` (lost connection, pool timeout,
   serialization failure, deadlock, lock timeout) becomes
   :class:`~.errors.StoreUnavailable` (retryable), chained ``from exc``. A connection lost
@@ -52,7 +53,7 @@ from weakref import WeakKeyDictionary
 
 import psycopg
 from psycopg.rows import dict_row
-from psycopg.types.json import Jsonb, set_json_loads
+from psycopg.types.json import set_json_loads
 from psycopg_pool import AsyncConnectionPool
 
 from chronoshard import exact_json
@@ -71,13 +72,12 @@ from chronoshard.scheduler.core.models import (
     Tenant,
     prepare,
 )
-from chronoshard.scheduler.core.states import AttemptState, Resolution, TaskEvent, TaskStatus
+from chronoshard.scheduler.core.states import AttemptState, Resolution, TaskStatus
 from chronoshard.scheduler.errors import (
     CommitOutcomeUnknown,
     IdempotencyConflict,
     InvalidArgument,
     SchedulerError,
-    ShardEpochLost,
     StoreUnavailable,
     TaskNotFound,
     TenantNotFound,
@@ -313,20 +313,17 @@ class Store:
                     raise StoreUnavailable(f"backends {sorted(b.pid for b in alive)} live on")
                 await asyncio.sleep(READ_BACK_RETRY_S / 5)
 
-    @asynccontextmanager
-    async def shard_tx(self, shard: int, epoch: int) -> AsyncIterator[Connection]:
-        """A transaction for writes of ``shard``, fenced by ``epoch``.
-
-        Raises:
-            ShardEpochLost: the shard's recorded epoch is not ``epoch`` (a newer owner
-                claimed it, or nobody did); nothing in the block ran.
-        """
-        async with self.transaction() as conn:
-            cur = await conn.execute(self._q["lock_shard_epoch"], {"shard": shard})
-            row = await cur.fetchone()
-            if row is None or row[0] != epoch:
-                raise ShardEpochLost(shard, epoch)
-            yield conn
+    async def owned_shards(self, conn: Connection, epochs: Mapping[int, int]) -> set[int]:
+        """The shard fence: lock the owner rows of ``epochs``' shards ``FOR SHARE`` in
+        ``conn``'s transaction and return the shards whose recorded epoch is still the
+        caller's. Every write for a shard runs in a transaction that calls this first and
+        writes only for the shards it returned: a newer owner's claim updates the row, so
+        it waits for the writes in flight, and every later write sees the new epoch."""
+        if not epochs:
+            return set()
+        cur = await conn.execute(self._q["lock_shard_epochs"], {"shards": sorted(epochs)})
+        current = dict(await cur.fetchall())
+        return {shard for shard, epoch in epochs.items() if current.get(shard) == epoch}
 
     # --- tenants ----------------------------------------------------------------------
 
@@ -674,59 +671,6 @@ class Store:
                 {"shard": shard, "epoch": epoch, "node_id": node_id},
             )
             return await cur.fetchone() is not None
-
-    async def load_due(self, shard: int, epoch: int, horizon: datetime, limit: int) -> list[Task]:
-        """Move up to ``limit`` SCHEDULED/RETRYING tasks of ``shard`` due before
-        ``horizon`` to PRELOADED, earliest first, and return them (as now stored).
-
-        Raises:
-            ShardEpochLost: ``epoch`` is no longer the shard's; nothing moved.
-            InvalidArgument: ``horizon`` is naive or ``limit`` is below 1.
-        """
-        _require_aware("horizon", horizon)
-        if limit < 1:
-            raise InvalidArgument("limit", "must be at least 1")
-        async with self.shard_tx(shard, epoch) as conn:
-            cur = conn.cursor(row_factory=dict_row)
-            await cur.execute(
-                self._q["load_due"], {"shard": shard, "horizon": horizon, "limit": limit}
-            )
-            rows = await cur.fetchall()
-        return sorted(map(task_from_row, rows), key=lambda t: t.due_at)
-
-    async def update_status(
-        self,
-        shard: int,
-        epoch: int,
-        refs: Sequence[TaskRef | tuple[datetime, uuid.UUID]],
-        event: TaskEvent,
-    ) -> list[TaskRef]:
-        """Apply ``event`` to the tasks ``refs`` of ``shard``; the refs that moved.
-
-        Each row moves only from a state in ``states.sources(event)`` to the state
-        ``states.transition`` gives; a row in any other state, or of another shard, is
-        left alone and missing from the result (a stale move changes nothing).
-
-        Raises:
-            ShardEpochLost: ``epoch`` is no longer the shard's; nothing moved.
-        """
-        if not refs:
-            return []
-        targets = {str(s): str(states.transition(s, event)) for s in states.sources(event)}
-        common = {
-            "shard": shard,
-            "targets": Jsonb(targets),
-            "sources": sorted(targets),
-            "terminal": _TERMINAL,
-        }
-        async with self.shard_tx(shard, epoch) as conn:
-            cur = conn.cursor()
-            await cur.executemany(
-                self._q["update_status"],
-                [{**common, "scheduled_at": at, "id": task_id} for at, task_id in refs],
-                returning=True,
-            )
-            return await _all_results(cur, lambda row: TaskRef(row[0], row[1]))
 
 
 def _raise_first(outcomes: Sequence[SubmitResult | SchedulerError | None]) -> None:

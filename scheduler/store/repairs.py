@@ -26,7 +26,7 @@ from chronoshard.scheduler.core.repairs import (
 )
 from chronoshard.scheduler.core.states import TaskStatus
 from chronoshard.scheduler.store import queries
-from chronoshard.scheduler.store.database import Connection, Store
+from chronoshard.scheduler.store.database import Store
 from chronoshard.scheduler.store.runs import timer_from_row
 
 _BEFORE_EVERY_RUN = (datetime.fromisoformat("0001-01-01T00:00:00+00:00"), uuid.UUID(int=0))
@@ -51,13 +51,6 @@ class ReconcileStore:
     def __init__(self, store: Store) -> None:
         self._store = store
         self._q = queries.load("repairs.sql")
-        self._lock_epochs = queries.load("runs.sql")["lock_shard_epochs"]
-
-    async def _owned(self, conn: Connection, epochs: Mapping[int, int]) -> set[int]:
-        """Lock the shards' owner rows FOR SHARE; the shards whose epoch is still ours."""
-        cur = await conn.execute(self._lock_epochs, {"shards": sorted(epochs)})
-        current = dict(await cur.fetchall())
-        return {shard for shard, epoch in epochs.items() if current.get(shard) == epoch}
 
     # ---- the reconcile loop -------------------------------------------------------------
 
@@ -100,7 +93,7 @@ class ReconcileStore:
         shards = {r.row.timer.shard for r in repairs}
         wanted = {s: epochs[s] for s in shards if s in epochs}
         async with self._store.transaction() as conn:
-            owned = await self._owned(conn, wanted)
+            owned = await self._store.owned_shards(conn, wanted)
             mine = [r for r in repairs if r.row.timer.shard in owned]
             lost = frozenset(shards - owned)
             if not mine:
@@ -155,7 +148,7 @@ class ReconcileStore:
         shards = {o.shard for o in outcomes}
         wanted = {s: epochs[s] for s in shards if s in epochs}
         async with self._store.transaction() as conn:
-            owned = await self._owned(conn, wanted)
+            owned = await self._store.owned_shards(conn, wanted)
             mine = [o for o in outcomes if o.shard in owned]
             lost = frozenset(shards - owned)
             if not mine:

@@ -144,12 +144,6 @@ class DispatchStore:
 
     # ---- shard-fenced writes ------------------------------------------------------------
 
-    async def _owned(self, conn: Connection, epochs: Mapping[int, int]) -> set[int]:
-        """Lock the shards' owner rows; the shards whose epoch is still ours."""
-        cur = await conn.execute(self._q["lock_shard_epochs"], {"shards": sorted(epochs)})
-        current = dict(await cur.fetchall())
-        return {shard for shard, epoch in epochs.items() if current.get(shard) == epoch}
-
     async def load_due(
         self, epochs: Mapping[int, int], horizon: datetime, limit: int
     ) -> tuple[list[TimerTask], frozenset[int]]:
@@ -158,7 +152,7 @@ class DispatchStore:
         Returns the moved tasks and the shards whose epoch was lost (nothing moved there).
         """
         async with self._store.transaction() as conn:
-            owned = await self._owned(conn, epochs)
+            owned = await self._store.owned_shards(conn, epochs)
             if not owned:
                 return [], frozenset(epochs)
             cur = await conn.execute(
@@ -187,7 +181,7 @@ class DispatchStore:
         """The PRELOADED tasks of shards just claimed (left by a previous owner), in
         ``(due_at, id)`` order: those after ``after``, at most ``limit``."""
         async with self._store.transaction() as conn:
-            owned = await self._owned(conn, epochs)
+            owned = await self._store.owned_shards(conn, epochs)
             if not owned:
                 return []
             cur = conn.cursor(row_factory=dict_row)
@@ -224,7 +218,7 @@ class DispatchStore:
         if not refs:
             return []
         async with self._store.transaction() as conn:
-            owned = await self._owned(conn, epochs)
+            owned = await self._store.owned_shards(conn, epochs)
             if not owned:
                 return []
             cur = conn.cursor(row_factory=dict_row)
@@ -244,7 +238,7 @@ class DispatchStore:
         """PRELOADED rows of the shards (after ``after`` in ``(due_at, id)`` order, if
         given) back to SCHEDULED; how many moved."""
         async with self._store.transaction() as conn:
-            owned = await self._owned(conn, epochs)
+            owned = await self._store.owned_shards(conn, epochs)
             if not owned:
                 return 0
             cur = await conn.execute(
@@ -280,7 +274,7 @@ class DispatchStore:
         transaction under their fence; its rows, and the shards found lost."""
         shards = {i.task.shard: epochs[i.task.shard] for i in intents if i.task.shard in epochs}
         async with self._store.transaction() as conn:
-            owned = await self._owned(conn, shards)
+            owned = await self._store.owned_shards(conn, shards)
             lost = frozenset(shards.keys() - owned)
             mine = [i for i in intents if i.task.shard in owned]
             if not mine:

@@ -17,18 +17,18 @@ import pytest
 from chronoshard.scheduler.core import states
 from chronoshard.scheduler.core.ids import new_task_id
 from chronoshard.scheduler.core.jitter import JitterMode
-from chronoshard.scheduler.core.models import NewTask, Priority, Task, TaskRef, Tenant
+from chronoshard.scheduler.core.models import NewTask, Priority, Task, Tenant
 from chronoshard.scheduler.core.sharding import shard_of
 from chronoshard.scheduler.core.states import AttemptState, TaskEvent, TaskStatus
 from chronoshard.scheduler.errors import (
     IdempotencyConflict,
     InvalidArgument,
     PayloadTooLarge,
-    ShardEpochLost,
     StoreUnavailable,
     TenantNotFound,
 )
 from chronoshard.scheduler.store.database import Store
+from chronoshard.scheduler.store.runs import DispatchStore
 
 SHARDS = 64
 NOW = datetime.now(UTC).replace(microsecond=123456)
@@ -435,12 +435,12 @@ async def test_load_due_moves_only_due_rows_of_the_shard(
     await _set_status(db_dsn, retrying, TaskStatus.RETRYING)
     await _set_status(db_dsn, running, TaskStatus.RUNNING)
     assert await store.claim_shard_epoch(shard, epoch, "node-a")
+    runs = DispatchStore(store)
 
-    loaded = await store.load_due(shard, epoch, horizon, limit=100)
+    loaded, lost = await runs.load_due({shard: epoch}, horizon, 100)
 
+    assert not lost
     assert {t.id for t in loaded} == {due.id, retrying.id, future_partition.id}
-    assert all(t.status is TaskStatus.PRELOADED for t in loaded)
-    assert [t.due_at for t in loaded] == sorted(t.due_at for t in loaded)
     expected = {
         due.id: TaskStatus.PRELOADED,
         retrying.id: TaskStatus.PRELOADED,
@@ -451,7 +451,7 @@ async def test_load_due_moves_only_due_rows_of_the_shard(
         blocked.id: TaskStatus.SCHEDULED,
     }
     assert {t.id: await _status(store, tenant, t) for t in everything} == expected
-    assert await store.load_due(shard, epoch, horizon, limit=100) == []
+    assert await runs.load_due({shard: epoch}, horizon, 100) == ([], frozenset())
 
 
 async def test_load_due_takes_the_earliest_up_to_the_limit(store: Store, tenant: Tenant) -> None:
@@ -460,82 +460,37 @@ async def test_load_due_takes_the_earliest_up_to_the_limit(store: Store, tenant:
     await store.insert_tasks(tenant.id, tasks)
     await store.claim_shard_epoch(shard, epoch, "node-a")
 
-    first = await store.load_due(shard, epoch, NOW + timedelta(seconds=1), limit=2)
+    first, _ = await DispatchStore(store).load_due({shard: epoch}, NOW + timedelta(seconds=1), 2)
 
-    assert [t.id for t in first] == [tasks[4].id, tasks[3].id]
+    # The earliest two (the wheel orders them; the statement need not).
+    assert {t.id for t in first} == {tasks[4].id, tasks[3].id}
 
 
-async def test_stale_epoch_raises_and_changes_nothing(store: Store, tenant: Tenant) -> None:
+async def test_a_stale_epoch_is_reported_lost_and_changes_nothing(
+    store: Store, tenant: Tenant
+) -> None:
     shard = 905
     task = make_task(shard=shard, due_at=NOW - timedelta(seconds=1))
     await store.insert_tasks(tenant.id, [task])
     horizon = NOW + timedelta(minutes=1)
+    runs = DispatchStore(store)
 
-    with pytest.raises(ShardEpochLost):  # nobody ever claimed it
-        await store.load_due(shard, 1, horizon, limit=10)
+    assert await runs.load_due({shard: 1}, horizon, 10) == ([], {shard})  # never claimed
     await store.claim_shard_epoch(shard, 1, "node-a")
     await store.claim_shard_epoch(shard, 2, "node-b")
-    with pytest.raises(ShardEpochLost) as caught:
-        await store.load_due(shard, 1, horizon, limit=10)
+    assert await runs.load_due({shard: 1}, horizon, 10) == ([], {shard})
 
-    assert (caught.value.shard, caught.value.epoch) == (shard, 1)
     assert await _status(store, tenant, task) is TaskStatus.SCHEDULED
-    assert [t.id for t in await store.load_due(shard, 2, horizon, limit=10)] == [task.id]
+    loaded, lost = await runs.load_due({shard: 2}, horizon, 10)
+    assert [t.id for t in loaded] == [task.id] and not lost
 
 
-async def test_load_due_rejects_a_naive_horizon(store: Store) -> None:
-    with pytest.raises(InvalidArgument) as caught:
-        await store.load_due(906, 1, datetime(2030, 1, 1), limit=10)
-    assert caught.value.field == "horizon"
-
-
-async def test_update_status_moves_only_from_the_expected_states(
-    store: Store, tenant: Tenant, db_dsn: str
-) -> None:
-    shard, epoch = 907, 3
-    preloaded = make_task(shard=shard)
-    running = make_task(shard=shard)
-    foreign = make_task(shard=908)
-    await store.insert_tasks(tenant.id, [preloaded, running, foreign])
-    await store.claim_shard_epoch(shard, epoch, "node-a")
-    await store.load_due(shard, epoch, NOW + timedelta(seconds=1), limit=10)
-    await _set_status(db_dsn, running, TaskStatus.RUNNING)
-    await _set_status(db_dsn, foreign, TaskStatus.PRELOADED)
-
-    moved = await store.update_status(
-        shard, epoch, [preloaded.ref, running.ref, foreign.ref], TaskEvent.HANDOFF
-    )
-
-    assert moved == [TaskRef(preloaded.scheduled_at, preloaded.id)]
-    assert await _status(store, tenant, preloaded) is TaskStatus.SCHEDULED
-    assert await _status(store, tenant, running) is TaskStatus.RUNNING
-    assert await _status(store, tenant, foreign) is TaskStatus.PRELOADED
-
-
-async def test_update_status_to_terminal_sets_finished_at(store: Store, tenant: Tenant) -> None:
-    shard, epoch = 909, 1
-    task = make_task(shard=shard)
-    await store.insert_tasks(tenant.id, [task])
-    await store.claim_shard_epoch(shard, epoch, "node-a")
-
-    assert await store.update_status(shard, epoch, [task.ref], TaskEvent.CANCEL) == [task.ref]
-
-    found = await store.get_task(tenant.id, task.id)
-    assert found is not None
-    assert found.status is TaskStatus.CANCELLED
-    assert found.finished_at is not None
-
-
-async def test_update_status_under_a_stale_epoch_raises(store: Store, tenant: Tenant) -> None:
-    shard = 910
-    task = make_task(shard=shard)
-    await store.insert_tasks(tenant.id, [task])
-    await store.claim_shard_epoch(shard, 1, "node-a")
-    await store.claim_shard_epoch(shard, 2, "node-b")
-
-    with pytest.raises(ShardEpochLost):
-        await store.update_status(shard, 1, [task.ref], TaskEvent.CANCEL)
-    assert await _status(store, tenant, task) is TaskStatus.SCHEDULED
+async def test_the_fence_keeps_only_the_shards_whose_epoch_is_the_callers(store: Store) -> None:
+    await store.claim_shard_epoch(912, 3, "node-a")
+    await store.claim_shard_epoch(913, 5, "node-b")
+    async with store.transaction() as conn:
+        owned = await store.owned_shards(conn, {912: 3, 913: 4, 914: 1})
+    assert owned == {912}
 
 
 async def _wait_for_lock_waiter(dsn: str, deadline_s: float = 10.0) -> None:
@@ -561,14 +516,14 @@ async def test_a_new_claim_waits_for_the_old_owners_open_write(store: Store, db_
     shard = 911
     await store.claim_shard_epoch(shard, 1, "node-a")
     async with await Store.open(db_dsn, 1, 1) as newcomer:
-        async with store.shard_tx(shard, 1):
+        async with store.transaction() as conn:
+            assert await store.owned_shards(conn, {shard: 1}) == {shard}
             claim = asyncio.create_task(newcomer.claim_shard_epoch(shard, 2, "node-b"))
             await _wait_for_lock_waiter(db_dsn)
             assert not claim.done()
         assert await claim
-    with pytest.raises(ShardEpochLost):
-        async with store.shard_tx(shard, 1):
-            pass
+    async with store.transaction() as conn:
+        assert await store.owned_shards(conn, {shard: 1}) == set()
 
 
 async def test_open_against_an_unreachable_server_is_store_unavailable() -> None:

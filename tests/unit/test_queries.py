@@ -40,7 +40,7 @@ def test_malformed_files_are_refused(text: str, message: str) -> None:
 
 def test_packaged_files_load() -> None:
     store = queries.load("database.sql")
-    assert {"insert_tasks", "load_due", "claim_shard_epoch", "lock_shard_epoch"} <= set(store)
+    assert {"insert_tasks", "claim_shard_epoch", "lock_shard_epochs"} <= set(store)
     migrate = queries.load("migrate.sql")
     assert {"lock", "unlock", "record_migration", "ensure_partitions"} <= set(migrate)
     assert queries.load("database.sql") is store

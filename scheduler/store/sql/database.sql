@@ -4,7 +4,8 @@
 -- * a statement that changes a task names its row by (scheduled_at, id), so PostgreSQL
 --   prunes to one partition, and names the states it may start from, so a stale or
 --   invalid move changes 0 rows;
--- * a statement for a shard runs inside Store.shard_tx, after lock_shard_epoch;
+-- * a write for a shard runs in a transaction that first takes the fence
+--   (lock_shard_epochs, through Store.owned_shards) and writes only for the shards it returns;
 -- * predicates that must match a partial index are spelled literally (a bound parameter
 --   cannot prove the index predicate, and the planner would not use the index).
 
@@ -130,44 +131,16 @@ ON CONFLICT (shard) DO UPDATE
        OR (shard_owners.epoch = EXCLUDED.epoch AND shard_owners.node_id = EXCLUDED.node_id)
 RETURNING epoch;
 
--- name: lock_shard_epoch
--- FOR SHARE: many writes of the owner run at once, but a new owner's claim (an UPDATE of
--- this row) waits until they commit, and every later write sees the new epoch.
-SELECT epoch FROM shard_owners WHERE shard = %(shard)s FOR SHARE;
-
--- name: load_due
--- Preloader: SCHEDULED/RETRYING rows of one shard due before the horizon become
--- PRELOADED, earliest first. SKIP LOCKED leaves rows another transaction is changing
--- (a cancel, say) for the next pass instead of waiting on them.
-UPDATE tasks AS t
-SET status = 'PRELOADED', updated_at = now()
-FROM (
-    SELECT scheduled_at, id
-    FROM tasks
-    WHERE shard = %(shard)s
-      AND status IN ('SCHEDULED', 'RETRYING')
-      AND unresolved_dependencies = 0
-      AND due_at < %(horizon)s
-    ORDER BY due_at
-    LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
-) AS due
-WHERE t.scheduled_at = due.scheduled_at AND t.id = due.id
-RETURNING t.*;
-
--- name: update_status
--- One row of a batch: moves only from an expected state (%(targets)s maps each expected
--- state to where the event leads from it) and only a row of the guarded shard.
-UPDATE tasks
-SET status = %(targets)s::jsonb ->> status,
-    updated_at = now(),
-    finished_at = CASE WHEN (%(targets)s::jsonb ->> status) = ANY(%(terminal)s::text[])
-                       THEN now() END
-WHERE scheduled_at = %(scheduled_at)s
-  AND id = %(id)s
-  AND shard = %(shard)s
-  AND status = ANY(%(sources)s::text[])
-RETURNING scheduled_at, id;
+-- name: lock_shard_epochs
+-- The shard fence (Store.owned_shards): FOR SHARE on the owner rows of every shard the
+-- transaction writes for, in shard order (a fixed lock order: two transactions never
+-- deadlock on these rows). Many writes of the owner run at once, but a new owner's claim
+-- (an UPDATE of a row) waits until they commit, and every later write sees the new epoch.
+SELECT shard, epoch
+FROM shard_owners
+WHERE shard = ANY(%(shards)s::smallint[])
+ORDER BY shard
+FOR SHARE;
 
 -- name: rotate_tenant_key
 -- A new API key for an existing tenant (by name); the old key stops working once the

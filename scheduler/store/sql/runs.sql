@@ -19,15 +19,6 @@
 -- task_attempts rows. Batches of different kinds touch the same tasks at once (a
 -- completion overtaking its ack, a heartbeat); one order for all means no deadlock.
 
--- name: lock_shard_epochs
--- FOR SHARE on the owner rows of every shard the transaction writes for, in shard order
--- (a fixed lock order: two transactions never deadlock on these rows).
-SELECT shard, epoch
-FROM shard_owners
-WHERE shard = ANY(%(shards)s::smallint[])
-ORDER BY shard
-FOR SHARE;
-
 -- name: due_refs
 -- Preloader, all owned shards at once, step 1: lock the due SCHEDULED/RETRYING rows,
 -- earliest first. The partial index tasks_preload_idx serves each shard's range, so
