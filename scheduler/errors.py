@@ -4,7 +4,10 @@ Every error the scheduler raises on purpose derives from :class:`SchedulerError`
 class carries a machine-readable ``reason`` (sent to clients in the gRPC error details)
 and a ``retryable`` flag that drives retry logic. Driver errors (psycopg, etcd, grpc) are
 mapped to these once, at the module that talks to the driver, and chained ``from exc``.
-The servicer alone chooses gRPC status codes (see ``grpc_code`` below, the one table).
+gRPC status codes are chosen here and nowhere else: each class names its own
+(``grpc_code_name``), and :data:`SETTLE_OUTCOME_ERRORS` names those of the settlement
+outcomes that are not errors raised (a stale token, a cancelled or unknown task). The
+servicers' boundary (:mod:`chronoshard.scheduler.api.boundary`) turns either into a status.
 """
 
 from __future__ import annotations
@@ -253,3 +256,42 @@ class WrongNode(SchedulerError):
         super().__init__(f"ask node {shown(node_id)} (at {address}) to {verb} itself")
         self.node_id = node_id
         self.field = "node_id"
+
+
+class ExpectationNotFound(SchedulerError):
+    """Raised when DeleteExpectation names a job the tenant has no expectation for."""
+
+    reason = "EXPECTATION_NOT_FOUND"
+    grpc_code_name = "NOT_FOUND"
+
+    def __init__(self, job_id: str) -> None:
+        super().__init__(f"no expectation for job {shown(job_id)}")
+        self.field = "job_id"
+
+
+class ExpectationManagedByConfig(SchedulerError):
+    """Raised when the API is asked to change or delete an expectation that the
+    watchdog's config file defines; nothing was written."""
+
+    reason = "EXPECTATION_MANAGED_BY_CONFIG"
+    grpc_code_name = "FAILED_PRECONDITION"
+
+    def __init__(self, job_id: str) -> None:
+        super().__init__(
+            f"the expectation for job {shown(job_id)} is defined in the watchdog's config file; "
+            "change it there"
+        )
+        self.field = "job_id"
+
+
+SETTLE_OUTCOME_ERRORS: dict[str, tuple[str, str]] = {
+    "STALE_FENCING_TOKEN": (
+        "FAILED_PRECONDITION",
+        "the fencing token is no longer current: another attempt owns the task; abort this one",
+    ),
+    "TASK_CANCELLED": ("FAILED_PRECONDITION", "the task was cancelled"),
+    "TASK_NOT_FOUND": ("NOT_FOUND", "no such task"),
+}
+"""The gRPC status code and message of each settlement outcome that is not OK
+(:class:`chronoshard.scheduler.core.runs.SettleOutcome`, keyed by its value; the reason
+sent is the value itself)."""

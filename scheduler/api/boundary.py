@@ -26,10 +26,11 @@ from __future__ import annotations
 import inspect
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, NoReturn, TypeAlias, TypeVar
+from typing import Any, NoReturn, Protocol, TypeAlias, TypeVar
 
 import grpc
 
+from chronoshard.scheduler.core.models import Tenant
 from chronoshard.scheduler.errors import SchedulerError
 from chronoshard.v1 import common_pb2
 from chronoshard.wire import error_info_metadata
@@ -99,6 +100,25 @@ async def serve(name: str, context: Context, call: Callable[[], Awaitable[_Resp]
     except Exception:
         log.exception("%s failed", name)
         await abort(context, internal_error())
+
+
+class Authenticates(Protocol):
+    async def authenticate(self, metadata: Any) -> Tenant: ...
+
+
+async def serve_tenant(
+    name: str,
+    context: Context,
+    auth: Authenticates,
+    call: Callable[[Tenant], Awaitable[_Resp]],
+) -> _Resp:
+    """:func:`serve` for an RPC a tenant makes: its key is checked first, inside the
+    boundary (an unknown key is ``UNAUTHENTICATED`` like any refusal)."""
+
+    async def authenticated() -> _Resp:
+        return await call(await auth.authenticate(context.invocation_metadata()))
+
+    return await serve(name, context, authenticated)
 
 
 # --- undecodable requests ---------------------------------------------------------------

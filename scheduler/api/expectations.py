@@ -31,7 +31,12 @@ from psycopg.rows import dict_row
 from chronoshard.scheduler.api import boundary, convert
 from chronoshard.scheduler.api.auth import Authenticator
 from chronoshard.scheduler.core.models import MAX_KEY_LENGTH, Tenant
-from chronoshard.scheduler.errors import InvalidArgument, SchedulerError, seconds_text, shown
+from chronoshard.scheduler.errors import (
+    ExpectationManagedByConfig,
+    ExpectationNotFound,
+    InvalidArgument,
+    seconds_text,
+)
 from chronoshard.scheduler.store import queries
 from chronoshard.scheduler.store.database import Store
 from chronoshard.v1 import watchdog_service_pb2, watchdog_service_pb2_grpc
@@ -51,32 +56,6 @@ DEFAULT_PAGE_SIZE = 100
 MAX_PAGE_SIZE = 1000
 MAX_PAGE_TOKEN_CHARS = 1024
 SEVERITIES = ("critical", "error", "warning", "info")
-
-
-class ExpectationNotFound(SchedulerError):
-    """Raised when DeleteExpectation names a job the tenant has no expectation for."""
-
-    reason = "EXPECTATION_NOT_FOUND"
-    grpc_code_name = "NOT_FOUND"
-
-    def __init__(self, job_id: str) -> None:
-        super().__init__(f"no expectation for job {shown(job_id)}")
-        self.field = "job_id"
-
-
-class ExpectationManagedByConfig(SchedulerError):
-    """Raised when the API is asked to change or delete an expectation that the
-    watchdog's config file defines; nothing was written."""
-
-    reason = "EXPECTATION_MANAGED_BY_CONFIG"
-    grpc_code_name = "FAILED_PRECONDITION"
-
-    def __init__(self, job_id: str) -> None:
-        super().__init__(
-            f"the expectation for job {shown(job_id)} is defined in the watchdog's config file; "
-            "change it there"
-        )
-        self.field = "job_id"
 
 
 @dataclass(frozen=True)
@@ -234,12 +213,9 @@ class WatchdogServiceServicer(watchdog_service_pb2_grpc.WatchdogServiceServicer)
         context: Context,
     ) -> _Resp:
         """Authenticate, run ``handler``, translate every error (:mod:`.boundary`)."""
-
-        async def call() -> _Resp:
-            tenant = await self._auth.authenticate(context.invocation_metadata())
-            return await handler(tenant, request)
-
-        return await boundary.serve(f"WatchdogService.{method}", context, call)
+        return await boundary.serve_tenant(
+            f"WatchdogService.{method}", context, self._auth, lambda t: handler(t, request)
+        )
 
     async def _create(
         self, tenant: Tenant, request: watchdog_service_pb2.CreateExpectationRequest

@@ -150,12 +150,9 @@ class TaskServiceServicer(task_service_pb2_grpc.TaskServiceServicer):
         context: Context,
     ) -> _Resp:
         """Authenticate, run ``handler``, and translate every error (:mod:`.boundary`)."""
-
-        async def call() -> _Resp:
-            tenant = await self._auth.authenticate(context.invocation_metadata())
-            return await handler(tenant, request, context)
-
-        return await boundary.serve(f"TaskService.{method}", context, call)
+        return await boundary.serve_tenant(
+            f"TaskService.{method}", context, self._auth, lambda t: handler(t, request, context)
+        )
 
     # --- handlers -------------------------------------------------------------------------
 

@@ -54,6 +54,7 @@ from chronoshard.scheduler.dispatch import faults
 from chronoshard.scheduler.dispatch.faults import CrashPoint
 from chronoshard.scheduler.dispatch.group_commit import GroupCommitter
 from chronoshard.scheduler.errors import (
+    SETTLE_OUTCOME_ERRORS,
     CommitOutcomeUnknown,
     InvalidArgument,
     PayloadTooLarge,
@@ -71,12 +72,6 @@ MAX_ERROR_CHARS = 8192
 MAX_NAME_CHARS = 200
 """Worker ids, and each queue and task type a Hello names."""
 MAX_HELLO_NAMES = 1000
-
-_OUTCOME_CODES = {
-    SettleOutcome.STALE_FENCING_TOKEN: "FAILED_PRECONDITION",
-    SettleOutcome.TASK_CANCELLED: "FAILED_PRECONDITION",
-    SettleOutcome.TASK_NOT_FOUND: "NOT_FOUND",
-}
 
 
 class GatewayListener(Protocol):
@@ -856,12 +851,5 @@ def _free_text(value: str) -> str:
 
 
 def _outcome_error(outcome: SettleOutcome) -> common_pb2.ErrorInfo:
-    messages = {
-        SettleOutcome.STALE_FENCING_TOKEN: "the fencing token is no longer current: another "
-        "attempt owns the task; abort this one",
-        SettleOutcome.TASK_CANCELLED: "the task was cancelled",
-        SettleOutcome.TASK_NOT_FOUND: "no such task",
-    }
-    return common_pb2.ErrorInfo(
-        code=_OUTCOME_CODES[outcome], reason=outcome.value, message=messages[outcome]
-    )
+    code, message = SETTLE_OUTCOME_ERRORS[outcome.value]
+    return common_pb2.ErrorInfo(code=code, reason=outcome.value, message=message)
