@@ -6,7 +6,7 @@ Shape of a running worker (all on one event loop, uvloop in production):
   reconnect loop) per scheduler node, from ``GetTopology``;
 - :class:`Settlements` gets every Ack/Complete/Fail/Release confirmed, on the stream or
   through the unary RPCs;
-- :class:`Dispatcher` answers every message from a node: credits, assignments (one run
+- :class:`RunManager` answers every message from a node: credits, assignments (one run
   task per accepted one, driving an :class:`Execution`), cancels, revocations, drains.
 
 The Worker owns the lifecycle: ``run()`` supervises the long-running loops (any one
@@ -34,9 +34,9 @@ from typing import Any, TypeVar
 from chronoshard.clock import Clock, SystemClock
 from chronoshard.wire import DEFAULT_QUEUE
 from chronoshard.worker._context import StopReason, TaskContext
-from chronoshard.worker._dispatch import Dispatcher
 from chronoshard.worker._errors import ConfigurationError
 from chronoshard.worker._execution import DRAIN_STOP_S, HandlerSpec, handler_spec
+from chronoshard.worker._runs import RunManager
 from chronoshard.worker._settlements import Settlements
 from chronoshard.worker._topology import REFRESH_S, Topology
 from chronoshard.worker._transport import TLSConfig, Transport
@@ -190,7 +190,7 @@ class Worker:
     def _build(self) -> None:
         """(Re)build the I/O parts from the current settings; nothing connects yet."""
         self._transport = Transport(tls=self._tls, api_key=self._api_key)
-        self._dispatcher = Dispatcher(
+        self._runs = RunManager(
             worker_id=self._worker_id,
             handlers=self._handlers,
             queues=self.queues,
@@ -203,7 +203,7 @@ class Worker:
         self._topology = Topology(
             targets=self._targets,
             transport=self._transport,
-            host=self._dispatcher,
+            host=self._runs,
             spawn=self._spawn,
             heartbeat_interval_s=self.heartbeat_interval_s,
             refresh_s=self._topology_refresh_s,
@@ -214,11 +214,11 @@ class Worker:
             transport=self._transport,
             topology=self._topology,
             clock=self._clock,
-            on_stale=self._dispatcher.stale,
+            on_stale=self._runs.stale,
             on_change=self._changed.notify,
             rng=self._rng,
         )
-        self._dispatcher.bind(self._topology, self._settlements)
+        self._runs.bind(self._topology, self._settlements)
 
     # ---- configuration ---------------------------------------------------------------
 
@@ -285,7 +285,7 @@ class Worker:
 
     @property
     def draining(self) -> bool:
-        return self._dispatcher.draining
+        return self._runs.draining
 
     @property
     def shutdown_bound_s(self) -> float:
@@ -295,16 +295,16 @@ class Worker:
     @property
     def running(self) -> int:
         """Slots held by tasks (waiting for due_at, running, or a handler still stopping)."""
-        return self._dispatcher.ledger.occupied
+        return self._runs.ledger.occupied
 
     def stats(self) -> dict[str, Any]:
         """Plain counters for logs and metrics."""
         return {
             "worker_id": self._worker_id,
             "sessions": {a: s.live for a, s in self._topology.sessions.items()},
-            "credits": self._dispatcher.ledger.stats(),
+            "credits": self._runs.ledger.stats(),
             "outbox": self._settlements.outbox.stats(),
-            "outcomes": dict(self._dispatcher.counts),
+            "outcomes": dict(self._runs.counts),
         }
 
     def _log(self, level: int, msg: str, *args: Any, **fields: Any) -> None:
@@ -328,7 +328,7 @@ class Worker:
         self._fatal = self._loop.create_future()
         if any(not spec.is_async for spec in self._handlers.values()):
             self._executor = ThreadPoolExecutor(self.slots, thread_name_prefix="chronoshard-task")
-            self._dispatcher.executor = self._executor
+            self._runs.executor = self._executor
         self._log(
             logging.INFO,
             "worker starting: types %s, queues %s, %d slots",
@@ -431,7 +431,7 @@ class Worker:
     # ---- shutdown --------------------------------------------------------------------
 
     async def _shutdown(self, loops: list[asyncio.Task[None]]) -> DrainReport:
-        d = self._dispatcher
+        d = self._runs
 
         def forced() -> bool:
             return self._forced
@@ -489,11 +489,11 @@ class Worker:
         # 6. Runs still here were cut short (a forced stop): cancel them. A thread cannot
         #    be cancelled; it is counted as stuck and left to finish on its own (its
         #    ctx.cancelled is set).
-        runs = list(self._dispatcher.runs.values())
+        runs = list(self._runs.runs.values())
         stuck = sum(
             1 for r in runs if r.execution.handler_running and not r.execution.spec.is_async
         )
-        self._dispatcher.stop_all(StopReason.DRAINING)
+        self._runs.stop_all(StopReason.DRAINING)
         run_tasks = [r.task for r in runs if r.task is not None]
         for task in run_tasks:
             task.cancel()

@@ -47,7 +47,7 @@ from chronoshard.worker import (
     TaskContext,
     Worker,
 )
-from chronoshard.worker._dispatch import ACK_DELAY_S
+from chronoshard.worker._runs import ACK_DELAY_S
 
 pb = worker_service_pb2
 WAIT_S = 5.0

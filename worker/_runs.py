@@ -1,4 +1,4 @@
-"""The dispatcher: what the worker does with each message a node sends.
+"""The run manager: what the worker does with each message a node sends.
 
 It is the sessions' :class:`SessionHost`. Every callback runs on the event loop between
 two awaits and answers by calling the pure parts: the :class:`CreditLedger` (may this
@@ -7,7 +7,7 @@ assignment run, which node gets the freed slot), the outcome table of ``_executi
 assignment becomes a *run*: a task driving one :class:`Execution`, whose outcome is
 settled as soon as it is known and whose slot is given back once the handler really
 stopped. The :class:`Worker` owns the lifecycle (start, drain, close) and reads the
-dispatcher's state to decide when each shutdown phase is over.
+run manager's state to decide when each shutdown phase is over.
 
 Worker self-fencing lives here too: every run holds a :class:`RunLease` (``_lease.py``)
 that its assignment starts and heartbeat replies extend, and a timer per run stops it
@@ -100,7 +100,7 @@ OUTCOMES = (
     "abandoned",
     "lease_lost",
 )
-"""The counters of :attr:`Dispatcher.counts` that count ended attempts."""
+"""The counters of :attr:`RunManager.counts` that count ended attempts."""
 
 
 @dataclass
@@ -130,7 +130,7 @@ class HeartbeatSent:
     runs: list[tuple[RunKey, int | None]] = field(default_factory=list)
 
 
-class Dispatcher:
+class RunManager:
     def __init__(
         self,
         *,
@@ -157,7 +157,7 @@ class Dispatcher:
         self.draining = False
         self.executor: Executor | None = None
         self._skew_logged_at: float | None = None
-        # Wired by bind(): the topology needs the dispatcher as its host first.
+        # Wired by bind(): the topology needs the run manager as its host first.
         self._topology: Topology | None = None
         self._settlements: Settlements | None = None
 
