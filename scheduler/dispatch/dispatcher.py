@@ -39,6 +39,7 @@ from chronoshard.clock import Clock
 from chronoshard.events import wait_event
 from chronoshard.scheduler.api.workers import Gateway, WorkerSession
 from chronoshard.scheduler.config import SchedulerConfig
+from chronoshard.scheduler.core import rounds
 from chronoshard.scheduler.core.fairness import ReadyQueues, ReadyTask, TenantLimits
 from chronoshard.scheduler.core.models import Task
 from chronoshard.scheduler.core.runs import Intent, IntentResult, Release, TimerTask
@@ -241,20 +242,14 @@ class Dispatcher:
         await wait_event(self._wake, timeout)
 
     async def _dispatch_round(self, now: float) -> int:
+        """One round (the policy is :mod:`chronoshard.scheduler.core.rounds`): choose,
+        write the intents, send what they returned, give the rest back."""
         if not len(self._ready):
             return 0
         self._ready.set_capacity(self._gateway.total_slots())
-        chosen: list[tuple[WorkerSession, ReadyTask]] = []
-        for session in self._gateway.sessions_with_credit():
-            while session.credits > 0 and len(chosen) < self._batch_max:
-                ready = self._ready.pop_for(session.offer, now)
-                if ready is None:
-                    break
-                # Counted at once, not after the commit: otherwise one round could take a
-                # tenant past its concurrency limit by up to the batch size.
-                self._ready.task_started(ready)
-                session.credits -= 1
-                chosen.append((session, ready))
+        chosen = rounds.choose(
+            self._gateway.sessions_with_credit(), self._ready, self._batch_max, now
+        )
         if not chosen:
             return 0
         self.backlog_changed.set()
@@ -265,12 +260,8 @@ class Dispatcher:
             result = await self._commit_intents(epochs, intents)
         finally:
             self._in_round = set()
-        if result is None:
-            # Nothing committed: put everything back and try again shortly.
-            for session, ready in chosen:
-                session.credits += 1
-                self._ready.task_finished(ready.tenant_id, ready.priority)
-                self._ready.push(ready, now)
+        if result is None:  # nothing committed: try again shortly
+            rounds.put_back(chosen, self._ready, now)
             self.backlog_changed.set()
             await asyncio.sleep(STORE_RETRY_S)
             return 0
@@ -279,14 +270,13 @@ class Dispatcher:
             faults.reached(CrashPoint.AFTER_INTENT)  # fault injection (test builds)
         if result.lost_shards:
             self._shards.epochs_lost(result.lost_shards)
-        by_id = {r.id: (s, r) for s, r in chosen}
+        written = rounds.match_written(chosen, result.dispatched)
         wall_now = self._clock.now()
         undeliverable = []
-        for sent, task in enumerate(result.dispatched):
-            if sent == len(result.dispatched) // 2 > 0 and faults.armed(CrashPoint.INSIDE_BATCH):
+        for sent, (session, task, ready) in enumerate(written.to_send):
+            if sent == len(written.to_send) // 2 > 0 and faults.armed(CrashPoint.INSIDE_BATCH):
                 # Fault injection (test builds): half the batch is on its way, half not.
                 await faults.crash_when(CrashPoint.INSIDE_BATCH, self._gateway.outboxes_empty)
-            session, ready = by_id.pop(task.id)
             timer = _timer(ready)
             self._by_shard.get(timer.shard, set()).discard(timer.id)
             if self._gateway.send_assignment(session, task, timer):
@@ -295,15 +285,9 @@ class Dispatcher:
                     self._on_dispatched(timer, (wall_now - timer.due_at).total_seconds())
             else:
                 undeliverable.append((task, timer))
-        # Chosen but not written: the row moved on (cancelled) or the shard was lost; or,
-        # read back after an unknown commit, it is still PRELOADED: choose it again.
-        for session, ready in by_id.values():
-            session.credits += 1
-            self._ready.task_finished(ready.tenant_id, ready.priority)
-            if ready.id in result.unwritten:
-                self._ready.push(ready, now)
-            else:
-                self.stats["intent_rows_skipped"] += 1
+        self.stats["intent_rows_skipped"] += rounds.give_back(
+            written.leftover, result.unwritten, self._ready, now
+        )
         if undeliverable:
             await self._abandon(undeliverable)
         return len(chosen)

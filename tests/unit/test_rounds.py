@@ -1,0 +1,181 @@
+"""The dispatch round's policy (``core/rounds.py``): credits are spent and returned
+exactly, tenants' in-flight counts follow the choices, and what the transaction did not
+write is chosen again only when it was read back as unwritten."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from chronoshard.scheduler.core import rounds
+from chronoshard.scheduler.core.fairness import ReadyQueues, ReadyTask, TenantLimits, WorkerOffer
+from chronoshard.scheduler.core.models import Priority
+
+NOW = 1000.0
+
+
+@dataclass
+class Session:
+    name: str
+    credits: int
+    queues: frozenset[str] = frozenset({"default"})
+
+    @property
+    def offer(self) -> WorkerOffer:
+        return WorkerOffer(queues=self.queues, types=frozenset({"t"}), session_id=self.name)
+
+
+def _task(tenant: uuid.UUID, n: int, queue: str = "default") -> ReadyTask:
+    return ReadyTask(
+        id=uuid.uuid4(),
+        tenant_id=tenant,
+        priority=Priority.STANDARD,
+        queue=queue,
+        type="t",
+        due_at_wall=float(n),
+    )
+
+
+@dataclass(frozen=True)
+class Row:
+    """What the intents' transaction returned, as far as the round reads it."""
+
+    id: uuid.UUID
+
+
+def _row(task: ReadyTask) -> Row:
+    return Row(task.id)
+
+
+def _queues(tasks: list[ReadyTask], **kw: object) -> ReadyQueues:
+    ready = ReadyQueues(capacity=1000, **kw)  # type: ignore[arg-type]
+    for task in tasks:
+        ready.push(task, NOW)
+    return ready
+
+
+def _in_flight(ready: ReadyQueues) -> int:
+    return ready.stats()["in_flight_standard"]
+
+
+def test_choose_spends_one_credit_per_choice_session_by_session() -> None:
+    tenant = uuid.uuid4()
+    ready = _queues([_task(tenant, n) for n in range(5)])
+    a, b = Session("a", 2), Session("b", 10)
+
+    chosen = rounds.choose([a, b], ready, batch_max=100, now=NOW)
+
+    assert [s.name for s, _ in chosen] == ["a", "a", "b", "b", "b"]
+    assert (a.credits, b.credits) == (0, 7)
+    assert len(ready) == 0 and _in_flight(ready) == 5
+
+
+def test_choose_stops_at_the_batch_size() -> None:
+    tenant = uuid.uuid4()
+    ready = _queues([_task(tenant, n) for n in range(10)])
+    session = Session("a", 10)
+
+    chosen = rounds.choose([session], ready, batch_max=3, now=NOW)
+
+    assert len(chosen) == 3 and session.credits == 7 and len(ready) == 7
+
+
+def test_a_choice_counts_against_the_tenants_limit_before_the_commit() -> None:
+    # Counted at choice time: one round cannot take a tenant past its concurrency limit.
+    tenant = uuid.uuid4()
+    limits = TenantLimits(max_concurrent=2)
+    ready = _queues([_task(tenant, n) for n in range(5)], tenant_limits=lambda _t: limits)
+    session = Session("a", 5)
+
+    chosen = rounds.choose([session], ready, batch_max=100, now=NOW)
+
+    assert len(chosen) == 2 and session.credits == 3
+
+
+def test_a_session_is_offered_only_what_it_serves() -> None:
+    tenant = uuid.uuid4()
+    ready = _queues([_task(tenant, 0, queue="other"), _task(tenant, 1)])
+    session = Session("a", 5)
+
+    chosen = rounds.choose([session], ready, batch_max=100, now=NOW)
+
+    assert [t.queue for _, t in chosen] == ["default"] and len(ready) == 1
+
+
+def test_put_back_undoes_every_choice() -> None:
+    tenant = uuid.uuid4()
+    tasks = [_task(tenant, n) for n in range(4)]
+    ready = _queues(tasks)
+    session = Session("a", 3)
+    chosen = rounds.choose([session], ready, batch_max=100, now=NOW)
+
+    rounds.put_back(chosen, ready, NOW)
+
+    assert session.credits == 3 and len(ready) == 4 and _in_flight(ready) == 0
+    again = rounds.choose([session], ready, batch_max=100, now=NOW)
+    assert [t.id for _, t in again] == [t.id for _, t in chosen]
+
+
+def test_what_was_written_is_sent_and_the_rest_given_back() -> None:
+    tenant = uuid.uuid4()
+    tasks = [_task(tenant, n) for n in range(4)]
+    ready = _queues(tasks)
+    session = Session("a", 4)
+    chosen = rounds.choose([session], ready, batch_max=100, now=NOW)
+    written, cancelled, unwritten = chosen[0][1], chosen[1][1], chosen[2][1]
+    also_written = chosen[3][1]
+
+    matched = rounds.match_written(chosen, [_row(also_written), _row(written)])
+    dropped = rounds.give_back(matched.leftover, {unwritten.id}, ready, NOW)
+
+    assert [(s.name, row.id, t.id) for s, row, t in matched.to_send] == [
+        ("a", also_written.id, also_written.id),
+        ("a", written.id, written.id),
+    ]
+    assert {t.id for _, t in matched.leftover} == {cancelled.id, unwritten.id}
+    assert dropped == 1  # the cancelled one: its row moved on
+    assert session.credits == 2  # the two leftovers' credits came back
+    assert unwritten.id in ready and cancelled.id not in ready
+    assert _in_flight(ready) == 2  # only the two sent are running
+
+
+@given(
+    credits=st.lists(st.integers(0, 6), min_size=1, max_size=4),
+    waiting=st.integers(0, 20),
+    batch_max=st.integers(1, 30),
+    written_mask=st.lists(st.booleans(), min_size=30, max_size=30),
+    unwritten_mask=st.lists(st.booleans(), min_size=30, max_size=30),
+)
+def test_credits_and_tasks_are_conserved_through_a_round(
+    credits: list[int],
+    waiting: int,
+    batch_max: int,
+    written_mask: list[bool],
+    unwritten_mask: list[bool],
+) -> None:
+    tenants = [uuid.uuid4() for _ in range(3)]
+    ready = _queues([_task(tenants[n % 3], n) for n in range(waiting)])
+    sessions = [Session(str(i), c) for i, c in enumerate(credits)]
+
+    chosen = rounds.choose(sessions, ready, batch_max, NOW)
+
+    assert len(chosen) == min(sum(credits), waiting, batch_max)
+    assert sum(s.credits for s in sessions) == sum(credits) - len(chosen)
+    assert len(ready) + len(chosen) == waiting
+    assert len({t.id for _, t in chosen}) == len(chosen)
+
+    rows = [_row(t) for (_, t), keep in zip(chosen, written_mask, strict=False) if keep]
+    matched = rounds.match_written(chosen, rows)
+    unwritten = {
+        t.id for (_, t), mark in zip(matched.leftover, unwritten_mask, strict=False) if mark
+    }
+    dropped = rounds.give_back(matched.leftover, unwritten, ready, NOW)
+
+    assert len(matched.to_send) == len(rows)
+    assert sum(s.credits for s in sessions) == sum(credits) - len(rows)
+    assert dropped == len(matched.leftover) - len(unwritten)
+    assert len(ready) == waiting - len(chosen) + len(unwritten)
+    assert _in_flight(ready) == len(rows)
