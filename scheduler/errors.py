@@ -171,6 +171,23 @@ class CommitOutcomeUnknown(StoreUnavailable):
     reason = "COMMIT_OUTCOME_UNKNOWN"
 
 
+class CommitterStopped(SchedulerError):
+    """Raised by a group committer that stopped (the node is shutting down) or whose
+    flusher is gone: the request was not queued, nothing of it was written. Retryable
+    on another node (a worker resends a settlement so refused elsewhere)."""
+
+    reason = "NODE_STOPPING"
+    retryable = True
+    grpc_code_name = "UNAVAILABLE"
+
+    def __init__(self, committer: str) -> None:
+        super().__init__(
+            f"the scheduler node is stopping (its {committer!r} group commit is closed): "
+            "nothing was written; send it to another node"
+        )
+        self.committer = committer
+
+
 class MigrationError(SchedulerError):
     """Raised by ``chronoshard migrate`` when the schema cannot be brought up to date:
     an applied migration's file changed, migrations are missing or out of order, or a

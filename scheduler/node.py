@@ -15,10 +15,17 @@ loudly rather than leaving it half alive. Shutdown (SIGTERM) runs in this order 
 2. every shard handed over: the node re-registers as draining, its successors warm up
    and it lets each shard go once its successor is ready, dispatching it until then (at
    most ``handoff.wait_s``; whatever is left is then released);
-3. workers told to reconnect elsewhere (``Drain``);
-4. loops stopped; queued acks/settlements flushed;
-5. gRPC server stopped with a grace period for in-flight calls;
-6. etcd lease revoked; database pool closed.
+3. workers told to go elsewhere and not to reconnect (``Drain{shutting_down}``);
+4. loops stopped; the group commits take no more requests and flush what they hold,
+   each request answered (its ``Receipt`` queued). What arrives from then on is refused
+   at once with the retryable ``NODE_STOPPING`` (on a stream as the ``Receipt``'s
+   error, on a unary call as ``UNAVAILABLE``): the worker resends it elsewhere, and
+   nothing waits for a flush that will never come;
+5. worker streams ended by the node, each once what was queued for it is sent: left
+   open (they never end on their own) they held the server's whole grace;
+6. gRPC server stopped with a grace period (``SERVER_GRACE_S``) for in-flight unary
+   calls;
+7. etcd lease revoked; database pool closed.
 """
 
 from __future__ import annotations

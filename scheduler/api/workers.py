@@ -56,6 +56,7 @@ from chronoshard.scheduler.dispatch.group_commit import GroupCommitter
 from chronoshard.scheduler.errors import (
     SETTLE_OUTCOME_ERRORS,
     CommitOutcomeUnknown,
+    CommitterStopped,
     InvalidArgument,
     PayloadTooLarge,
     SchedulerError,
@@ -67,6 +68,9 @@ from chronoshard.v1 import common_pb2, worker_service_pb2, worker_service_pb2_gr
 log = logging.getLogger(__name__)
 
 HELLO_TIMEOUT_S = 10.0
+HANDLER_STOP_TIMEOUT_S = 1.0
+"""At stop, how long the message handlers get to queue their replies once the group
+commits are flushed (they only have that left to do; the rest are cancelled)."""
 MAX_WORKER_SLOTS = 100_000
 MAX_ERROR_CHARS = 8192
 MAX_NAME_CHARS = 200
@@ -160,6 +164,9 @@ class Gateway(worker_service_pb2_grpc.WorkerServiceServicer):
         self._draining = False
         self._shutting_down = False
         self._drain_reason = ""
+        # Resolved once the node flushed at stop: every stream sends what is queued for
+        # it and ends (made lazily: it needs the running loop).
+        self._streams_end: asyncio.Future[None] | None = None
         self._background: set[asyncio.Task[Any]] = set()
         linger = config.workers.group_commit_interval_s
         self._acks = GroupCommitter("ack", self._ack_batch, linger_s=linger)
@@ -198,15 +205,39 @@ class Gateway(worker_service_pb2_grpc.WorkerServiceServicer):
 
     async def stop(self) -> None:
         """Tell every worker to go elsewhere, then flush what is queued (every message
-        handled so far gets its answer), then end what is left of the handlers."""
+        handled so far gets its answer), then end the worker streams.
+
+        A stream ends once the messages queued for it (the last receipts) are sent; the
+        worker was told ``Drain{shutting_down}``, so it does not reconnect, and it sends
+        what it still has unconfirmed to another node. The streams never end on their
+        own: left open, they held the gRPC server's grace (5 s) at every stop."""
         self.drain_all("scheduler node shutting down", shutting_down=True)
-        for committer in self._committers:
-            await committer.stop()
+        # All at once: every kind refuses from here on, and a slow flush of one kind
+        # does not keep the others taking requests.
+        await asyncio.gather(*(committer.stop() for committer in self._committers))
+        # Every handler's commit is answered now (or refused: NODE_STOPPING), so each
+        # only has its reply to queue; cancelled now, some lost theirs.
         left = list(self._background)
-        for task in left:
-            task.cancel()
-        # Awaited, so none is destroyed pending when the loop closes.
-        await asyncio.gather(*left, return_exceptions=True)
+        if left:
+            _, stuck = await asyncio.wait(left, timeout=HANDLER_STOP_TIMEOUT_S)
+            for task in stuck:
+                task.cancel()
+            # Awaited, so none is destroyed pending when the loop closes.
+            await asyncio.gather(*left, return_exceptions=True)
+        end = self._end_streams()
+        if not end.done():
+            end.set_result(None)
+
+    def _end_streams(self) -> asyncio.Future[None]:
+        if self._streams_end is None:
+            self._streams_end = asyncio.get_running_loop().create_future()
+        return self._streams_end
+
+    @property
+    def accepting_settlements(self) -> bool:
+        """False once :meth:`stop` began: acks, heartbeats and settlements are refused
+        (``NODE_STOPPING``, retryable) instead of being queued."""
+        return all(committer.accepting for committer in self._committers)
 
     def drain_all(self, reason: str, *, shutting_down: bool = False) -> None:
         """Send nothing more to any worker and tell each (``Drain``); a worker that
@@ -399,12 +430,16 @@ class Gateway(worker_service_pb2_grpc.WorkerServiceServicer):
             )
             if self._draining:
                 yield self._drain_message()
+            end = self._end_streams()
             while not session.closed:
+                if end.done() and session.outbox.empty():
+                    break  # the node stops: all that was queued here has been sent
                 get = asyncio.ensure_future(session.outbox.get())
+                waits: set[asyncio.Future[Any]] = {get, reader}
+                if not end.done():
+                    waits.add(end)
                 try:
-                    done, _ = await asyncio.wait(
-                        {get, reader}, return_when=asyncio.FIRST_COMPLETED
-                    )
+                    done, _ = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
                 finally:
                     # Also when the call is cancelled (the worker went away) while this
                     # waits: a get left pending was destroyed with the session later
@@ -412,7 +447,9 @@ class Gateway(worker_service_pb2_grpc.WorkerServiceServicer):
                     if not get.done():
                         get.cancel()
                 if get not in done:
-                    break
+                    if reader in done:
+                        break
+                    continue  # the streams end: what is still queued goes out first
                 first_out = get.result()
                 if not session.accepts_batches or session.outbox.empty():
                     yield first_out
@@ -584,7 +621,8 @@ class Gateway(worker_service_pb2_grpc.WorkerServiceServicer):
             body = getattr(message, kind, None)
             session.send(self._receipt(kind, body, exc))
             return
-        except StoreUnavailable as exc:
+        except (StoreUnavailable, CommitterStopped) as exc:
+            # PostgreSQL away, or this node stopping (its group commits take no more).
             body = getattr(message, kind)
             fields = {"worker_id": session.worker_id, "kind": kind, "error": str(exc)}
             if kind == "heartbeat":

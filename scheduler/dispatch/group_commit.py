@@ -12,7 +12,13 @@ answered only after its batch committed: nothing is acknowledged early.
 ``stop`` lets the flush under way finish and flushes what is still queued before the
 flusher ends: cancelling a flush midway would leave its callers without an answer, and
 a worker's settlement whose batch committed without a Receipt would wait for its
-resend. The wait is bounded (``stop_timeout_s``); past it the flusher is cancelled.
+resend. The wait is bounded (``stop_timeout_s``); past it the flusher is cancelled, and
+the callers of the batch it cut short get :class:`~.errors.CommitOutcomeUnknown` (it may
+have committed). Once ``stop`` began, ``submit`` refuses at once with
+:class:`~.errors.CommitterStopped` (nothing queued, nothing written), and whatever is
+still queued when the flusher ends, however it ends, is failed the same way: a request
+queued with no flusher left to take it waited for ever, and so did its caller (a worker's
+settlement arriving while the node stopped never got its Receipt).
 """
 
 from __future__ import annotations
@@ -22,6 +28,8 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Generic, TypeVar
+
+from chronoshard.scheduler.errors import CommitOutcomeUnknown, CommitterStopped
 
 log = logging.getLogger(__name__)
 
@@ -55,33 +63,46 @@ class GroupCommitter(Generic[Req, Res]):
         self.failures = 0
 
     def start(self) -> None:
-        if self._task is None:
+        if self._task is None and not self._stopping.is_set():
             self._task = asyncio.create_task(self._run(), name=f"group-commit-{self.name}")
+            self._task.add_done_callback(self._flusher_ended)
 
     async def stop(self, stop_timeout_s: float = DEFAULT_STOP_TIMEOUT_S) -> None:
-        """Finish the flush under way, flush what is queued, then stop (bounded)."""
-        if self._task is None:
-            return
-        task, self._task = self._task, None
+        """Refuse new requests, finish the flush under way, flush what is queued, then
+        stop (bounded). No caller is left without an answer."""
         self._stopping.set()
         self._wakeup.set()
-        _, pending = await asyncio.wait({task}, timeout=stop_timeout_s)
-        if pending:
-            log.warning(
-                "group commit still flushing at stop; cancelled",
-                extra={"committer": self.name, "queued": len(self._pending)},
-            )
-            task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        task, self._task = self._task, None
+        if task is not None:
+            _, pending = await asyncio.wait({task}, timeout=stop_timeout_s)
+            if pending:
+                log.warning(
+                    "group commit still flushing at stop; cancelled",
+                    extra={"committer": self.name, "queued": len(self._pending)},
+                )
+                task.cancel()
+                await asyncio.wait({task})
+        # Not started, or cut short: nothing flushes what is queued any more.
+        self._fail_queued()
+
+    @property
+    def accepting(self) -> bool:
+        """Whether ``submit`` queues (False once ``stop`` began or the flusher ended)."""
+        return not self._stopping.is_set() and not (self._task is not None and self._task.done())
 
     async def submit(self, request: Req) -> Res:
+        """``request``'s result once its batch committed; :class:`CommitterStopped` at
+        once if the committer no longer takes requests."""
+        if not self.accepting:
+            raise CommitterStopped(self.name)
         future: asyncio.Future[Res] = asyncio.get_running_loop().create_future()
         self._pending.append((request, future))
         self._wakeup.set()
         return await future
 
     async def submit_many(self, requests: Sequence[Req]) -> list[Res]:
+        if not self.accepting:
+            raise CommitterStopped(self.name)
         loop = asyncio.get_running_loop()
         futures = [loop.create_future() for _ in requests]
         self._pending.extend(zip(requests, futures, strict=True))
@@ -114,6 +135,18 @@ class GroupCommitter(Generic[Req, Res]):
         self.requests += len(live)
         try:
             results = await self._flush([req for req, _ in live])
+        except asyncio.CancelledError:
+            # The flusher was cancelled at stop, past its bound: the batch may or may not
+            # have committed, and its callers must hear so rather than wait for ever.
+            for _, fut in live:
+                if not fut.done():
+                    fut.set_exception(
+                        CommitOutcomeUnknown(
+                            f"the scheduler node stopped while its {self.name!r} group "
+                            "commit ran: it may or may not have committed"
+                        )
+                    )
+            raise
         except Exception as exc:
             # Every caller of the batch learns of the failure; the loop carries on.
             self.failures += 1
@@ -123,7 +156,30 @@ class GroupCommitter(Generic[Req, Res]):
                     fut.set_exception(exc)
             return
         if len(results) != len(live):
-            raise RuntimeError(f"{self.name}: flush returned {len(results)} for {len(live)}")
+            # A bug in ``flush``. Raised out of the loop it ended the flusher and left this
+            # batch's callers, and every later one, waiting for ever.
+            self.failures += 1
+            error = RuntimeError(f"{self.name}: flush returned {len(results)} for {len(live)}")
+            log.error("group commit flush broke its contract", extra={"committer": self.name})
+            for _, fut in live:
+                if not fut.done():
+                    fut.set_exception(error)
+            return
         for (_, fut), result in zip(live, results, strict=True):
             if not fut.done():
                 fut.set_result(result)
+
+    def _flusher_ended(self, task: asyncio.Task[None]) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            log.error(
+                "group commit flusher failed",
+                exc_info=task.exception(),
+                extra={"committer": self.name},
+            )
+        self._fail_queued()
+
+    def _fail_queued(self) -> None:
+        queued, self._pending = self._pending, []
+        for _, fut in queued:
+            if not fut.done():
+                fut.set_exception(CommitterStopped(self.name))

@@ -9,6 +9,7 @@ import pytest
 from fixtures.loop import one_loop_turn
 
 from chronoshard.scheduler.dispatch.group_commit import GroupCommitter
+from chronoshard.scheduler.errors import CommitOutcomeUnknown, CommitterStopped
 
 
 async def test_concurrent_submits_share_batches_and_get_their_own_answers() -> None:
@@ -110,17 +111,115 @@ async def test_stop_lets_the_flush_under_way_answer_its_callers() -> None:
     assert await queued == 2
 
 
-async def test_stop_gives_up_on_a_flush_that_hangs() -> None:
+async def test_stop_gives_up_on_a_flush_that_hangs_and_answers_every_caller() -> None:
+    started = asyncio.Event()
+
     async def flush(requests: Sequence[int]) -> list[int]:
+        started.set()
         await asyncio.Event().wait()
         return list(requests)
 
     committer: GroupCommitter[int, int] = GroupCommitter("t", flush, linger_s=0)
     committer.start()
-    caller = asyncio.create_task(committer.submit(1))
+    in_flight = asyncio.create_task(committer.submit(1))
+    await started.wait()
+    queued = asyncio.create_task(committer.submit(2))
     await one_loop_turn()
     async with asyncio.timeout(5):  # a stop that waited for the hung flush fails here
         await committer.stop(stop_timeout_s=0.05)
-    caller.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await caller
+    # Both callers are answered (before, they waited for ever): the cut-short batch may
+    # have committed; the queued request was never written.
+    async with asyncio.timeout(5):
+        with pytest.raises(CommitOutcomeUnknown):
+            await in_flight
+        with pytest.raises(CommitterStopped):
+            await queued
+
+
+async def test_a_stopped_committer_refuses_at_once() -> None:
+    flushed: list[int] = []
+
+    async def flush(requests: Sequence[int]) -> list[int]:
+        flushed.extend(requests)
+        return list(requests)
+
+    committer: GroupCommitter[int, int] = GroupCommitter("t", flush, linger_s=0)
+    committer.start()
+    assert committer.accepting
+    await committer.stop()
+    assert not committer.accepting
+    # Raised from the call itself (bounded here: before, the call waited for ever).
+    async with asyncio.timeout(5):
+        with pytest.raises(CommitterStopped) as refused:
+            await committer.submit(1)
+        with pytest.raises(CommitterStopped):
+            await committer.submit_many([2, 3])
+    assert flushed == []
+    assert refused.value.reason == "NODE_STOPPING" and refused.value.retryable
+    assert refused.value.grpc_code_name == "UNAVAILABLE"
+    # A second stop, and a start after the stop, change nothing.
+    await committer.stop()
+    committer.start()
+    with pytest.raises(CommitterStopped):
+        await committer.submit(4)
+
+
+async def test_requests_queued_before_a_start_that_never_came_fail_at_stop() -> None:
+    async def flush(requests: Sequence[int]) -> list[int]:
+        return list(requests)
+
+    committer: GroupCommitter[int, int] = GroupCommitter("t", flush, linger_s=0)
+    waiting = asyncio.create_task(committer.submit(1))
+    await one_loop_turn()
+    assert not waiting.done()
+    await committer.stop()
+    async with asyncio.timeout(5):
+        with pytest.raises(CommitterStopped):
+            await waiting
+
+
+async def test_a_flusher_that_is_gone_fails_the_queued_and_refuses_the_rest() -> None:
+    started = asyncio.Event()
+
+    async def flush(requests: Sequence[int]) -> list[int]:
+        started.set()
+        await asyncio.Event().wait()
+        return list(requests)
+
+    committer: GroupCommitter[int, int] = GroupCommitter("gone", flush, linger_s=0)
+    committer.start()
+    in_flight = asyncio.create_task(committer.submit(1))
+    await started.wait()
+    queued = asyncio.create_task(committer.submit(2))
+    await one_loop_turn()
+    [flusher] = [t for t in asyncio.all_tasks() if t.get_name() == "group-commit-gone"]
+    flusher.cancel()  # ended without a stop, as a crash would end it
+    async with asyncio.timeout(5):
+        with pytest.raises(CommitOutcomeUnknown):
+            await in_flight
+        with pytest.raises(CommitterStopped):
+            await queued
+        assert not committer.accepting
+        with pytest.raises(CommitterStopped):
+            await committer.submit(3)
+    await committer.stop()
+
+
+async def test_a_flush_that_answers_the_wrong_count_fails_its_batch_only() -> None:
+    # Raised out of the flusher, the error ended it: this batch and every later request
+    # waited for ever.
+    calls = 0
+
+    async def flush(requests: Sequence[int]) -> list[int]:
+        nonlocal calls
+        calls += 1
+        return [] if calls == 1 else list(requests)
+
+    committer: GroupCommitter[int, int] = GroupCommitter("t", flush, linger_s=0)
+    committer.start()
+    async with asyncio.timeout(5):
+        with pytest.raises(RuntimeError, match="flush returned 0 for 1"):
+            await committer.submit(1)
+        assert await committer.submit(2) == 2
+    assert committer.failures == 1
+    await committer.stop()
