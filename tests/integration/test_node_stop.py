@@ -27,7 +27,7 @@ import pytest
 from fixtures.nodes import node_config, running_node
 from fixtures.waiting import eventually
 
-from chronoshard.scheduler.api.auth import hash_api_key, new_api_key
+from chronoshard.scheduler.core.api_keys import hash_api_key, new_api_key
 from chronoshard.scheduler.core.ids import new_task_id
 from chronoshard.scheduler.core.jitter import JitterMode
 from chronoshard.scheduler.core.models import NewTask
