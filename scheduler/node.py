@@ -24,7 +24,7 @@ loudly rather than leaving it half alive. Shutdown (SIGTERM) runs in this order 
 5. worker streams ended by the node, each once what was queued for it is sent: left
    open (they never end on their own) they held the server's whole grace;
 6. gRPC server stopped with a grace period (``SERVER_GRACE_S``) for in-flight unary
-   calls;
+   calls; then the submits' group commit, which served them, flushes and stops;
 7. etcd lease revoked; database pool closed.
 """
 
@@ -192,6 +192,7 @@ class SchedulerNode:
         self._tasks: list[asyncio.Task[None]] = []
         self._side_tasks: set[asyncio.Task[None]] = set()
         self._server: grpc.aio.Server | None = None
+        self._task_service: TaskServiceServicer | None = None
         self._health = HealthServicer()
         self._metrics_server: Any = None
         self._draining = False
@@ -371,7 +372,7 @@ class SchedulerNode:
             admin_service_pb2.DESCRIPTOR.services_by_name["AdminService"].full_name,
             worker_service_pb2.DESCRIPTOR.services_by_name["WorkerService"].full_name,
         ]
-        api = TaskServiceServicer(
+        api = self._task_service = TaskServiceServicer(
             config=self.config,
             store=self.store,
             authenticator=Authenticator(self.store),
@@ -579,6 +580,9 @@ class SchedulerNode:
         await self.gateway.stop()
         if self._server is not None:
             await self._server.stop(SERVER_GRACE_S)
+        if self._task_service is not None:
+            # After the grace: submits still in flight in it were answered.
+            await self._task_service.stop()
         await self.coordinator.close(revoke=True)
         await self.store.close()
         if self._metrics_server is not None:

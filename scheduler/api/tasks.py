@@ -6,9 +6,9 @@ everything the call can see or touch (docs/architecture.md#d11). The request is 
 completely by the pure functions of :mod:`.convert` before anything is written, so a
 bad field is refused (``INVALID_ARGUMENT`` naming it) with nothing written. Then one
 store call does the work, in one transaction. Single ``SubmitTask`` calls share that
-transaction with concurrent ones (group commit,
-:class:`~chronoshard.scheduler.store.submits.SubmitCoalescer`): each is still answered only after
-its row committed, with its own outcome.
+transaction with concurrent ones (group commit, the node's one
+:class:`~chronoshard.scheduler.dispatch.group_commit.GroupCommitter` in its isolating
+mode): each is still answered only after its row committed, with its own outcome.
 
 Errors leave in exactly one place, :meth:`TaskServiceServicer._serve`, through the
 node's one error boundary (:func:`.boundary.serve`): a :class:`~.errors.SchedulerError`
@@ -40,13 +40,15 @@ from chronoshard.scheduler.core.ids import new_task_id, unix_ms
 from chronoshard.scheduler.core.listing import PageCursor
 from chronoshard.scheduler.core.models import PreparedTask, SubmitResult, Task, Tenant
 from chronoshard.scheduler.core.states import TaskStatus
+from chronoshard.scheduler.dispatch.group_commit import GroupCommitter
 from chronoshard.scheduler.errors import (
     IdempotencyConflict,
     InvalidArgument,
+    StoreUnavailable,
     TaskNotFound,
 )
 from chronoshard.scheduler.store.database import Store
-from chronoshard.scheduler.store.submits import SubmitCoalescer
+from chronoshard.scheduler.store.submits import DEFAULT_LINGER_S, DEFAULT_MAX_BATCH, Request
 from chronoshard.scheduler.store.tasks import TaskQueries
 from chronoshard.v1 import task_service_pb2, task_service_pb2_grpc
 
@@ -102,8 +104,13 @@ class TaskServiceServicer(task_service_pb2_grpc.TaskServiceServicer):
         self._max_batch = config.limits.max_batch_tasks
         self._max_page_size = config.limits.max_list_page_size
         # Single submits from many clients share transactions (group commit); each
-        # caller is answered after its own row committed.
-        self._submits = SubmitCoalescer(store)
+        # caller is answered after its own row committed. Built on the serving loop.
+        self._submits = submit_committer(store)
+        self._submits.start()
+
+    async def stop(self) -> None:
+        """Flush the submits queued, then refuse more (retryable ``NODE_STOPPING``)."""
+        await self._submits.stop()
 
     # --- the RPCs (each is the boundary wrapper around one handler) ----------------------
 
@@ -162,7 +169,7 @@ class TaskServiceServicer(task_service_pb2_grpc.TaskServiceServicer):
         trace = convert.trace_context_from_metadata(context.invocation_metadata())
         prepared = self._prepare(tenant, request, trace, prefix="")
         try:
-            result = await self._submits.submit(tenant.id, prepared)
+            result = await self._submits.submit((tenant.id, prepared))
         except IdempotencyConflict as exc:
             exc.field = "idempotency_key"  # type: ignore[attr-defined]
             raise
@@ -348,4 +355,27 @@ def _check_batch_keys(prepared: Sequence[PreparedTask]) -> None:
 def _submit_response(result: SubmitResult) -> task_service_pb2.SubmitTaskResponse:
     return task_service_pb2.SubmitTaskResponse(
         task=convert.task_to_pb(result.task), created=result.created
+    )
+
+
+def submit_committer(
+    store: Store, *, linger_s: float = DEFAULT_LINGER_S, max_batch: int = DEFAULT_MAX_BATCH
+) -> GroupCommitter[Request, SubmitResult]:
+    """Group commit for single submits. A request that fails on its own (a reused key, an
+    unknown tenant) fails alone; a batch the database refuses as a whole (one bad row
+    would take its neighbours down) is written again one request at a time, so the
+    culprit fails by itself; ``StoreUnavailable`` (nothing written, or the read-back could
+    not tell: ``CommitOutcomeUnknown``) is every caller's answer."""
+
+    async def alone(request: Request) -> SubmitResult:
+        [result] = await store.insert_prepared(request[0], [request[1]])
+        return result
+
+    return GroupCommitter(
+        "submits",
+        store.insert_each,
+        max_batch=max_batch,
+        linger_s=linger_s,
+        isolate=alone,
+        whole_batch_errors=(StoreUnavailable,),
     )

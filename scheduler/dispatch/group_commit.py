@@ -19,6 +19,19 @@ have committed). Once ``stop`` began, ``submit`` refuses at once with
 still queued when the flusher ends, however it ends, is failed the same way: a request
 queued with no flusher left to take it waited for ever, and so did its caller (a worker's
 settlement arriving while the node stopped never got its Receipt).
+
+What a failed flush means depends on the caller, so the committer is told:
+
+- A result that is an exception is that caller's own failure (a submit's reused key),
+  raised to it alone.
+- ``whole_batch_errors``: the transaction failed as a whole and nothing was written
+  (``StoreUnavailable``); each caller gets its own exception of that kind, built from
+  the message (they are raised in many coroutines at once).
+- ``isolate``: any other exception may come from one bad request taking its batch down,
+  so each request of the batch is run again alone through ``isolate`` and the culprit
+  fails by itself, exactly as without batching (submits use it).
+- Otherwise every caller of the batch gets the exception (settlements: a retryable
+  refusal the worker resends).
 """
 
 from __future__ import annotations
@@ -45,13 +58,17 @@ class GroupCommitter(Generic[Req, Res]):
     def __init__(
         self,
         name: str,
-        flush: Callable[[Sequence[Req]], Awaitable[Sequence[Res]]],
+        flush: Callable[[Sequence[Req]], Awaitable[Sequence[Res | Exception]]],
         *,
         max_batch: int = 1000,
         linger_s: float = 0.002,
+        isolate: Callable[[Req], Awaitable[Res]] | None = None,
+        whole_batch_errors: tuple[type[Exception], ...] = (),
     ) -> None:
         self.name = name
         self._flush = flush
+        self._isolate = isolate
+        self._whole_batch_errors = whole_batch_errors
         self._max_batch = max_batch
         self._linger_s = linger_s
         self._pending: list[tuple[Req, asyncio.Future[Res]]] = []
@@ -61,6 +78,7 @@ class GroupCommitter(Generic[Req, Res]):
         self.batches = 0
         self.requests = 0
         self.failures = 0
+        self.isolated = 0
 
     def start(self) -> None:
         if self._task is None and not self._stopping.is_set():
@@ -148,12 +166,27 @@ class GroupCommitter(Generic[Req, Res]):
                     )
             raise
         except Exception as exc:
-            # Every caller of the batch learns of the failure; the loop carries on.
             self.failures += 1
-            log.warning("group commit failed", extra={"committer": self.name, "error": str(exc)})
-            for _, fut in live:
-                if not fut.done():
-                    fut.set_exception(exc)
+            if isinstance(exc, self._whole_batch_errors):
+                # Nothing of the batch was written: each caller gets its own exception.
+                for _, fut in live:
+                    if not fut.done():
+                        fut.set_exception(type(exc)(str(exc)))
+            elif self._isolate is not None and len(live) > 1:
+                log.warning(
+                    "group commit failed; running its requests one by one",
+                    exc_info=True,
+                    extra={"committer": self.name},
+                )
+                await self._run_alone(live)
+            else:
+                # Every caller of the batch learns of the failure; the loop carries on.
+                log.warning(
+                    "group commit failed", extra={"committer": self.name, "error": str(exc)}
+                )
+                for _, fut in live:
+                    if not fut.done():
+                        fut.set_exception(exc)
             return
         if len(results) != len(live):
             # A bug in ``flush``. Raised out of the loop it ended the flusher and left this
@@ -166,8 +199,22 @@ class GroupCommitter(Generic[Req, Res]):
                     fut.set_exception(error)
             return
         for (_, fut), result in zip(live, results, strict=True):
-            if not fut.done():
-                fut.set_result(result)
+            _answer(fut, result)
+
+    async def _run_alone(self, live: list[tuple[Req, asyncio.Future[Res]]]) -> None:
+        assert self._isolate is not None
+        self.isolated += len(live)
+        for request, fut in live:
+            try:
+                result = await self._isolate(request)
+            except asyncio.CancelledError:
+                for _, rest in live:  # cut short at stop: as for a cancelled flush
+                    _answer(rest, CommitOutcomeUnknown(f"{self.name}: stopped mid-batch"))
+                raise
+            except Exception as exc:
+                _answer(fut, exc)
+            else:
+                _answer(fut, result)
 
     def _flusher_ended(self, task: asyncio.Task[None]) -> None:
         if not task.cancelled() and task.exception() is not None:
@@ -183,3 +230,13 @@ class GroupCommitter(Generic[Req, Res]):
         for _, fut in queued:
             if not fut.done():
                 fut.set_exception(CommitterStopped(self.name))
+
+
+def _answer(future: asyncio.Future[Res], result: Res | Exception) -> None:
+    # A caller that went away (its RPC cancelled) left a done future behind.
+    if future.done():
+        return
+    if isinstance(result, Exception):
+        future.set_exception(result)
+    else:
+        future.set_result(result)

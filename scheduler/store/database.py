@@ -445,7 +445,7 @@ class Store:
     ) -> list[SubmitResult | SchedulerError]:
         """Write submits of any tenants in one transaction, each with its own outcome.
 
-        What group commit writes (:class:`~.submits.SubmitCoalescer`): a request that
+        What group commit writes (``api.tasks.submit_committer``): a request that
         would fail alone (an unknown tenant, a key reused with a different request, an
         id already in the batch) gets its error in its place, and the others are written.
 

@@ -16,7 +16,7 @@ import pytest
 from google.protobuf import timestamp_pb2
 
 from chronoshard.scheduler.api.auth import Authenticator
-from chronoshard.scheduler.api.tasks import TaskServiceServicer
+from chronoshard.scheduler.api.tasks import TaskServiceServicer, submit_committer
 from chronoshard.scheduler.config import SchedulerConfig, SchedulingConfig
 from chronoshard.scheduler.core.api_keys import hash_api_key, new_api_key
 from chronoshard.scheduler.core.ids import new_task_id
@@ -32,7 +32,6 @@ from chronoshard.scheduler.core.models import (
 from chronoshard.scheduler.core.sharding import shard_of
 from chronoshard.scheduler.errors import IdempotencyConflict, InvalidArgument, TenantNotFound
 from chronoshard.scheduler.store.database import Store
-from chronoshard.scheduler.store.submits import SubmitCoalescer
 from chronoshard.v1 import task_service_pb2, task_service_pb2_grpc
 from chronoshard.wire import error_info_from_metadata
 
@@ -150,14 +149,18 @@ async def test_a_row_the_database_refuses_fails_alone(store: Store, db_dsn: str)
         NewTask(**{**_fields(valid.new), "type": "x" * 300}), valid.payload_json, "fp"
     )
     good = [_prepared() for _ in range(3)]
-    coalescer = SubmitCoalescer(store, linger_s=0.01)
-    outcomes = await asyncio.gather(
-        *(coalescer.submit(tenant.id, p) for p in [good[0], bad, *good[1:]]),
-        return_exceptions=True,
-    )
+    coalescer = submit_committer(store, linger_s=0.01)
+    coalescer.start()
+    try:
+        outcomes = await asyncio.gather(
+            *(coalescer.submit((tenant.id, p)) for p in [good[0], bad, *good[1:]]),
+            return_exceptions=True,
+        )
+    finally:
+        await coalescer.stop()
     assert isinstance(outcomes[1], psycopg.errors.CheckViolation)
     assert [o.task.id for o in outcomes if isinstance(o, SubmitResult)] == [p.new.id for p in good]
-    assert coalescer.stats["isolated_retries"] == 4
+    assert coalescer.isolated == 4
     assert await _count(db_dsn, "SELECT count(*) FROM tasks WHERE tenant_id = %s", tenant.id) == 3
 
 

@@ -4,14 +4,16 @@ coalescer's batching and error routing, driven against an in-memory store."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 from fixtures.loop import one_loop_turn
 
+from chronoshard.scheduler.api.tasks import submit_committer
 from chronoshard.scheduler.core.ids import new_task_id
 from chronoshard.scheduler.core.jitter import JitterMode
 from chronoshard.scheduler.core.models import (
@@ -24,6 +26,7 @@ from chronoshard.scheduler.core.models import (
     prepare,
 )
 from chronoshard.scheduler.core.states import TaskStatus
+from chronoshard.scheduler.dispatch.group_commit import GroupCommitter
 from chronoshard.scheduler.errors import (
     IdempotencyConflict,
     SchedulerError,
@@ -33,7 +36,6 @@ from chronoshard.scheduler.errors import (
 from chronoshard.scheduler.store.submits import (
     KeyOwner,
     Request,
-    SubmitCoalescer,
     insert_columns,
     keyed_in_claim_order,
     resolve_keys,
@@ -174,79 +176,98 @@ class FakeStore:
         return SubmitResult(_task(tenant_id, p), created=True)
 
 
-def coalescer(store: FakeStore, **kwargs: Any) -> SubmitCoalescer:
-    return SubmitCoalescer(store, **kwargs)  # type: ignore[arg-type]
+@contextlib.asynccontextmanager
+async def coalescer(
+    store: FakeStore, **kwargs: Any
+) -> AsyncIterator[GroupCommitter[Request, SubmitResult]]:
+    """The TaskService's submit group commit over ``store``, started and stopped."""
+    committer = submit_committer(store, **kwargs)  # type: ignore[arg-type]
+    committer.start()
+    try:
+        yield committer
+    finally:
+        await committer.stop()
+
+
+def _stats(committer: GroupCommitter[Request, SubmitResult]) -> dict[str, int]:
+    return {
+        "batches": committer.batches,
+        "requests": committer.requests,
+        "isolated_retries": committer.isolated,
+    }
 
 
 async def test_concurrent_submits_share_one_batch_and_get_their_own_task() -> None:
     store = FakeStore()
-    submits = coalescer(store, linger_s=0.001)
-    requests = [prepared() for _ in range(10)]
-    results = await asyncio.gather(*(submits.submit(TENANT_A, p) for p in requests))
-    assert [r.task.id for r in results] == [p.new.id for p in requests]
-    assert [len(b) for b in store.batches] == [10]
-    assert submits.stats == {"batches": 1, "requests": 10, "isolated_retries": 0}
+    async with coalescer(store, linger_s=0.001) as submits:
+        requests = [prepared() for _ in range(10)]
+        results = await asyncio.gather(*(submits.submit((TENANT_A, p)) for p in requests))
+        assert [r.task.id for r in results] == [p.new.id for p in requests]
+        assert [len(b) for b in store.batches] == [10]
+        assert _stats(submits) == {"batches": 1, "requests": 10, "isolated_retries": 0}
 
 
-async def test_batches_are_capped_and_the_flusher_restarts_after_draining() -> None:
+async def test_batches_are_capped_and_a_later_submit_is_a_batch_of_its_own() -> None:
     store = FakeStore()
-    submits = coalescer(store, linger_s=0, max_batch=4)
-    await asyncio.gather(*(submits.submit(TENANT_A, prepared()) for _ in range(10)))
-    assert [len(b) for b in store.batches] == [4, 4, 2]
-    # The queue drained and the flusher ended; a later submit starts a new one.
-    await submits.submit(TENANT_A, prepared())
-    assert [len(b) for b in store.batches] == [4, 4, 2, 1]
+    async with coalescer(store, linger_s=0, max_batch=4) as submits:
+        await asyncio.gather(*(submits.submit((TENANT_A, prepared())) for _ in range(10)))
+        assert [len(b) for b in store.batches] == [4, 4, 2]
+        # The queue drained; a later submit is a batch of its own.
+        await submits.submit((TENANT_A, prepared()))
+        assert [len(b) for b in store.batches] == [4, 4, 2, 1]
 
 
 async def test_an_item_error_reaches_only_its_caller() -> None:
     store = FakeStore()
     store.unknown_tenants.add(TENANT_B)
-    submits = coalescer(store)
-    good, bad = prepared(), prepared()
-    outcomes = await asyncio.gather(
-        submits.submit(TENANT_A, good), submits.submit(TENANT_B, bad), return_exceptions=True
-    )
-    assert isinstance(outcomes[0], SubmitResult) and outcomes[0].task.id == good.new.id
-    assert isinstance(outcomes[1], TenantNotFound)
-    assert len(store.batches) == 1
+    async with coalescer(store) as submits:
+        good, bad = prepared(), prepared()
+        outcomes = await asyncio.gather(
+            submits.submit((TENANT_A, good)),
+            submits.submit((TENANT_B, bad)),
+            return_exceptions=True,
+        )
+        assert isinstance(outcomes[0], SubmitResult) and outcomes[0].task.id == good.new.id
+        assert isinstance(outcomes[1], TenantNotFound)
+        assert len(store.batches) == 1
 
 
 async def test_a_batch_failing_as_a_whole_is_retried_one_by_one() -> None:
     store = FakeStore()
-    submits = coalescer(store)
-    requests = [prepared() for _ in range(5)]
-    store.bad_ids.add(requests[2].new.id)
-    outcomes = await asyncio.gather(
-        *(submits.submit(TENANT_A, p) for p in requests), return_exceptions=True
-    )
-    assert isinstance(outcomes[2], ValueError)
-    assert all(isinstance(o, SubmitResult) for i, o in enumerate(outcomes) if i != 2)
-    assert [p for _, p in store.singles] == requests
-    assert submits.stats["isolated_retries"] == 5
+    async with coalescer(store) as submits:
+        requests = [prepared() for _ in range(5)]
+        store.bad_ids.add(requests[2].new.id)
+        outcomes = await asyncio.gather(
+            *(submits.submit((TENANT_A, p)) for p in requests), return_exceptions=True
+        )
+        assert isinstance(outcomes[2], ValueError)
+        assert all(isinstance(o, SubmitResult) for i, o in enumerate(outcomes) if i != 2)
+        assert [p for _, p in store.singles] == requests
+        assert submits.isolated == 5
 
 
 async def test_store_unavailable_is_every_callers_answer_and_nothing_is_retried() -> None:
     store = FakeStore()
     store.fail_batch = StoreUnavailable("connection lost")
-    submits = coalescer(store)
-    outcomes = await asyncio.gather(
-        *(submits.submit(TENANT_A, prepared()) for _ in range(3)), return_exceptions=True
-    )
-    assert all(isinstance(o, StoreUnavailable) for o in outcomes)
-    assert len({id(o) for o in outcomes}) == 3  # one exception object per caller
-    assert store.singles == []
+    async with coalescer(store) as submits:
+        outcomes = await asyncio.gather(
+            *(submits.submit((TENANT_A, prepared())) for _ in range(3)), return_exceptions=True
+        )
+        assert all(isinstance(o, StoreUnavailable) for o in outcomes)
+        assert len({id(o) for o in outcomes}) == 3  # one exception object per caller
+        assert store.singles == []
 
 
 async def test_a_cancelled_caller_leaves_the_others_alone() -> None:
     store = FakeStore()
-    submits = coalescer(store, linger_s=0.05)
-    leaving = asyncio.ensure_future(submits.submit(TENANT_A, prepared()))
-    staying = asyncio.ensure_future(submits.submit(TENANT_A, prepared()))
-    await one_loop_turn()
-    leaving.cancel()
-    result = await staying
-    assert isinstance(result, SubmitResult)
-    with pytest.raises(asyncio.CancelledError):
-        await leaving
-    # The cancelled request was dropped before the write.
-    assert [len(b) for b in store.batches] == [1]
+    async with coalescer(store, linger_s=0.05) as submits:
+        leaving = asyncio.ensure_future(submits.submit((TENANT_A, prepared())))
+        staying = asyncio.ensure_future(submits.submit((TENANT_A, prepared())))
+        await one_loop_turn()
+        leaving.cancel()
+        result = await staying
+        assert isinstance(result, SubmitResult)
+        with pytest.raises(asyncio.CancelledError):
+            await leaving
+        # The cancelled request was dropped before the write.
+        assert [len(b) for b in store.batches] == [1]
