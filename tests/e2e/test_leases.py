@@ -32,6 +32,7 @@ import pytest
 from fixtures.waiting import eventually
 from harness.history import lease_expired_at
 from harness.processes import ManagedProcess, ProcessGroup, SchedulerHandle
+from harness.raw_worker import Metadata, RawWorker, bearer, hello
 
 from chronoshard import (
     Client,
@@ -422,7 +423,7 @@ async def test_every_message_with_a_stale_token_is_refused_and_changes_nothing(
         ref = common_pb2.TaskRef(id=task_id)
         assert before.scheduled_at is not None
         ref.scheduled_at.FromDatetime(before.scheduled_at)
-        metadata = (("authorization", f"Bearer {cluster.api_key}"),)
+        metadata = bearer(cluster.api_key)
         async with grpc.aio.insecure_channel(cluster.node.address) as channel:
             stub = worker_service_pb2_grpc.WorkerServiceStub(channel)
             for stale in (0, 2):
@@ -467,7 +468,7 @@ async def test_every_message_with_a_stale_token_is_refused_and_changes_nothing(
                     assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
                     error = error_info_from_metadata(info.value.trailing_metadata())
                     assert error is not None and error.reason == "STALE_FENCING_TOKEN"
-            receipts, reply = await _stale_on_the_stream(stub, metadata, ref, stale_token=2)
+            receipts, reply = await _stale_on_the_stream(channel, metadata, ref, stale_token=2)
         assert {r.kind: r.error.reason for r in receipts} == {
             worker_service_pb2.SETTLEMENT_KIND_ACK: "STALE_FENCING_TOKEN",
             worker_service_pb2.SETTLEMENT_KIND_COMPLETE: "STALE_FENCING_TOKEN",
@@ -499,8 +500,8 @@ async def test_every_message_with_a_stale_token_is_refused_and_changes_nothing(
 
 
 async def _stale_on_the_stream(
-    stub: worker_service_pb2_grpc.WorkerServiceStub,
-    metadata: tuple[tuple[str, str], ...],
+    channel: grpc.aio.Channel,
+    metadata: Metadata,
     ref: common_pb2.TaskRef,
     stale_token: int,
 ) -> tuple[list[worker_service_pb2.Receipt], worker_service_pb2.HeartbeatReply]:
@@ -508,7 +509,7 @@ async def _stale_on_the_stream(
     receipts and the heartbeat reply it gets back."""
     w = worker_service_pb2
     messages = [
-        w.WorkerMessage(hello=w.Hello(worker_id="intruder", task_types=["none"], slots=1)),
+        hello("intruder", ["none"], slots=1),
         w.WorkerMessage(ack=w.Ack(task=ref, fencing_token=stale_token)),
         w.WorkerMessage(
             heartbeat=w.Heartbeat(
@@ -521,18 +522,10 @@ async def _stale_on_the_stream(
             release=w.Release(task=ref, fencing_token=stale_token, reason=w.RELEASE_REASON_DRAINING)
         ),
     ]
-    done = asyncio.Event()
-
-    async def requests() -> AsyncIterator[worker_service_pb2.WorkerMessage]:
-        for message in messages:
-            yield message
-        await done.wait()
-
     receipts: list[worker_service_pb2.Receipt] = []
     reply: worker_service_pb2.HeartbeatReply | None = None
-    stream = stub.Connect(requests(), metadata=metadata)
-    async with asyncio.timeout(15):
-        async for message in stream:
+    async with RawWorker.connect(channel, metadata, *messages) as worker, asyncio.timeout(15):
+        async for message in worker:
             kind = message.WhichOneof("message")
             if kind == "receipt":
                 receipts.append(message.receipt)
@@ -540,8 +533,6 @@ async def _stale_on_the_stream(
                 reply = message.heartbeat_reply
             if len(receipts) == 4 and reply is not None:
                 break
-    done.set()
-    stream.cancel()
     assert reply is not None
     return receipts, reply
 

@@ -7,24 +7,21 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 import grpc
 import psycopg
 import pytest
 from fixtures.waiting import eventually
-from harness.processes import ProcessGroup, SchedulerHandle
+from harness.cluster import Cluster, running_cluster
 
 from chronoshard import Client, RetryPolicy, SubmitResult, Task, TaskSpec
-from chronoshard.scheduler.store.tenants import create_tenant
 from chronoshard.services import EtcdProcess
 from chronoshard.v1 import common_pb2, worker_service_pb2, worker_service_pb2_grpc
 from chronoshard.wire import error_info_from_metadata
 
-E2E_DIR = Path(__file__).resolve().parent
+NODE = "node-1"
 
 TASKS = 2000
 SPREAD_S = 10.0
@@ -43,39 +40,18 @@ KEEPALIVE_TIME_S = 1.0
 KEEPALIVE_TIMEOUT_S = 1.0
 STOPPED_WORKER_DETECTION_BOUND_S = KEEPALIVE_TIME_S + KEEPALIVE_TIMEOUT_S + 3.0
 
-EFFECTS_DDL = """
-CREATE TABLE IF NOT EXISTS effects (
-    task_id uuid NOT NULL,
-    attempt integer NOT NULL,
-    token bigint NOT NULL,
-    worker_id text NOT NULL,
-    started_at timestamptz NOT NULL,
-    due_at timestamptz NOT NULL,
-    outcome text NOT NULL
-)
-"""
-
-
-@dataclass
-class OneNode:
-    group: ProcessGroup
-    node: SchedulerHandle
-    dsn: str
-    api_key: str
-
 
 @pytest.fixture(scope="module")
 def one_node(
     db_dsn: str, etcd: EtcdProcess, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[OneNode]:
-    with psycopg.connect(db_dsn, autocommit=True) as conn:
-        conn.execute(EFFECTS_DDL)
-    api_key = create_tenant(db_dsn, f"e2e-{uuid.uuid4().hex[:8]}").api_key
-    group = ProcessGroup(
-        log_dir=tmp_path_factory.mktemp("one-node-logs"),
-        dsn=db_dsn,
-        etcd_endpoint=etcd.endpoint,
-        cluster=f"e2e-{uuid.uuid4().hex[:8]}",
+) -> Iterator[Cluster]:
+    """``NODE`` and two e2e workers, which record their effects in the ``effects`` table."""
+    with running_cluster(
+        db_dsn,
+        etcd.endpoint,
+        tmp_path_factory.mktemp("one-node-logs"),
+        nodes=1,
+        workers=2,
         scheduler_env={
             "CHRONOSHARD_GRPC__KEEPALIVE_TIME_S": str(KEEPALIVE_TIME_S),
             "CHRONOSHARD_GRPC__KEEPALIVE_TIMEOUT_S": str(KEEPALIVE_TIMEOUT_S),
@@ -84,26 +60,13 @@ def one_node(
             # anyway, and the lead absorbs CPU contention on a shared 2-core machine.
             "CHRONOSHARD_SCHEDULING__LEAD_DISPATCH_S": str(LEAD_DISPATCH_S),
         },
-    )
-    try:
-        node = group.start_scheduler("node-1")
-        for i in range(2):
-            group.start_worker(
-                f"worker-{i + 1}",
-                "e2e_workers:worker",
-                [node.address],
-                pythonpath=E2E_DIR,
-                E2E_DSN=db_dsn,
-                CHRONOSHARD_API_KEY=api_key,
-            )
-        yield OneNode(group, node, db_dsn, api_key)
-    finally:
-        group.close()
+    ) as running:
+        yield running
 
 
 @pytest.fixture
-async def client(one_node: OneNode) -> AsyncIterator[Client]:
-    async with Client(one_node.node.address, api_key=one_node.api_key) as opened:
+async def client(one_node: Cluster) -> AsyncIterator[Client]:
+    async with Client(one_node.nodes[NODE].address, api_key=one_node.api_key) as opened:
         yield opened
 
 
@@ -116,7 +79,7 @@ async def _statuses(dsn: str, ids: list[uuid.UUID]) -> dict[str, int]:
 
 
 async def test_two_thousand_tasks_complete_once_each_and_on_time(
-    one_node: OneNode, client: Client
+    one_node: Cluster, client: Client
 ) -> None:
     start = datetime.now(UTC) + timedelta(seconds=5)
     specs = []
@@ -186,7 +149,7 @@ async def test_two_thousand_tasks_complete_once_each_and_on_time(
 
 
 async def test_retries_then_success_and_dead_letter_and_timeout(
-    one_node: OneNode, client: Client
+    one_node: Cluster, client: Client
 ) -> None:
     # strict_timing everywhere: without it a task for "now" is jittered by up to 2 minutes.
     now = {"strict_timing": True, "retry": _fast_retry()}
@@ -236,7 +199,7 @@ async def _check_retries(
 
 
 async def test_stale_token_completion_is_refused_and_changes_nothing(
-    one_node: OneNode, client: Client
+    one_node: Cluster, client: Client
 ) -> None:
     submitted = await client.submit("e2e.record", {"stale": True}, strict_timing=True)
 
@@ -247,7 +210,7 @@ async def test_stale_token_completion_is_refused_and_changes_nothing(
     before = await eventually(completed, timeout_s=30, what="task completed")
     ref = common_pb2.TaskRef(id=str(before.id))
     ref.scheduled_at.FromDatetime(before.scheduled_at)
-    async with grpc.aio.insecure_channel(one_node.node.address) as channel:
+    async with grpc.aio.insecure_channel(one_node.nodes[NODE].address) as channel:
         stub = worker_service_pb2_grpc.WorkerServiceStub(channel)
         with pytest.raises(grpc.aio.AioRpcError) as info:
             await stub.Complete(
@@ -270,18 +233,10 @@ async def test_stale_token_completion_is_refused_and_changes_nothing(
     assert after.updated_at == before.updated_at
 
 
-async def test_a_stopped_worker_stream_is_dropped_within_the_bound(one_node: OneNode) -> None:
-    group = one_node.group
-    extra = group.start_worker(
-        "worker-to-stop",
-        "e2e_workers:worker",
-        [one_node.node.address],
-        pythonpath=E2E_DIR,
-        E2E_DSN=one_node.dsn,
-        CHRONOSHARD_API_KEY=one_node.api_key,
-    )
+async def test_a_stopped_worker_stream_is_dropped_within_the_bound(one_node: Cluster) -> None:
+    extra = one_node.start_worker("worker-to-stop", E2E_DSN=one_node.dsn)
     sessions = await eventually(
-        lambda: (one_node.node.metric("chronoshard_worker_sessions") or 0) >= 3,
+        lambda: (one_node.nodes[NODE].metric("chronoshard_worker_sessions") or 0) >= 3,
         timeout_s=30,
         what="third worker connected",
     )
@@ -290,7 +245,7 @@ async def test_a_stopped_worker_stream_is_dropped_within_the_bound(one_node: One
     stopped_at = asyncio.get_running_loop().time()
     try:
         await eventually(
-            lambda: one_node.node.metric("chronoshard_worker_sessions") == 2,
+            lambda: one_node.nodes[NODE].metric("chronoshard_worker_sessions") == 2,
             timeout_s=STOPPED_WORKER_DETECTION_BOUND_S + 10,
             what="stopped worker's session dropped",
             interval_s=0.1,
@@ -308,13 +263,13 @@ RESULT_REFUSED_BOUND_S = 15.0
 
 
 async def test_a_result_the_scheduler_does_not_store_fails_the_task_at_once(
-    one_node: OneNode, client: Client
+    one_node: Cluster, client: Client
 ) -> None:
     # Refused by the worker's own check (a NUL, nesting 200 deep) or by the node (over
     # its size limit, which the worker does not know): either way the task is failed,
     # not retried, with the reason, instead of a dropped Complete leaving it DISPATCHED
     # until its lease ran out (and then, not idempotent, OUTCOME_UNKNOWN).
-    log_path = one_node.node.process.log_path
+    log_path = one_node.nodes[NODE].process.log_path
     log_start = log_path.stat().st_size
     limit = 256 * 1024  # limits.payload_limit_bytes, the default this node runs with
     kinds = {"nul": {}, "deep": {}, "huge": {"bytes": limit + 1024}}

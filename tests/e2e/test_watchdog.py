@@ -23,7 +23,7 @@ import urllib.error
 import urllib.request
 import uuid
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,15 +32,14 @@ import pytest
 import pytest_asyncio
 from e2e.watchdog_receiver import Receiver, running_receiver
 from fixtures.waiting import eventually
-from harness.processes import ManagedProcess, ProcessGroup, SchedulerHandle
+from harness.cluster import Cluster, running_cluster
+from harness.processes import ManagedProcess
 
 from chronoshard import ChronoshardError, Client, cli
 from chronoshard._localproc import free_ports
-from chronoshard.scheduler.store.tenants import create_tenant
 from chronoshard.services import EtcdProcess
 
-E2E_DIR = Path(__file__).resolve().parent
-
+NODE = "node-1"
 JOB = "heartbeat"
 JOB_EVERY_S = 2.0
 INTERVAL_S = 2.0
@@ -91,19 +90,17 @@ class Replica:
 
 
 @dataclass
-class Cluster:
-    group: ProcessGroup
-    node: SchedulerHandle
-    dsn: str
-    job_key: str
-    job_tenant: uuid.UUID
+class Watchdogs:
+    """Two watchdog replicas watching the job of the cluster's tenant (and canaries), and
+    the receiver their alerts reach."""
+
+    cluster: Cluster
     receiver: Receiver
     replicas: list[Replica]
-    workers: list[ManagedProcess] = field(default_factory=list)
 
     @property
     def job_dedup_key(self) -> str:
-        return f"chronoshard/job/{self.job_tenant}/{JOB}"
+        return f"chronoshard/job/{self.cluster.tenant.tenant.id}/{JOB}"
 
     def leader(self) -> Replica | None:
         leaders = [r for r in self.replicas if r.process.alive() and _role(r) == "leader"]
@@ -117,18 +114,11 @@ class Cluster:
         return self.receiver.received(event=event, kind="canary_late")
 
     def start_user_worker(self, name: str) -> ManagedProcess:
-        process = self.group.start_worker(
-            name,
-            "watchdog_workers:worker",
-            [self.node.address],
-            pythonpath=E2E_DIR,
-            CHRONOSHARD_API_KEY=self.job_key,
-        )
-        self.workers.append(process)
-        return process
+        """A worker running the watched job's tasks (``watchdog_workers.py``)."""
+        return self.cluster.start_worker(name, "watchdog_workers:worker")
 
     def logs(self) -> str:
-        parts = [self.group.logs()]
+        parts = [self.cluster.logs()]
         parts += [f"==== {r.process.name}\n{r.process.log()}" for r in self.replicas]
         return "\n".join(parts)
 
@@ -197,39 +187,45 @@ def receiver() -> Iterator[Receiver]:
 
 @pytest.fixture(scope="module")
 def cluster(
-    db_dsn: str, etcd: EtcdProcess, receiver: Receiver, tmp_path_factory: pytest.TempPathFactory
+    db_dsn: str, etcd: EtcdProcess, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Cluster]:
-    job_tenant = create_tenant(db_dsn, f"wd-jobs-{uuid.uuid4().hex[:8]}")
-    canary_tenant = create_tenant(db_dsn, f"wd-canary-{uuid.uuid4().hex[:8]}")
-    log_dir = tmp_path_factory.mktemp("watchdog-e2e-logs")
-    group = ProcessGroup(
-        log_dir=log_dir,
-        dsn=db_dsn,
-        etcd_endpoint=etcd.endpoint,
-        cluster=f"wd-{uuid.uuid4().hex[:8]}",
+    """One scheduler node (``NODE``); its workers are the watched job's, started by
+    ``watchdogs``."""
+    with running_cluster(
+        db_dsn,
+        etcd.endpoint,
+        tmp_path_factory.mktemp("watchdog-e2e-logs"),
+        nodes=1,
+        workers=0,
         scheduler_env={
             "CHRONOSHARD_GRPC__KEEPALIVE_TIME_S": "1",
             "CHRONOSHARD_GRPC__KEEPALIVE_TIMEOUT_S": "1",
             "CHRONOSHARD_WORKERS__HEARTBEAT_INTERVAL_S": "1",
         },
-    )
+    ) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def watchdogs(cluster: Cluster, receiver: Receiver) -> Iterator[Watchdogs]:
+    canary_tenant = cluster.new_tenant(f"wd-canary-{uuid.uuid4().hex[:8]}")
+    log_dir = cluster.group.log_dir
     replicas: list[Replica] = []
     try:
-        node = group.start_scheduler("node-1")
         (dead_port,) = free_ports(1)
         config_path = log_dir / "watchdog.toml"
         _write_config(
             config_path,
-            node=node.address,
+            node=cluster.nodes[NODE].address,
             canary_key=canary_tenant.api_key,
             webhook=receiver.url("/hook"),
             dead=f"http://127.0.0.1:{dead_port}/nobody-listens",
-            job_tenant=job_tenant.tenant.name,
+            job_tenant=cluster.tenant.tenant.name,
         )
-        replicas = [_start_replica(name, config_path, db_dsn, log_dir) for name in ("wd-a", "wd-b")]
-        made = Cluster(
-            group, node, db_dsn, job_tenant.api_key, job_tenant.tenant.id, receiver, replicas
-        )
+        replicas = [
+            _start_replica(name, config_path, cluster.dsn, log_dir) for name in ("wd-a", "wd-b")
+        ]
+        made = Watchdogs(cluster, receiver, replicas)
         made.start_user_worker("user-worker-1")
         yield made
     finally:
@@ -237,18 +233,18 @@ def cluster(
             with contextlib.suppress(Exception):
                 replica.process.resume()
                 replica.process.stop(timeout_s=15)
-        group.close()
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def job_loop(cluster: Cluster) -> AsyncIterator[list[float]]:
+async def job_loop(cluster: Cluster, watchdogs: Watchdogs) -> AsyncIterator[list[float]]:
     """Submit one task of the watched job every 2 s for the whole module (failures, while
     the scheduler is stopped or dead, are expected and ignored). Yields the monotonic
     times of the submits that succeeded."""
     submitted: list[float] = []
 
     async def loop() -> None:
-        async with Client(cluster.node.address, api_key=cluster.job_key, timeout_s=1.0) as client:
+        address = cluster.nodes[NODE].address
+        async with Client(address, api_key=cluster.api_key, timeout_s=1.0) as client:
             while True:
                 with contextlib.suppress(ChronoshardError):
                     await client.submit("e2e.job", job_id=JOB, strict_timing=True, max_retries=0)
@@ -291,18 +287,18 @@ def _cli(*args: str) -> tuple[int, str]:
     return cli.main(list(args), out=out), out.getvalue()
 
 
-async def _show_logs_on_failure(cluster: Cluster, coro: Any) -> Any:
+async def _show_logs_on_failure(watchdogs: Watchdogs, coro: Any) -> Any:
     try:
         return await coro
     except AssertionError:
-        print(cluster.logs())
+        print(watchdogs.logs())
         raise
 
 
 async def test_expectations_are_registered_and_malformed_ones_refused(
-    cluster: Cluster, capsys: pytest.CaptureFixture[str]
+    cluster: Cluster, watchdogs: Watchdogs, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    api = ["--target", cluster.node.address, "--api-key", cluster.job_key]
+    api = ["--target", cluster.nodes[NODE].address, "--api-key", cluster.api_key]
     code, _ = await asyncio.to_thread(
         _cli, "expect", "add", JOB, "--every", "2s", "--tolerance", "1s", *api
     )
@@ -312,13 +308,13 @@ async def test_expectations_are_registered_and_malformed_ones_refused(
     assert code == cli.EXIT_FAILURE
     err = capsys.readouterr().err
     assert "INVALID_ARGUMENT" in err and "(field interval)" in err and "must be positive" in err
-    stranger = ["--target", cluster.node.address, "--api-key", "cs_" + "x" * 43]
+    stranger = ["--target", cluster.nodes[NODE].address, "--api-key", "cs_" + "x" * 43]
     code, _ = await asyncio.to_thread(_cli, "expect", "add", "bad", "--every", "5s", *stranger)
     assert code == cli.EXIT_FAILURE
     assert "UNAUTHENTICATED" in capsys.readouterr().err
 
     # The watchdog's config file registered one too, once a replica led.
-    await eventually(lambda: cluster.leader() is not None, timeout_s=30, what="a leader")
+    await eventually(lambda: watchdogs.leader() is not None, timeout_s=30, what="a leader")
     code, out = await asyncio.to_thread(_cli, "expect", "ls", *api)
     assert code == 0
     lines = sorted(out.splitlines())
@@ -335,122 +331,124 @@ async def test_expectations_are_registered_and_malformed_ones_refused(
 
 
 async def test_healthy_cluster_canaries_complete_and_nothing_alerts(
-    cluster: Cluster, job_loop: list[float]
+    cluster: Cluster, watchdogs: Watchdogs, job_loop: list[float]
 ) -> None:
     async def healthy() -> bool:
-        leader = cluster.leader()
+        leader = watchdogs.leader()
         return (
             leader is not None
             and leader.metric("chronoshard_watchdog_canaries_completed_total") >= 3
-            and len(await _completions(cluster.dsn, cluster.job_tenant)) >= 2
+            and len(await _completions(cluster.dsn, cluster.tenant.tenant.id)) >= 2
         )
 
-    await _show_logs_on_failure(cluster, eventually(healthy, timeout_s=45, what="healthy flow"))
-    leader = cluster.leader()
+    await _show_logs_on_failure(watchdogs, eventually(healthy, timeout_s=45, what="healthy flow"))
+    leader = watchdogs.leader()
     assert leader is not None
     assert leader.metric("chronoshard_watchdog_canary_latency_seconds_count") >= 3
     latency_sum = leader.metric("chronoshard_watchdog_canary_latency_seconds_sum")
     MEASURED["canary_latency_mean_s"] = latency_sum / leader.metric(
         "chronoshard_watchdog_canary_latency_seconds_count"
     )
-    assert cluster.receiver.received() == [], "an alert in a healthy cluster"
+    assert watchdogs.receiver.received() == [], "an alert in a healthy cluster"
     assert leader.metric("chronoshard_watchdog_overdue_jobs") == 0
-    standby = [r for r in cluster.replicas if r is not leader]
+    standby = [r for r in watchdogs.replicas if r is not leader]
     assert [_role(r) for r in standby] == ["standby"]
 
 
 async def test_killed_user_worker_alerts_the_job_while_canaries_still_pass(
-    cluster: Cluster, job_loop: list[float]
+    cluster: Cluster, watchdogs: Watchdogs, job_loop: list[float]
 ) -> None:
-    leader = cluster.leader()
+    leader = watchdogs.leader()
     assert leader is not None
-    [worker] = [w for w in cluster.workers if w.alive()]
+    [worker] = [w for w in cluster.group.workers if w.alive()]
     canaries_before = leader.metric("chronoshard_watchdog_canaries_completed_total")
     worker.kill()
     killed = time.monotonic()
 
     await _show_logs_on_failure(
-        cluster,
-        cluster.receiver.wait_for(
-            "job trigger", lambda: bool(cluster.job_events("trigger")), timeout_s=ALERT_BOUND_S + 10
+        watchdogs,
+        watchdogs.receiver.wait_for(
+            "job trigger",
+            lambda: bool(watchdogs.job_events("trigger")),
+            timeout_s=ALERT_BOUND_S + 10,
         ),
     )
-    [trigger] = cluster.job_events("trigger")
+    [trigger] = watchdogs.job_events("trigger")
     MEASURED["worker_killed_alert_s"] = trigger.at - killed
     assert trigger.at - killed <= ALERT_BOUND_S, f"{trigger.at - killed:.2f} s"
     # Canaries (own queue, own worker) keep completing on time: no canary alert, even a
     # canary tolerance after the fault.
     await asyncio.sleep(max(0.0, killed + CANARY_TOLERANCE_S + CHECK_S - time.monotonic()))
     assert leader.metric("chronoshard_watchdog_canaries_completed_total") > canaries_before
-    assert cluster.canary_events() == []
+    assert watchdogs.canary_events() == []
 
-    cluster.start_user_worker("user-worker-2")
+    watchdogs.start_user_worker("user-worker-2")
     restarted = time.monotonic()
     await _show_logs_on_failure(
-        cluster,
-        cluster.receiver.wait_for(
-            "job resolve", lambda: bool(cluster.job_events("resolve")), timeout_s=RESOLVE_BOUND_S
+        watchdogs,
+        watchdogs.receiver.wait_for(
+            "job resolve", lambda: bool(watchdogs.job_events("resolve")), timeout_s=RESOLVE_BOUND_S
         ),
     )
-    MEASURED["worker_restarted_resolve_s"] = cluster.job_events("resolve")[0].at - restarted
-    assert [e.event for e in cluster.job_events()] == ["trigger", "resolve"]
+    MEASURED["worker_restarted_resolve_s"] = watchdogs.job_events("resolve")[0].at - restarted
+    assert [e.event for e in watchdogs.job_events()] == ["trigger", "resolve"]
 
 
 async def test_stopped_scheduler_alerts_once_and_resolves_once(
-    cluster: Cluster, job_loop: list[float]
+    cluster: Cluster, watchdogs: Watchdogs, job_loop: list[float]
 ) -> None:
-    before = len(cluster.job_events())
-    cluster.node.process.pause()
+    before = len(watchdogs.job_events())
+    cluster.nodes[NODE].process.pause()
     stopped = time.monotonic()
     try:
         await _show_logs_on_failure(
             cluster,
-            cluster.receiver.wait_for(
+            watchdogs.receiver.wait_for(
                 "job trigger",
-                lambda: len(cluster.job_events()) > before,
+                lambda: len(watchdogs.job_events()) > before,
                 timeout_s=ALERT_BOUND_S + 10,
             ),
         )
     finally:
-        cluster.node.process.resume()
+        cluster.nodes[NODE].process.resume()
     resumed = time.monotonic()
-    trigger = cluster.job_events()[before]
+    trigger = watchdogs.job_events()[before]
     assert trigger.event == "trigger"
     MEASURED["scheduler_stopped_alert_s"] = trigger.at - stopped
     assert trigger.at - stopped <= ALERT_BOUND_S, f"{trigger.at - stopped:.2f} s"
 
     await _show_logs_on_failure(
-        cluster,
-        cluster.receiver.wait_for(
+        watchdogs,
+        watchdogs.receiver.wait_for(
             "job resolve",
-            lambda: len(cluster.job_events("resolve")) >= 2,
+            lambda: len(watchdogs.job_events("resolve")) >= 2,
             timeout_s=RESOLVE_BOUND_S,
         ),
     )
-    MEASURED["scheduler_resumed_resolve_s"] = cluster.job_events("resolve")[-1].at - resumed
+    MEASURED["scheduler_resumed_resolve_s"] = watchdogs.job_events("resolve")[-1].at - resumed
     # Exactly one trigger and one resolve for this incident, in that order.
-    assert [e.event for e in cluster.job_events()[before:]] == ["trigger", "resolve"]
+    assert [e.event for e in watchdogs.job_events()[before:]] == ["trigger", "resolve"]
     # The scheduler being stopped stalled canaries too; they recover on their own.
-    await cluster.receiver.wait_for(
+    await watchdogs.receiver.wait_for(
         "canaries healthy again",
-        lambda: len(cluster.canary_events("resolve")) == len(cluster.canary_events("trigger")),
+        lambda: len(watchdogs.canary_events("resolve")) == len(watchdogs.canary_events("trigger")),
         timeout_s=RESOLVE_BOUND_S,
     )
 
 
 async def test_killing_the_active_replica_hands_over_without_lost_or_duplicate_alerts(
-    cluster: Cluster, job_loop: list[float]
+    cluster: Cluster, watchdogs: Watchdogs, job_loop: list[float]
 ) -> None:
     # Run alone, this test may start before the replicas elected a leader.
-    leader = await eventually(cluster.leader, timeout_s=15, what="a watchdog leader")
-    [standby] = [r for r in cluster.replicas if r is not leader]
-    before = len(cluster.job_events())
-    for worker in cluster.workers:
+    leader = await eventually(watchdogs.leader, timeout_s=15, what="a watchdog leader")
+    [standby] = [r for r in watchdogs.replicas if r is not leader]
+    before = len(watchdogs.job_events())
+    for worker in cluster.group.workers:
         worker.kill()
-    await cluster.receiver.wait_for(
-        "job trigger", lambda: len(cluster.job_events()) > before, timeout_s=ALERT_BOUND_S + 10
+    await watchdogs.receiver.wait_for(
+        "job trigger", lambda: len(watchdogs.job_events()) > before, timeout_s=ALERT_BOUND_S + 10
     )
-    trigger = cluster.job_events()[before]
+    trigger = watchdogs.job_events()[before]
     assert trigger.node_id == leader.process.name
     # Delivery is at least once: a replica killed between the receiver's 200 and writing
     # down that it notified (a few milliseconds) leaves its successor to send it again.
@@ -473,21 +471,21 @@ async def test_killing_the_active_replica_hands_over_without_lost_or_duplicate_a
         timeout_s=10,
         what="the successor checks",
     )
-    assert len(cluster.job_events()) == before + 1, [
+    assert len(watchdogs.job_events()) == before + 1, [
         (e.event, e.node_id, e.body["alert"]["id"], round(e.at - killed, 2))
-        for e in cluster.job_events()
+        for e in watchdogs.job_events()
     ]
     # ...until the job runs again: then it resolves the incident, once.
-    cluster.start_user_worker("user-worker-3")
+    watchdogs.start_user_worker("user-worker-3")
     await _show_logs_on_failure(
-        cluster,
-        cluster.receiver.wait_for(
+        watchdogs,
+        watchdogs.receiver.wait_for(
             "job resolve",
-            lambda: len(cluster.job_events()) > before + 1,
+            lambda: len(watchdogs.job_events()) > before + 1,
             timeout_s=RESOLVE_BOUND_S,
         ),
     )
-    events = cluster.job_events()[before:]
+    events = watchdogs.job_events()[before:]
     assert [e.event for e in events] == ["trigger", "resolve"]
     assert events[1].node_id == standby.process.name
     assert events[1].body["alert"]["id"] == events[0].body["alert"]["id"]
@@ -503,22 +501,22 @@ async def test_killing_the_active_replica_hands_over_without_lost_or_duplicate_a
 
 
 async def test_with_every_scheduler_node_dead_the_canary_alert_fires(
-    cluster: Cluster, job_loop: list[float]
+    cluster: Cluster, watchdogs: Watchdogs, job_loop: list[float]
 ) -> None:
-    leader = cluster.leader()
+    leader = watchdogs.leader()
     assert leader is not None
-    canary_triggers = len(cluster.canary_events("trigger"))
-    cluster.node.process.kill()
+    canary_triggers = len(watchdogs.canary_events("trigger"))
+    cluster.nodes[NODE].process.kill()
     killed = time.monotonic()
     await _show_logs_on_failure(
-        cluster,
-        cluster.receiver.wait_for(
+        watchdogs,
+        watchdogs.receiver.wait_for(
             "canary trigger",
-            lambda: len(cluster.canary_events("trigger")) > canary_triggers,
+            lambda: len(watchdogs.canary_events("trigger")) > canary_triggers,
             timeout_s=CANARY_ALERT_BOUND_S + 10,
         ),
     )
-    alert = cluster.canary_events("trigger")[-1]
+    alert = watchdogs.canary_events("trigger")[-1]
     MEASURED["schedulers_dead_canary_alert_s"] = alert.at - killed
     assert alert.at - killed <= CANARY_ALERT_BOUND_S, f"{alert.at - killed:.2f} s"
     assert leader.metric("chronoshard_watchdog_canary_submit_failures_total") >= 1

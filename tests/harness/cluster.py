@@ -1,9 +1,12 @@
-"""A multi-node cluster of real processes for the e2e fault tests, and what they ask of it.
+"""A cluster of real scheduler and worker processes over one PostgreSQL and one etcd, for
+the tests that drive Chronoshard from outside, and what they ask of it.
 
-Scheduler nodes and worker processes (:mod:`harness.processes`) over one PostgreSQL and
-one etcd; handlers from ``tests/e2e/e2e_workers.py`` record their effects for the history
-checker (:mod:`harness.history`). The helpers read ownership from ``shard_owners`` and wait
-with a deadline (``fixtures.waiting.eventually``), never a bare sleep.
+One :class:`Cluster` serves every such test: the e2e fault tests (several nodes, the e2e
+workers from ``tests/e2e/e2e_workers.py`` recording their effects for the history
+checker, :mod:`harness.history`), the watchdog's (one node, its own workers) and the
+CLI's (one node, no worker process). Processes are :mod:`harness.processes`; the helpers
+read ownership from ``shard_owners`` and wait with a deadline
+(``fixtures.waiting.eventually``), never a bare sleep.
 """
 
 from __future__ import annotations
@@ -19,20 +22,28 @@ import psycopg
 from fixtures.waiting import eventually
 
 from chronoshard import Client, SubmitResult, TaskSpec
-from chronoshard.scheduler.store.tenants import create_tenant
+from chronoshard.scheduler.store.tenants import NewTenant, create_tenant
 from harness.history import EFFECTS_DDL, History
-from harness.processes import ProcessGroup, SchedulerHandle
+from harness.processes import DEFAULT_SHARD_COUNT, ManagedProcess, ProcessGroup, SchedulerHandle
 
 E2E_DIR = Path(__file__).resolve().parent.parent / "e2e"
+E2E_WORKER = "e2e_workers:worker"
 
 
 @dataclass
 class Cluster:
+    """Nodes named ``node-1``.. and workers of ``group``; ``tenant`` is the tenant whose
+    API key (``api_key``) the workers and the tests' clients use."""
+
     group: ProcessGroup
     dsn: str
-    api_key: str
+    tenant: NewTenant
     nodes: dict[str, SchedulerHandle]
     shard_count: int
+
+    @property
+    def api_key(self) -> str:
+        return self.tenant.api_key
 
     def targets(self) -> list[str]:
         return [n.address for n in self.nodes.values()]
@@ -45,6 +56,27 @@ class Cluster:
         self.nodes[name] = handle
         return handle
 
+    def start_worker(
+        self, name: str, spec: str = E2E_WORKER, *, pythonpath: Path = E2E_DIR, **env: str
+    ) -> ManagedProcess:
+        """A worker process serving ``spec`` for the cluster's tenant, connected to every
+        node started so far."""
+        return self.group.start_worker(
+            name,
+            spec,
+            self.targets(),
+            pythonpath=pythonpath,
+            CHRONOSHARD_API_KEY=self.api_key,
+            **env,
+        )
+
+    def new_tenant(self, name: str, *, operator: bool = False) -> NewTenant:
+        """Another tenant, made the way operators make them (``chronoshard tenants create``)."""
+        return create_tenant(self.dsn, name, operator=operator)
+
+    def logs(self) -> str:
+        return self.group.logs()
+
 
 @contextlib.contextmanager
 def running_cluster(
@@ -52,15 +84,16 @@ def running_cluster(
     etcd_endpoint: str,
     log_dir: Path,
     *,
-    shard_count: int,
     nodes: int,
     workers: int = 2,
+    shard_count: int = DEFAULT_SHARD_COUNT,
     scheduler_env: Mapping[str, str],
 ) -> Iterator[Cluster]:
-    """``nodes`` schedulers named ``node-1``.. and ``workers`` e2e workers connected to them."""
+    """``nodes`` schedulers named ``node-1``.. and ``workers`` e2e workers connected to
+    them (which record their effects in the ``effects`` table made here)."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(EFFECTS_DDL)
-    api_key = create_tenant(dsn, f"c-{uuid.uuid4().hex[:8]}").api_key
+    tenant = create_tenant(dsn, f"c-{uuid.uuid4().hex[:8]}")
     group = ProcessGroup(
         log_dir=log_dir,
         dsn=dsn,
@@ -70,18 +103,11 @@ def running_cluster(
         scheduler_env=scheduler_env,
     )
     try:
-        cluster = Cluster(group, dsn, api_key, {}, shard_count)
+        cluster = Cluster(group, dsn, tenant, {}, shard_count)
         for i in range(nodes):
             cluster.start_node(f"node-{i + 1}")
         for i in range(workers):
-            group.start_worker(
-                f"worker-{i + 1}",
-                "e2e_workers:worker",
-                cluster.targets(),
-                pythonpath=E2E_DIR,
-                E2E_DSN=dsn,
-                CHRONOSHARD_API_KEY=api_key,
-            )
+            cluster.start_worker(f"worker-{i + 1}", E2E_DSN=dsn)
         yield cluster
     finally:
         group.close()

@@ -23,6 +23,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from chronoshard._localproc import free_ports
 
 READY_TIMEOUT_S = 60.0
+DEFAULT_SHARD_COUNT = 16
 
 
 @dataclass
@@ -137,7 +138,7 @@ class ProcessGroup:
     dsn: str
     etcd_endpoint: str
     cluster: str
-    shard_count: int = 16
+    shard_count: int = DEFAULT_SHARD_COUNT
     scheduler_env: Mapping[str, str] = field(default_factory=dict)
     schedulers: list[SchedulerHandle] = field(default_factory=list)
     workers: list[ManagedProcess] = field(default_factory=list)

@@ -7,24 +7,17 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import replace
-from datetime import UTC, datetime, timedelta
 
 import grpc
 import pytest
+from fixtures.nodes import node_config, running_node
+from fixtures.stores import new_task
 from fixtures.waiting import eventually
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from harness.raw_worker import Metadata, RawWorker, bearer, grant, hello
 
-from chronoshard.scheduler.config import (
-    DatabaseConfig,
-    EtcdConfig,
-    GrpcConfig,
-    SchedulerConfig,
-    WorkersConfig,
-)
 from chronoshard.scheduler.core.ids import new_task_id
-from chronoshard.scheduler.core.jitter import JitterMode
-from chronoshard.scheduler.core.models import NewTask, Tenant
+from chronoshard.scheduler.core.models import Tenant
 from chronoshard.scheduler.core.sharding import shard_of
 from chronoshard.scheduler.node import SchedulerNode
 from chronoshard.scheduler.store.tenants import create_tenant
@@ -38,7 +31,6 @@ from chronoshard.v1 import (
 from chronoshard.wire import error_info_from_metadata
 
 SHARDS = 4
-Metadata = tuple[tuple[str, str], ...]
 BAD_KEYS: list[Metadata] = [
     (),
     (("authorization", "Bearer cs_not-a-key-anyone-has"),),
@@ -49,23 +41,8 @@ BAD_KEY_IDS = ["missing", "unknown", "malformed"]
 
 @pytest.fixture
 async def node(fresh_db_dsn: str, etcd: EtcdProcess) -> AsyncIterator[SchedulerNode]:
-    config = SchedulerConfig(
-        node_id=f"node-{uuid.uuid4().hex[:6]}",
-        metrics_listen="127.0.0.1:0",
-        etcd=EtcdConfig(
-            endpoints=(etcd.endpoint,), cluster=f"c{uuid.uuid4().hex[:8]}", lease_ttl_s=5
-        ),
-        database=DatabaseConfig(dsn=fresh_db_dsn, pool_min_size=1, pool_max_size=6),
-        grpc=GrpcConfig(listen="127.0.0.1:0"),
-        workers=WorkersConfig(heartbeat_interval_s=1.0),
-    )
-    config = replace(config, scheduling=replace(config.scheduling, shard_count=SHARDS))
-    started = SchedulerNode(config)
-    await started.start()
-    try:
-        yield started
-    finally:
-        await started.stop()
+    async with running_node(node_config(fresh_db_dsn, etcd.endpoint, shard_count=SHARDS)) as n:
+        yield n
 
 
 @pytest.fixture
@@ -81,7 +58,7 @@ async def _key(node: SchedulerNode, *, operator: bool = False) -> tuple[Tenant, 
         create_tenant, node.config.database.dsn, f"t-{uuid.uuid4().hex}", operator=operator
     )
     assert made.tenant.operator is operator
-    return made.tenant, (("authorization", f"Bearer {made.api_key}"),)
+    return made.tenant, bearer(made.api_key)
 
 
 async def _refused(call: object, code: grpc.StatusCode) -> str:
@@ -93,27 +70,17 @@ async def _refused(call: object, code: grpc.StatusCode) -> str:
     return error.reason
 
 
-def _hello(worker_id: str, types: list[str]) -> worker_service_pb2.WorkerMessage:
-    return worker_service_pb2.WorkerMessage(
-        hello=worker_service_pb2.Hello(worker_id=worker_id, task_types=types, slots=1)
-    )
-
-
 @pytest.mark.parametrize("metadata", BAD_KEYS, ids=BAD_KEY_IDS)
 async def test_a_worker_without_a_valid_key_opens_no_session(
     node: SchedulerNode, channel: grpc.aio.Channel, metadata: Metadata
 ) -> None:
     # As the SDK does: Hello, then nothing until Welcome.
-    async def messages() -> AsyncIterator[worker_service_pb2.WorkerMessage]:
-        yield _hello("intruder", ["anything"])
-        await asyncio.sleep(30)
-
-    stream = worker_service_pb2_grpc.WorkerServiceStub(channel).Connect(
-        messages(), metadata=metadata
-    )
     with pytest.raises(grpc.aio.AioRpcError) as info:
-        async for _ in stream:
-            pass
+        async with RawWorker.connect(
+            channel, metadata, hello("intruder", ["anything"], slots=1)
+        ) as worker:
+            async for _ in worker:
+                pass
     assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
     assert node.gateway.sessions() == []
 
@@ -124,60 +91,50 @@ async def test_a_settlement_with_a_bad_key_writes_nothing(
     await eventually(lambda: len(node.shards.epochs()) == SHARDS, timeout_s=10, what="shards")
     tenant, auth = await _key(node)
     task_id = new_task_id()
-    at = datetime.now(UTC) + timedelta(milliseconds=100)
     [inserted] = await node.store.insert_tasks(
         tenant.id,
         [
-            NewTask(
+            new_task(
                 id=task_id,
                 type="guarded",
-                scheduled_at=at,
-                due_at=at,
+                due_in_s=0.1,
                 shard=shard_of(task_id, SHARDS),
                 payload={},
-                jitter_mode=JitterMode.NONE,
             )
         ],
     )
     node.preloader.wake()
-    outgoing: asyncio.Queue[worker_service_pb2.WorkerMessage] = asyncio.Queue()
-    await outgoing.put(_hello("w-good", ["guarded"]))
-    await outgoing.put(
-        worker_service_pb2.WorkerMessage(credit_grant=worker_service_pb2.CreditGrant(credits=1))
-    )
-
-    async def messages() -> AsyncIterator[worker_service_pb2.WorkerMessage]:
-        while True:
-            yield await outgoing.get()
-
-    stream = worker_service_pb2_grpc.WorkerServiceStub(channel).Connect(messages(), metadata=auth)
-    async with asyncio.timeout(20):
-        async for message in stream:
-            if message.WhichOneof("message") == "assignment":
-                assignment = message.assignment
-                break
-    stub = worker_service_pb2_grpc.WorkerServiceStub(channel)
-    request = worker_service_pb2.CompleteRequest(
-        worker_id="w-good",
-        complete=worker_service_pb2.Complete(
-            task=assignment.task,
-            fencing_token=assignment.fencing_token,
-            result_json=b'{"by": "intruder"}',
-        ),
-    )
-    for bad in BAD_KEYS:
-        reason = await _refused(
-            stub.Complete(request, timeout=5, metadata=bad), grpc.StatusCode.UNAUTHENTICATED
+    async with RawWorker.connect(
+        channel, auth, hello("w-good", ["guarded"], slots=1), grant(1)
+    ) as worker:
+        async with asyncio.timeout(20):
+            async for message in worker:
+                if message.WhichOneof("message") == "assignment":
+                    assignment = message.assignment
+                    break
+        stub = worker_service_pb2_grpc.WorkerServiceStub(channel)
+        request = worker_service_pb2.CompleteRequest(
+            worker_id="w-good",
+            complete=worker_service_pb2.Complete(
+                task=assignment.task,
+                fencing_token=assignment.fencing_token,
+                result_json=b'{"by": "intruder"}',
+            ),
         )
-        assert reason == "UNAUTHENTICATED"
-    task = await node.store.get_task(tenant.id, inserted.task.id)
-    assert task is not None and task.status.value == "DISPATCHED" and task.result_payload is None
+        for bad in BAD_KEYS:
+            reason = await _refused(
+                stub.Complete(request, timeout=5, metadata=bad), grpc.StatusCode.UNAUTHENTICATED
+            )
+            assert reason == "UNAUTHENTICATED"
+        task = await node.store.get_task(tenant.id, inserted.task.id)
+        assert (
+            task is not None and task.status.value == "DISPATCHED" and task.result_payload is None
+        )
 
-    # The same request with a valid key goes through: the refusal was the key alone.
-    await stub.Complete(request, timeout=5, metadata=auth)
-    task = await node.store.get_task(tenant.id, inserted.task.id)
-    assert task is not None and task.status.value == "COMPLETED"
-    stream.cancel()
+        # The same request with a valid key goes through: the refusal was the key alone.
+        await stub.Complete(request, timeout=5, metadata=auth)
+        task = await node.store.get_task(tenant.id, inserted.task.id)
+        assert task is not None and task.status.value == "COMPLETED"
 
 
 @pytest.mark.parametrize("metadata", BAD_KEYS, ids=BAD_KEY_IDS)

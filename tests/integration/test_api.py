@@ -17,13 +17,13 @@ from typing import Any
 import grpc
 import psycopg
 import pytest
+from fixtures.stores import tenant_with_key
 from fixtures.waiting import eventually
 from google.protobuf import duration_pb2, timestamp_pb2
 
 from chronoshard.scheduler.api.auth import Authenticator
 from chronoshard.scheduler.api.tasks import TaskServiceServicer
 from chronoshard.scheduler.config import LimitsConfig, SchedulerConfig, SchedulingConfig
-from chronoshard.scheduler.core.api_keys import hash_api_key, new_api_key
 from chronoshard.scheduler.core.models import Task, Tenant
 from chronoshard.scheduler.core.sharding import shard_of
 from chronoshard.scheduler.store.database import Store
@@ -44,6 +44,9 @@ CONFIG = SchedulerConfig(
         max_list_page_size=MAX_PAGE,
     ),
 )
+# The store refuses payloads over the limit the servicer is configured with.
+pytestmark = pytest.mark.store(payload_limit_bytes=PAYLOAD_LIMIT)
+
 TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 Stub = task_service_pb2_grpc.TaskServiceStub
 Req = task_service_pb2.SubmitTaskRequest
@@ -100,14 +103,6 @@ class Api:
             return await cur.fetchall() if cur.description else []
 
 
-async def _tenant(store: Store) -> tuple[Tenant, str]:
-    key = new_api_key()
-    tenant = await store.create_tenant(
-        f"t-{uuid.uuid4().hex}", "standard", 100.0, 10, "local", hash_api_key(key)
-    )
-    return tenant, key
-
-
 async def _serve(
     store: Store, authenticator: Authenticator, listener: Recorder
 ) -> tuple[grpc.aio.Server, int]:
@@ -122,16 +117,8 @@ async def _serve(
 
 
 @pytest.fixture
-async def store(db_dsn: str) -> AsyncIterator[Store]:
-    async with await Store.open(
-        db_dsn, min_size=1, max_size=4, payload_limit_bytes=PAYLOAD_LIMIT
-    ) as opened:
-        yield opened
-
-
-@pytest.fixture
 async def api(store: Store, db_dsn: str) -> AsyncIterator[Api]:
-    tenant, key = await _tenant(store)
+    tenant, key = await tenant_with_key(store)
     listener = Recorder()
     server, port = await _serve(store, Authenticator(store), listener)
     async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
@@ -429,7 +416,7 @@ async def test_calls_without_a_valid_key_are_unauthenticated(
 
 
 async def test_another_tenants_task_is_not_found_and_invisible(api: Api) -> None:
-    other, other_key = await _tenant(api.store)
+    other, other_key = await tenant_with_key(api.store)
     theirs = await api.stub.SubmitTask(
         Req(type="secret"), metadata=(("authorization", f"Bearer {other_key}"),)
     )
@@ -859,7 +846,7 @@ async def test_resolve_of_an_outcome_unknown_task(api: Api) -> None:
         grpc.StatusCode.INVALID_ARGUMENT,
     )
     assert info.field == "reason"
-    _, other_key = await _tenant(api.store)
+    _, other_key = await tenant_with_key(api.store)
     await _refused(
         api.stub.ResolveTask(
             _resolve(again.id, retry), metadata=(("authorization", f"Bearer {other_key}"),)

@@ -1,5 +1,6 @@
-"""The ``chronoshard`` CLI against one real node (in-process, real PostgreSQL and etcd) and
-an in-process worker: what scripts rely on — JSON output, exit codes, errors on stderr."""
+"""The ``chronoshard`` CLI against one real node (a scheduler process of
+``harness.cluster``, real PostgreSQL and etcd) and an in-process worker: what scripts
+rely on — JSON output, exit codes, errors on stderr."""
 
 from __future__ import annotations
 
@@ -7,41 +8,22 @@ import asyncio
 import io
 import json
 import uuid
-from collections.abc import AsyncIterator
-from dataclasses import dataclass, replace
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta, timezone
+from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
+from harness.cluster import Cluster, running_cluster
 
 from chronoshard import cli
-from chronoshard.scheduler.config import (
-    DatabaseConfig,
-    EtcdConfig,
-    GrpcConfig,
-    SchedulerConfig,
-    WorkersConfig,
-)
-from chronoshard.scheduler.node import SchedulerNode
-from chronoshard.scheduler.store.tenants import create_tenant
 from chronoshard.services import EtcdProcess
 from chronoshard.worker import TaskContext, Worker
 
 SHARDS = 4
-
-
-@dataclass
-class Cluster:
-    node: SchedulerNode
-    address: str
-    dsn: str
-    key: str
-    other_key: str
-    operator_key: str
-
-    def common(self, key: str | None = None) -> list[str]:
-        return ["--target", self.address, "--api-key", key or self.key]
+NODE = "node-1"
 
 
 @dataclass
@@ -61,42 +43,42 @@ def no_cli_env(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.fixture
-async def cluster(fresh_db_dsn: str, etcd: EtcdProcess, no_cli_env: None) -> AsyncIterator[Cluster]:
-    config = SchedulerConfig(
-        node_id=f"cli-{uuid.uuid4().hex[:6]}",
-        metrics_listen="127.0.0.1:0",
-        etcd=EtcdConfig(
-            endpoints=(etcd.endpoint,), cluster=f"c{uuid.uuid4().hex[:8]}", lease_ttl_s=5
-        ),
-        database=DatabaseConfig(dsn=fresh_db_dsn, pool_min_size=1, pool_max_size=6),
-        grpc=GrpcConfig(listen="127.0.0.1:0"),
-        workers=WorkersConfig(heartbeat_interval_s=1.0),
-    )
-    config = replace(config, scheduling=replace(config.scheduling, shard_count=SHARDS))
-    node = SchedulerNode(config)
-    await node.start()
-    assert node.addresses is not None
+def cluster(
+    fresh_db_dsn: str, etcd: EtcdProcess, tmp_path: Path, no_cli_env: None
+) -> Iterator[Cluster]:
+    """One scheduler node (``NODE``) and no worker process: the tests that need one run
+    the in-process ``worker``."""
+    with running_cluster(
+        fresh_db_dsn,
+        etcd.endpoint,
+        tmp_path,
+        nodes=1,
+        workers=0,
+        shard_count=SHARDS,
+        scheduler_env={
+            "CHRONOSHARD_ETCD__LEASE_TTL_S": "5",
+            "CHRONOSHARD_WORKERS__HEARTBEAT_INTERVAL_S": "1",
+        },
+    ) as running:
+        yield running
 
-    def key(name: str, *, operator: bool = False) -> str:
-        return create_tenant(fresh_db_dsn, name, operator=operator).api_key
 
-    try:
-        yield Cluster(
-            node,
-            node.addresses.grpc,
-            fresh_db_dsn,
-            await asyncio.to_thread(key, "mine"),
-            await asyncio.to_thread(key, "theirs"),
-            await asyncio.to_thread(key, "ops", operator=True),
-        )
-    finally:
-        await node.stop()
+async def _key(cluster: Cluster, name: str, *, operator: bool = False) -> str:
+    """The API key of another tenant of the cluster's database."""
+    made = await asyncio.to_thread(cluster.new_tenant, name, operator=operator)
+    return made.api_key
+
+
+def _common(cluster: Cluster, key: str | None = None) -> list[str]:
+    """The arguments every call to the node takes: its address and an API key (the
+    cluster's tenant's unless given)."""
+    return ["--target", cluster.nodes[NODE].address, "--api-key", key or cluster.api_key]
 
 
 @pytest.fixture
 async def worker(cluster: Cluster) -> AsyncIterator[Worker]:
-    """Serves cli.ok (completes) and cli.fail (always fails) for the tenant ``mine``."""
-    made = Worker([cluster.address], api_key=cluster.key, worker_id="cli-worker", slots=4)
+    """Serves cli.ok (completes) and cli.fail (always fails) for the cluster's tenant."""
+    made = Worker(cluster.targets(), api_key=cluster.api_key, worker_id="cli-worker", slots=4)
 
     @made.task("cli.ok")
     async def ok(ctx: TaskContext) -> dict[str, Any]:
@@ -115,7 +97,7 @@ async def worker(cluster: Cluster) -> AsyncIterator[Worker]:
 
 
 async def run(capsys: pytest.CaptureFixture[str], *args: str, stdin: str | None = None) -> Ran:
-    """``chronoshard ARGS`` in a thread (its client blocks; the node runs on this loop)."""
+    """``chronoshard ARGS`` in a thread (its client blocks; the worker runs on this loop)."""
     out = io.StringIO()
 
     def call() -> int:
@@ -129,7 +111,7 @@ async def run(capsys: pytest.CaptureFixture[str], *args: str, stdin: str | None 
 async def test_submit_get_ls_cancel_and_tenancy(
     cluster: Cluster, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    common = cluster.common()
+    common = _common(cluster)
     first = await run(
         capsys, "submit", "cli.later", "--payload", '{"a": 1}', "--in", "2h",
         "--job-id", "j1", "--idempotency-key", "k1", "--priority", "bulk",
@@ -175,7 +157,7 @@ async def test_submit_get_ls_cancel_and_tenancy(
     assert (none.code, none.out) == (0, "no tasks match\n")
 
     # Another tenant's key sees nothing and touches nothing: "not found", exit code 3.
-    theirs = cluster.common(cluster.other_key)
+    theirs = _common(cluster, await _key(cluster, "theirs"))
     for command in (("tasks", "get", task["id"]), ("tasks", "cancel", task["id"])):
         refused = await run(capsys, *command, *theirs)
         assert refused.code == cli.EXIT_NOT_FOUND
@@ -199,15 +181,15 @@ async def test_submit_get_ls_cancel_and_tenancy(
 
 
 async def test_keys_and_usage_errors(cluster: Cluster, capsys: pytest.CaptureFixture[str]) -> None:
-    wrong = await run(capsys, "tasks", "ls", *cluster.common("cs_no-such-key"))
+    wrong = await run(capsys, "tasks", "ls", *_common(cluster, "cs_no-such-key"))
     assert wrong.code == cli.EXIT_FAILURE
     assert "UNAUTHENTICATED" in wrong.err and wrong.out == ""
-    nothing = await run(capsys, "submit", "cli.x", "--target", cluster.address)
+    nothing = await run(capsys, "submit", "cli.x", "--target", cluster.nodes[NODE].address)
     assert nothing.code == cli.EXIT_USAGE and "no API key" in nothing.err
-    listed = await run(capsys, "tasks", "ls", "-o", "json", *cluster.common())
+    listed = await run(capsys, "tasks", "ls", "-o", "json", *_common(cluster))
     assert listed.json()["tasks"] == []  # neither call wrote anything
 
-    common = cluster.common()
+    common = _common(cluster)
     not_object = await run(capsys, "submit", "cli.x", "--payload", "[1, 2]", *common)
     assert not_object.code == cli.EXIT_USAGE and "JSON object" in not_object.err
     not_json = await run(capsys, "submit", "cli.x", "--payload", "{oops", *common)
@@ -230,7 +212,7 @@ async def test_keys_and_usage_errors(cluster: Cluster, capsys: pytest.CaptureFix
 async def test_payload_file_wait_attempts_and_retry(
     cluster: Cluster, worker: Worker, capsys: pytest.CaptureFixture[str], tmp_path: Any
 ) -> None:
-    common = cluster.common()
+    common = _common(cluster)
     payload = tmp_path / "payload.json"
     payload.write_text('{"n": 7}')
     ok = await run(
@@ -287,39 +269,38 @@ async def test_payload_file_wait_attempts_and_retry(
 async def test_status_and_drain(
     cluster: Cluster, worker: Worker, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    done = await run(capsys, "submit", "cli.ok", "--strict", "--wait", *cluster.common())
+    done = await run(capsys, "submit", "cli.ok", "--strict", "--wait", *_common(cluster))
     assert done.code == 0, done.err
-    status = await run(capsys, "status", "-o", "json", *cluster.common())
+    status = await run(capsys, "status", "-o", "json", *_common(cluster))
     assert status.code == 0, status.err
     report = status.json()
     [node] = report["nodes"]
-    assert node["node_id"] == cluster.node.config.node_id and node["metrics_error"] is None
+    assert node["node_id"] == NODE and node["metrics_error"] is None
     assert node["metrics"]["worker_sessions"] >= 1
     assert node["metrics"]["dispatched"] >= 1 and node["metrics"]["lateness_p50_s"] is not None
     assert report["shard_count"] == SHARDS and report["unowned_shards"] == []
     assert sorted(s["shard"] for s in report["shards"]) == list(range(SHARDS))
     assert all(s["epoch"] > 0 and s["node_id"] == node["node_id"] for s in report["shards"])
-    table = await run(capsys, "status", "--shards", *cluster.common())
+    table = await run(capsys, "status", "--shards", *_common(cluster))
     assert node["node_id"] in table.out and "serving" in table.out and "EPOCH" in table.out
 
     node_id = node["node_id"]
-    denied = await run(capsys, "drain", node_id, *cluster.common())
+    ops = _common(cluster, await _key(cluster, "ops", operator=True))
+    denied = await run(capsys, "drain", node_id, *_common(cluster))
     assert denied.code == cli.EXIT_FAILURE and "PERMISSION_DENIED" in denied.err
-    after = await run(capsys, "status", "-o", "json", *cluster.common())
+    after = await run(capsys, "status", "-o", "json", *_common(cluster))
     assert after.json()["nodes"][0]["draining"] is False
-    unknown = await run(capsys, "drain", "no-such-node", *cluster.common(cluster.operator_key))
+    unknown = await run(capsys, "drain", "no-such-node", *ops)
     assert unknown.code == cli.EXIT_NOT_FOUND
-    drained = await run(
-        capsys, "drain", node_id, "-o", "json", *cluster.common(cluster.operator_key)
-    )
+    drained = await run(capsys, "drain", node_id, "-o", "json", *ops)
     assert drained.code == 0 and drained.json() == {"node_id": node_id, "draining": True}
-    shown = await run(capsys, "status", "-o", "json", *cluster.common())
+    shown = await run(capsys, "status", "-o", "json", *_common(cluster))
     assert shown.json()["nodes"][0]["draining"] is True
-    denied = await run(capsys, "undrain", node_id, *cluster.common())
+    denied = await run(capsys, "undrain", node_id, *_common(cluster))
     assert denied.code == cli.EXIT_FAILURE and "PERMISSION_DENIED" in denied.err
-    undrained = await run(capsys, "undrain", node_id, *cluster.common(cluster.operator_key))
+    undrained = await run(capsys, "undrain", node_id, *ops)
     assert undrained.code == 0 and undrained.out.strip() == f"undrained {node_id}"
-    back = await run(capsys, "status", "-o", "json", *cluster.common())
+    back = await run(capsys, "status", "-o", "json", *_common(cluster))
     assert back.json()["nodes"][0]["draining"] is False
 
 

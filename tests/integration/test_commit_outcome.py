@@ -29,13 +29,13 @@ import grpc
 import psycopg
 import pytest
 from fixtures.nodes import node_config, running_node
+from fixtures.stores import EPOCH, OWNER, SHARD, new_task, new_tenant, tenant_with_key
 from fixtures.waiting import eventually
+from harness.raw_worker import RawWorker, bearer, complete, grant, hello
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from chronoshard.scheduler.core.api_keys import hash_api_key, new_api_key
 from chronoshard.scheduler.core.ids import new_task_id
-from chronoshard.scheduler.core.jitter import JitterMode
-from chronoshard.scheduler.core.models import NewTask, PreparedTask, Tenant, prepare
+from chronoshard.scheduler.core.models import NewTask, PreparedTask, prepare
 from chronoshard.scheduler.core.runs import Intent
 from chronoshard.scheduler.core.sharding import shard_of
 from chronoshard.scheduler.errors import CommitOutcomeUnknown, StoreUnavailable
@@ -43,11 +43,9 @@ from chronoshard.scheduler.node import SchedulerNode
 from chronoshard.scheduler.store.database import Backend, Store
 from chronoshard.scheduler.store.runs import DispatchStore
 from chronoshard.services import EtcdProcess
-from chronoshard.v1 import worker_service_pb2, worker_service_pb2_grpc
+from chronoshard.v1 import worker_service_pb2
 
 COMMIT = b"Q\x00\x00\x00\x0bCOMMIT\x00"  # the simple-query message psycopg commits with
-SHARD = 3
-EPOCH = 100
 NODE_SHARDS = 4
 # Distinctive text of the statements whose transaction loses its COMMIT.
 INSERT_TASKS = b"INSERT INTO tasks"
@@ -153,30 +151,13 @@ async def cutter(fresh_db_dsn: str) -> AsyncIterator[tuple[CommitCutter, str]]:
         await proxy.close()
 
 
+# Not the conftest's store: this one reaches the server through the proxy that cuts
+# COMMITs (an own database, the shard owned, as ``store(own_database, owns_shard)``).
 @pytest.fixture
 async def store(cutter: tuple[CommitCutter, str]) -> AsyncIterator[Store]:
     async with await Store.open(cutter[1], min_size=1, max_size=4) as opened:
-        assert await opened.claim_shard_epoch(SHARD, EPOCH, "node-a")
+        assert await opened.claim_shard_epoch(SHARD, EPOCH, OWNER)
         yield opened
-
-
-async def _tenant(store: Store) -> Tenant:
-    suffix = uuid.uuid4().hex
-    return await store.create_tenant(f"t-{suffix}", "standard", 100.0, 10, "local", f"h{suffix}")
-
-
-def _task(shard: int = SHARD, due_in_s: float = 0.0, **fields: object) -> NewTask:
-    at = datetime.now(UTC) + timedelta(seconds=due_in_s)
-    return NewTask(
-        id=new_task_id(),
-        type="t",
-        scheduled_at=at,
-        due_at=at,
-        shard=shard,
-        payload={"n": 1},
-        jitter_mode=JitterMode.NONE,
-        **fields,  # type: ignore[arg-type]
-    )
 
 
 def _rows(dsn: str, task_id: uuid.UUID) -> int:
@@ -190,8 +171,8 @@ async def test_an_unkeyed_submit_whose_commit_answer_was_lost_is_read_back_once(
     store: Store, cutter: tuple[CommitCutter, str], fresh_db_dsn: str
 ) -> None:
     proxy, _ = cutter
-    tenant = await _tenant(store)
-    new = _task()
+    tenant = await new_tenant(store)
+    new = new_task()
     proxy.arm(INSERT_TASKS, commits=True)
     [result] = await store.insert_tasks(tenant.id, [new])
     assert proxy.cut == 1, "the COMMIT was not intercepted: the test proves nothing"
@@ -203,8 +184,8 @@ async def test_a_submit_whose_commit_never_arrived_is_unavailable_and_wrote_noth
     store: Store, cutter: tuple[CommitCutter, str], fresh_db_dsn: str
 ) -> None:
     proxy, _ = cutter
-    tenant = await _tenant(store)
-    new = _task()
+    tenant = await new_tenant(store)
+    new = new_task()
     proxy.arm(INSERT_TASKS, commits=False)
     with pytest.raises(StoreUnavailable) as raised:
         await store.insert_tasks(tenant.id, [new])
@@ -220,12 +201,12 @@ async def test_a_keyed_batch_read_back_answers_new_tasks_and_repeats(
     store: Store, cutter: tuple[CommitCutter, str], fresh_db_dsn: str
 ) -> None:
     proxy, _ = cutter
-    tenant = await _tenant(store)
-    first = _task(idempotency_key="k-old")
+    tenant = await new_tenant(store)
+    first = new_task(idempotency_key="k-old")
     [original] = await store.insert_tasks(tenant.id, [first])
-    repeat = replace(_task(idempotency_key="k-old"), scheduled_at=first.scheduled_at)
+    repeat = replace(new_task(idempotency_key="k-old"), scheduled_at=first.scheduled_at)
     repeat = replace(repeat, due_at=first.due_at)
-    fresh = _task(idempotency_key="k-new")
+    fresh = new_task(idempotency_key="k-new")
     proxy.arm(INSERT_TASKS, commits=True)
     results = await store.insert_each([(tenant.id, p) for p in _prepared(store, [repeat, fresh])])
     assert proxy.cut == 1
@@ -244,8 +225,8 @@ async def test_intents_read_back_tell_committed_from_unwritten(
 ) -> None:
     proxy, _ = cutter
     runs = DispatchStore(store)
-    tenant = await _tenant(store)
-    await store.insert_tasks(tenant.id, [_task(), _task()])
+    tenant = await new_tenant(store)
+    await store.insert_tasks(tenant.id, [new_task(), new_task()])
     timers, _ = await runs.load_due({SHARD: EPOCH}, datetime.now(UTC) + timedelta(minutes=1), 10)
     assert len(timers) == 2
     sent, kept = timers
@@ -268,7 +249,7 @@ async def test_a_read_back_first_ends_the_lost_transaction_if_its_backend_lives(
     # A lost COMMIT may still be on its way to a backend that lives on (a broken network,
     # not a restart). Here that backend holds a transaction with a row inserted; the
     # store is told its outcome is unknown, as it is when COMMIT's answer never comes.
-    tenant = await _tenant(store)
+    tenant = await new_tenant(store)
     with psycopg.connect(fresh_db_dsn) as other:
         row = other.execute(
             "SELECT pid, backend_start FROM pg_stat_activity WHERE pid = pg_backend_pid()"
@@ -307,9 +288,9 @@ async def test_a_node_reads_back_what_it_could_not_learn_and_retries_what_it_cou
     await eventually(
         lambda: len(node.shards.epochs()) == NODE_SHARDS, timeout_s=10, what="shards claimed"
     )
-    tenant = await _tenant(node.store)
+    tenant = await new_tenant(node.store)
     task_id = new_task_id()
-    new = replace(_task(shard=shard_of(task_id, NODE_SHARDS), due_in_s=1.0), id=task_id)
+    new = new_task(id=task_id, shard=shard_of(task_id, NODE_SHARDS), due_in_s=1.0)
 
     # 1. The preload commits, its answer is lost: read back onto the wheel anyway.
     proxy.arm(LOAD_DUE, commits=True)
@@ -322,48 +303,30 @@ async def test_a_node_reads_back_what_it_could_not_learn_and_retries_what_it_cou
 
     # 2. A raw worker takes it; the intent's answer is lost: read back and sent, once.
     proxy.arm(WRITE_INTENTS, commits=True)
-    key = new_api_key()
-    await node.store.create_tenant(
-        f"w-{uuid.uuid4().hex}", "standard", 100.0, 10, "local", hash_api_key(key)
-    )
-    auth = (("authorization", f"Bearer {key}"),)
-    outgoing: asyncio.Queue[worker_service_pb2.WorkerMessage] = asyncio.Queue()
-    for message in (
-        worker_service_pb2.WorkerMessage(
-            hello=worker_service_pb2.Hello(worker_id="raw-1", task_types=["t"], slots=1)
-        ),
-        worker_service_pb2.WorkerMessage(credit_grant=worker_service_pb2.CreditGrant(credits=1)),
-    ):
-        await outgoing.put(message)
-
-    async def requests() -> AsyncIterator[worker_service_pb2.WorkerMessage]:
-        while True:
-            yield await outgoing.get()
-
+    _, key = await tenant_with_key(node.store)
     assert node.addresses is not None
     receipts: list[worker_service_pb2.Receipt] = []
-    async with grpc.aio.insecure_channel(node.addresses.grpc) as channel:
-        stream = worker_service_pb2_grpc.WorkerServiceStub(channel).Connect(
-            requests(), metadata=auth
-        )
-        assignment: worker_service_pb2.Assignment | None = None
-        async with asyncio.timeout(30):
-            async for message in stream:
-                kind = message.WhichOneof("message")
-                if kind == "assignment":
-                    assignment = message.assignment
-                    assert proxy.cut == 2, "the intent's COMMIT was not cut"
-                    # 3. The Complete's COMMIT never reaches the server.
-                    proxy.arm(COMPLETE, commits=False)
-                    await outgoing.put(_complete(assignment))
-                elif kind == "receipt":
-                    receipts.append(message.receipt)
-                    if message.receipt.HasField("error"):
-                        assert assignment is not None
-                        await outgoing.put(_complete(assignment))  # what the SDK does
-                    else:
-                        break
-        stream.cancel()
+    assignment: worker_service_pb2.Assignment | None = None
+    async with (
+        grpc.aio.insecure_channel(node.addresses.grpc) as channel,
+        RawWorker.connect(channel, bearer(key), hello("raw-1", ["t"], slots=1), grant(1)) as worker,
+        asyncio.timeout(30),
+    ):
+        async for message in worker:
+            kind = message.WhichOneof("message")
+            if kind == "assignment":
+                assignment = message.assignment
+                assert proxy.cut == 2, "the intent's COMMIT was not cut"
+                # 3. The Complete's COMMIT never reaches the server.
+                proxy.arm(COMPLETE, commits=False)
+                worker.send(complete(assignment))
+            elif kind == "receipt":
+                receipts.append(message.receipt)
+                if message.receipt.HasField("error"):
+                    assert assignment is not None
+                    worker.send(complete(assignment))  # what the SDK does
+                else:
+                    break
     assert assignment is not None
     assert (assignment.fencing_token, assignment.attempt) == (1, 1)
     first, second = receipts
@@ -377,11 +340,3 @@ async def test_a_node_reads_back_what_it_could_not_learn_and_retries_what_it_cou
             (task_id,),
         ).fetchone()
     assert states == ("COMPLETED", 1, ["SUCCEEDED"])
-
-
-def _complete(a: worker_service_pb2.Assignment) -> worker_service_pb2.WorkerMessage:
-    return worker_service_pb2.WorkerMessage(
-        complete=worker_service_pb2.Complete(
-            task=a.task, fencing_token=a.fencing_token, result_json=b"{}"
-        )
-    )

@@ -4,16 +4,14 @@ report, with their fencing (epochs for shard writes, tokens for settlements)."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
 import pytest
+from fixtures.stores import EPOCH, SHARD, submit
 
-from chronoshard.scheduler.core.ids import new_task_id
-from chronoshard.scheduler.core.jitter import JitterMode
-from chronoshard.scheduler.core.models import NewTask, TaskRef, Tenant
+from chronoshard.scheduler.core.models import TaskRef, Tenant
 from chronoshard.scheduler.core.retry import FailureReport
 from chronoshard.scheduler.core.runs import (
     Beat,
@@ -29,43 +27,11 @@ from chronoshard.scheduler.core.states import AttemptState, TaskStatus
 from chronoshard.scheduler.store.database import Store
 from chronoshard.scheduler.store.runs import DispatchStore
 
-SHARD = 3
-EPOCH = 100
 ERROR = FailureReport(retryable=True, timed_out=False, cancelled=False)
 
-
-@pytest.fixture
-async def store(fresh_db_dsn: str) -> AsyncIterator[Store]:
-    async with await Store.open(fresh_db_dsn, min_size=1, max_size=4) as opened:
-        assert await opened.claim_shard_epoch(SHARD, EPOCH, "node-a")
-        yield opened
-
-
-@pytest.fixture
-def runs(store: Store) -> DispatchStore:
-    return DispatchStore(store)
-
-
-@pytest.fixture
-async def tenant(store: Store) -> Tenant:
-    suffix = uuid.uuid4().hex
-    return await store.create_tenant(f"t-{suffix}", "standard", 100.0, 10, "local", f"h-{suffix}")
-
-
-async def _submit(store: Store, tenant: Tenant, due_in_s: float = 0, **fields: Any) -> NewTask:
-    now = datetime.now(UTC)
-    new = NewTask(
-        id=new_task_id(),
-        type="t",
-        scheduled_at=now + timedelta(seconds=due_in_s),
-        due_at=now + timedelta(seconds=due_in_s),
-        shard=SHARD,
-        payload={"n": 1},
-        jitter_mode=JitterMode.NONE,
-        **fields,
-    )
-    await store.insert_tasks(tenant.id, [new])
-    return new
+# Intents, settlements and the warm read are fenced on the shard's epoch, and tests here
+# move the shard to another node's epoch.
+pytestmark = pytest.mark.store(own_database=True, owns_shard=True)
 
 
 async def _dispatch(runs: DispatchStore, worker: str = "w1") -> list[Any]:
@@ -90,14 +56,14 @@ async def _row(store: Store, task_id: uuid.UUID) -> dict[str, Any]:
 async def test_preload_moves_only_due_rows_of_owned_shards(
     store: Store, runs: DispatchStore, tenant: Tenant
 ) -> None:
-    due = await _submit(store, tenant, due_in_s=1)
-    later = await _submit(store, tenant, due_in_s=3600)
+    due = await submit(store, tenant, due_in_s=1)
+    later = await submit(store, tenant, due_in_s=3600)
     horizon = datetime.now(UTC) + timedelta(seconds=60)
     timers, lost = await runs.load_due({SHARD: EPOCH}, horizon, 100)
     assert [t.id for t in timers] == [due.id]
     assert (await _row(store, later.id))["status"] == "SCHEDULED"
     # A stale epoch preloads nothing and reports the shard lost.
-    await _submit(store, tenant, due_in_s=2)
+    await submit(store, tenant, due_in_s=2)
     timers, lost = await runs.load_due({SHARD: EPOCH - 1}, horizon, 100)
     assert timers == [] and lost == {SHARD}
     # Reloading after a restart finds what is PRELOADED.
@@ -108,7 +74,7 @@ async def test_preload_moves_only_due_rows_of_owned_shards(
 async def test_intent_bumps_token_and_attempt_and_records_the_attempt(
     store: Store, runs: DispatchStore, tenant: Tenant
 ) -> None:
-    new = await _submit(store, tenant)
+    new = await submit(store, tenant)
     [task] = await _dispatch(runs)
     assert task.id == new.id
     assert task.status is TaskStatus.DISPATCHED
@@ -125,7 +91,7 @@ async def test_intent_bumps_token_and_attempt_and_records_the_attempt(
 async def test_intent_under_a_lost_epoch_writes_nothing(
     store: Store, runs: DispatchStore, tenant: Tenant
 ) -> None:
-    new = await _submit(store, tenant)
+    new = await submit(store, tenant)
     horizon = datetime.now(UTC) + timedelta(seconds=60)
     timers, _ = await runs.load_due({SHARD: EPOCH}, horizon, 100)
     # Another node takes the shard over.
@@ -139,7 +105,7 @@ async def test_intent_under_a_lost_epoch_writes_nothing(
 async def test_ack_heartbeat_complete_and_the_ledger(
     store: Store, runs: DispatchStore, tenant: Tenant
 ) -> None:
-    new = await _submit(store, tenant, job_id="nightly-report")
+    new = await submit(store, tenant, job_id="nightly-report")
     [task] = await _dispatch(runs)
     assert await runs.ack([Settle(task.ref, 1)]) == {new.id: SettleOutcome.OK}
     # A repeated ack is answered OK; an ack with another token is stale.
@@ -173,7 +139,7 @@ async def test_ack_heartbeat_complete_and_the_ledger(
 async def test_a_stale_completion_changes_nothing(
     store: Store, runs: DispatchStore, tenant: Tenant
 ) -> None:
-    new = await _submit(store, tenant)
+    new = await submit(store, tenant)
     [first] = await _dispatch(runs, "zombie")
     # The first attempt is given back and dispatched again: token 2 owns the task now.
     outcomes, ready = await runs.release(
@@ -193,7 +159,7 @@ async def test_a_stale_completion_changes_nothing(
 async def test_failures_retry_with_backoff_then_dead_letter(
     store: Store, runs: DispatchStore, tenant: Tenant
 ) -> None:
-    new = await _submit(store, tenant, max_retries=1, backoff_initial_s=0.01, backoff_max_s=0.02)
+    new = await submit(store, tenant, max_retries=1, backoff_initial_s=0.01, backoff_max_s=0.02)
     [task] = await _dispatch(runs)
     result = await runs.fail([Failure(task.ref, 1, "boom", ERROR)], datetime.now(UTC))
     assert result.outcomes == {new.id: SettleOutcome.OK}
@@ -217,7 +183,7 @@ async def test_failures_retry_with_backoff_then_dead_letter(
 async def test_release_keeps_the_retry_budget_and_stores_the_checkpoint(
     store: Store, runs: DispatchStore, tenant: Tenant
 ) -> None:
-    new = await _submit(store, tenant)
+    new = await submit(store, tenant)
     [task] = await _dispatch(runs)
     await runs.ack([Settle(task.ref, 1)])
     outcomes, ready = await runs.release(
@@ -246,11 +212,11 @@ async def test_a_warm_handoff_reads_without_writing_and_no_task_is_dispatched_tw
 ) -> None:
     """The incoming owner reads the shard's near rows while the old owner still owns it
     and dispatches; after the claim its intents skip whatever the old owner took."""
-    soon = [await _submit(store, tenant, due_in_s=1 + i) for i in range(5)]
-    far = await _submit(store, tenant, due_in_s=3600)
+    soon = [await submit(store, tenant, due_in_s=1 + i) for i in range(5)]
+    far = await submit(store, tenant, due_in_s=3600)
     minute = datetime.now(UTC) + timedelta(minutes=1)
     preloaded, _ = await runs.load_due({SHARD: EPOCH}, minute, 100)
-    late_submit = await _submit(store, tenant, due_in_s=2.5)  # not preloaded yet
+    late_submit = await submit(store, tenant, due_in_s=2.5)  # not preloaded yet
     horizon = datetime.now(UTC) + timedelta(seconds=10)
 
     staged: list[TimerTask] = []
@@ -296,7 +262,7 @@ async def test_a_warm_handoff_reads_without_writing_and_no_task_is_dispatched_tw
 async def test_a_claimed_shard_reloads_nearest_first_in_chunks_and_unloads_the_rest(
     store: Store, runs: DispatchStore, tenant: Tenant
 ) -> None:
-    tasks = [await _submit(store, tenant, due_in_s=50 - i) for i in range(5)]
+    tasks = [await submit(store, tenant, due_in_s=50 - i) for i in range(5)]
     await runs.load_due({SHARD: EPOCH}, datetime.now(UTC) + timedelta(minutes=1), 100)
     order = [t.id for t in sorted(tasks, key=lambda t: (t.due_at, t.id))]
     first = await runs.load_preloaded({SHARD: EPOCH}, limit=2)

@@ -5,54 +5,30 @@ exceptions (leases not extended, cancels requested)."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
 import pytest
+from fixtures.stores import EPOCH, SHARD, new_task, new_tenant
 
-from chronoshard.scheduler.core.ids import new_task_id
-from chronoshard.scheduler.core.jitter import JitterMode
-from chronoshard.scheduler.core.models import NewTask, Task, Tenant
+from chronoshard.scheduler.core.models import Task
 from chronoshard.scheduler.core.runs import Beat, Intent, Settle
 from chronoshard.scheduler.store.database import Store
 from chronoshard.scheduler.store.runs import DispatchStore
 
-SHARD = 5
-EPOCH = 7
 LEASE_S = 60.0
 
-
-@pytest.fixture
-async def store(fresh_db_dsn: str) -> AsyncIterator[Store]:
-    async with await Store.open(fresh_db_dsn, min_size=1, max_size=4) as opened:
-        assert await opened.claim_shard_epoch(SHARD, EPOCH, "node-a")
-        yield opened
-
-
-@pytest.fixture
-def runs(store: Store) -> DispatchStore:
-    return DispatchStore(store)
+# Heartbeats and settlements are fenced on the shard's epoch.
+pytestmark = pytest.mark.store(own_database=True, owns_shard=True)
 
 
 async def _running(store: Store, runs: DispatchStore, n: int) -> list[Task]:
     """``n`` tasks dispatched (token 1) and acknowledged."""
-    suffix = uuid.uuid4().hex
-    tenant: Tenant = await store.create_tenant(
-        f"t-{suffix}", "standard", 100.0, 100, "local", f"h-{suffix}"
-    )
+    tenant = await new_tenant(store, max_concurrent_workers=100)
     now = datetime.now(UTC)
     news = [
-        NewTask(
-            id=new_task_id(),
-            type="t",
-            scheduled_at=now - timedelta(milliseconds=i),
-            due_at=now,
-            shard=SHARD,
-            payload={},
-            jitter_mode=JitterMode.NONE,
-        )
+        new_task(scheduled_at=now - timedelta(milliseconds=i), due_at=now, payload={})
         for i in range(n)
     ]
     await store.insert_tasks(tenant.id, news)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 
 import psycopg
@@ -23,10 +22,8 @@ CONFIG = MaintenanceConfig(retention_days=30, partitions_ahead_days=7, lock_time
 GIVE_UP_BOUND_S = 5.0
 
 
-@pytest.fixture
-async def store(fresh_db_dsn: str) -> AsyncIterator[Store]:
-    async with await Store.open(fresh_db_dsn, min_size=1, max_size=3) as opened:
-        yield opened
+# Rounds create and drop day partitions: every test on a database of its own.
+pytestmark = pytest.mark.store(own_database=True)
 
 
 def _day(offset: int) -> str:

@@ -6,20 +6,20 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import AsyncIterator
-from datetime import UTC, datetime, timedelta
+from contextlib import asynccontextmanager
+from datetime import UTC, datetime
 from typing import Any
 
 import grpc
 import pytest
 from fixtures.nodes import node_config, running_node
+from fixtures.stores import new_task, new_tenant, tenant_with_key
 from fixtures.waiting import eventually
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from harness.raw_worker import Metadata, RawWorker, ack, bearer, complete, grant, hello, recall
 from prometheus_client import generate_latest
 
-from chronoshard.scheduler.core.api_keys import hash_api_key, new_api_key
 from chronoshard.scheduler.core.ids import new_task_id
-from chronoshard.scheduler.core.jitter import JitterMode
-from chronoshard.scheduler.core.models import NewTask, Tenant
 from chronoshard.scheduler.core.sharding import shard_of
 from chronoshard.scheduler.node import CLOCK_HEALTH_SERVICE, SchedulerNode
 from chronoshard.scheduler.store.database import Store
@@ -41,17 +41,10 @@ async def node(fresh_db_dsn: str, etcd: EtcdProcess) -> AsyncIterator[SchedulerN
         yield n
 
 
-async def _tenant(store: Store) -> Tenant:
-    suffix = uuid.uuid4().hex
-    return await store.create_tenant(f"t-{suffix}", "standard", 1000.0, 100, "local", f"h{suffix}")
-
-
-async def _auth(store: Store) -> tuple[tuple[str, str], ...]:
+async def _auth(store: Store) -> Metadata:
     """Call metadata with the API key of a new tenant: worker and admin calls need one."""
-    key = new_api_key()
-    suffix = uuid.uuid4().hex
-    await store.create_tenant(f"w-{suffix}", "standard", 1000.0, 100, "local", hash_api_key(key))
-    return (("authorization", f"Bearer {key}"),)
+    _, key = await tenant_with_key(store, rate_limit_rps=1000.0, max_concurrent_workers=100)
+    return bearer(key)
 
 
 async def _wait_for_shards(node: SchedulerNode) -> None:
@@ -60,23 +53,33 @@ async def _wait_for_shards(node: SchedulerNode) -> None:
     )
 
 
+@asynccontextmanager
+async def _connected(
+    node: SchedulerNode, *first: worker_service_pb2.WorkerMessage
+) -> AsyncIterator[RawWorker]:
+    """A raw worker on a channel of its own to ``node``, with a new tenant's key."""
+    assert node.addresses is not None
+    auth = await _auth(node.store)
+    async with (
+        grpc.aio.insecure_channel(node.addresses.grpc) as channel,
+        RawWorker.connect(channel, auth, *first) as worker,
+    ):
+        yield worker
+
+
 async def test_tasks_fire_and_complete_through_a_raw_worker(node: SchedulerNode) -> None:
     await _wait_for_shards(node)
-    tenant = await _tenant(node.store)
-    now = datetime.now(UTC)
+    tenant = await new_tenant(node.store, rate_limit_rps=1000.0, max_concurrent_workers=100)
     news = []
     for i in range(20):
         task_id = new_task_id()
-        at = now + timedelta(milliseconds=200 + 20 * i)
         news.append(
-            NewTask(
+            new_task(
                 id=task_id,
                 type="echo",
-                scheduled_at=at,
-                due_at=at,
+                due_in_s=0.2 + 0.02 * i,
                 shard=shard_of(task_id, SHARDS),
                 payload={"i": i},
-                jitter_mode=JitterMode.NONE,
                 job_id="echo-job",
             )
         )
@@ -92,27 +95,13 @@ async def test_tasks_fire_and_complete_through_a_raw_worker(node: SchedulerNode)
         assert [n.node_id for n in topology.nodes] == [node.config.node_id]
         assert len(topology.shards) == SHARDS
 
-        outgoing: asyncio.Queue[worker_service_pb2.WorkerMessage] = asyncio.Queue()
-        await outgoing.put(
-            worker_service_pb2.WorkerMessage(
-                hello=worker_service_pb2.Hello(worker_id="raw-1", task_types=["echo"], slots=4)
-            )
-        )
-        await outgoing.put(
-            worker_service_pb2.WorkerMessage(credit_grant=worker_service_pb2.CreditGrant(credits=4))
-        )
-
-        async def requests() -> AsyncIterator[worker_service_pb2.WorkerMessage]:
-            while True:
-                yield await outgoing.get()
-
-        stream = worker_service_pb2_grpc.WorkerServiceStub(channel).Connect(
-            requests(), metadata=auth
-        )
         completed: set[str] = set()
         started_late: list[float] = []
-        async with asyncio.timeout(30):
-            async for message in stream:
+        async with (
+            RawWorker.connect(channel, auth, hello("raw-1", ["echo"], slots=4), grant(4)) as worker,
+            asyncio.timeout(30),
+        ):
+            async for message in worker:
                 kind = message.WhichOneof("message")
                 if kind == "assignment":
                     a = message.assignment
@@ -122,34 +111,16 @@ async def test_tasks_fire_and_complete_through_a_raw_worker(node: SchedulerNode)
                     # Stamped with the node's cluster clock: this host's, here, closely.
                     sent_s = (datetime.now(UTC) - a.sent_at.ToDatetime(tzinfo=UTC)).total_seconds()
                     assert a.HasField("sent_at") and 0 <= sent_s < 1, sent_s
-                    await outgoing.put(
-                        worker_service_pb2.WorkerMessage(
-                            ack=worker_service_pb2.Ack(task=a.task, fencing_token=a.fencing_token)
-                        )
-                    )
-                    await outgoing.put(
-                        worker_service_pb2.WorkerMessage(
-                            complete=worker_service_pb2.Complete(
-                                task=a.task,
-                                fencing_token=a.fencing_token,
-                                result_json=a.payload_json,
-                            )
-                        )
-                    )
+                    worker.send(ack(a), complete(a, result_json=a.payload_json))
                 elif (
                     kind == "receipt"
                     and message.receipt.kind == worker_service_pb2.SETTLEMENT_KIND_COMPLETE
                 ):
                     assert not message.receipt.HasField("error")
                     completed.add(message.receipt.task.id)
-                    await outgoing.put(
-                        worker_service_pb2.WorkerMessage(
-                            credit_grant=worker_service_pb2.CreditGrant(credits=1)
-                        )
-                    )
+                    worker.send(grant(1))
                     if len(completed) == len(news):
                         break
-        stream.cancel()
     assert completed == {str(n.id) for n in news}
     for new in news:
         task = await node.store.get_task(tenant.id, new.id)
@@ -199,83 +170,40 @@ async def test_stale_unary_completion_is_failed_precondition(node: SchedulerNode
 
 async def test_credit_recall_returns_exactly_the_unused_credits(node: SchedulerNode) -> None:
     assert node.addresses is not None
-    async with grpc.aio.insecure_channel(node.addresses.grpc) as channel:
-        outgoing: asyncio.Queue[worker_service_pb2.WorkerMessage] = asyncio.Queue()
-        for message in (
-            worker_service_pb2.WorkerMessage(
-                hello=worker_service_pb2.Hello(worker_id="raw-2", task_types=["none"], slots=5)
-            ),
-            worker_service_pb2.WorkerMessage(
-                credit_grant=worker_service_pb2.CreditGrant(credits=5)
-            ),
-            worker_service_pb2.WorkerMessage(
-                credit_recall=worker_service_pb2.CreditRecall(credits=3)
-            ),
-            worker_service_pb2.WorkerMessage(
-                credit_recall=worker_service_pb2.CreditRecall(credits=9)
-            ),
-        ):
-            await outgoing.put(message)
-
-        async def requests() -> AsyncIterator[worker_service_pb2.WorkerMessage]:
-            while True:
-                yield await outgoing.get()
-
-        auth = await _auth(node.store)
-        stream = worker_service_pb2_grpc.WorkerServiceStub(channel).Connect(
-            requests(), metadata=auth
-        )
-        returned: list[int] = []
-        async with asyncio.timeout(10):
-            async for message in stream:
-                if message.WhichOneof("message") == "credit_return":
-                    returned.append(message.credit_return.credits)
-                    if len(returned) == 2:
-                        break
-        stream.cancel()
+    auth = await _auth(node.store)
+    returned: list[int] = []
+    async with (
+        grpc.aio.insecure_channel(node.addresses.grpc) as channel,
+        RawWorker.connect(
+            channel, auth, hello("raw-2", ["none"], slots=5), grant(5), recall(3), recall(9)
+        ) as worker,
+        asyncio.timeout(10),
+    ):
+        async for message in worker:
+            if message.WhichOneof("message") == "credit_return":
+                returned.append(message.credit_return.credits)
+                if len(returned) == 2:
+                    break
     # Nothing was assigned (no task of type "none"): 3 back, then the remaining 2.
     assert returned == [3, 2]
 
 
-async def _open(
-    node: SchedulerNode, *messages: worker_service_pb2.WorkerMessage
-) -> tuple[grpc.aio.Channel, Any]:
-    assert node.addresses is not None
-    channel = grpc.aio.insecure_channel(node.addresses.grpc)
-    outgoing: asyncio.Queue[worker_service_pb2.WorkerMessage] = asyncio.Queue()
-    for message in messages:
-        outgoing.put_nowait(message)
-
-    async def requests() -> AsyncIterator[worker_service_pb2.WorkerMessage]:
-        while True:
-            yield await outgoing.get()
-
-    stream = worker_service_pb2_grpc.WorkerServiceStub(channel).Connect(
-        requests(), metadata=await _auth(node.store)
-    )
-    return channel, stream
-
-
 async def test_a_worker_batch_is_read_as_its_messages_in_order(node: SchedulerNode) -> None:
-    w = worker_service_pb2
-    hello = w.WorkerMessage(
-        hello=w.Hello(worker_id="raw-3", task_types=["none"], slots=5, accepts_batches=True)
-    )
-    batch = w.WorkerMessage(
-        batch=w.WorkerBatch(
+    greeting = hello("raw-3", ["none"], slots=5, accepts_batches=True)
+    batch = worker_service_pb2.WorkerMessage(
+        batch=worker_service_pb2.WorkerBatch(
             messages=[
-                w.WorkerMessage(credit_grant=w.CreditGrant(credits=5)),
-                hello,  # never valid inside a batch: skipped, the rest still read
-                w.WorkerMessage(credit_recall=w.CreditRecall(credits=3)),
-                w.WorkerMessage(credit_recall=w.CreditRecall(credits=9)),
+                grant(5),
+                greeting,  # never valid inside a batch: skipped, the rest still read
+                recall(3),
+                recall(9),
             ]
         )
     )
-    channel, stream = await _open(node, hello, batch)
     returned: list[int] = []
     welcome: Any = None
-    async with channel, asyncio.timeout(10):
-        async for message in stream:
+    async with _connected(node, greeting, batch) as worker, asyncio.timeout(10):
+        async for message in worker:
             kind = message.WhichOneof("message")
             inner = list(message.batch.messages) if kind == "batch" else [message]
             for item in inner:
@@ -285,18 +213,17 @@ async def test_a_worker_batch_is_read_as_its_messages_in_order(node: SchedulerNo
                     returned.append(item.credit_return.credits)
             if len(returned) == 2:
                 break
-        stream.cancel()
     assert welcome is not None and welcome.accepts_batches
     assert returned == [3, 2]
 
 
 @pytest.mark.parametrize("slots", [0, 100_001])
 async def test_a_hello_with_slots_out_of_range_is_rejected(node: SchedulerNode, slots: int) -> None:
-    w = worker_service_pb2
-    hello = w.WorkerMessage(hello=w.Hello(worker_id="raw-4", task_types=["none"], slots=slots))
-    channel, stream = await _open(node, hello)
-    async with channel, asyncio.timeout(10):
-        first = await stream.read()
+    async with (
+        _connected(node, hello("raw-4", ["none"], slots=slots)) as worker,
+        asyncio.timeout(10),
+    ):
+        first = await worker.read()
     assert first.WhichOneof("message") == "reject"
     assert first.reject.error.field == "hello.slots"
     assert node.gateway.sessions() == []
@@ -308,13 +235,10 @@ async def test_a_worker_that_goes_away_leaves_no_task_of_its_session_behind(
     # The stream's handler waited on the session's outbox when the worker cancelled the
     # call; the outbox get it left pending was destroyed with the session later, and the
     # node logged "Task was destroyed but it is pending" (issue 12, item 10).
-    w = worker_service_pb2
-    hello = w.WorkerMessage(hello=w.Hello(worker_id="raw-5", task_types=["none"], slots=1))
-    channel, stream = await _open(node, hello)
-    async with channel, asyncio.timeout(10):
-        first = await stream.read()
+    async with _connected(node, hello("raw-5", ["none"], slots=1)) as worker, asyncio.timeout(10):
+        first = await worker.read()
         assert first.WhichOneof("message") == "welcome"
-        stream.cancel()
+        worker.close()
     await eventually(lambda: node.gateway.sessions() == [], timeout_s=10, what="session closed")
 
     def outbox_gets() -> list[asyncio.Task[Any]]:

@@ -13,21 +13,20 @@ import asyncio
 import contextlib
 import json
 import uuid
-from collections.abc import AsyncIterator, Collection, Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
 import pytest
+from fixtures.stores import EPOCH, OWNER, SHARD, submit
 from fixtures.waiting import eventually
 from psycopg.rows import dict_row
 
 from chronoshard.clock import SystemClock
 from chronoshard.scheduler.cluster.reconciler import Reconciler
 from chronoshard.scheduler.config import SchedulerConfig
-from chronoshard.scheduler.core.ids import new_task_id
-from chronoshard.scheduler.core.jitter import JitterMode
-from chronoshard.scheduler.core.models import NewTask, Task, Tenant
+from chronoshard.scheduler.core.models import Task, Tenant
 from chronoshard.scheduler.core.repairs import Repair, decide
 from chronoshard.scheduler.core.retry import FailureReport
 from chronoshard.scheduler.core.runs import (
@@ -46,12 +45,13 @@ from chronoshard.scheduler.store.database import Store
 from chronoshard.scheduler.store.repairs import ReconcileStore
 from chronoshard.scheduler.store.runs import DispatchStore
 
-SHARD = 3
-EPOCH = 100
 SHARD_COUNT = 8
 CONFIG = SchedulerConfig()
 ACK_S = CONFIG.workers.ack_timeout_s
 MARGIN_S = CONFIG.workers.lease_margin_s
+
+# Repairs write under the shard's epoch, and tests here claim every shard.
+pytestmark = pytest.mark.store(own_database=True, owns_shard=True)
 
 
 class Sessions:
@@ -91,24 +91,6 @@ class Shards:
         self.lost.update(shards)
 
 
-@pytest.fixture
-async def store(fresh_db_dsn: str) -> AsyncIterator[Store]:
-    async with await Store.open(fresh_db_dsn, min_size=1, max_size=4) as opened:
-        assert await opened.claim_shard_epoch(SHARD, EPOCH, "node-a")
-        yield opened
-
-
-@pytest.fixture
-def runs(store: Store) -> DispatchStore:
-    return DispatchStore(store)
-
-
-@pytest.fixture
-async def tenant(store: Store) -> Tenant:
-    suffix = uuid.uuid4().hex
-    return await store.create_tenant(f"t-{suffix}", "standard", 100.0, 10, "local", f"h-{suffix}")
-
-
 def _reconciler(
     store: Store, sessions: Sessions, wheel: Wheel, epochs: dict[int, int] | None = None
 ) -> tuple[Reconciler, Shards]:
@@ -123,22 +105,6 @@ def _reconciler(
         shard_count=SHARD_COUNT,
     )
     return reconciler, shards
-
-
-async def _submit(store: Store, tenant: Tenant, **fields: Any) -> NewTask:
-    now = datetime.now(UTC)
-    new = NewTask(
-        id=new_task_id(),
-        type="t",
-        scheduled_at=now,
-        due_at=now,
-        shard=SHARD,
-        payload={},
-        jitter_mode=JitterMode.NONE,
-        **fields,
-    )
-    await store.insert_tasks(tenant.id, [new])
-    return new
 
 
 async def _dispatch(runs: DispatchStore, worker: str = "w1", lease_s: float = 30) -> list[Task]:
@@ -192,7 +158,7 @@ async def test_unacknowledged_dispatch_the_session_never_got_is_redispatched(
 ) -> None:
     # Not idempotent: the node knows the attempt never ran, so it runs again all the same
     # (a crash between intent and send must not need an operator).
-    new = await _submit(store, tenant)
+    new = await submit(store, tenant)
     [first] = await _dispatch(runs)
     sessions, wheel = Sessions(), Wheel()
     reconciler, _ = _reconciler(store, sessions, wheel)
@@ -227,9 +193,9 @@ async def test_unacknowledged_dispatch_the_session_never_got_is_redispatched(
 async def test_expired_lease_idempotent_redispatched_non_idempotent_outcome_unknown(
     store: Store, runs: DispatchStore, tenant: Tenant
 ) -> None:
-    idem = await _submit(store, tenant, idempotent=True)
-    plain = await _submit(store, tenant)
-    young = await _submit(store, tenant, idempotent=True)
+    idem = await submit(store, tenant, idempotent=True)
+    plain = await submit(store, tenant)
+    young = await submit(store, tenant, idempotent=True)
     await _dispatch(runs)
     for task_id in (idem.id, plain.id):
         await _expire_lease(store, task_id)
@@ -264,7 +230,7 @@ async def test_expired_lease_idempotent_redispatched_non_idempotent_outcome_unkn
 async def test_a_late_settlement_of_the_same_attempt_makes_the_outcome_known(
     store: Store, runs: DispatchStore, tenant: Tenant, settlement: str
 ) -> None:
-    new = await _submit(store, tenant, max_retries=1)
+    new = await submit(store, tenant, max_retries=1)
     [task] = await _dispatch(runs)
     await _expire_lease(store, new.id)
     reconciler, _ = _reconciler(store, Sessions(), Wheel())
@@ -304,8 +270,8 @@ async def test_a_heartbeat_for_a_lease_past_its_margin_is_refused(
 ) -> None:
     """Once lease + margin passed the attempt is the reconciler's, even before a pass ran:
     a worker that did not fence itself is told to stop, the lease is not revived."""
-    late = await _submit(store, tenant)
-    inside = await _submit(store, tenant)
+    late = await submit(store, tenant)
+    inside = await submit(store, tenant)
     tasks = {t.id: t for t in await _dispatch(runs)}
     await _expire_lease(store, late.id)
     await _expire_lease(store, inside.id, ago_s=MARGIN_S / 2)
@@ -318,7 +284,7 @@ async def test_a_heartbeat_for_a_lease_past_its_margin_is_refused(
 async def test_expired_lease_with_a_cancel_request_ends_cancelled(
     store: Store, runs: DispatchStore, tenant: Tenant
 ) -> None:
-    new = await _submit(store, tenant)
+    new = await submit(store, tenant)
     [task] = await _dispatch(runs)
     assert (await runs.ack([Beat(task.ref, 1, None)])) == {new.id: SettleOutcome.OK}
     await _sql(
@@ -341,7 +307,7 @@ async def test_expired_lease_with_a_cancel_request_ends_cancelled(
 async def test_a_completion_between_the_read_and_the_write_wins(
     store: Store, runs: DispatchStore, tenant: Tenant
 ) -> None:
-    new = await _submit(store, tenant, idempotent=True)
+    new = await submit(store, tenant, idempotent=True)
     [task] = await _dispatch(runs)
     await _expire_lease(store, new.id)
     wheel = Wheel()
@@ -368,7 +334,7 @@ async def test_a_completion_between_the_read_and_the_write_wins(
 async def test_a_heartbeat_between_the_read_and_the_write_wins(
     store: Store, runs: DispatchStore, tenant: Tenant
 ) -> None:
-    new = await _submit(store, tenant)
+    new = await submit(store, tenant)
     [task] = await _dispatch(runs)
     await _backdate(store, new.id, ACK_S + 1)
     reconcile_store = ReconcileStore(store)
@@ -390,7 +356,7 @@ async def test_a_heartbeat_between_the_read_and_the_write_wins(
 async def test_a_newer_shard_owner_fences_the_old_reconciler(
     store: Store, runs: DispatchStore, tenant: Tenant
 ) -> None:
-    new = await _submit(store, tenant, idempotent=True)
+    new = await submit(store, tenant, idempotent=True)
     await _dispatch(runs)
     await _expire_lease(store, new.id)
     assert await store.claim_shard_epoch(SHARD, EPOCH + 1, "node-b")
@@ -405,7 +371,7 @@ async def test_a_newer_shard_owner_fences_the_old_reconciler(
 async def test_a_stale_completion_after_redispatch_marks_the_attempt_fenced(
     store: Store, runs: DispatchStore, tenant: Tenant
 ) -> None:
-    new = await _submit(store, tenant, idempotent=True)
+    new = await submit(store, tenant, idempotent=True)
     [zombie] = await _dispatch(runs, "w-zombie")
     await _expire_lease(store, new.id)
     reconciler, _ = _reconciler(store, Sessions(), Wheel())
@@ -423,7 +389,7 @@ async def test_a_stale_completion_after_redispatch_marks_the_attempt_fenced(
 async def test_a_revoked_heartbeat_marks_the_abandoned_attempt_fenced(
     store: Store, runs: DispatchStore, tenant: Tenant
 ) -> None:
-    new = await _submit(store, tenant, idempotent=True)
+    new = await submit(store, tenant, idempotent=True)
     [zombie] = await _dispatch(runs, "w-zombie")
     await _expire_lease(store, new.id)
     reconciler, _ = _reconciler(store, Sessions(), Wheel())
@@ -446,7 +412,7 @@ async def _workflow(store: Store, tenant: Tenant, statuses: list[str]) -> uuid.U
         tenant.id,
     )
     for status in statuses:
-        new = await _submit(store, tenant, workflow_id=run_id)
+        new = await submit(store, tenant, workflow_id=run_id)
         await _sql(store, "UPDATE tasks SET status = %s WHERE id = %s", status, new.id)
     return run_id
 
@@ -459,7 +425,7 @@ async def test_finished_workflow_runs_are_repaired_in_one_pass(
     live = await _workflow(store, tenant, ["COMPLETED", "RUNNING"])
     epochs = {s: 1 for s in range(SHARD_COUNT)}
     for shard in epochs:
-        assert await store.claim_shard_epoch(shard, 1 if shard != SHARD else EPOCH, "node-a")
+        assert await store.claim_shard_epoch(shard, 1 if shard != SHARD else EPOCH, OWNER)
     epochs[SHARD] = EPOCH
     reconciler, _ = _reconciler(store, Sessions(), Wheel(), epochs)
     report = await reconciler.reconcile_once()
@@ -482,7 +448,7 @@ async def test_a_run_is_repaired_only_by_the_owner_of_its_shard(
     run_shard = shard_of(run_id, SHARD_COUNT)
     others = {s: 1 for s in range(SHARD_COUNT) if s != run_shard}
     for shard in others:
-        await store.claim_shard_epoch(shard, 1, "node-a")
+        await store.claim_shard_epoch(shard, 1, OWNER)
     reconciler, _ = _reconciler(store, Sessions(), Wheel(), others)
     assert (await reconciler.reconcile_once()).runs_finished == 0
     [row] = await _sql(store, "SELECT state FROM workflow_runs WHERE id = %s", run_id)
@@ -544,7 +510,7 @@ async def test_preloader_and_reconciler_queries_read_only_live_rows(
         """,
         tenant.id,
     )
-    live = [await _submit(store, tenant, idempotent=True) for _ in range(5)]
+    live = [await submit(store, tenant, idempotent=True) for _ in range(5)]
     await _sql(store, "ANALYZE tasks")
     refs = {
         "scheduled_ats": [n.scheduled_at for n in live],
@@ -645,7 +611,7 @@ async def test_the_pass_learns_when_the_oldest_untouched_dispatch_turns_overdue(
 ) -> None:
     reconcile = ReconcileStore(store)
     assert await _ack_due_in(reconcile, [SHARD]) is None
-    first, second = await _submit(store, tenant), await _submit(store, tenant)
+    first, second = await submit(store, tenant), await submit(store, tenant)
     await _dispatch(runs)
     await _backdate(store, first.id, 4)
     due_in = await _ack_due_in(reconcile, [SHARD])
@@ -663,7 +629,7 @@ async def test_the_loop_wakes_when_an_undelivered_intent_turns_overdue_not_at_th
 ) -> None:
     """An intent a crashed owner committed and never sent is given back at intent + ack
     timeout: the loop sleeps until then rather than to its next regular pass (5 s)."""
-    new = await _submit(store, tenant)
+    new = await submit(store, tenant)
     await _dispatch(runs)
     await _backdate(store, new.id, ACK_S - 0.5)
     sessions, wheel = Sessions(), Wheel()

@@ -7,12 +7,12 @@ import asyncio
 import dataclasses
 import math
 import uuid
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
 import pytest
+from fixtures.stores import new_tenant
 
 from chronoshard.scheduler.core import states
 from chronoshard.scheduler.core.ids import new_task_id
@@ -34,29 +34,8 @@ SHARDS = 64
 NOW = datetime.now(UTC).replace(microsecond=123456)
 
 
-@pytest.fixture
-async def store(db_dsn: str) -> AsyncIterator[Store]:
-    async with await Store.open(db_dsn, min_size=1, max_size=4) as opened:
-        yield opened
-
-
-@pytest.fixture
-async def tenant(store: Store) -> Tenant:
-    return await _new_tenant(store)
-
-
-async def _new_tenant(store: Store) -> Tenant:
-    suffix = uuid.uuid4().hex
-    return await store.create_tenant(
-        name=f"tenant-{suffix}",
-        tier="standard",
-        rate_limit_rps=100.0,
-        max_concurrent_workers=10,
-        home_region="eu-west",
-        api_key_hash=f"hash-{suffix}",
-    )
-
-
+# Its own builder, not fixtures.stores.new_task: the assertions here compare a task's
+# every field against one fixed instant (NOW), on shards spread as submits spread them.
 def make_task(**overrides: Any) -> NewTask:
     task_id = new_task_id()
     fields: dict[str, Any] = {
@@ -124,7 +103,7 @@ async def test_insert_then_get_returns_the_row_as_submitted(store: Store, tenant
 
 
 async def test_another_tenants_task_is_not_found(store: Store, tenant: Tenant) -> None:
-    other = await _new_tenant(store)
+    other = await new_tenant(store)
     task = make_task()
     await store.insert_tasks(tenant.id, [task])
 
@@ -207,7 +186,7 @@ async def test_invalid_field_raises_and_writes_nothing(
 
 async def test_payload_over_the_limit(db_dsn: str) -> None:
     async with await Store.open(db_dsn, 1, 1, payload_limit_bytes=64) as small:
-        tenant = await _new_tenant(small)
+        tenant = await new_tenant(small)
         fits = make_task(payload={"x": "a" * 50})  # {"x":"aaa..."} is 58 bytes
         assert (await small.insert_tasks(tenant.id, [fits]))[0].created
         before = await _counts(db_dsn, tenant.id)
@@ -306,7 +285,7 @@ async def test_same_key_for_a_different_request_names_the_original(
 
 
 async def test_keys_are_per_tenant(store: Store, tenant: Tenant) -> None:
-    other = await _new_tenant(store)
+    other = await new_tenant(store)
     mine = await store.insert_tasks(tenant.id, [make_task(idempotency_key="shared")])
     theirs = await store.insert_tasks(other.id, [make_task(idempotency_key="shared")])
     assert mine[0].created and theirs[0].created

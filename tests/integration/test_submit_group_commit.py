@@ -13,12 +13,12 @@ from typing import Any
 import grpc
 import psycopg
 import pytest
+from fixtures.stores import tenant_with_key
 from google.protobuf import timestamp_pb2
 
 from chronoshard.scheduler.api.auth import Authenticator
 from chronoshard.scheduler.api.tasks import TaskServiceServicer, submit_committer
 from chronoshard.scheduler.config import SchedulerConfig, SchedulingConfig
-from chronoshard.scheduler.core.api_keys import hash_api_key, new_api_key
 from chronoshard.scheduler.core.ids import new_task_id
 from chronoshard.scheduler.core.jitter import JitterMode
 from chronoshard.scheduler.core.models import (
@@ -40,20 +40,8 @@ AT = datetime.now(UTC).replace(microsecond=0) + timedelta(days=1)
 Req = task_service_pb2.SubmitTaskRequest
 
 
-@pytest.fixture
-async def store(db_dsn: str) -> AsyncIterator[Store]:
-    async with await Store.open(db_dsn, min_size=1, max_size=4) as opened:
-        yield opened
-
-
-async def _tenant(store: Store) -> tuple[Tenant, str]:
-    key = new_api_key()
-    tenant = await store.create_tenant(
-        f"t-{uuid.uuid4().hex}", "standard", 100.0, 10, "local", hash_api_key(key)
-    )
-    return tenant, key
-
-
+# Not fixtures.stores.new_task: the coalescer takes tasks already prepared (validated,
+# sized), due at one fixed instant (AT) a day out.
 def _prepared(key: str | None = None, **overrides: Any) -> PreparedTask:
     task_id = new_task_id()
     fields: dict[str, Any] = {
@@ -83,7 +71,7 @@ async def _count(dsn: str, sql: str, *params: Any) -> int:
 
 
 async def test_insert_each_gives_every_request_its_own_outcome(store: Store, db_dsn: str) -> None:
-    (a, _), (b, _) = await _tenant(store), await _tenant(store)
+    (a, _), (b, _) = await tenant_with_key(store), await tenant_with_key(store)
     earlier = _prepared("k-old")
     await store.insert_prepared(a.id, [earlier])
     plain_a, plain_b = _prepared(), _prepared()
@@ -125,7 +113,7 @@ async def test_insert_each_gives_every_request_its_own_outcome(store: Store, db_
 
 
 async def test_insert_prepared_stays_all_or_nothing(store: Store, db_dsn: str) -> None:
-    tenant, _ = await _tenant(store)
+    tenant, _ = await tenant_with_key(store)
     await store.insert_prepared(tenant.id, [_prepared("taken")])
     with pytest.raises(IdempotencyConflict):
         await store.insert_prepared(
@@ -141,7 +129,7 @@ async def test_insert_prepared_stays_all_or_nothing(store: Store, db_dsn: str) -
 
 
 async def test_a_row_the_database_refuses_fails_alone(store: Store, db_dsn: str) -> None:
-    tenant, _ = await _tenant(store)
+    tenant, _ = await tenant_with_key(store)
     # Built past validation: the database's CHECK on the type refuses it, which fails
     # the whole multi-row statement; the coalescer then writes each request alone.
     valid = _prepared()
@@ -166,7 +154,7 @@ async def test_a_row_the_database_refuses_fails_alone(store: Store, db_dsn: str)
 
 @pytest.fixture
 async def stub_and_key(store: Store) -> AsyncIterator[tuple[Any, str, Tenant]]:
-    tenant, key = await _tenant(store)
+    tenant, key = await tenant_with_key(store)
     server = grpc.aio.server()
     config = SchedulerConfig(scheduling=SchedulingConfig(shard_count=SHARDS))
     servicer = TaskServiceServicer(config=config, store=store, authenticator=Authenticator(store))
