@@ -445,7 +445,7 @@ class _Target:
             # DispatchStore.load_due's transaction, rolled back so every run moves the
             # same rows: epochs locked, due rows found and locked, then moved.
             started = time.perf_counter()
-            await conn.execute(sql["lock_shard_epochs"], {"shards": list(range(SHARDS))})
+            await self.store.owned_shards(conn, dict.fromkeys(range(SHARDS), EPOCH))
             cur = await conn.execute(sql["due_refs"], _due_params(self.live))
             due = await cur.fetchall()
             cur = await conn.execute(
