@@ -27,7 +27,7 @@ from typing import Any, TypeVar
 import grpc
 from google.protobuf import duration_pb2, timestamp_pb2
 
-from chronoshard import exact_json, wire
+from chronoshard import batching, exact_json, wire
 from chronoshard.errors import ChronoshardError, ProtocolError, error_for, status_code_from_name
 from chronoshard.types import (
     AttemptState,
@@ -458,19 +458,12 @@ def chunk_requests(
 ) -> list[list[task_service_pb2.SubmitTaskRequest]]:
     """Split batch items into chunks of at most ``max_items`` items and, where possible,
     ``max_bytes`` serialized bytes (so a chunk of big payloads stays under the server's
-    message limit). An item bigger than ``max_bytes`` goes alone: the server's answer about
-    it is more useful than a client-side guess. Order is preserved."""
-    chunks: list[list[task_service_pb2.SubmitTaskRequest]] = []
-    current: list[task_service_pb2.SubmitTaskRequest] = []
-    size = 0
-    for req in requests:
-        # Each repeated item costs its length plus a tag and a varint length prefix.
-        item = req.ByteSize() + 6
-        if current and (len(current) >= max_items or size + item > max_bytes):
-            chunks.append(current)
-            current, size = [], 0
-        current.append(req)
-        size += item
-    if current:
-        chunks.append(current)
-    return chunks
+    message limit), by the one bounded packer (:func:`chronoshard.batching.chunk`). An
+    item bigger than ``max_bytes`` goes alone: the server's answer about it is more useful
+    than a client-side guess. Order is preserved."""
+    return batching.chunk(requests, _batch_item_size, max_items=max_items, max_bytes=max_bytes)
+
+
+def _batch_item_size(request: task_service_pb2.SubmitTaskRequest) -> int:
+    # Each repeated item costs its length plus a tag and a varint length prefix.
+    return batching.encoded_size(request) + 6
