@@ -79,6 +79,14 @@ def test_packing_with_room_for_everything_makes_one_message(msgs: list[Message])
     assert len(packed) == min(len(msgs), 1)
 
 
+def test_a_run_may_fill_both_bounds_exactly() -> None:
+    msgs = [("a", 40), ("b", 60), ("c", 1), ("d", 0), ("e", 0)]
+    assert chunk(msgs, _size, max_items=3, max_bytes=100) == [
+        [("a", 40), ("b", 60)],
+        [("c", 1), ("d", 0), ("e", 0)],
+    ]
+
+
 def test_a_message_over_the_byte_bound_goes_alone() -> None:
     msgs = [("a", 10), ("huge", 5000), ("b", 10), ("c", 10)]
     assert pack(msgs, _size, _wrap, max_bytes=100) == [
