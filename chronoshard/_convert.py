@@ -20,14 +20,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from datetime import UTC, datetime, timedelta
+from datetime import datetime
 from enum import StrEnum
 from typing import Any, TypeVar
 
 import grpc
 from google.protobuf import duration_pb2, timestamp_pb2
 
-from chronoshard import exact_json
+from chronoshard import batching, exact_json, wire
 from chronoshard.errors import ChronoshardError, ProtocolError, error_for, status_code_from_name
 from chronoshard.types import (
     AttemptState,
@@ -86,16 +86,9 @@ def decode_json(data: bytes, what: str) -> Any:
         ) from exc
 
 
-_UNIX_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-
-
 def timestamp(value: datetime, argument: str) -> timestamp_pb2.Timestamp:
     """An aware datetime as a Timestamp; a naive one is a ValueError naming ``argument``."""
-    # What Timestamp.FromDatetime computes, by arithmetic at a fraction of its cost.
-    delta = require_aware(value, argument) - _UNIX_EPOCH
-    return timestamp_pb2.Timestamp(
-        seconds=delta.days * 86_400 + delta.seconds, nanos=delta.microseconds * 1000
-    )
+    return wire.timestamp_to_pb(require_aware(value, argument))
 
 
 def duration(seconds: float, argument: str) -> duration_pb2.Duration:
@@ -104,25 +97,19 @@ def duration(seconds: float, argument: str) -> duration_pb2.Duration:
         raise TypeError(f"{argument} must be a number of seconds, got {type(seconds).__name__}")
     if not math.isfinite(seconds):
         raise ValueError(f"{argument} must be finite, got {seconds}")
-    msg = duration_pb2.Duration()
-    msg.FromNanoseconds(round(seconds * 1_000_000_000))
-    return msg
+    return wire.duration_to_pb(seconds)
 
 
 def _datetime(msg: Any, field: str) -> datetime | None:
     if not msg.HasField(field):
         return None
-    ts = getattr(msg, field)
-    if 0 <= ts.nanos < 1_000_000_000:
-        return _UNIX_EPOCH + timedelta(seconds=ts.seconds, microseconds=ts.nanos // 1000)
-    value: datetime = ts.ToDatetime(tzinfo=UTC)  # out of range: protobuf's own error
-    return value
+    return wire.timestamp_from_pb(getattr(msg, field))
 
 
 def _seconds(msg: Any, field: str) -> float | None:
     if not msg.HasField(field):
         return None
-    return float(getattr(msg, field).ToNanoseconds()) / 1e9
+    return wire.duration_seconds(getattr(msg, field))
 
 
 def _text(value: str) -> str | None:
@@ -471,19 +458,12 @@ def chunk_requests(
 ) -> list[list[task_service_pb2.SubmitTaskRequest]]:
     """Split batch items into chunks of at most ``max_items`` items and, where possible,
     ``max_bytes`` serialized bytes (so a chunk of big payloads stays under the server's
-    message limit). An item bigger than ``max_bytes`` goes alone: the server's answer about
-    it is more useful than a client-side guess. Order is preserved."""
-    chunks: list[list[task_service_pb2.SubmitTaskRequest]] = []
-    current: list[task_service_pb2.SubmitTaskRequest] = []
-    size = 0
-    for req in requests:
-        # Each repeated item costs its length plus a tag and a varint length prefix.
-        item = req.ByteSize() + 6
-        if current and (len(current) >= max_items or size + item > max_bytes):
-            chunks.append(current)
-            current, size = [], 0
-        current.append(req)
-        size += item
-    if current:
-        chunks.append(current)
-    return chunks
+    message limit), by the one bounded packer (:func:`chronoshard.batching.chunk`). An
+    item bigger than ``max_bytes`` goes alone: the server's answer about it is more useful
+    than a client-side guess. Order is preserved."""
+    return batching.chunk(requests, _batch_item_size, max_items=max_items, max_bytes=max_bytes)
+
+
+def _batch_item_size(request: task_service_pb2.SubmitTaskRequest) -> int:
+    # Each repeated item costs its length plus a tag and a varint length prefix.
+    return batching.encoded_size(request) + 6

@@ -1,8 +1,13 @@
-"""What both ends of the wire share: protocol defaults and how errors travel over gRPC.
+"""What both ends of the wire share: protocol defaults, the Timestamp/Duration codec,
+and how errors travel over gRPC.
 
 The defaults are the values a message means when it leaves a field unset; the
 scheduler, the worker SDK and the client read them from here, so they cannot drift.
 
+The codec converts ``google.protobuf`` Timestamps and Durations to datetimes and float
+seconds for all three converters (the scheduler's, the client's and the worker SDK's);
+each converter keeps its own policy around it (which values it refuses, and with which
+error).
 
 A failed unary call carries a gRPC status code, a readable ``details`` string, and the
 machine-readable :class:`chronoshard.v1.common_pb2.ErrorInfo` serialized in the trailing
@@ -14,7 +19,10 @@ wire). Messages that report several outcomes (batch results, stream receipts) em
 from __future__ import annotations
 
 from collections.abc import Iterable
+from datetime import UTC, datetime, timedelta
 from typing import Any
+
+from google.protobuf import duration_pb2, timestamp_pb2
 
 from chronoshard.v1 import common_pb2
 
@@ -23,6 +31,93 @@ DEFAULT_QUEUE = "default"
 DEFAULT_LEASE_MARGIN_S = 2.0
 """How long before its lease runs out a worker stops an attempt, and how long after it
 the node acts (``workers.lease_margin_s``, sent in ``Welcome.lease_margin``)."""
+
+# --- Timestamp and Duration ------------------------------------------------------------
+#
+# Every task on the wire carries four or five instants and a few durations, so these are
+# built by arithmetic: Timestamp.FromDatetime/ToDatetime go through time tuples and cost
+# about seven times as much. Outside the range a datetime and a Timestamp share, the work
+# is handed to protobuf, so an out-of-range value fails (or is answered) exactly as
+# protobuf's own conversion does. Each edge keeps its own policy around these functions:
+# the scheduler's InvalidArgument naming a request field, the client's refusal of naive
+# datetimes naming the argument.
+
+UNIX_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+"""1970-01-01T00:00:00Z, the instant a Timestamp (and a UUIDv7's clock) counts from."""
+_NAIVE_UNIX_EPOCH = datetime(1970, 1, 1)
+MIN_TIMESTAMP_SECONDS = -62_135_596_800
+"""0001-01-01T00:00:00Z, the earliest instant a Timestamp (and a datetime) can hold."""
+MAX_TIMESTAMP_SECONDS = 253_402_300_799
+"""9999-12-31T23:59:59Z, the latest."""
+MAX_DURATION_SECONDS = 315_576_000_000
+"""A Duration's own range: +-10,000 years."""
+_NANOS_PER_SECOND = 1_000_000_000
+
+
+def timestamp_to_pb(value: datetime) -> timestamp_pb2.Timestamp:
+    """``value`` as a Timestamp, exactly what ``Timestamp.FromDatetime`` gives.
+
+    An aware datetime is its instant. A naive one is taken as UTC (FromDatetime's rule,
+    and the worker SDK's); the client refuses naive datetimes and the scheduler reads its
+    rare naive value as local time before calling this. An aware value whose instant lies
+    outside years 0001-9999 UTC raises protobuf's own error (OverflowError).
+    """
+    delta = value - (_NAIVE_UNIX_EPOCH if value.tzinfo is None else UNIX_EPOCH)
+    seconds = delta.days * 86_400 + delta.seconds
+    if not MIN_TIMESTAMP_SECONDS <= seconds <= MAX_TIMESTAMP_SECONDS:
+        out_of_range = timestamp_pb2.Timestamp()
+        out_of_range.FromDatetime(value)
+        return out_of_range
+    return timestamp_pb2.Timestamp(seconds=seconds, nanos=delta.microseconds * 1000)
+
+
+def timestamp_from_pb(value: timestamp_pb2.Timestamp) -> datetime:
+    """``value`` as an aware UTC datetime, exactly what ``ToDatetime(tzinfo=UTC)`` gives
+    (nanoseconds truncated to the microsecond); one no datetime holds (nanos outside
+    0..999999999, a year outside 0001-9999) raises protobuf's own ValueError."""
+    seconds, nanos = value.seconds, value.nanos
+    if 0 <= nanos < _NANOS_PER_SECOND and (
+        MIN_TIMESTAMP_SECONDS <= seconds <= MAX_TIMESTAMP_SECONDS
+    ):
+        return UNIX_EPOCH + timedelta(seconds=seconds, microseconds=nanos // 1000)
+    return value.ToDatetime(tzinfo=UTC)
+
+
+def duration_to_pb(seconds: float) -> duration_pb2.Duration:
+    """``seconds`` as a Duration: the nanosecond nearest the float's exact value.
+
+    Nanoseconds (a Duration's own unit, and what the client and the SDK always sent), not
+    the microseconds the scheduler answered with before this codec: :func:`duration_seconds`
+    reads every Duration this writes back as the very float written, so what the scheduler
+    stores is what a client or worker reads; below 2**22 s a request's Duration comes back
+    exactly, and a value stored from whole microseconds gets the Duration it got before
+    (below 2**23 s). The whole seconds are split off before the fraction is scaled, so a
+    long duration's nanoseconds are not lost to the rounding of ``seconds * 1e9``.
+    Negative values get protobuf's sign rule (seconds and nanos share the sign), and past
+    int64 nanoseconds protobuf's own ValueError; NaN and infinities raise as ``round``
+    does. All of it property-tested in tests/unit/test_wire_codec.py.
+    """
+    whole = int(seconds)
+    nanos = whole * _NANOS_PER_SECOND + round((seconds - whole) * _NANOS_PER_SECOND)
+    if 0 <= nanos <= MAX_DURATION_SECONDS * _NANOS_PER_SECOND:
+        whole, fraction = divmod(nanos, _NANOS_PER_SECOND)
+        return duration_pb2.Duration(seconds=whole, nanos=fraction)
+    negative_or_huge = duration_pb2.Duration()
+    negative_or_huge.FromNanoseconds(nanos)  # protobuf's sign rule and int64 range
+    return negative_or_huge
+
+
+def duration_seconds(value: duration_pb2.Duration) -> float:
+    """``value`` in float seconds: ``seconds + nanos / 1e9``.
+
+    This sum, not ``ToNanoseconds() / 1e9``: the scheduler stores the float it gives for
+    a request's timeout and backoff and fingerprints it for idempotent retries, so it
+    must stay the float it always was. The client and the SDK read the other before; the
+    two differ by one ulp at most (tested), in samples only past 2**23 s (97 days).
+    Unchecked: an edge that reads requests validates the fields first.
+    """
+    return value.seconds + value.nanos / 1e9
+
 
 ERROR_INFO_KEY = "chronoshard-error-bin"
 

@@ -5,15 +5,14 @@ This module and ``_transport.py`` are the only places in the SDK that import ``*
 become ``None`` (``timeout``, ``heartbeat_interval``, a refused Receipt's ``error``), enum
 values lose their prefix (``PRIORITY_BULK`` -> ``"BULK"``), and a ``SchedulerMessage``
 whose oneof this SDK does not know yet converts to ``None`` so a newer node can add
-messages without breaking older workers.
+messages without breaking older workers. Timestamps and Durations go through
+:mod:`chronoshard.wire`'s codec, whose rule for a naive datetime is the SDK's: it is
+UTC (``Timestamp.FromDatetime``'s rule).
 """
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
-
-from google.protobuf import duration_pb2, timestamp_pb2
-
+from chronoshard import wire
 from chronoshard.v1 import admin_service_pb2, common_pb2, worker_service_pb2
 from chronoshard.worker._models import (
     Ack,
@@ -62,41 +61,12 @@ _KINDS = {
 # ---- scalars -------------------------------------------------------------------------
 
 
-_UNIX_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-_NAIVE_EPOCH = datetime(1970, 1, 1)
-
-
-def _timestamp(value: datetime) -> timestamp_pb2.Timestamp:
-    # What Timestamp.FromDatetime computes (a naive value is taken as UTC), by arithmetic
-    # at a fraction of its cost: every settlement and heartbeat carries timestamps.
-    delta = value - (_NAIVE_EPOCH if value.tzinfo is None else _UNIX_EPOCH)
-    return timestamp_pb2.Timestamp(
-        seconds=delta.days * 86_400 + delta.seconds, nanos=delta.microseconds * 1000
-    )
-
-
-def _datetime(ts: timestamp_pb2.Timestamp) -> datetime:
-    if 0 <= ts.nanos < 1_000_000_000:
-        return _UNIX_EPOCH + timedelta(seconds=ts.seconds, microseconds=ts.nanos // 1000)
-    return ts.ToDatetime(tzinfo=UTC)  # out of range: protobuf's own error
-
-
-def _duration(seconds: float) -> duration_pb2.Duration:
-    d = duration_pb2.Duration()
-    d.FromNanoseconds(round(seconds * 1e9))
-    return d
-
-
-def _seconds(d: duration_pb2.Duration) -> float:
-    return d.ToNanoseconds() / 1e9
-
-
 def task_ref_to_pb(ref: TaskRef) -> common_pb2.TaskRef:
-    return common_pb2.TaskRef(id=ref.id, scheduled_at=_timestamp(ref.scheduled_at))
+    return common_pb2.TaskRef(id=ref.id, scheduled_at=wire.timestamp_to_pb(ref.scheduled_at))
 
 
 def task_ref_from_pb(ref: common_pb2.TaskRef) -> TaskRef:
-    return TaskRef(id=ref.id, scheduled_at=_datetime(ref.scheduled_at))
+    return TaskRef(id=ref.id, scheduled_at=wire.timestamp_from_pb(ref.scheduled_at))
 
 
 def error_info_from_pb(info: common_pb2.ErrorInfo) -> ErrorInfo:
@@ -180,7 +150,9 @@ def to_pb(msg: Outbound) -> worker_service_pb2.WorkerMessage:
         case Release():
             return w.WorkerMessage(release=release_to_pb(msg))
         case DrainStarted():
-            return w.WorkerMessage(drain_started=w.DrainStarted(grace=_duration(msg.grace_s)))
+            return w.WorkerMessage(
+                drain_started=w.DrainStarted(grace=wire.duration_to_pb(msg.grace_s))
+            )
 
 
 def batch_to_pb(
@@ -219,17 +191,17 @@ def _assignment(pb: worker_service_pb2.Assignment) -> Assignment:
         fencing_token=pb.fencing_token,
         attempt=pb.attempt,
         max_retries=pb.max_retries,
-        due_at=_datetime(pb.due_at),
-        lease_expires_at=_datetime(pb.lease_expires_at)
+        due_at=wire.timestamp_from_pb(pb.due_at),
+        lease_expires_at=wire.timestamp_from_pb(pb.lease_expires_at)
         if pb.HasField("lease_expires_at")
         else None,
-        timeout_s=_seconds(pb.timeout) if pb.HasField("timeout") else None,
+        timeout_s=wire.duration_seconds(pb.timeout) if pb.HasField("timeout") else None,
         checkpoint=pb.checkpoint,
         trace_context=dict(pb.trace_context),
         queue=pb.queue,
         priority="STANDARD" if priority == "UNSPECIFIED" else priority,
         idempotent=pb.idempotent,
-        sent_at=_datetime(pb.sent_at) if pb.HasField("sent_at") else None,
+        sent_at=wire.timestamp_from_pb(pb.sent_at) if pb.HasField("sent_at") else None,
     )
 
 
@@ -242,13 +214,17 @@ def from_pb(msg: worker_service_pb2.SchedulerMessage) -> Inbound | None:
             node_id=pb.node_id,
             session_id=pb.session_id,
             heartbeat_interval_s=(
-                _seconds(pb.heartbeat_interval) if pb.HasField("heartbeat_interval") else None
+                wire.duration_seconds(pb.heartbeat_interval)
+                if pb.HasField("heartbeat_interval")
+                else None
             ),
             lease_duration_s=(
-                _seconds(pb.lease_duration) if pb.HasField("lease_duration") else None
+                wire.duration_seconds(pb.lease_duration) if pb.HasField("lease_duration") else None
             ),
             accepts_batches=pb.accepts_batches,
-            lease_margin_s=_seconds(pb.lease_margin) if pb.HasField("lease_margin") else None,
+            lease_margin_s=wire.duration_seconds(pb.lease_margin)
+            if pb.HasField("lease_margin")
+            else None,
         )
     if which == "assignment":
         return _assignment(msg.assignment)

@@ -31,7 +31,7 @@ from typing import Any
 
 from google.protobuf import duration_pb2, timestamp_pb2
 
-from chronoshard import exact_json
+from chronoshard import exact_json, wire
 from chronoshard.scheduler.api import payloads
 from chronoshard.scheduler.config import SchedulerConfig
 from chronoshard.scheduler.core.jitter import MAX_WINDOW_S, JitterMode, jittered_due
@@ -111,9 +111,6 @@ def jitter_from_pb(value: int, field: str = "jitter_mode") -> JitterMode | None:
     return _JITTER_BY_NAME.get(name)
 
 
-_UNIX_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-
-
 def _enum_name(enum: Any, value: int, field: str) -> str:
     try:
         return str(enum.Name(value))
@@ -122,19 +119,16 @@ def _enum_name(enum: Any, value: int, field: str) -> str:
 
 
 def ts_to_pb(value: datetime) -> timestamp_pb2.Timestamp:
-    # Arithmetic on the difference from the epoch: what Timestamp.FromDatetime computes,
-    # at a seventh of its cost (it goes through utctimetuple and calendar.timegm). Every
-    # task sent to a client or a worker carries several timestamps.
-    delta = value.astimezone(UTC) - _UNIX_EPOCH
-    return timestamp_pb2.Timestamp(
-        seconds=delta.days * 86_400 + delta.seconds, nanos=delta.microseconds * 1000
-    )
+    """An instant the scheduler holds, as a Timestamp (:func:`chronoshard.wire.timestamp_to_pb`).
 
-
-_MIN_TIMESTAMP_SECONDS = -62_135_596_800
-"""0001-01-01T00:00:00Z, the earliest instant a Timestamp (and a datetime) can hold."""
-_MAX_TIMESTAMP_SECONDS = 253_402_300_799
-"""9999-12-31T23:59:59Z, the latest."""
+    The scheduler's instants are aware (PostgreSQL's timestamptz, the cluster clock); a
+    naive one is read as the host's local time, as ``datetime.astimezone`` reads it (this
+    function's rule before the shared codec). Tested by ``tzinfo``, not ``utcoffset()``,
+    which would cost a third of the conversion: this is on the dispatch path.
+    """
+    if value.tzinfo is None:
+        value = value.astimezone(UTC)
+    return wire.timestamp_to_pb(value)
 
 
 def ts_from_pb(value: timestamp_pb2.Timestamp, field: str) -> datetime:
@@ -142,28 +136,22 @@ def ts_from_pb(value: timestamp_pb2.Timestamp, field: str) -> datetime:
     # range [0, 999999]") names neither the field nor what a valid value is.
     if not 0 <= value.nanos <= 999_999_999:
         raise InvalidArgument(field, "is not a valid timestamp: nanos must be 0..999999999")
-    if not _MIN_TIMESTAMP_SECONDS <= value.seconds <= _MAX_TIMESTAMP_SECONDS:
+    if not wire.MIN_TIMESTAMP_SECONDS <= value.seconds <= wire.MAX_TIMESTAMP_SECONDS:
         raise InvalidArgument(
             field, "is not a valid timestamp: it must lie between years 0001 and 9999"
         )
-    return _UNIX_EPOCH + timedelta(seconds=value.seconds, microseconds=value.nanos // 1000)
+    return wire.timestamp_from_pb(value)
 
 
-def duration_to_pb(seconds: float) -> duration_pb2.Duration:
-    delta = timedelta(seconds=seconds)
-    if delta < timedelta(0):
-        d = duration_pb2.Duration()
-        d.FromTimedelta(delta)  # negative: protobuf's sign normalisation
-        return d
-    return duration_pb2.Duration(
-        seconds=delta.days * 86_400 + delta.seconds, nanos=delta.microseconds * 1000
-    )
+duration_to_pb = wire.duration_to_pb
+"""A duration the scheduler holds as a Duration, to the nanosecond: no policy to add (the
+scheduler's durations are its own stored, validated floats)."""
 
 
 def duration_from_pb(value: duration_pb2.Duration, field: str) -> float:
     if value.nanos < -999_999_999 or value.nanos > 999_999_999:
         raise InvalidArgument(field, "is not a valid duration: nanos must be within +-999999999")
-    return value.seconds + value.nanos / 1e9
+    return wire.duration_seconds(value)
 
 
 _CANONICAL_UUID = re.compile(
@@ -281,9 +269,6 @@ MAX_PAGE_TOKEN_CHARS = 1024
 DEFAULT_PAGE_SIZE = 100
 DEFAULT_CANCEL_REASON = "cancelled by client"
 
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-_MAX_DURATION_SECONDS = 315_576_000_000
-"""google.protobuf.Duration's own range: +-10,000 years."""
 _TRACEPARENT = re.compile(r"^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}(-[\x21-\x7e]*)?$")
 # Model field -> request field, for the (defensive) re-check of models.prepare.
 _WIRE_FIELDS = {
@@ -415,7 +400,9 @@ def submit_from_pb(
 def _submit_fingerprint(prepared: PreparedTask, when: object, window_ms: int | None) -> str:
     """The models fingerprint of every other field, with the request's own ``when``
     (absolute instant, relative delay, or "now") in place of the instant it resolved to."""
-    rest = request_fingerprint(replace(prepared.new, scheduled_at=_EPOCH), prepared.payload_json)
+    rest = request_fingerprint(
+        replace(prepared.new, scheduled_at=wire.UNIX_EPOCH), prepared.payload_json
+    )
     text = json.dumps({"rest": rest, "when": when, "jitter_window_ms": window_ms}, sort_keys=True)
     return "sha256:" + hashlib.sha256(text.encode("utf-8")).hexdigest()
 
@@ -476,7 +463,7 @@ def _duration(
     at most ``limit_s``."""
     seconds, nanos = value.seconds, value.nanos
     if (
-        abs(seconds) > _MAX_DURATION_SECONDS
+        abs(seconds) > wire.MAX_DURATION_SECONDS
         or abs(nanos) > 999_999_999
         or (seconds > 0 > nanos)
         or (seconds < 0 < nanos)

@@ -21,9 +21,10 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 
 from chronoshard.scheduler.errors import InvalidArgument
+from chronoshard.wire import UNIX_EPOCH
 
 RAND_BYTES = 10
 """:func:`uuid7` takes 10 bytes and uses their low-order 74 bits."""
@@ -31,7 +32,6 @@ _RAND_BITS = 74
 _RAND_MASK = (1 << _RAND_BITS) - 1
 _RAND_B_BITS = 62
 _MAX_UNIX_MS = (1 << 48) - 1
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 def uuid7(unix_ms: int, rand: bytes) -> uuid.UUID:
@@ -62,7 +62,7 @@ def uuid7_time(u: uuid.UUID) -> datetime:
         raise InvalidArgument("id", f"{u} is not a UUIDv7")
     try:
         # timedelta keeps this exact; a float timestamp would round some milliseconds.
-        return _EPOCH + timedelta(milliseconds=u.int >> 80)
+        return UNIX_EPOCH + timedelta(milliseconds=u.int >> 80)
     except OverflowError:
         # 48 bits of milliseconds reach the year 10889; datetime stops at 9999.
         raise InvalidArgument("id", f"{u} has a timestamp past datetime.max") from None
@@ -75,7 +75,7 @@ def wall_clock_ms() -> int:
 
 def unix_ms(instant: datetime) -> int:
     """``instant`` (timezone-aware) as Unix time in whole milliseconds, exactly."""
-    return (instant - _EPOCH) // timedelta(milliseconds=1)
+    return (instant - UNIX_EPOCH) // timedelta(milliseconds=1)
 
 
 class UUIDv7Generator:
