@@ -8,7 +8,8 @@ key format and shards (:mod:`.ids`, :mod:`.api_keys`, :mod:`.sharding`);
 which node should own which shard (:mod:`.rendezvous`) and how a planned move proceeds
 (:mod:`.handoff`); when a task is due (:mod:`.jitter`) and what a failure leads to
 (:mod:`.retry`, :mod:`.backoff`); the hierarchical timing wheel (:mod:`.timing_wheel`)
-and the fairness selector that fills worker slots (:mod:`.fairness`); what the
+and the fairness selector that fills worker slots (:mod:`.fairness`); how a dispatch
+round spends credits and what it does with its choices (:mod:`.rounds`); what the
 reconciler does with in-flight work it finds (:mod:`.repairs`). The other rooms
 call these with what they read and do what they answer.
 """
