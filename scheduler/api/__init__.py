@@ -3,7 +3,8 @@
 A request arrives through one decoding and error boundary (:mod:`.boundary`: bad bytes
 are ``INVALID_ARGUMENT``, every failure gets one status and a bounded message), is
 authenticated (:mod:`.auth`, :mod:`.access`), converted from ``chronoshard.v1`` messages
-to the core's types and validated (:mod:`.convert`, :mod:`.payloads`), and served:
+to the core's types (:mod:`.convert`), resolved and validated (:mod:`.task_requests`,
+:mod:`.payloads`), and served:
 ``TaskService`` (:mod:`.tasks`), ``WorkerService`` streams and settlements
 (:mod:`.workers`), ``AdminService`` (:mod:`.admin`) and ``WatchdogService``
 (:mod:`.expectations`). With :mod:`chronoshard.scheduler.node`, these are the only

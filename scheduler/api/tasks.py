@@ -33,7 +33,7 @@ from typing import Any, Protocol, TypeAlias, TypeVar
 import grpc
 
 from chronoshard.clock import Clock, SystemClock
-from chronoshard.scheduler.api import boundary, convert
+from chronoshard.scheduler.api import boundary, convert, task_requests
 from chronoshard.scheduler.api.auth import Authenticator
 from chronoshard.scheduler.config import SchedulerConfig
 from chronoshard.scheduler.core.ids import new_task_id, unix_ms
@@ -100,7 +100,7 @@ class TaskServiceServicer(task_service_pb2_grpc.TaskServiceServicer):
         self._auth = authenticator
         self._listener: SubmitListener = listener or _NoListener()
         self._clock = clock or SystemClock()
-        self._limits = convert.SubmitLimits.from_config(config)
+        self._limits = task_requests.SubmitLimits.from_config(config)
         self._max_batch = config.limits.max_batch_tasks
         self._max_page_size = config.limits.max_list_page_size
         # Single submits from many clients share transactions (group commit); each
@@ -166,7 +166,7 @@ class TaskServiceServicer(task_service_pb2_grpc.TaskServiceServicer):
     async def _submit_task(
         self, tenant: Tenant, request: task_service_pb2.SubmitTaskRequest, context: Context
     ) -> task_service_pb2.SubmitTaskResponse:
-        trace = convert.trace_context_from_metadata(context.invocation_metadata())
+        trace = task_requests.trace_context_from_metadata(context.invocation_metadata())
         prepared = self._prepare(tenant, request, trace, prefix="")
         try:
             result = await self._submits.submit((tenant.id, prepared))
@@ -185,7 +185,7 @@ class TaskServiceServicer(task_service_pb2_grpc.TaskServiceServicer):
         # response lists only accepted items, in request order.
         if len(request.tasks) > self._max_batch:
             raise InvalidArgument("tasks", f"at most {self._max_batch} tasks per batch")
-        trace = convert.trace_context_from_metadata(context.invocation_metadata())
+        trace = task_requests.trace_context_from_metadata(context.invocation_metadata())
         prepared = [
             self._prepare(tenant, item, trace, prefix=f"tasks[{i}].")
             for i, item in enumerate(request.tasks)
@@ -215,9 +215,9 @@ class TaskServiceServicer(task_service_pb2_grpc.TaskServiceServicer):
     async def _list_tasks(
         self, tenant: Tenant, request: task_service_pb2.ListTasksRequest, context: Context
     ) -> task_service_pb2.ListTasksResponse:
-        flt = convert.list_filter_from_pb(request)
-        after = convert.page_token_from_pb(request.page_token, tenant.id, flt)
-        page_size = convert.page_size_from_pb(request.page_size, self._max_page_size)
+        flt = task_requests.list_filter_from_pb(request)
+        after = task_requests.page_token_from_pb(request.page_token, tenant.id, flt)
+        page_size = task_requests.page_size_from_pb(request.page_size, self._max_page_size)
         # One row more than the page tells whether another page exists, so the last page
         # never ends with a token that leads to an empty one.
         tasks = await self._queries.list_tasks(
@@ -236,14 +236,14 @@ class TaskServiceServicer(task_service_pb2_grpc.TaskServiceServicer):
         if len(tasks) > page_size:
             last = tasks[page_size - 1]
             cursor = PageCursor(last.scheduled_at, last.id)
-            response.next_page_token = convert.page_token_to_pb(cursor, tenant.id, flt)
+            response.next_page_token = task_requests.page_token_to_pb(cursor, tenant.id, flt)
         return response
 
     async def _cancel_task(
         self, tenant: Tenant, request: task_service_pb2.CancelTaskRequest, context: Context
     ) -> task_service_pb2.CancelTaskResponse:
         task_id = convert.uuid_from_pb(request.id, "id")
-        reason = convert.reason_from_pb(request.reason)
+        reason = task_requests.reason_from_pb(request.reason)
         result = await self._queries.cancel_task(tenant.id, task_id, reason)
         if result.changed:
             # A repeated request keeps the first reason; tell the node the stored one.
@@ -257,7 +257,7 @@ class TaskServiceServicer(task_service_pb2_grpc.TaskServiceServicer):
         task_id = convert.uuid_from_pb(request.id, "id")
         delay_s = 0.0
         if request.HasField("delay"):
-            delay_s = convert.duration_arg_from_pb(request.delay, "delay")
+            delay_s = task_requests.duration_arg_from_pb(request.delay, "delay")
         due_at = self._clock.now() + timedelta(seconds=delay_s)
         task = await self._queries.retry_task(tenant.id, task_id, due_at)
         self._notify(lambda: self._listener.tasks_submitted([task]))
@@ -268,7 +268,7 @@ class TaskServiceServicer(task_service_pb2_grpc.TaskServiceServicer):
     ) -> task_service_pb2.ResolveTaskResponse:
         task_id = convert.uuid_from_pb(request.id, "id")
         resolution = convert.resolution_from_pb(request.resolution)
-        reason = convert.reason_from_pb(request.reason, default="no reason given")
+        reason = task_requests.reason_from_pb(request.reason, default="no reason given")
         task, written = await self._queries.resolve_task(
             tenant.id, task_id, resolution, reason, self._clock.now()
         )
@@ -301,7 +301,7 @@ class TaskServiceServicer(task_service_pb2_grpc.TaskServiceServicer):
         # The cluster clock (node.py): a stepped wall clock of this node must move neither
         # the submit time nor the time in the id.
         now = self._clock.now()
-        return convert.submit_from_pb(
+        return task_requests.submit_from_pb(
             request,
             tenant_id=tenant.id,
             task_id=new_task_id(lambda: unix_ms(now)),

@@ -10,7 +10,7 @@ from google.protobuf import duration_pb2
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from chronoshard.scheduler.api import boundary, convert
+from chronoshard.scheduler.api import boundary, convert, task_requests
 from chronoshard.scheduler.api.auth import bearer_key
 from chronoshard.scheduler.api.expectations import spec_from_pb
 from chronoshard.scheduler.errors import (
@@ -48,7 +48,7 @@ def _refused(call: Any) -> InvalidArgument:
 
 def test_limits_print_in_plain_units() -> None:
     error = _refused(
-        lambda: convert.duration_arg_from_pb(duration_pb2.Duration(seconds=10**10), "delay")
+        lambda: task_requests.duration_arg_from_pb(duration_pb2.Duration(seconds=10**10), "delay")
     )
     assert str(error) == "delay: must be at most 315360000 s (10 years)"
     request = watchdog_service_pb2.CreateExpectationRequest(

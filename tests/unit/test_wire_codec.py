@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from chronoshard import _convert as client_convert
 from chronoshard import wire
 from chronoshard.scheduler.api import convert as scheduler_convert
-from chronoshard.scheduler.api.convert import MAX_DELAY_S
+from chronoshard.scheduler.api.task_requests import MAX_DELAY_S
 from chronoshard.scheduler.errors import InvalidArgument
 from chronoshard.v1 import common_pb2
 from chronoshard.worker import _convert as worker_convert
