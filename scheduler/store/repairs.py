@@ -1,4 +1,4 @@
-"""PostgreSQL for the reconcile loop and partition maintenance.
+"""PostgreSQL for the reconcile loop and the worker-sessions record.
 
 Issues the named statements of ``sql/repairs.sql`` over the :class:`.database.Store`'s
 pool. Like :class:`.runs.DispatchStore`, it holds no policy: the reconciler
@@ -30,7 +30,6 @@ from chronoshard.scheduler.store.database import Store
 from chronoshard.scheduler.store.runs import timer_from_row
 
 _BEFORE_EVERY_RUN = (datetime.fromisoformat("0001-01-01T00:00:00+00:00"), uuid.UUID(int=0))
-MAINTENANCE_LOCK_HELD = "held by another node"
 
 
 def _in_flight(row: Mapping[str, Any]) -> InFlight:

@@ -1,5 +1,5 @@
 -- The statements of chronoshard.scheduler.store.repairs.ReconcileStore: the reconcile
--- loop (docs/architecture.md#d8) and partition maintenance on a node.
+-- loop (docs/architecture.md#d8) and the worker-sessions record.
 --
 -- Rules as in runs.sql: a task row is named by (scheduled_at, id); every write is a
 -- compare-and-set on the row as the reconciler read it (status, fencing_token,
@@ -167,30 +167,3 @@ WHERE node_id = ANY(%(node_ids)s::text[])
 -- name: forget_old_worker_sessions
 DELETE FROM worker_sessions
 WHERE last_seen_at < now() - make_interval(secs => %(older_than_s)s);
-
--- name: try_maintenance_lock
--- Session-level: one node runs partition maintenance at a time; the others skip a round.
--- Keys as in migrate.sql: ('chro', 3).
-SELECT pg_try_advisory_lock(1667789423, 3);
-
--- name: maintenance_unlock
-SELECT pg_advisory_unlock(1667789423, 3);
-
--- name: set_lock_timeout
--- How long partition DDL may wait for the `tasks` lock; statements queue behind it while
--- it waits, so the node keeps this short and tries again next round.
-SELECT set_config('lock_timeout', %(lock_timeout)s, true);
-
--- name: never_analyzed_tables
--- The hot tables (every partition of `tasks`, and `task_attempts`) that took rows but
--- never had statistics: a new day partition until autovacuum first analyzes it (up to a
--- minute). Without statistics the planner guesses, and for the batched hot statements it
--- guesses scans of the whole partition or of the in-flight index per row.
-SELECT s.schemaname, s.relname
-FROM pg_stat_user_tables AS s
-WHERE (s.relid IN (SELECT inhrelid FROM pg_inherits WHERE inhparent = to_regclass('tasks'))
-       OR s.relid = to_regclass('task_attempts'))
-  AND s.last_analyze IS NULL
-  AND s.last_autoanalyze IS NULL
-  AND s.n_mod_since_analyze >= %(min_changes)s
-ORDER BY s.n_mod_since_analyze DESC;
