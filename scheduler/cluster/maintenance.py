@@ -5,7 +5,7 @@ partitioned by day, the hot statements prune to one partition or read only parti
 indexes of live rows, and this loop keeps the partitions coming and going. This module
 is the loop and its policy (when a round runs, what it does, how long a step may wait);
 the statements are :mod:`chronoshard.scheduler.store.partitions` and
-:mod:`chronoshard.scheduler.store.repairs`. Every ``maintenance.interval_s`` each node
+:mod:`chronoshard.scheduler.store.sessions`. Every ``maintenance.interval_s`` each node
 tries the maintenance lock; the one that gets it (the others skip the round) creates the
 day partitions for the next ``partitions_ahead_days`` days and detaches and drops the
 finished ones past ``retention_days`` (the SQL functions of migration 0002, which keep
@@ -39,7 +39,7 @@ from chronoshard.scheduler.config import MaintenanceConfig
 from chronoshard.scheduler.errors import StoreUnavailable
 from chronoshard.scheduler.store.database import Store
 from chronoshard.scheduler.store.partitions import PartitionStore
-from chronoshard.scheduler.store.repairs import ReconcileStore
+from chronoshard.scheduler.store.sessions import WorkerSessionStore
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +58,7 @@ class PartitionMaintenance:
     def __init__(self, config: MaintenanceConfig, store: Store) -> None:
         self._config = config
         self._partitions = PartitionStore(store)
-        self._sessions = ReconcileStore(store)
+        self._sessions = WorkerSessionStore(store)
         self.stats: dict[str, int] = {
             "rounds": 0,
             "skipped_lock_held": 0,

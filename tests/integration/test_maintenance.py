@@ -21,7 +21,7 @@ from chronoshard.scheduler.cluster.maintenance import (
 from chronoshard.scheduler.config import MaintenanceConfig
 from chronoshard.scheduler.errors import StoreUnavailable
 from chronoshard.scheduler.store.database import Store
-from chronoshard.scheduler.store.repairs import ReconcileStore
+from chronoshard.scheduler.store.sessions import WorkerSessionStore
 
 CONFIG = MaintenanceConfig(retention_days=30, partitions_ahead_days=7, lock_timeout_s=0.2)
 # Far above the 0.2 s lock timeout: the round must give up, not wait for the lock holder.
@@ -134,7 +134,7 @@ async def test_a_table_lock_it_cannot_get_fails_the_round_quickly(
 async def test_a_round_forgets_worker_sessions_nobody_refreshed_for_a_day(
     store: Store, fresh_db_dsn: str
 ) -> None:
-    sessions = ReconcileStore(store)
+    sessions = WorkerSessionStore(store)
     await sessions.touch_worker_sessions("node-a", ["fresh", "stale"])
     with psycopg.connect(fresh_db_dsn, autocommit=True) as conn:
         conn.execute(
