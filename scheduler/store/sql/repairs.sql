@@ -3,7 +3,7 @@
 --
 -- Rules as in runs.sql: a task row is named by (scheduled_at, id); every write is a
 -- compare-and-set on the row as the reconciler read it (status, fencing_token,
--- updated_at) and runs after lock_shard_epochs (runs.sql) in the same transaction;
+-- updated_at) and runs after lock_shard_epochs (database.sql) in the same transaction;
 -- task rows are locked in (scheduled_at, id) order before they are updated, then their
 -- task_attempts rows (the lock order every batch write keeps).
 
