@@ -53,7 +53,7 @@ def run_migrate(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def configure_partitions_ensure(parser: argparse.ArgumentParser) -> None:
-    from chronoshard.scheduler.store.migrate import DEFAULT_DAYS_AHEAD
+    from chronoshard.scheduler.store.partitions import DEFAULT_DAYS_AHEAD
 
     add_dsn(parser)
     parser.add_argument(
@@ -67,7 +67,7 @@ def configure_partitions_ensure(parser: argparse.ArgumentParser) -> None:
 
 
 def run_partitions_ensure(args: argparse.Namespace, out: TextIO) -> int:
-    from chronoshard.scheduler.store.migrate import ensure_partitions
+    from chronoshard.scheduler.store.partitions import ensure_partitions
 
     created = ensure_partitions(require_dsn(args), days_ahead=args.days_ahead)
     if args.output == "json":
@@ -92,7 +92,7 @@ def configure_partitions_detach(parser: argparse.ArgumentParser) -> None:
 
 
 def run_partitions_detach(args: argparse.Namespace, out: TextIO) -> int:
-    from chronoshard.scheduler.store.migrate import detach_old_partitions
+    from chronoshard.scheduler.store.partitions import detach_old_partitions
 
     dropped = detach_old_partitions(require_dsn(args), retention_days=args.retention_days)
     if args.output == "json":

@@ -71,6 +71,7 @@ from chronoshard.scheduler.metrics import NodeCollector, SchedulerMetrics
 from chronoshard.scheduler.store.database import SessionLimits, Store
 from chronoshard.scheduler.store.repairs import ReconcileStore
 from chronoshard.scheduler.store.runs import DispatchStore
+from chronoshard.scheduler.store.sessions import WorkerSessionStore
 from chronoshard.v1 import (
     admin_service_pb2,
     admin_service_pb2_grpc,
@@ -171,7 +172,7 @@ class TenantLimitsCache:
 class _WorkerPresence:
     """The shard manager's view of workers: this node's sessions, the cluster's rows."""
 
-    def __init__(self, gateway: Gateway, store: ReconcileStore, *, within_s: float) -> None:
+    def __init__(self, gateway: Gateway, store: WorkerSessionStore, *, within_s: float) -> None:
         self._gateway = gateway
         self._store = store
         self._within_s = within_s
@@ -264,7 +265,7 @@ class SchedulerNode:
             max_preloaded=config.scheduling.max_preloaded,
             workers=_WorkerPresence(
                 self.gateway,
-                ReconcileStore(self.store),
+                WorkerSessionStore(self.store),
                 # Live sessions are re-recorded every session_timeout / REFRESHES_PER_TIMEOUT.
                 within_s=2 * config.workers.session_timeout_s / REFRESHES_PER_TIMEOUT,
             ),
@@ -306,7 +307,7 @@ class SchedulerNode:
             config.node_id,
             config.workers.session_timeout_s,
             self.gateway,
-            ReconcileStore(self.store),
+            WorkerSessionStore(self.store),
         )
         self.gateway.on_sessions_changed = self._sessions_changed
         # A claimed shard's previous owner may have left intents it never delivered.

@@ -5,8 +5,10 @@ watchdog, a separate process, reads the same ``expectations`` table and alerts o
 The servicer follows :mod:`.tasks` step for step: the caller's API key names the tenant
 (:class:`~.auth.Authenticator`; an unknown key is ``UNAUTHENTICATED``), the request is
 validated completely by the pure :func:`spec_from_pb` before anything is written (a bad
-field is ``INVALID_ARGUMENT`` naming it), then one statement does the work. Errors leave
-through :meth:`WatchdogServiceServicer._serve` only (the node's one error boundary,
+field is ``INVALID_ARGUMENT`` naming it), then
+:class:`~chronoshard.scheduler.store.expectations.ExpectationStore` does the work: the
+servicer only converts and calls. Errors leave through
+:meth:`WatchdogServiceServicer._serve` only (the node's one error boundary,
 :mod:`.boundary`), as a gRPC status plus an ``ErrorInfo`` in the trailing metadata.
 
 Expectations defined in the watchdog's config file live in the same table with
@@ -21,24 +23,21 @@ import binascii
 import logging
 import math
 import unicodedata
-from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeAlias, TypeVar
 
 import grpc
-from psycopg.rows import dict_row
 
 from chronoshard.scheduler.api import boundary, convert
 from chronoshard.scheduler.api.auth import Authenticator
 from chronoshard.scheduler.core.models import MAX_KEY_LENGTH, Tenant
-from chronoshard.scheduler.errors import (
-    ExpectationManagedByConfig,
-    ExpectationNotFound,
-    InvalidArgument,
-    seconds_text,
-)
-from chronoshard.scheduler.store import queries
+from chronoshard.scheduler.errors import InvalidArgument, seconds_text
 from chronoshard.scheduler.store.database import Store
+from chronoshard.scheduler.store.expectations import (
+    Expectation,
+    ExpectationSpec,
+    ExpectationStore,
+)
 from chronoshard.v1 import watchdog_service_pb2, watchdog_service_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -52,22 +51,9 @@ MAX_INTERVAL_S = 366 * 86_400.0
 and the bound keeps interval + tolerance far from any timestamp overflow."""
 MAX_TOLERANCE_S = MAX_INTERVAL_S
 MAX_DESCRIPTION_CHARS = 1000
-DEFAULT_PAGE_SIZE = 100
 MAX_PAGE_SIZE = 1000
 MAX_PAGE_TOKEN_CHARS = 1024
 SEVERITIES = ("critical", "error", "warning", "info")
-
-
-@dataclass(frozen=True)
-class ExpectationSpec:
-    """A validated CreateExpectation request."""
-
-    job_id: str
-    interval_s: float
-    tolerance_s: float
-    severity: str
-    enabled: bool
-    description: str
 
 
 # --- pure request parsing ------------------------------------------------------------------
@@ -145,17 +131,17 @@ def severity_to_pb(value: str) -> int:
     return int(watchdog_service_pb2.Severity.Value(f"SEVERITY_{value.upper()}"))
 
 
-def expectation_to_pb(row: Mapping[str, Any]) -> watchdog_service_pb2.Expectation:
+def expectation_to_pb(expectation: Expectation) -> watchdog_service_pb2.Expectation:
     return watchdog_service_pb2.Expectation(
-        job_id=row["job_id"],
-        interval=convert.duration_to_pb(row["interval_s"]),
-        tolerance=convert.duration_to_pb(row["tolerance_s"]),
-        severity=severity_to_pb(row["severity"]),  # type: ignore[arg-type]
-        enabled=row["enabled"],
-        description=row["description"],
-        created_at=convert.ts_to_pb(row["created_at"]),
-        updated_at=convert.ts_to_pb(row["updated_at"]),
-        from_config=row["source"] == "config",
+        job_id=expectation.job_id,
+        interval=convert.duration_to_pb(expectation.interval_s),
+        tolerance=convert.duration_to_pb(expectation.tolerance_s),
+        severity=severity_to_pb(expectation.severity),  # type: ignore[arg-type]
+        enabled=expectation.enabled,
+        description=expectation.description,
+        created_at=convert.ts_to_pb(expectation.created_at),
+        updated_at=convert.ts_to_pb(expectation.updated_at),
+        from_config=expectation.from_config,
     )
 
 
@@ -186,9 +172,8 @@ class WatchdogServiceServicer(watchdog_service_pb2_grpc.WatchdogServiceServicer)
     """The ``chronoshard.v1.WatchdogService`` implementation (see ``docs/watchdog.md``)."""
 
     def __init__(self, *, store: Store, authenticator: Authenticator) -> None:
-        self._store = store
+        self._expectations = ExpectationStore(store)
         self._auth = authenticator
-        self._q = queries.load("expectations.sql")
 
     async def CreateExpectation(
         self, request: watchdog_service_pb2.CreateExpectationRequest, context: Context
@@ -221,57 +206,34 @@ class WatchdogServiceServicer(watchdog_service_pb2_grpc.WatchdogServiceServicer)
         self, tenant: Tenant, request: watchdog_service_pb2.CreateExpectationRequest
     ) -> watchdog_service_pb2.CreateExpectationResponse:
         spec = spec_from_pb(request)
-        params = {
-            "tenant_id": tenant.id,
-            "job_id": spec.job_id,
-            "interval_s": spec.interval_s,
-            "tolerance_s": spec.tolerance_s,
-            "severity": spec.severity,
-            "enabled": spec.enabled,
-            "description": spec.description,
-        }
-        async with self._store.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
-            await cur.execute(self._q["upsert_expectation"], params)
-            row = await cur.fetchone()
-        if row is None:
-            raise ExpectationManagedByConfig(spec.job_id)
+        expectation, created = await self._expectations.register(tenant.id, spec)
         log.info(
             "expectation registered",
-            extra={"tenant_id": str(tenant.id), "job_id": spec.job_id, "new": row["created"]},
+            extra={"tenant_id": str(tenant.id), "job_id": spec.job_id, "new": created},
         )
         return watchdog_service_pb2.CreateExpectationResponse(
-            expectation=expectation_to_pb(row), created=row["created"]
+            expectation=expectation_to_pb(expectation), created=created
         )
 
     async def _list(
         self, tenant: Tenant, request: watchdog_service_pb2.ListExpectationsRequest
     ) -> watchdog_service_pb2.ListExpectationsResponse:
         after = page_token_from_pb(request.page_token)
-        page_size = min(request.page_size or DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE)
-        params = {"tenant_id": tenant.id, "after": after, "limit": page_size + 1}
-        async with self._store.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
-            await cur.execute(self._q["list_expectations"], params)
-            rows = await cur.fetchall()
+        page_size = convert.page_size_from_pb(request.page_size, MAX_PAGE_SIZE)
+        page = await self._expectations.list_page(tenant.id, after=after, limit=page_size)
         response = watchdog_service_pb2.ListExpectationsResponse(
-            expectations=[expectation_to_pb(r) for r in rows[:page_size]]
+            expectations=[expectation_to_pb(e) for e in page.expectations]
         )
-        # One row more than the page says whether another page exists.
-        if len(rows) > page_size:
-            response.next_page_token = page_token_to_pb(rows[page_size - 1]["job_id"])
+        if page.more:
+            response.next_page_token = page_token_to_pb(page.expectations[-1].job_id)
         return response
 
     async def _delete(
         self, tenant: Tenant, request: watchdog_service_pb2.DeleteExpectationRequest
     ) -> watchdog_service_pb2.DeleteExpectationResponse:
         job_id = job_id_from_pb(request.job_id)
-        params = {"tenant_id": tenant.id, "job_id": job_id}
-        async with self._store.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
-            await cur.execute(self._q["delete_expectation"], params)
-            row = await cur.fetchone()
-            if row is None:
-                await cur.execute(self._q["get_expectation"], params)
-                if await cur.fetchone() is not None:
-                    raise ExpectationManagedByConfig(job_id)
-                raise ExpectationNotFound(job_id)
+        expectation = await self._expectations.delete(tenant.id, job_id)
         log.info("expectation deleted", extra={"tenant_id": str(tenant.id), "job_id": job_id})
-        return watchdog_service_pb2.DeleteExpectationResponse(expectation=expectation_to_pb(row))
+        return watchdog_service_pb2.DeleteExpectationResponse(
+            expectation=expectation_to_pb(expectation)
+        )

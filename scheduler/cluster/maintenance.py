@@ -2,13 +2,15 @@
 
 History must not slow the scheduler down (issue: durable run state): ``tasks`` is
 partitioned by day, the hot statements prune to one partition or read only partial
-indexes of live rows, and this loop keeps the partitions coming and going. Every
-``maintenance.interval_s`` each node tries a session-level advisory lock; the one that
-gets it (the others skip the round) creates the day partitions for the next
-``partitions_ahead_days`` days and detaches and drops the finished ones past
-``retention_days`` (the SQL functions of migration 0002, which keep any partition that
-still holds an unfinished or dead-lettered task), then forgets worker-session rows
-nobody refreshed for a day.
+indexes of live rows, and this loop keeps the partitions coming and going. This module
+is the loop and its policy (when a round runs, what it does, how long a step may wait);
+the statements are :mod:`chronoshard.scheduler.store.partitions` and
+:mod:`chronoshard.scheduler.store.sessions`. Every ``maintenance.interval_s`` each node
+tries the maintenance lock; the one that gets it (the others skip the round) creates the
+day partitions for the next ``partitions_ahead_days`` days and detaches and drops the
+finished ones past ``retention_days`` (the SQL functions of migration 0002, which keep
+any partition that still holds an unfinished or dead-lettered task), then forgets
+worker-session rows nobody refreshed for a day.
 
 Statistics for new partitions: a day partition has none until autovacuum first analyzes
 it, up to a minute after it takes rows, and meanwhile the planner's default guesses turn
@@ -30,17 +32,14 @@ the lock in time gives up, nothing is held, and the round is retried after
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from dataclasses import dataclass
-from typing import LiteralString
-
-from psycopg import sql
 
 from chronoshard.scheduler.config import MaintenanceConfig
 from chronoshard.scheduler.errors import StoreUnavailable
-from chronoshard.scheduler.store import queries
-from chronoshard.scheduler.store.database import Connection, Store
+from chronoshard.scheduler.store.database import Store
+from chronoshard.scheduler.store.partitions import PartitionStore
+from chronoshard.scheduler.store.sessions import WorkerSessionStore
 
 log = logging.getLogger(__name__)
 
@@ -58,9 +57,8 @@ class MaintenanceResult:
 class PartitionMaintenance:
     def __init__(self, config: MaintenanceConfig, store: Store) -> None:
         self._config = config
-        self._store = store
-        self._q = queries.load("repairs.sql")
-        self._partitions = queries.load("migrate.sql")
+        self._partitions = PartitionStore(store)
+        self._sessions = WorkerSessionStore(store)
         self.stats: dict[str, int] = {
             "rounds": 0,
             "skipped_lock_held": 0,
@@ -99,14 +97,7 @@ class PartitionMaintenance:
         Raises:
             StoreUnavailable: the database is away.
         """
-        analyzed: list[str] = []
-        async with self._store.connection() as conn:
-            cur = await conn.execute(
-                self._q["never_analyzed_tables"], {"min_changes": ANALYZE_MIN_CHANGES}
-            )
-            for schema, table in await cur.fetchall():
-                await conn.execute(sql.SQL("ANALYZE {}").format(sql.Identifier(schema, table)))
-                analyzed.append(f"{schema}.{table}")
+        analyzed = await self._partitions.analyze_new_tables(ANALYZE_MIN_CHANGES)
         if analyzed:
             self.stats["tables_analyzed"] += len(analyzed)
             log.info("analyzed new tables", extra={"tables": analyzed})
@@ -120,46 +111,23 @@ class PartitionMaintenance:
                 ``lock_timeout_s`` (nothing is left half done: each step is one
                 transaction).
         """
-        async with self._store.connection() as conn:
-            cur = await conn.execute(self._q["try_maintenance_lock"])
-            row = await cur.fetchone()
-            if row is None or not row[0]:
+        lock_timeout_s = self._config.lock_timeout_s
+        async with self._partitions.maintenance_round() as round_:
+            if round_ is None:
                 self.stats["skipped_lock_held"] += 1
                 return None
-            try:
-                self.stats["rounds"] += 1
-                created = await self._step(
-                    conn,
-                    self._partitions["ensure_partitions"],
-                    {"from_day": None, "days_ahead": self._config.partitions_ahead_days},
-                )
-                self.stats["partitions_created"] += len(created)
-                dropped = await self._step(
-                    conn,
-                    self._partitions["detach_old_partitions"],
-                    {"retention_days": self._config.retention_days},
-                )
-                self.stats["partitions_dropped"] += len(dropped)
-                cur = await conn.execute(
-                    self._q["forget_old_worker_sessions"],
-                    {"older_than_s": WORKER_SESSION_RETENTION_S},
-                )
-                forgotten = cur.rowcount
-            finally:
-                # A broken connection has released the lock already.
-                with contextlib.suppress(Exception):
-                    await conn.execute(self._q["maintenance_unlock"])
+            self.stats["rounds"] += 1
+            created = await round_.ensure_partitions(
+                self._config.partitions_ahead_days, lock_timeout_s=lock_timeout_s
+            )
+            self.stats["partitions_created"] += len(created)
+            dropped = await round_.detach_old_partitions(
+                self._config.retention_days, lock_timeout_s=lock_timeout_s
+            )
+            self.stats["partitions_dropped"] += len(dropped)
+        # After the lock is released (the round's connection back in the pool): only the
+        # node that ran the round gets here, and deleting aged rows twice is harmless.
+        forgotten = await self._sessions.forget_old_worker_sessions(WORKER_SESSION_RETENTION_S)
         if created or dropped:
             log.info("partition maintenance", extra={"created": created, "dropped": dropped})
         return MaintenanceResult(created, dropped, forgotten)
-
-    async def _step(
-        self, conn: Connection, query: LiteralString, params: dict[str, object]
-    ) -> list[str]:
-        async with conn.transaction():
-            await conn.execute(
-                self._q["set_lock_timeout"],
-                {"lock_timeout": f"{int(self._config.lock_timeout_s * 1000)}ms"},
-            )
-            cur = await conn.execute(query, params)
-            return [str(row[0]) for row in await cur.fetchall()]

@@ -1,4 +1,4 @@
-"""Schema migrations and partition maintenance, run by ``chronoshard migrate``.
+"""Schema migrations, run by ``chronoshard migrate``.
 
 Migrations are the numbered files ``migrations/NNNN_name.sql`` of this package, read
 through ``importlib.resources`` (so an installed wheel migrates like the source tree).
@@ -15,8 +15,9 @@ does not know (a newer release ran first) is left alone; a missing migration *be
 the newest applied one is refused, because applying it out of order is not what anyone
 tested.
 
-This is synchronous psycopg on purpose: it runs before any event loop exists, from the
-CLI, the dev launcher and the test fixtures.
+This is synchronous psycopg on purpose (:mod:`.direct`): it runs before any event loop
+exists, from the CLI, the dev launcher and the test fixtures. Partition maintenance,
+which the migrations' SQL functions make possible, is :mod:`.partitions`.
 """
 
 from __future__ import annotations
@@ -24,23 +25,19 @@ from __future__ import annotations
 import hashlib
 import itertools
 import re
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import date
 from importlib import resources
 from typing import LiteralString
 
 import psycopg
 
-from chronoshard.scheduler.config import DEFAULT_RETENTION_DAYS
 from chronoshard.scheduler.errors import MigrationError, StoreUnavailable
 from chronoshard.scheduler.store import queries
+from chronoshard.scheduler.store.direct import connect
 
 PACKAGE = "chronoshard.scheduler.store"
 MIGRATIONS_DIR = "migrations"
-DEFAULT_DAYS_AHEAD = 7
-CONNECT_TIMEOUT_S = 10
 
 _FILE_NAME = re.compile(r"^(?P<version>\d{4})_(?P<slug>[a-z0-9_]+)\.sql$")
 
@@ -95,17 +92,6 @@ def load_migrations() -> list[Migration]:
     return found
 
 
-@contextmanager
-def _connect(dsn: str) -> Iterator[psycopg.Connection[tuple[object, ...]]]:
-    """An autocommit connection; failing to reach the server is StoreUnavailable."""
-    try:
-        conn = psycopg.connect(dsn, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S)
-    except psycopg.OperationalError as exc:
-        raise StoreUnavailable(f"cannot connect to PostgreSQL: {exc}") from exc
-    with conn:
-        yield conn
-
-
 def _pending(
     available: Sequence[Migration], applied: dict[int, tuple[str, str]]
 ) -> list[Migration]:
@@ -147,7 +133,7 @@ def apply_migrations(dsn: str, migrations: Sequence[Migration] | None = None) ->
     available = load_migrations() if migrations is None else list(migrations)
     sql = queries.load("migrate.sql")
     done: list[str] = []
-    with _connect(dsn) as conn:
+    with connect(dsn) as conn:
         try:
             conn.execute(sql["lock"])
             try:
@@ -189,56 +175,3 @@ def _apply_one(
         raise MigrationError(
             f"migration {migration.name} failed and was rolled back: {exc}"
         ) from exc
-
-
-def ensure_partitions(
-    dsn: str, days_ahead: int = DEFAULT_DAYS_AHEAD, *, from_day: date | None = None
-) -> list[str]:
-    """Create the missing day partitions of ``tasks`` from ``from_day`` (default: today,
-    UTC) through ``days_ahead`` days later; the names created.
-
-    Rows already waiting in the DEFAULT partition for a new day are moved into it.
-
-    Raises:
-        StoreUnavailable: the server cannot be reached or a lock was not granted in time.
-        ValueError: ``days_ahead`` is negative.
-    """
-    if days_ahead < 0:
-        raise ValueError(f"days_ahead must be >= 0, got {days_ahead}")
-    return _maintenance(
-        dsn,
-        queries.load("migrate.sql")["ensure_partitions"],
-        {"from_day": from_day, "days_ahead": days_ahead},
-    )
-
-
-def detach_old_partitions(dsn: str, retention_days: int = DEFAULT_RETENTION_DAYS) -> list[str]:
-    """Detach and drop day partitions that ended more than ``retention_days`` ago, except
-    those still holding an unfinished or dead-lettered task; the names dropped.
-
-    Raises:
-        StoreUnavailable: the server cannot be reached or a lock was not granted in time.
-        ValueError: ``retention_days`` is negative.
-    """
-    if retention_days < 0:
-        raise ValueError(f"retention_days must be >= 0, got {retention_days}")
-    return _maintenance(
-        dsn,
-        queries.load("migrate.sql")["detach_old_partitions"],
-        {"retention_days": retention_days},
-    )
-
-
-def _maintenance(dsn: str, query: LiteralString, params: dict[str, object]) -> list[str]:
-    with _connect(dsn) as conn:
-        try:
-            with conn.transaction():
-                # The functions take the caller's lock_timeout (migration 0006): an
-                # operator's run may wait this long for the `tasks` lock.
-                conn.execute(queries.load("migrate.sql")["maintenance_lock_timeout"])
-                rows = conn.execute(query, params).fetchall()
-        except psycopg.OperationalError as exc:
-            # lock_timeout (55P03) lands here too: maintenance lost a race for the
-            # table lock and the next round will retry.
-            raise StoreUnavailable(f"partition maintenance failed: {exc}") from exc
-    return [str(row[0]) for row in rows]

@@ -1,4 +1,4 @@
-"""PostgreSQL for the reconcile loop and partition maintenance.
+"""PostgreSQL for the reconcile loop: its scans, repairs and workflow-run endings.
 
 Issues the named statements of ``sql/repairs.sql`` over the :class:`.database.Store`'s
 pool. Like :class:`.runs.DispatchStore`, it holds no policy: the reconciler
@@ -30,7 +30,6 @@ from chronoshard.scheduler.store.database import Store
 from chronoshard.scheduler.store.runs import timer_from_row
 
 _BEFORE_EVERY_RUN = (datetime.fromisoformat("0001-01-01T00:00:00+00:00"), uuid.UUID(int=0))
-MAINTENANCE_LOCK_HELD = "held by another node"
 
 
 def _in_flight(row: Mapping[str, Any]) -> InFlight:
@@ -51,8 +50,6 @@ class ReconcileStore:
     def __init__(self, store: Store) -> None:
         self._store = store
         self._q = queries.load("repairs.sql")
-
-    # ---- the reconcile loop -------------------------------------------------------------
 
     async def scan_inflight(
         self,
@@ -158,37 +155,3 @@ class ReconcileStore:
                 {"ids": [o.id for o in mine], "states": [str(o.state) for o in mine]},
             )
             return [row[0] for row in await cur.fetchall()], lost
-
-    # ---- worker liveness ----------------------------------------------------------------
-
-    async def touch_worker_sessions(
-        self, node_id: str, worker_ids: Collection[str], closed: Collection[str] = ()
-    ) -> None:
-        """``node_id`` has a session of each of ``worker_ids``, and just had one of each
-        of ``closed`` (now closed)."""
-        seen = sorted({*worker_ids, *closed})
-        if not seen:
-            return
-        ended = set(closed) - set(worker_ids)
-        async with self._store.connection() as conn:
-            await conn.execute(
-                self._q["touch_worker_sessions"],
-                {"node_id": node_id, "worker_ids": seen, "closed": [w in ended for w in seen]},
-            )
-
-    async def workers_seen(self, node_ids: Collection[str], within_s: float) -> set[str]:
-        """Workers that had a session on one of ``node_ids`` within the last ``within_s``."""
-        if not node_ids:
-            return set()
-        async with self._store.connection() as conn:
-            cur = await conn.execute(
-                self._q["workers_seen"], {"node_ids": sorted(node_ids), "within_s": within_s}
-            )
-            return {row[0] for row in await cur.fetchall()}
-
-    async def forget_old_worker_sessions(self, older_than_s: float) -> int:
-        async with self._store.connection() as conn:
-            cur = await conn.execute(
-                self._q["forget_old_worker_sessions"], {"older_than_s": older_than_s}
-            )
-            return cur.rowcount

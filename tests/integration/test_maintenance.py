@@ -12,10 +12,15 @@ import psycopg
 import pytest
 from fixtures.waiting import eventually
 
-from chronoshard.scheduler.cluster.maintenance import ANALYZE_MIN_CHANGES, PartitionMaintenance
+from chronoshard.scheduler.cluster.maintenance import (
+    ANALYZE_MIN_CHANGES,
+    WORKER_SESSION_RETENTION_S,
+    PartitionMaintenance,
+)
 from chronoshard.scheduler.config import MaintenanceConfig
 from chronoshard.scheduler.errors import StoreUnavailable
 from chronoshard.scheduler.store.database import Store
+from chronoshard.scheduler.store.sessions import WorkerSessionStore
 
 CONFIG = MaintenanceConfig(retention_days=30, partitions_ahead_days=7, lock_timeout_s=0.2)
 # Far above the 0.2 s lock timeout: the round must give up, not wait for the lock holder.
@@ -121,6 +126,26 @@ async def test_a_table_lock_it_cannot_get_fails_the_round_quickly(
     assert _day(7) not in _partitions(fresh_db_dsn)
     result = await maintenance.run_once()
     assert result is not None and result.created == [_day(7)]
+
+
+async def test_a_round_forgets_worker_sessions_nobody_refreshed_for_a_day(
+    store: Store, fresh_db_dsn: str
+) -> None:
+    sessions = WorkerSessionStore(store)
+    await sessions.touch_worker_sessions("node-a", ["fresh", "stale"])
+    with psycopg.connect(fresh_db_dsn, autocommit=True) as conn:
+        conn.execute(
+            "UPDATE worker_sessions SET last_seen_at = now() - make_interval(secs => %s)"
+            " - interval '1 minute' WHERE worker_id = 'stale'",
+            (WORKER_SESSION_RETENTION_S,),
+        )
+
+    result = await PartitionMaintenance(CONFIG, store).run_once()
+
+    assert result is not None and result.worker_sessions_forgotten == 1
+    with psycopg.connect(fresh_db_dsn) as conn:
+        rows = conn.execute("SELECT worker_id FROM worker_sessions").fetchall()
+    assert rows == [("fresh",)]
 
 
 def _analyzed(dsn: str, table: str) -> bool:

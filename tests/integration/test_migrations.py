@@ -17,6 +17,7 @@ import difflib
 import os
 import re
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, date, datetime, timedelta
@@ -32,13 +33,13 @@ from chronoshard.scheduler.core.jitter import JitterMode
 from chronoshard.scheduler.core.models import Priority
 from chronoshard.scheduler.core.states import AttemptState, TaskStatus
 from chronoshard.scheduler.errors import MigrationError, StoreUnavailable
+from chronoshard.scheduler.store import partitions
 from chronoshard.scheduler.store.migrate import (
     apply_migrations,
-    detach_old_partitions,
-    ensure_partitions,
     load_migrations,
     make_migration,
 )
+from chronoshard.scheduler.store.partitions import detach_old_partitions, ensure_partitions
 from chronoshard.services import PostgresServer
 
 SNAPSHOT = Path(__file__).with_name("schema_snapshot.txt")
@@ -305,6 +306,29 @@ def test_ensure_creates_missing_days_once(fresh_db_dsn: str) -> None:
     assert {_day_name(today + timedelta(days=i)) for i in (8, 9, 10)} <= set(created)
     assert set(created) == _partitions(fresh_db_dsn) - before
     assert ensure_partitions(fresh_db_dsn, days_ahead=10) == []
+
+
+def test_ensure_by_hand_gives_up_when_the_tasks_lock_is_not_granted_in_time(
+    fresh_db_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The operator's wait (10 s) shortened, so that giving up shows well inside the bound.
+    monkeypatch.setattr(partitions, "CLI_LOCK_TIMEOUT_S", 0.2)
+    with psycopg.connect(fresh_db_dsn) as conn:
+        missing = _day_name(_db_today(conn) + timedelta(days=10))
+    with psycopg.connect(fresh_db_dsn) as reader:
+        # A long reader holds ACCESS SHARE on tasks; creating a partition waits for it.
+        reader.execute("SELECT count(*) FROM tasks")
+        # A backstop, so that a run that ignored the lock timeout fails the bound below
+        # instead of waiting for the reader forever.
+        monkeypatch.setenv("PGOPTIONS", "-c statement_timeout=30s")
+        started = time.monotonic()
+        with pytest.raises(StoreUnavailable, match="partition maintenance failed"):
+            ensure_partitions(fresh_db_dsn, days_ahead=10)
+        assert time.monotonic() - started < 5.0
+        reader.rollback()
+    # Nothing was left half done, and the next run does the work.
+    assert missing not in _partitions(fresh_db_dsn)
+    assert missing in ensure_partitions(fresh_db_dsn, days_ahead=10)
 
 
 def _tenant(conn: psycopg.Connection[tuple[object, ...]]) -> uuid.UUID:

@@ -44,6 +44,7 @@ from chronoshard.scheduler.store import queries
 from chronoshard.scheduler.store.database import Store
 from chronoshard.scheduler.store.repairs import ReconcileStore
 from chronoshard.scheduler.store.runs import DispatchStore
+from chronoshard.scheduler.store.sessions import WorkerSessionStore
 
 SHARD_COUNT = 8
 CONFIG = SchedulerConfig()
@@ -653,7 +654,7 @@ async def test_the_loop_wakes_when_an_undelivered_intent_turns_overdue_not_at_th
 async def test_workers_seen_are_those_with_an_open_session_on_the_given_nodes(
     store: Store,
 ) -> None:
-    sessions = ReconcileStore(store)
+    sessions = WorkerSessionStore(store)
     await sessions.touch_worker_sessions("node-a", ["w1", "w2"])
     await sessions.touch_worker_sessions("node-b", ["w3"])
     assert await sessions.workers_seen(["node-a", "node-b"], 10) == {"w1", "w2", "w3"}

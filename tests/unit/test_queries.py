@@ -42,5 +42,7 @@ def test_packaged_files_load() -> None:
     store = queries.load("database.sql")
     assert {"insert_tasks", "claim_shard_epoch", "lock_shard_epochs"} <= set(store)
     migrate = queries.load("migrate.sql")
-    assert {"lock", "unlock", "record_migration", "ensure_partitions"} <= set(migrate)
+    assert {"lock", "unlock", "record_migration"} <= set(migrate)
+    partitions = queries.load("partitions.sql")
+    assert {"ensure_partitions", "detach_old_partitions", "try_maintenance_lock"} <= set(partitions)
     assert queries.load("database.sql") is store

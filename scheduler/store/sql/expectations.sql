@@ -1,4 +1,5 @@
--- The watchdog's expectation registry as the API sees it (scheduler/api/expectations.py).
+-- The statements of chronoshard.scheduler.store.expectations.ExpectationStore: the
+-- watchdog's expectation registry as the API sees it (WatchdogService).
 -- Every statement is scoped by tenant_id, which comes from the caller's API key.
 -- Expectations with source = 'config' belong to the watchdog's config file: the API
 -- reads them but never changes or removes them.

@@ -1,9 +1,9 @@
 -- The statements of chronoshard.scheduler.store.repairs.ReconcileStore: the reconcile
--- loop (docs/architecture.md#d8) and partition maintenance on a node.
+-- loop (docs/architecture.md#d8).
 --
 -- Rules as in runs.sql: a task row is named by (scheduled_at, id); every write is a
 -- compare-and-set on the row as the reconciler read it (status, fencing_token,
--- updated_at) and runs after lock_shard_epochs (runs.sql) in the same transaction;
+-- updated_at) and runs after lock_shard_epochs (database.sql) in the same transaction;
 -- task rows are locked in (scheduled_at, id) order before they are updated, then their
 -- task_attempts rows (the lock order every batch write keeps).
 
@@ -144,53 +144,3 @@ WHERE w.id = f.id
         AND n.status NOT IN ('COMPLETED', 'CANCELLED', 'DEAD_LETTER', 'UPSTREAM_FAILED')
   )
 RETURNING w.id;
-
--- name: touch_worker_sessions
--- This node has (or just had: closed) a session of each worker: it was seen now.
-INSERT INTO worker_sessions (worker_id, node_id, last_seen_at, closed_at)
-SELECT worker_id, %(node_id)s, now(), CASE WHEN closed THEN now() END
-FROM unnest(%(worker_ids)s::text[], %(closed)s::boolean[]) AS w(worker_id, closed)
-ORDER BY worker_id
-ON CONFLICT (worker_id, node_id) DO UPDATE
-    SET last_seen_at = now(), closed_at = EXCLUDED.closed_at;
-
--- name: workers_seen
--- Workers with an open session on any of these nodes, refreshed within the window (a
--- node that died leaves its rows open): a node taking shards over waits until each of
--- them has a session with it too.
-SELECT DISTINCT worker_id
-FROM worker_sessions
-WHERE node_id = ANY(%(node_ids)s::text[])
-  AND closed_at IS NULL
-  AND last_seen_at > now() - make_interval(secs => %(within_s)s);
-
--- name: forget_old_worker_sessions
-DELETE FROM worker_sessions
-WHERE last_seen_at < now() - make_interval(secs => %(older_than_s)s);
-
--- name: try_maintenance_lock
--- Session-level: one node runs partition maintenance at a time; the others skip a round.
--- Keys as in migrate.sql: ('chro', 3).
-SELECT pg_try_advisory_lock(1667789423, 3);
-
--- name: maintenance_unlock
-SELECT pg_advisory_unlock(1667789423, 3);
-
--- name: set_lock_timeout
--- How long partition DDL may wait for the `tasks` lock; statements queue behind it while
--- it waits, so the node keeps this short and tries again next round.
-SELECT set_config('lock_timeout', %(lock_timeout)s, true);
-
--- name: never_analyzed_tables
--- The hot tables (every partition of `tasks`, and `task_attempts`) that took rows but
--- never had statistics: a new day partition until autovacuum first analyzes it (up to a
--- minute). Without statistics the planner guesses, and for the batched hot statements it
--- guesses scans of the whole partition or of the in-flight index per row.
-SELECT s.schemaname, s.relname
-FROM pg_stat_user_tables AS s
-WHERE (s.relid IN (SELECT inhrelid FROM pg_inherits WHERE inhparent = to_regclass('tasks'))
-       OR s.relid = to_regclass('task_attempts'))
-  AND s.last_analyze IS NULL
-  AND s.last_autoanalyze IS NULL
-  AND s.n_mod_since_analyze >= %(min_changes)s
-ORDER BY s.n_mod_since_analyze DESC;
