@@ -28,7 +28,7 @@ from typing import Any, TypeAlias, TypeVar
 
 import grpc
 
-from chronoshard.scheduler.api import boundary, convert
+from chronoshard.scheduler.api import boundary, convert, task_requests
 from chronoshard.scheduler.api.auth import Authenticator
 from chronoshard.scheduler.core.models import MAX_KEY_LENGTH, Tenant
 from chronoshard.scheduler.errors import InvalidArgument, seconds_text
@@ -219,7 +219,7 @@ class WatchdogServiceServicer(watchdog_service_pb2_grpc.WatchdogServiceServicer)
         self, tenant: Tenant, request: watchdog_service_pb2.ListExpectationsRequest
     ) -> watchdog_service_pb2.ListExpectationsResponse:
         after = page_token_from_pb(request.page_token)
-        page_size = convert.page_size_from_pb(request.page_size, MAX_PAGE_SIZE)
+        page_size = task_requests.page_size_from_pb(request.page_size, MAX_PAGE_SIZE)
         page = await self._expectations.list_page(tenant.id, after=after, limit=page_size)
         response = watchdog_service_pb2.ListExpectationsResponse(
             expectations=[expectation_to_pb(e) for e in page.expectations]
