@@ -85,6 +85,8 @@ def _scheduler_batch(
 
 
 class Gateway(worker_service_pb2_grpc.WorkerServiceServicer):
+    """The ``WorkerService`` servicer: streams into sessions, messages into settlements."""
+
     def __init__(
         self,
         config: SchedulerConfig,
