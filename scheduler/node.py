@@ -1,10 +1,11 @@
 """A scheduler node: the pieces wired together, supervised, and shut down in order.
 
 Start-up order: store pool → cluster clock (a first reading of PostgreSQL's clock: every
-"now" from here on is the cluster's) → etcd (lease, cluster shard count) → gateway,
-dispatcher, preloader, shard manager → gRPC server (TaskService, WorkerService, AdminService,
-health, reflection) → node registered in etcd (only now can peers assign it shards and
-workers find it) → metrics endpoint → the supervised loops.
+"now" from here on is the cluster's) → etcd (lease, cluster shard count) → worker
+sessions, shard manager, dispatcher, settlements and the WorkerService gateway, preloader
+→ gRPC server (TaskService, WorkerService, AdminService, health, reflection) → node
+registered in etcd (only now can peers assign it shards and workers find it) → metrics
+endpoint → the supervised loops.
 
 The loops (cluster clock, shard manager, dispatcher, preloader, reconciler, worker
 session records, partition maintenance, tenant refresher, backlog reports) are named
@@ -66,6 +67,8 @@ from chronoshard.scheduler.core.models import Task, TaskRef
 from chronoshard.scheduler.core.runs import TimerTask
 from chronoshard.scheduler.dispatch.dispatcher import Dispatcher
 from chronoshard.scheduler.dispatch.preloader import Preloader
+from chronoshard.scheduler.dispatch.sessions import SessionRegistry
+from chronoshard.scheduler.dispatch.settlements import Settlements
 from chronoshard.scheduler.errors import StoreUnavailable
 from chronoshard.scheduler.metrics import NodeCollector, SchedulerMetrics
 from chronoshard.scheduler.store.database import SessionLimits, Store
@@ -172,13 +175,15 @@ class TenantLimitsCache:
 class _WorkerPresence:
     """The shard manager's view of workers: this node's sessions, the cluster's rows."""
 
-    def __init__(self, gateway: Gateway, store: WorkerSessionStore, *, within_s: float) -> None:
-        self._gateway = gateway
+    def __init__(
+        self, sessions: SessionRegistry, store: WorkerSessionStore, *, within_s: float
+    ) -> None:
+        self._sessions = sessions
         self._store = store
         self._within_s = within_s
 
     def connected(self) -> set[str]:
-        return self._gateway.worker_ids()
+        return self._sessions.worker_ids()
 
     async def seen_on(self, node_ids: Collection[str]) -> set[str]:
         return await self._store.workers_seen(node_ids, self._within_s)
@@ -234,7 +239,9 @@ class SchedulerNode:
 
         self.tenant_limits = TenantLimitsCache(self.store)
         await self.tenant_limits.refresh()
-        self.gateway = Gateway(config, self.runs, self.clock)
+        self.sessions = SessionRegistry(
+            config.node_id, self.clock, send_queue=config.grpc.worker_send_queue
+        )
         # WorkerService and AdminService calls need an API key (api/access.py); TaskService
         # and WatchdogService check theirs in the servicer, scoped to the key's tenant.
         self._server = grpc.aio.server(
@@ -264,7 +271,7 @@ class SchedulerNode:
             handoff=config.handoff,
             max_preloaded=config.scheduling.max_preloaded,
             workers=_WorkerPresence(
-                self.gateway,
+                self.sessions,
                 WorkerSessionStore(self.store),
                 # Live sessions are re-recorded every session_timeout / REFRESHES_PER_TIMEOUT.
                 within_s=2 * config.workers.session_timeout_s / REFRESHES_PER_TIMEOUT,
@@ -274,12 +281,14 @@ class SchedulerNode:
             config,
             self.clock,
             self.runs,
-            self.gateway,
+            self.sessions,
             self.shards,
             self.tenant_limits,
             on_dispatched=self._on_dispatched,
             on_remote_ready=self._remote_ready,
         )
+        self.settlements = Settlements(config.workers, self.runs, self.clock, self.dispatcher)
+        self.gateway = Gateway(config, self.sessions, self.settlements)
         self.preloader = Preloader(config, self.clock, self.runs, self.dispatcher, self.shards)
         self.dispatcher.on_preloaded_unknown = self.preloader.resync
         self.signals = ShardSignals(
@@ -292,31 +301,31 @@ class SchedulerNode:
             self._clock_skew_changed(True)
         # A joining node must have worker sessions before it takes shards over: workers
         # otherwise find it only at their next periodic topology refresh.
-        self.shards.on_membership_changed = self.gateway.announce_topology
+        self.shards.on_membership_changed = self.sessions.announce_topology
         self.shards.attach(self.dispatcher, self.preloader)
         self.reconciler = Reconciler(
             config,
             self.clock,
             ReconcileStore(self.store),
             self.shards,
-            self.gateway,
+            self.sessions,
             self.dispatcher,
             shard_count,
         )
         self.liveness = WorkerLiveness(
             config.node_id,
             config.workers.session_timeout_s,
-            self.gateway,
+            self.sessions,
             WorkerSessionStore(self.store),
         )
-        self.gateway.on_sessions_changed = self._sessions_changed
+        self.sessions.on_sessions_changed = self._sessions_changed
         # A claimed shard's previous owner may have left intents it never delivered.
         self.shards.on_claimed = self.reconciler.wake
         self.maintenance = PartitionMaintenance(config.maintenance, self.store)
         self._add_services(self._server, shard_count)
         self.metrics.register(NodeCollector(config.node_id, self._counters, self._gauges))
 
-        self.gateway.start()
+        self.settlements.start()
         await self._server.start()
         await self.coordinator.register_node(self.info)
         self._supervise("clock", self.clock.run())
@@ -440,7 +449,7 @@ class SchedulerNode:
 
     def cancel_requested(self, task: Task, reason: str) -> None:
         self.dispatcher.forget(task.id)
-        self.gateway.send_cancel(task.id, reason)
+        self.sessions.send_cancel(task.id, reason)
 
     # ---- loops ------------------------------------------------------------------------------
 
@@ -474,8 +483,8 @@ class SchedulerNode:
                 await asyncio.wait_for(changed.wait(), BACKLOG_REPORT_S)
             await asyncio.sleep(BACKLOG_COALESCE_S)
             changed.clear()
-            for session in list(self.gateway.sessions()):
-                self.gateway.send_backlog(session, self.dispatcher.backlog_for(session))
+            for session in self.sessions.live():
+                self.sessions.send_backlog(session, self.dispatcher.backlog_for(session))
 
     # ---- clock skew -------------------------------------------------------------------------
 
@@ -528,7 +537,7 @@ class SchedulerNode:
         async with self._drain_lock:
             if self._draining:
                 if shutting_down:
-                    self.gateway.drain_all(reason, shutting_down=True)
+                    self.sessions.drain_all(reason, shutting_down=True)
                 return
             self._draining = True
             log.info("node draining", extra={"node_id": self.config.node_id, "reason": reason})
@@ -538,7 +547,7 @@ class SchedulerNode:
             else:
                 # No target map leaves this node out: nobody warms up for its shards.
                 await self.shards.release_all()
-            self.gateway.drain_all(reason, shutting_down=shutting_down)
+            self.sessions.drain_all(reason, shutting_down=shutting_down)
 
     async def undrain(self) -> None:
         """Undo :meth:`drain`: registered as available again (peers hand back its share
@@ -551,7 +560,7 @@ class SchedulerNode:
             log.info("node undrained", extra={"node_id": self.config.node_id})
             self.shards.resume()
             await self._register(draining=False)
-            self.gateway.resume()
+            self.sessions.resume()
             await self._health.set("", health_pb2.HealthCheckResponse.SERVING)
 
     async def _register(self, *, draining: bool) -> bool:
@@ -616,7 +625,12 @@ class SchedulerNode:
     def _counters(self) -> dict[str, dict[str, int]]:
         return {
             "dispatcher": dict(self.dispatcher.stats),
-            "gateway": dict(self.gateway.stats),
+            # One family of metrics (chronoshard_gateway_*) for the worker edge.
+            "gateway": {
+                **self.sessions.stats,
+                **self.gateway.stats,
+                **self.settlements.stats,
+            },
             "preloader": dict(self.preloader.stats),
             "shards": dict(self.shards.stats),
             "clock": dict(self.clock.stats),
@@ -630,10 +644,10 @@ class SchedulerNode:
             "wheel_timers": self.dispatcher.wheel_size(),
             "ready_tasks": self.dispatcher.ready_size(),
             "shards_owned": len(self.shards.epochs()),
-            "worker_sessions": len(list(self.gateway.sessions())),
+            "worker_sessions": len(self.sessions.live()),
             # Credits workers granted this node, unused: ready tasks with none here mean
             # every worker is busy (or, if they idle, credits are stuck elsewhere).
-            "worker_credits": self.gateway.credits_held(),
+            "worker_credits": self.sessions.credits_held(),
             "self_fenced": 0 if self.coordinator.lease_valid(self.clock.monotonic()) else 1,
             # Local wall clock minus the cluster's (PostgreSQL's), and whether that is
             # beyond clock.max_offset_s (nothing dispatched, shards handed off).

@@ -1,18 +1,25 @@
-"""The worker gateway: ``WorkerService`` sessions, credits, and group-committed reports.
+"""``WorkerService``: the worker's stream and its unary settlements, and their parsing.
 
-Each ``Connect`` stream is a :class:`WorkerSession`: what the worker serves (queues,
-types), the credits it granted (the node never sends more assignments than that), the
-tasks this node assigned to it, and a bounded outbox. A reader task consumes the
-worker's messages; the servicer's response generator drains the outbox, so a stalled
-worker fills only its own outbox and is then dropped, never blocking other sessions
-(docs/architecture.md#d12).
+A ``Connect`` stream opens with ``Hello`` (checked here) and becomes a
+:class:`~chronoshard.scheduler.dispatch.sessions.WorkerSession` of the node's
+:class:`~chronoshard.scheduler.dispatch.sessions.SessionRegistry`, which counts its
+credits and holds its outbox. Per stream, a reader task consumes the worker's messages
+and the servicer's response generator drains the session's outbox into the stream
+(several queued messages go out as one ``SchedulerBatch``), so a stalled worker fills
+only its own outbox and is then dropped (docs/architecture.md#d12).
 
-Acks, heartbeats and settlements from all sessions (and the unary ``Complete``, ``Fail``,
-``Release`` RPCs, which any node accepts) go through one :class:`GroupCommitter` per kind,
-so the database sees one statement per few milliseconds per kind, not one per message
-(docs/architecture.md#d7). Every answer is sent after its batch committed. What the dispatcher needs
-to know (new credits, tasks released back, retries scheduled, tasks that ended) it learns through
-the :class:`GatewayListener` it registers; the gateway knows nothing of wheels.
+Acks, heartbeats and settlements, from the streams and from the unary ``Complete``,
+``Fail``, ``Release`` RPCs (which any node accepts), are parsed here into the core's
+values (:mod:`chronoshard.scheduler.core.runs`) and group-committed by
+:class:`~chronoshard.scheduler.dispatch.settlements.Settlements`; every answer (a
+``Receipt``, a ``HeartbeatReply``, the unary call's status) is sent after its batch
+committed.
+
+Protobuf on the hot path, on purpose: the session's outbox holds ``SchedulerMessage``
+values and the receipts copy the worker's own ``TaskRef`` message back, and a heartbeat's
+task refs are converted once per task, not once per beat (:func:`_beats`), because
+converting them dominated what a heartbeat cost the node (``bench/heartbeats.py``). Only
+what the statements need becomes a core value.
 
 The protocol is written down in ``docs/worker-protocol.md``.
 """
@@ -20,49 +27,40 @@ The protocol is written down in ``docs/worker-protocol.md``.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 import unicodedata
-import uuid
-from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass, field
-from datetime import datetime
-from typing import Any, Protocol
+from collections.abc import AsyncIterator
+from typing import Any
 
 import grpc
 
 from chronoshard.batching import MAX_BATCH_MESSAGES, encoded_size, pack, take_queued
-from chronoshard.clock import Clock
 from chronoshard.scheduler.api import boundary, convert, payloads
 from chronoshard.scheduler.config import SchedulerConfig
-from chronoshard.scheduler.core.fairness import WorkerOffer
-from chronoshard.scheduler.core.models import Task, TaskRef
+from chronoshard.scheduler.core.models import TaskRef
 from chronoshard.scheduler.core.retry import FailureReport
 from chronoshard.scheduler.core.runs import (
     Beat,
     Completion,
     Failure,
-    FailureResult,
     LeaseUpdate,
     Release,
     Settle,
     SettleOutcome,
-    TimerTask,
 )
 from chronoshard.scheduler.core.states import AttemptState
 from chronoshard.scheduler.dispatch import faults
 from chronoshard.scheduler.dispatch.faults import CrashPoint
-from chronoshard.scheduler.dispatch.group_commit import GroupCommitter
+from chronoshard.scheduler.dispatch.sessions import SessionRegistry, WorkerSession
+from chronoshard.scheduler.dispatch.settlements import Settlements
 from chronoshard.scheduler.errors import (
     SETTLE_OUTCOME_ERRORS,
-    CommitOutcomeUnknown,
     CommitterStopped,
     InvalidArgument,
     PayloadTooLarge,
     SchedulerError,
     StoreUnavailable,
 )
-from chronoshard.scheduler.store.runs import DispatchStore
 from chronoshard.v1 import common_pb2, worker_service_pb2, worker_service_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -78,63 +76,6 @@ MAX_NAME_CHARS = 200
 MAX_HELLO_NAMES = 1000
 
 
-class GatewayListener(Protocol):
-    """What the dispatcher hears from the gateway."""
-
-    def credits_available(self) -> None: ...
-
-    def tasks_ready_again(self, tasks: Sequence[TimerTask]) -> None: ...
-
-    def retry_scheduled(self, shard: int, due_at: datetime) -> None: ...
-
-    def task_ended(self, task: TimerTask) -> None: ...
-
-    def preloaded_unknown(self) -> None: ...
-
-
-@dataclass(eq=False)
-class WorkerSession:
-    session_id: str
-    worker_id: str
-    queues: frozenset[str]
-    types: frozenset[str]
-    slots: int
-    outbox: asyncio.Queue[worker_service_pb2.SchedulerMessage]
-    credits: int = 0
-    draining: bool = False
-    closed: bool = False
-    # The worker reads SchedulerBatch (its Hello said so).
-    accepts_batches: bool = False
-    # The last Backlog.ready sent on this stream (None: none yet); reports go on change.
-    backlog_sent: int | None = None
-    # Tasks this node assigned and the worker has not settled: id -> (task, token).
-    assigned: dict[uuid.UUID, tuple[TimerTask, int]] = field(default_factory=dict)
-    # The task refs the last heartbeat carried, by id as sent: (seconds, nanos, ref).
-    heartbeat_refs: dict[str, tuple[int, int, TaskRef]] = field(default_factory=dict)
-    # When the stream opened (monotonic): a young session cannot vouch for what the
-    # worker holds (it may have been assigned on an earlier stream or by an earlier node).
-    opened_at: float = 0.0
-
-    @property
-    def offer(self) -> WorkerOffer:
-        return WorkerOffer(queues=self.queues, types=self.types, session_id=self.session_id)
-
-    def send(self, message: worker_service_pb2.SchedulerMessage) -> bool:
-        """Queue a message; False (and the session is closed) if the outbox is full."""
-        if self.closed:
-            return False
-        try:
-            self.outbox.put_nowait(message)
-        except asyncio.QueueFull:
-            log.warning(
-                "worker outbox full; dropping the session",
-                extra={"worker_id": self.worker_id, "session_id": self.session_id},
-            )
-            self.closed = True
-            return False
-        return True
-
-
 def _scheduler_batch(
     messages: list[worker_service_pb2.SchedulerMessage],
 ) -> worker_service_pb2.SchedulerMessage:
@@ -144,64 +85,29 @@ def _scheduler_batch(
 
 
 class Gateway(worker_service_pb2_grpc.WorkerServiceServicer):
+    """The ``WorkerService`` servicer: streams into sessions, messages into settlements."""
+
     def __init__(
         self,
         config: SchedulerConfig,
-        store: DispatchStore,
-        clock: Clock,
+        sessions: SessionRegistry,
+        settlements: Settlements,
     ) -> None:
         self._config = config
-        self._store = store
-        self._clock = clock
-        self._listener: GatewayListener | None = None
-        # Called when a session opens or closes (a new stream hears its backlog at once).
-        self.on_sessions_changed: Callable[[], None] | None = None
-        self._sessions: dict[str, WorkerSession] = {}
-        self._by_worker: dict[str, WorkerSession] = {}
-        self._session_ids = itertools.count(1)
-        # The node is draining (DrainNode, or shutting down): it sends nothing more and
-        # has told every worker so; credits granted meanwhile stay here until recalled.
-        self._draining = False
-        self._shutting_down = False
-        self._drain_reason = ""
+        self._sessions = sessions
+        self._settlements = settlements
         # Resolved once the node flushed at stop: every stream sends what is queued for
         # it and ends (made lazily: it needs the running loop).
         self._streams_end: asyncio.Future[None] | None = None
+        # The stream messages' handlers, each waiting for its group commit.
         self._background: set[asyncio.Task[Any]] = set()
-        linger = config.workers.group_commit_interval_s
-        self._acks = GroupCommitter("ack", self._ack_batch, linger_s=linger)
-        self._beats = GroupCommitter("heartbeat", self._beat_batch, linger_s=linger)
-        self._completions = GroupCommitter("complete", self._complete_batch, linger_s=linger)
-        self._failures = GroupCommitter("fail", self._fail_batch, linger_s=linger)
-        self._releases = GroupCommitter("release", self._release_batch, linger_s=linger)
-        self._committers: list[GroupCommitter[Any, Any]] = [
-            self._acks,
-            self._beats,
-            self._completions,
-            self._failures,
-            self._releases,
-        ]
         self.stats: dict[str, int] = {
-            "sessions_opened": 0,
             "sessions_rejected": 0,
-            "assignments_sent": 0,
             "stale_settlements": 0,
             "revoked_in_heartbeats": 0,
-            # Heartbeat cost (bench/heartbeats.py): messages, the extend_leases statements
-            # their group commits issued, and the leases those statements extended.
-            "heartbeats": 0,
-            "heartbeat_statements": 0,
-            "leases_extended": 0,
         }
 
     # ---- lifecycle ----------------------------------------------------------------------
-
-    def set_listener(self, listener: GatewayListener) -> None:
-        self._listener = listener
-
-    def start(self) -> None:
-        for committer in self._committers:
-            committer.start()
 
     async def stop(self) -> None:
         """Tell every worker to go elsewhere, then flush what is queued (every message
@@ -211,10 +117,8 @@ class Gateway(worker_service_pb2_grpc.WorkerServiceServicer):
         worker was told ``Drain{shutting_down}``, so it does not reconnect, and it sends
         what it still has unconfirmed to another node. The streams never end on their
         own: left open, they held the gRPC server's grace (5 s) at every stop."""
-        self.drain_all("scheduler node shutting down", shutting_down=True)
-        # All at once: every kind refuses from here on, and a slow flush of one kind
-        # does not keep the others taking requests.
-        await asyncio.gather(*(committer.stop() for committer in self._committers))
+        self._sessions.drain_all("scheduler node shutting down", shutting_down=True)
+        await self._settlements.stop()
         # Every handler's commit is answered now (or refused: NODE_STOPPING), so each
         # only has its reply to queue; cancelled now, some lost theirs.
         left = list(self._background)
@@ -233,165 +137,6 @@ class Gateway(worker_service_pb2_grpc.WorkerServiceServicer):
             self._streams_end = asyncio.get_running_loop().create_future()
         return self._streams_end
 
-    @property
-    def accepting_settlements(self) -> bool:
-        """False once :meth:`stop` began: acks, heartbeats and settlements are refused
-        (``NODE_STOPPING``, retryable) instead of being queued."""
-        return all(committer.accepting for committer in self._committers)
-
-    def drain_all(self, reason: str, *, shutting_down: bool = False) -> None:
-        """Send nothing more to any worker and tell each (``Drain``); a worker that
-        connects meanwhile is told at once. The credits the workers granted stay counted
-        here: each worker recalls them, and the answer (``CreditReturn``) is what frees
-        its slots. Zeroing them silently left them counted on the worker, where nothing
-        ever freed them while the node lived on drained. ``shutting_down`` also tells
-        the workers not to reconnect (a drained node that stops says so once more)."""
-        if self._draining and (self._shutting_down or not shutting_down):
-            return
-        self._draining = True
-        self._shutting_down = shutting_down
-        self._drain_reason = reason
-        for session in list(self._sessions.values()):
-            session.send(self._drain_message())
-
-    def resume(self) -> None:
-        """Undrained: tell every worker it may grant credits here again (``Resume``)."""
-        self._draining = False
-        for session in list(self._sessions.values()):
-            session.send(worker_service_pb2.SchedulerMessage(resume=worker_service_pb2.Resume()))
-
-    def _drain_message(self) -> worker_service_pb2.SchedulerMessage:
-        return worker_service_pb2.SchedulerMessage(
-            drain=worker_service_pb2.Drain(
-                reason=self._drain_reason, shutting_down=self._shutting_down
-            )
-        )
-
-    def announce_topology(self) -> None:
-        """The membership changed: every worker asks GetTopology now (a joining node gets
-        its sessions before it takes shards over)."""
-        for session in list(self._sessions.values()):
-            session.send(
-                worker_service_pb2.SchedulerMessage(
-                    topology_changed=worker_service_pb2.TopologyChanged()
-                )
-            )
-
-    # ---- what the dispatcher uses --------------------------------------------------------
-
-    def sessions_with_credit(self) -> list[WorkerSession]:
-        if self._draining:
-            return []
-        return [
-            s for s in self._sessions.values() if s.credits > 0 and not s.closed and not s.draining
-        ]
-
-    def credits_held(self) -> int:
-        """Credits the workers granted this node and it has not used (a gauge)."""
-        return sum(s.credits for s in self._sessions.values() if not s.closed)
-
-    def sessions(self) -> list[WorkerSession]:
-        return [s for s in self._sessions.values() if not s.closed]
-
-    def total_slots(self) -> int:
-        return sum(s.slots for s in self._sessions.values() if not s.closed)
-
-    def session(self, session_id: str) -> WorkerSession | None:
-        return self._sessions.get(session_id)
-
-    def send_assignment(self, session: WorkerSession, task: Task, timer: TimerTask) -> bool:
-        """Send a committed intent to its worker; False if the session is gone."""
-        if session.closed or session.session_id not in self._sessions:
-            return False
-        assignment = worker_service_pb2.Assignment(
-            task=convert.ref_to_pb(task.ref),
-            type=task.type,
-            payload_json=convert.json_bytes(task.payload),
-            fencing_token=task.fencing_token,
-            attempt=task.attempt,
-            max_retries=task.max_retries,
-            due_at=convert.ts_to_pb(task.due_at),
-            checkpoint=bytes(task.checkpoint or b""),
-            trace_context=task.trace_context or {},
-            queue=task.queue,
-            priority=convert.priority_to_pb(task.priority),
-            idempotent=task.idempotent,
-            # The cluster clock: the worker waits due_at - sent_at on its monotonic clock.
-            sent_at=convert.ts_to_pb(self._clock.now()),
-        )
-        if task.lease_expires_at is not None:
-            assignment.lease_expires_at.CopyFrom(convert.ts_to_pb(task.lease_expires_at))
-        if task.timeout_s is not None:
-            assignment.timeout.CopyFrom(convert.duration_to_pb(task.timeout_s))
-        if not session.send(worker_service_pb2.SchedulerMessage(assignment=assignment)):
-            return False
-        session.assigned[task.id] = (timer, task.fencing_token)
-        self.stats["assignments_sent"] += 1
-        return True
-
-    # ---- what the reconciler asks ------------------------------------------------------
-
-    def knows(
-        self, worker_id: str, task_id: uuid.UUID, token: int, *, min_age_s: float = 0.0
-    ) -> bool | None:
-        """Whether this node sent attempt ``token`` of ``task_id`` on the live session of
-        ``worker_id`` and it is unsettled; None when that worker has no session here, or
-        only one younger than ``min_age_s``.
-
-        False is an answer only from a session that has been open for a while: a worker
-        that just reconnected (or reached a node that just restarted or took the shard
-        over) may hold an attempt sent on its earlier stream and not have heartbeated it
-        here yet.
-        """
-        session = self._by_worker.get(worker_id)
-        if session is None or session.closed:
-            return None
-        if self._clock.monotonic() - session.opened_at < min_age_s:
-            return None
-        held = session.assigned.get(task_id)
-        return held is not None and held[1] == token
-
-    def attempt_superseded(self, task_id: uuid.UUID, token: int) -> None:
-        """The reconciler gave attempt ``token`` up: its session stops holding it (the
-        worker learns at its next heartbeat, whose reply revokes the token)."""
-        for session in self._sessions.values():
-            held = session.assigned.get(task_id)
-            if held is not None and held[1] == token:
-                del session.assigned[task_id]
-                if self._listener is not None:
-                    self._listener.task_ended(held[0])
-
-    def outboxes_empty(self) -> bool:
-        """Every queued message was handed to its stream (fault injection waits on it)."""
-        return all(s.outbox.empty() for s in self._sessions.values())
-
-    def worker_ids(self) -> set[str]:
-        """Workers with a live session on this node."""
-        return {s.worker_id for s in self._sessions.values() if not s.closed}
-
-    def send_cancel(self, task_id: uuid.UUID, reason: str) -> bool:
-        """Ask the worker running ``task_id`` (if its session is here) to stop it."""
-        for session in self._sessions.values():
-            held = session.assigned.get(task_id)
-            if held is not None:
-                timer, token = held
-                return session.send(
-                    worker_service_pb2.SchedulerMessage(
-                        cancel=worker_service_pb2.Cancel(
-                            task=convert.ref_to_pb(timer.ref), fencing_token=token, reason=reason
-                        )
-                    )
-                )
-        return False
-
-    def send_backlog(self, session: WorkerSession, ready: int) -> None:
-        """Report ``ready`` to the worker if it is not what the stream last carried."""
-        if ready == session.backlog_sent:
-            return
-        message = worker_service_pb2.Backlog(ready=ready)
-        if session.send(worker_service_pb2.SchedulerMessage(backlog=message)):
-            session.backlog_sent = ready
-
     # ---- Connect ------------------------------------------------------------------------
 
     async def Connect(
@@ -405,13 +150,20 @@ class Gateway(worker_service_pb2_grpc.WorkerServiceServicer):
             self.stats["sessions_rejected"] += 1
             return
         try:
-            session = self._open_session(first)
+            hello = _hello(first)
         except InvalidArgument as exc:
             self.stats["sessions_rejected"] += 1
             yield worker_service_pb2.SchedulerMessage(
                 reject=worker_service_pb2.Reject(error=boundary.error_info(exc))
             )
             return
+        session = self._sessions.open(
+            hello.worker_id,
+            queues=frozenset(hello.queues) or frozenset({"default"}),
+            types=frozenset(hello.task_types),
+            slots=hello.slots,
+            accepts_batches=hello.accepts_batches,
+        )
         reader = asyncio.create_task(
             self._read(session, request_iterator), name=f"worker-reader-{session.session_id}"
         )
@@ -428,8 +180,8 @@ class Gateway(worker_service_pb2_grpc.WorkerServiceServicer):
                     accepts_batches=True,
                 )
             )
-            if self._draining:
-                yield self._drain_message()
+            if self._sessions.draining:
+                yield self._sessions.drain_message()
             end = self._end_streams()
             while not session.closed:
                 if end.done() and session.outbox.empty():
@@ -471,77 +223,7 @@ class Gateway(worker_service_pb2_grpc.WorkerServiceServicer):
                     "worker stream reader failed",
                     extra={"worker_id": session.worker_id, "session_id": session.session_id},
                 )
-            self._close_session(session)
-
-    def _open_session(self, message: worker_service_pb2.WorkerMessage) -> WorkerSession:
-        if message.WhichOneof("message") != "hello":
-            raise InvalidArgument("hello", "the first message on a stream must be Hello")
-        hello = message.hello
-        if not hello.worker_id:
-            raise InvalidArgument("hello.worker_id", "is required")
-        _identifier(hello.worker_id, "hello.worker_id")
-        if not 1 <= hello.slots <= MAX_WORKER_SLOTS:
-            raise InvalidArgument("hello.slots", f"must be between 1 and {MAX_WORKER_SLOTS}")
-        if not hello.task_types:
-            raise InvalidArgument("hello.task_types", "a worker must serve at least one type")
-        for name in ("queues", "task_types"):
-            values = getattr(hello, name)
-            if len(values) > MAX_HELLO_NAMES:
-                raise InvalidArgument(f"hello.{name}", f"at most {MAX_HELLO_NAMES} entries")
-            for i, value in enumerate(values):
-                _identifier(value, f"hello.{name}[{i}]")
-        previous = self._by_worker.get(hello.worker_id)
-        if previous is not None:
-            # A reconnect: the new stream replaces the old one, which may be half-dead.
-            previous.closed = True
-            self._close_session(previous)
-        session = WorkerSession(
-            session_id=f"{self._config.node_id}/{next(self._session_ids)}",
-            worker_id=hello.worker_id,
-            queues=frozenset(hello.queues) or frozenset({"default"}),
-            types=frozenset(hello.task_types),
-            slots=hello.slots,
-            accepts_batches=hello.accepts_batches,
-            # Up to `slots` assignments and a receipt or two per task can be queued at
-            # once for a worker that settles everything together.
-            outbox=asyncio.Queue(maxsize=max(self._config.grpc.worker_send_queue, 4 * hello.slots)),
-            opened_at=self._clock.monotonic(),
-        )
-        self._sessions[session.session_id] = session
-        self._by_worker[session.worker_id] = session
-        self.stats["sessions_opened"] += 1
-        if self.on_sessions_changed is not None:
-            self.on_sessions_changed()
-        log.info(
-            "worker connected",
-            extra={
-                "worker_id": session.worker_id,
-                "session_id": session.session_id,
-                "slots": session.slots,
-                "queues": sorted(session.queues),
-                "types": sorted(session.types),
-            },
-        )
-        return session
-
-    def _close_session(self, session: WorkerSession) -> None:
-        session.closed = True
-        if self._sessions.get(session.session_id) is session:
-            del self._sessions[session.session_id]
-        if self._by_worker.get(session.worker_id) is session:
-            del self._by_worker[session.worker_id]
-        # Its unsettled tasks stay DISPATCHED/RUNNING in the database: the worker may
-        # still be running them and settle through another node; the lease decides.
-        if self._listener is not None:
-            for timer, _ in session.assigned.values():
-                self._listener.task_ended(timer)
-        session.assigned.clear()
-        if self.on_sessions_changed is not None:
-            self.on_sessions_changed()
-        log.info(
-            "worker disconnected",
-            extra={"worker_id": session.worker_id, "session_id": session.session_id},
-        )
+            self._sessions.close(session)
 
     async def _read(
         self,
@@ -567,24 +249,11 @@ class Gateway(worker_service_pb2_grpc.WorkerServiceServicer):
         self, session: WorkerSession, kind: str | None, message: worker_service_pb2.WorkerMessage
     ) -> None:
         if kind == "credit_grant":
-            if not session.draining:
-                # Never more outstanding credits than slots, whatever the worker says.
-                session.credits = min(session.slots, session.credits + message.credit_grant.credits)
-                if self._listener is not None:
-                    self._listener.credits_available()
+            self._sessions.credits_granted(session, message.credit_grant.credits)
         elif kind == "credit_recall":
-            # Exact by construction: every assignment this session was sent before
-            # this answer used a credit; the worker frees what we report.
-            returned = min(session.credits, message.credit_recall.credits)
-            session.credits -= returned
-            session.send(
-                worker_service_pb2.SchedulerMessage(
-                    credit_return=worker_service_pb2.CreditReturn(credits=returned)
-                )
-            )
+            self._sessions.credits_recalled(session, message.credit_recall.credits)
         elif kind == "drain_started":
-            session.draining = True
-            session.credits = 0
+            session.worker_draining()
         elif kind in ("ack", "heartbeat", "complete", "fail", "release"):
             if kind != "heartbeat":
                 # Fault injection (test builds): the send reached the worker.
@@ -609,9 +278,8 @@ class Gateway(worker_service_pb2_grpc.WorkerServiceServicer):
                 await self._heartbeat(session, message.heartbeat)
                 return
             body = getattr(message, kind)
-            ref = convert.ref_from_pb(body.task, f"{kind}.task")
-            token = _token(body.fencing_token, f"{kind}.fencing_token")
-            outcome = await self._settle(kind, body, ref, token, session.worker_id)
+            settlement = _settlement(kind, body, self._config.limits.payload_limit_bytes)
+            outcome = await self._settlements.submit(settlement)
         except InvalidArgument as exc:
             log.warning(
                 "bad worker message", extra={"worker_id": session.worker_id, "error": str(exc)}
@@ -649,37 +317,8 @@ class Gateway(worker_service_pb2_grpc.WorkerServiceServicer):
             SettleOutcome.STALE_FENCING_TOKEN,
             SettleOutcome.TASK_CANCELLED,
         ):
-            held = session.assigned.pop(ref.id, None)
-            if held is not None and self._listener is not None:
-                self._listener.task_ended(held[0])
+            self._sessions.settled(session, settlement.ref.id)
         session.send(self._receipt(kind, body, outcome))
-
-    async def _settle(
-        self, kind: str, body: Any, ref: TaskRef, token: int, worker_id: str
-    ) -> SettleOutcome:
-        if kind == "ack":
-            return await self._acks.submit(Settle(ref, token))
-        limit = self._config.limits.payload_limit_bytes
-        if kind == "complete":
-            # Checked like a submit's payload (exact numbers, nesting, size): a document
-            # the database would refuse must not fail the whole group-committed batch.
-            result = payloads.stored_form(body.result_json, f"{kind}.result_json", limit)
-            return await self._completions.submit(Completion(ref, token, result))
-        if kind == "fail":
-            report = FailureReport(
-                retryable=body.retryable, timed_out=body.timed_out, cancelled=body.cancelled
-            )
-            error = _free_text(body.error_message)
-            if body.error_type:
-                error = f"{_free_text(body.error_type)}: {error}"
-            return await self._failures.submit(Failure(ref, token, error, report))
-        assert kind == "release"
-        cannot_run = body.reason == worker_service_pb2.RELEASE_REASON_CANNOT_RUN
-        state = AttemptState.ABANDONED if cannot_run else AttemptState.RELEASED
-        checkpoint = _checkpoint(body, f"{kind}.checkpoint", limit)
-        return await self._releases.submit(
-            Release(ref, token, checkpoint, state, _free_text(body.detail))
-        )
 
     def _receipt(
         self, kind: str, body: Any, result: SettleOutcome | SchedulerError
@@ -701,7 +340,7 @@ class Gateway(worker_service_pb2_grpc.WorkerServiceServicer):
         self, session: WorkerSession, heartbeat: worker_service_pb2.Heartbeat
     ) -> None:
         beats = _beats(session, heartbeat, self._config.limits.payload_limit_bytes)
-        update: LeaseUpdate = await self._beats.submit(beats)
+        update: LeaseUpdate = await self._settlements.heartbeat(beats)
         # The worker extends its own view of each lease from when it sent this heartbeat,
         # known by the number it gave it (worker self-fencing).
         reply = worker_service_pb2.HeartbeatReply(seq=heartbeat.seq)
@@ -728,46 +367,6 @@ class Gateway(worker_service_pb2_grpc.WorkerServiceServicer):
                         )
                     )
                 )
-
-    # ---- group-commit flushes -------------------------------------------------------------
-
-    async def _ack_batch(self, acks: Sequence[Settle]) -> list[SettleOutcome]:
-        outcomes = await self._store.ack(acks)
-        return [outcomes[a.ref.id] for a in acks]
-
-    async def _complete_batch(self, completions: Sequence[Completion]) -> list[SettleOutcome]:
-        outcomes = await self._store.complete(completions)
-        return [outcomes[c.ref.id] for c in completions]
-
-    async def _beat_batch(self, batches: Sequence[Sequence[Beat]]) -> list[LeaseUpdate]:
-        flat = [beat for batch in batches for beat in batch]
-        workers = self._config.workers
-        update = await self._store.extend_leases(flat, workers.task_lease_s, workers.lease_margin_s)
-        self.stats["heartbeats"] += len(batches)
-        self.stats["heartbeat_statements"] += 1 if flat else 0
-        self.stats["leases_extended"] += len(update.extended)
-        # Every heartbeat in the batch gets the same answer: it filters by its own ids.
-        return [update] * len(batches)
-
-    async def _fail_batch(self, failures: Sequence[Failure]) -> list[SettleOutcome]:
-        result: FailureResult = await self._store.fail(failures, self._clock.now())
-        if self._listener is not None:
-            for shard, due_at in result.retrying:
-                self._listener.retry_scheduled(shard, due_at)
-        return [result.outcomes[f.ref.id] for f in failures]
-
-    async def _release_batch(self, releases: Sequence[Release]) -> list[SettleOutcome]:
-        try:
-            outcomes, ready = await self._store.release(releases)
-        except CommitOutcomeUnknown:
-            # Released rows may be PRELOADED now and on no wheel: they are read back. (The
-            # worker's retry finds them released and answers OK without new rows.)
-            if self._listener is not None:
-                self._listener.preloaded_unknown()
-            raise
-        if ready and self._listener is not None:
-            self._listener.tasks_ready_again(ready)
-        return [outcomes[r.ref.id] for r in releases]
 
     # ---- unary settlement (any node) --------------------------------------------------------
 
@@ -799,14 +398,64 @@ class Gateway(worker_service_pb2_grpc.WorkerServiceServicer):
         self, kind: str, body: Any, context: grpc.aio.ServicerContext[Any, Any]
     ) -> None:
         async def settle() -> SettleOutcome:
-            ref = convert.ref_from_pb(body.task, f"{kind}.task")
-            token = _token(body.fencing_token, f"{kind}.fencing_token")
-            return await self._settle(kind, body, ref, token, "")
+            settlement = _settlement(kind, body, self._config.limits.payload_limit_bytes)
+            return await self._settlements.submit(settlement)
 
         outcome = await boundary.serve(f"WorkerService.{kind.capitalize()}", context, settle)
         if outcome is not SettleOutcome.OK:
             self.stats["stale_settlements"] += 1
             await boundary.abort(context, _outcome_error(outcome))
+
+
+# ---- parsing: worker messages into the core's values ------------------------------------
+
+
+def _hello(message: worker_service_pb2.WorkerMessage) -> worker_service_pb2.Hello:
+    """The stream's first message, checked: it must be a Hello the node can serve."""
+    if message.WhichOneof("message") != "hello":
+        raise InvalidArgument("hello", "the first message on a stream must be Hello")
+    hello = message.hello
+    if not hello.worker_id:
+        raise InvalidArgument("hello.worker_id", "is required")
+    _identifier(hello.worker_id, "hello.worker_id")
+    if not 1 <= hello.slots <= MAX_WORKER_SLOTS:
+        raise InvalidArgument("hello.slots", f"must be between 1 and {MAX_WORKER_SLOTS}")
+    if not hello.task_types:
+        raise InvalidArgument("hello.task_types", "a worker must serve at least one type")
+    for name in ("queues", "task_types"):
+        values = getattr(hello, name)
+        if len(values) > MAX_HELLO_NAMES:
+            raise InvalidArgument(f"hello.{name}", f"at most {MAX_HELLO_NAMES} entries")
+        for i, value in enumerate(values):
+            _identifier(value, f"hello.{name}[{i}]")
+    return hello
+
+
+def _settlement(kind: str, body: Any, limit_bytes: int) -> Settle:
+    """An ``Ack``, ``Complete``, ``Fail`` or ``Release`` message (stream or unary) as the
+    store takes it; :class:`InvalidArgument` names the first bad field."""
+    ref = convert.ref_from_pb(body.task, f"{kind}.task")
+    token = _token(body.fencing_token, f"{kind}.fencing_token")
+    if kind == "ack":
+        return Settle(ref, token)
+    if kind == "complete":
+        # Checked like a submit's payload (exact numbers, nesting, size): a document
+        # the database would refuse must not fail the whole group-committed batch.
+        result = payloads.stored_form(body.result_json, f"{kind}.result_json", limit_bytes)
+        return Completion(ref, token, result)
+    if kind == "fail":
+        report = FailureReport(
+            retryable=body.retryable, timed_out=body.timed_out, cancelled=body.cancelled
+        )
+        error = _free_text(body.error_message)
+        if body.error_type:
+            error = f"{_free_text(body.error_type)}: {error}"
+        return Failure(ref, token, error, report)
+    assert kind == "release"
+    cannot_run = body.reason == worker_service_pb2.RELEASE_REASON_CANNOT_RUN
+    state = AttemptState.ABANDONED if cannot_run else AttemptState.RELEASED
+    checkpoint = _checkpoint(body, f"{kind}.checkpoint", limit_bytes)
+    return Release(ref, token, checkpoint, state, _free_text(body.detail))
 
 
 def _beats(

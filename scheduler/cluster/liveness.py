@@ -6,8 +6,8 @@ so that it waits until every one of them has a stream (and credits) with it befo
 owns anything (:mod:`chronoshard.scheduler.core.handoff`). So each node records, per worker it has a
 session of, when it last saw it. :class:`WorkerLiveness` writes one statement for all of the node's
 sessions every third of ``workers.session_timeout_s``, and at once when a session opens or closes
-(the gateway's ``on_sessions_changed``); a session that closed is written one last time, marked
-closed. A node that dies stops refreshing its rows, and they age out (partition
+(the session registry's ``on_sessions_changed``); a session that closed is written one last
+time, marked closed. A node that dies stops refreshing its rows, and they age out (partition
 maintenance forgets them after a day). The statements are
 :class:`chronoshard.scheduler.store.sessions.WorkerSessionStore`'s.
 

@@ -109,7 +109,7 @@ class Shards(Protocol):
 
 
 class Sessions(Protocol):
-    """The worker gateway, asked about attempts it sent."""
+    """The worker sessions (``dispatch/sessions.py``), asked about attempts this node sent."""
 
     def knows(
         self, worker_id: str, task_id: uuid.UUID, token: int, *, min_age_s: float = 0.0

@@ -1,10 +1,13 @@
-"""The hot path: a due task goes from PostgreSQL to a worker slot.
+"""The hot path: a due task goes from PostgreSQL to a worker slot, and its outcome back.
 
 :mod:`.preloader` moves tasks due within the lookahead of the owned shards into memory;
 :mod:`.dispatcher` fires them from the timing wheel into the ready queues, writes the
 round's intents (DISPATCHED, token + 1) in one transaction and only then sends the
-assignments (the round's policy is :mod:`chronoshard.scheduler.core.rounds`). Acks,
-heartbeats, settlements and single submits are written through batches of
-:mod:`.group_commit`, the node's one group commit. :mod:`.faults` names the crash points
-the fault tests arm between these steps.
+assignments (the round's policy is :mod:`chronoshard.scheduler.core.rounds`) through
+:mod:`.sessions`, the node's worker sessions (each stream's credits, bounded outbox and
+the tasks it holds). Acks, heartbeats and settlements come back through
+:mod:`.settlements`, one :mod:`.group_commit` committer per kind, whose flushes tell the
+dispatcher what they freed; single submits use the same committer. The
+``WorkerService`` servicer in front of both is :mod:`chronoshard.scheduler.api.workers`.
+:mod:`.faults` names the crash points the fault tests arm between these steps.
 """

@@ -37,7 +37,6 @@ from typing import Protocol
 
 from chronoshard.clock import Clock
 from chronoshard.events import wait_event
-from chronoshard.scheduler.api.workers import Gateway, WorkerSession
 from chronoshard.scheduler.config import SchedulerConfig
 from chronoshard.scheduler.core import rounds
 from chronoshard.scheduler.core.fairness import ReadyQueues, ReadyTask, TenantLimits
@@ -47,6 +46,7 @@ from chronoshard.scheduler.core.states import AttemptState
 from chronoshard.scheduler.core.timing_wheel import TimingWheel
 from chronoshard.scheduler.dispatch import faults
 from chronoshard.scheduler.dispatch.faults import CrashPoint
+from chronoshard.scheduler.dispatch.sessions import SessionRegistry, WorkerSession
 from chronoshard.scheduler.errors import CommitOutcomeUnknown, StoreUnavailable
 from chronoshard.scheduler.store.runs import DispatchStore
 
@@ -81,7 +81,7 @@ class Dispatcher:
         config: SchedulerConfig,
         clock: Clock,
         runs: DispatchStore,
-        gateway: Gateway,
+        sessions: SessionRegistry,
         shards: ShardView,
         tenant_limits: Callable[[uuid.UUID], TenantLimits],
         on_dispatched: Callable[[TimerTask, float], None] | None = None,
@@ -90,7 +90,7 @@ class Dispatcher:
         self._config = config
         self._clock = clock
         self._runs = runs
-        self._gateway = gateway
+        self._sessions = sessions
         self._shards = shards
         scheduling = config.scheduling
         self._lead_s = scheduling.lead_dispatch_s
@@ -119,7 +119,7 @@ class Dispatcher:
             "intents_read_back": 0,
             "adopted": 0,
         }
-        gateway.set_listener(self)
+        sessions.set_listener(self)
 
     # ---- what others tell the dispatcher --------------------------------------------------
 
@@ -185,7 +185,7 @@ class Dispatcher:
     def backlog_for(self, session: WorkerSession) -> int:
         return self._ready.waiting_for(session.queues, session.types)
 
-    # GatewayListener
+    # SessionListener and SettlementListener
 
     def credits_available(self) -> None:
         self._wake.set()
@@ -246,10 +246,8 @@ class Dispatcher:
         write the intents, send what they returned, give the rest back."""
         if not len(self._ready):
             return 0
-        self._ready.set_capacity(self._gateway.total_slots())
-        chosen = rounds.choose(
-            self._gateway.sessions_with_credit(), self._ready, self._batch_max, now
-        )
+        self._ready.set_capacity(self._sessions.total_slots())
+        chosen = rounds.choose(self._sessions.with_credit(), self._ready, self._batch_max, now)
         if not chosen:
             return 0
         self.backlog_changed.set()
@@ -276,10 +274,10 @@ class Dispatcher:
         for sent, (session, task, ready) in enumerate(written.to_send):
             if sent == len(written.to_send) // 2 > 0 and faults.armed(CrashPoint.INSIDE_BATCH):
                 # Fault injection (test builds): half the batch is on its way, half not.
-                await faults.crash_when(CrashPoint.INSIDE_BATCH, self._gateway.outboxes_empty)
+                await faults.crash_when(CrashPoint.INSIDE_BATCH, self._sessions.outboxes_empty)
             timer = _timer(ready)
             self._by_shard.get(timer.shard, set()).discard(timer.id)
-            if self._gateway.send_assignment(session, task, timer):
+            if self._sessions.send_assignment(session, task, timer):
                 self.stats["dispatched"] += 1
                 if self._on_dispatched is not None:
                     self._on_dispatched(timer, (wall_now - timer.due_at).total_seconds())

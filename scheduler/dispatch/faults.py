@@ -89,7 +89,7 @@ async def crash_when(point: CrashPoint, flushed: Callable[[], bool]) -> None:
     """Crash at ``point`` once ``flushed()`` says the messages queued so far have gone out
     (bounded: after FLUSH_TIMEOUT_S it crashes anyway)."""
     deadline = time.monotonic() + FLUSH_TIMEOUT_S
-    # Polling, not an event: the outboxes belong to the gateway, and this runs once, in
+    # Polling, not an event: the outboxes belong to the worker sessions, and this runs once, in
     # a test build, just before the process dies.
     while not flushed() and time.monotonic() < deadline:  # noqa: ASYNC110
         await asyncio.sleep(0.005)

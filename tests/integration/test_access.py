@@ -82,7 +82,7 @@ async def test_a_worker_without_a_valid_key_opens_no_session(
             async for _ in worker:
                 pass
     assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
-    assert node.gateway.sessions() == []
+    assert node.sessions.live() == []
 
 
 async def test_a_settlement_with_a_bad_key_writes_nothing(

@@ -554,7 +554,7 @@ def test_garbage_ends_a_worker_stream_with_invalid_argument(api: Node) -> None:
     assert error.code() is grpc.StatusCode.INVALID_ARGUMENT, error.details()
     info = error_info_from_metadata(error.trailing_metadata())
     assert info is not None and info.reason == "MALFORMED_REQUEST"
-    assert api.node.gateway.sessions() == []
+    assert api.node.sessions.live() == []
     assert api.errors.take() == []
 
 

@@ -226,7 +226,7 @@ async def test_a_hello_with_slots_out_of_range_is_rejected(node: SchedulerNode, 
         first = await worker.read()
     assert first.WhichOneof("message") == "reject"
     assert first.reject.error.field == "hello.slots"
-    assert node.gateway.sessions() == []
+    assert node.sessions.live() == []
 
 
 async def test_a_worker_that_goes_away_leaves_no_task_of_its_session_behind(
@@ -239,7 +239,7 @@ async def test_a_worker_that_goes_away_leaves_no_task_of_its_session_behind(
         first = await worker.read()
         assert first.WhichOneof("message") == "welcome"
         worker.close()
-    await eventually(lambda: node.gateway.sessions() == [], timeout_s=10, what="session closed")
+    await eventually(lambda: node.sessions.live() == [], timeout_s=10, what="session closed")
 
     def outbox_gets() -> list[asyncio.Task[Any]]:
         return [t for t in asyncio.all_tasks() if "Queue.get" in repr(t.get_coro())]

@@ -176,7 +176,7 @@ async def test_a_settlement_reaching_a_stopping_node_is_refused_retryably_then_s
                 drain = (await worker.next("drain")).drain
                 assert drain.shutting_down
                 await eventually(
-                    lambda: not node_a.gateway.accepting_settlements,
+                    lambda: not node_a.settlements.accepting,
                     timeout_s=10,
                     what="node A's group commits refusing",
                 )

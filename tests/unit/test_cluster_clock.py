@@ -15,7 +15,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from chronoshard.clock import Anchor, AnchoredClock, Clock, ClockReading, FakeClock
-from chronoshard.scheduler.api.workers import Gateway
 from chronoshard.scheduler.cluster.clock import (
     DRIFT_RATE,
     RECOVER_AFTER_S,
@@ -31,6 +30,7 @@ from chronoshard.scheduler.core.fairness import UNLIMITED
 from chronoshard.scheduler.core.models import Priority
 from chronoshard.scheduler.core.runs import TimerTask
 from chronoshard.scheduler.dispatch.dispatcher import Dispatcher, ShardView
+from chronoshard.scheduler.dispatch.sessions import SessionRegistry
 from chronoshard.scheduler.store.runs import DispatchStore
 from chronoshard.settings import ConfigError, load
 
@@ -311,7 +311,7 @@ def _wheel_deadline(clock: Clock, due_at: datetime) -> float:
         config,
         clock,
         store,
-        Gateway(config, store, clock),
+        SessionRegistry(config.node_id, clock, send_queue=config.grpc.worker_send_queue),
         cast(ShardView, _Shards()),
         lambda tenant: UNLIMITED,
     )

@@ -1,13 +1,13 @@
 """The credit protocol as a whole, simulated: workers' ledgers talking to model nodes.
 
-Each model node behaves as ``scheduler/api/workers.py`` and ``scheduler/dispatch/dispatcher.py`` do:
-it sends an Assignment only against a credit it holds, answers every CreditRecall with
-one CreditReturn of ``min(held, asked)``, reports its backlog (ready tasks) whenever it
-changed, and after ``Drain`` dispatches nothing more but keeps (and gives back on
-recall) the credits it holds. Messages travel in order on each (worker, node) stream in
-each direction, but hypothesis picks which stream moves next, when tasks become ready
-on which node and when running tasks end, so every interleaving of the real system is a
-candidate. Two properties:
+Each model node behaves as ``scheduler/dispatch/sessions.py`` and
+``scheduler/dispatch/dispatcher.py`` do: it sends an Assignment only against a credit it
+holds, answers every CreditRecall with one CreditReturn of ``min(held, asked)``, reports
+its backlog (ready tasks) whenever it changed, and after ``Drain`` dispatches nothing
+more but keeps (and gives back on recall) the credits it holds. Messages travel in order
+on each (worker, node) stream in each direction, but hypothesis picks which stream moves
+next, when tasks become ready on which node and when running tasks end, so every
+interleaving of the real system is a candidate. Two properties:
 
 * **safety**, after every step: ``occupied + outstanding <= slots`` on every worker, and
   an Assignment sent against a credit always finds a free slot (none is refused);
