@@ -227,16 +227,22 @@ def test_a_lease_lost_before_the_handler_started_gives_the_task_back() -> None:
 
 async def test_an_async_handler_is_cancelled_when_its_lease_lapses() -> None:
     seen: list[Any] = []
+    started = asyncio.Event()
 
     async def handler(ctx: TaskContext) -> str:
+        started.set()
         try:
-            await asyncio.sleep(30)
+            await asyncio.Event().wait()  # works until stopped
         except asyncio.CancelledError:
             seen.append((ctx.cancel_reason, ctx.holds_lease))
             raise
         return "late"
 
-    outcome = await TaskEnvironment(lease_s=0.2).run(handler)
+    env = TaskEnvironment()
+    run = asyncio.create_task(env.run(handler))
+    await asyncio.wait_for(started.wait(), timeout=5)
+    env.lose_lease()  # what the per-run lapse timer calls
+    outcome = await asyncio.wait_for(run, timeout=5)
     assert outcome.status == "lease_lost"
     assert seen == [(StopReason.LEASE_LOST, False)]
 
@@ -245,9 +251,11 @@ async def test_a_sync_handler_that_ignores_the_stop_is_refused_its_write() -> No
     """A thread cannot be stopped: the check before its write is what protects."""
     wrote: list[str] = []
     refused = threading.Event()
+    started, proceed = threading.Event(), threading.Event()
 
     def handler(ctx: TaskContext) -> str:
-        time.sleep(0.5)  # ignores ctx.cancelled, as a blocking call would
+        started.set()
+        proceed.wait(10)  # ignores ctx.cancelled, as a blocking call would
         try:
             ctx.check_lease()
         except LeaseLost:
@@ -256,7 +264,12 @@ async def test_a_sync_handler_that_ignores_the_stop_is_refused_its_write() -> No
         wrote.append("effect")
         return "wrote"
 
-    outcome = await TaskEnvironment(lease_s=0.2).run(handler)
+    env = TaskEnvironment()
+    run = asyncio.create_task(env.run(handler))
+    assert await asyncio.to_thread(started.wait, 5)
+    env.lose_lease()  # the lease lapses while the thread is blocked
+    proceed.set()
+    outcome = await asyncio.wait_for(run, timeout=10)
     assert outcome.status == "lease_lost" and outcome.result is None
     assert refused.is_set() and wrote == []
 

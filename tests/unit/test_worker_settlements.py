@@ -5,6 +5,7 @@ whose result the node refused is replaced, once, by a non-retryable Fail."""
 from __future__ import annotations
 
 import asyncio
+import math
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -89,7 +90,10 @@ async def test_a_receipt_that_never_comes_is_resent_even_from_an_empty_outbox() 
     settlements = _settlements(transport, stream)
     loop = asyncio.create_task(settlements.run())
     try:
-        await asyncio.sleep(0.05)  # the loop is asleep, with nothing to wait for
+        # The loop is asleep, with nothing to wait for (no deadline).
+        await eventually(
+            lambda: settlements._wake_at == math.inf, timeout_s=5, what="the loop asleep"
+        )
         settlements.send("n1", Complete(REF, 1, b"{}"))
         assert stream.sent and not transport.calls
         await eventually(lambda: len(settlements) == 0, timeout_s=5, what="resent and confirmed")
