@@ -4,12 +4,12 @@ dispatcher's due-time conversion, all on fake clocks (no I/O, no sleeping)."""
 from __future__ import annotations
 
 import asyncio
-import uuid
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import cast
 
 import pytest
+from fixtures.timers import timer_task
 from fixtures.waiting import eventually
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -27,8 +27,6 @@ from chronoshard.scheduler.cluster.clock import (
 from chronoshard.scheduler.cluster.coordination import NodeInfo
 from chronoshard.scheduler.config import ClockConfig, SchedulerConfig
 from chronoshard.scheduler.core.fairness import UNLIMITED
-from chronoshard.scheduler.core.models import Priority
-from chronoshard.scheduler.core.runs import TimerTask
 from chronoshard.scheduler.dispatch.dispatcher import Dispatcher, ShardView
 from chronoshard.scheduler.dispatch.sessions import SessionRegistry
 from chronoshard.scheduler.store.runs import DispatchStore
@@ -290,20 +288,6 @@ class _Shards:
     def retry_due(self, shard: int, due_at: datetime) -> None: ...
 
 
-def _timer(due_at: datetime) -> TimerTask:
-    return TimerTask(
-        id=uuid.uuid4(),
-        scheduled_at=due_at,
-        shard=0,
-        tenant_id=uuid.uuid4(),
-        priority=Priority.STANDARD,
-        queue="default",
-        type="t",
-        due_at=due_at,
-        strict_timing=True,
-    )
-
-
 def _wheel_deadline(clock: Clock, due_at: datetime) -> float:
     config = SchedulerConfig()
     store = cast(DispatchStore, None)  # schedule() touches neither store nor workers
@@ -315,7 +299,7 @@ def _wheel_deadline(clock: Clock, due_at: datetime) -> float:
         cast(ShardView, _Shards()),
         lambda tenant: UNLIMITED,
     )
-    timer = _timer(due_at)
+    timer = timer_task(scheduled_at=due_at, due_at=due_at)
     dispatcher.schedule([timer])
     entry = dispatcher._wheel.get(timer.id)
     assert entry is not None

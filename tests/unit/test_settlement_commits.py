@@ -12,10 +12,11 @@ from datetime import UTC, datetime
 from typing import Any, cast
 
 import pytest
+from fixtures.timers import timer_task
 
 from chronoshard.clock import FakeClock
 from chronoshard.scheduler.config import WorkersConfig
-from chronoshard.scheduler.core.models import Priority, TaskRef
+from chronoshard.scheduler.core.models import TaskRef
 from chronoshard.scheduler.core.retry import FailureReport
 from chronoshard.scheduler.core.runs import (
     Beat,
@@ -38,20 +39,6 @@ AT = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 
 def _ref() -> TaskRef:
     return TaskRef(AT, uuid.uuid4())
-
-
-def _timer(ref: TaskRef) -> TimerTask:
-    return TimerTask(
-        id=ref.id,
-        scheduled_at=ref.scheduled_at,
-        shard=3,
-        tenant_id=uuid.uuid4(),
-        priority=Priority.STANDARD,
-        queue="default",
-        type="t",
-        due_at=AT,
-        strict_timing=False,
-    )
 
 
 class Store:
@@ -82,7 +69,11 @@ class Store:
         self.calls.append(("release", list(releases)))
         if self.release_unknown:
             raise CommitOutcomeUnknown("the connection died during COMMIT")
-        return {r.ref.id: SettleOutcome.OK for r in releases}, [_timer(r.ref) for r in releases]
+        ready = [
+            timer_task(id=r.ref.id, scheduled_at=r.ref.scheduled_at, shard=3, strict_timing=False)
+            for r in releases
+        ]
+        return {r.ref.id: SettleOutcome.OK for r in releases}, ready
 
     async def extend_leases(
         self, beats: Sequence[Beat], lease_s: float, margin_s: float

@@ -10,11 +10,11 @@ import uuid
 from datetime import UTC, datetime
 
 import pytest
+from fixtures.timers import timer_task
 from hypothesis import given
 from hypothesis import strategies as st
 
 from chronoshard.clock import FakeClock
-from chronoshard.scheduler.core.models import Priority
 from chronoshard.scheduler.core.runs import TimerTask
 from chronoshard.scheduler.dispatch.sessions import (
     OUTBOX_PER_SLOT,
@@ -58,23 +58,9 @@ def _open(registry: SessionRegistry, worker_id: str = "w1", slots: int = 4) -> W
     )
 
 
-def _timer() -> TimerTask:
-    return TimerTask(
-        id=uuid.uuid4(),
-        scheduled_at=AT,
-        shard=0,
-        tenant_id=uuid.uuid4(),
-        priority=Priority.STANDARD,
-        queue="default",
-        type="t",
-        due_at=AT,
-        strict_timing=True,
-    )
-
-
 def _hold(session: WorkerSession, token: int = 1) -> TimerTask:
     """What send_assignment records once the assignment is queued."""
-    timer = _timer()
+    timer = timer_task()
     session.assigned[timer.id] = (timer, token)
     return timer
 
