@@ -13,7 +13,7 @@ workflow runs), spread over the past 29 day partitions. At each size it measures
   ``repaired`` expired idempotent ones (read and written back to PRELOADED; both put back
   in flight between passes, outside the timing), ``running`` tasks with live leases (not
   even read), and ``runs`` active workflow runs (each probed for live tasks);
-* **preload query**: the preloader's statements over all 64 shards (``DispatchStore.
+* **preload query**: the preloader's statements over all 64 shards (``RunStore.
   load_due``: epochs locked, ``limit`` due rows found among ``scheduled`` waiting ones,
   then moved), in a transaction that is rolled back, so every run moves the same rows.
 
@@ -61,7 +61,7 @@ from chronoshard.scheduler.core.runs import TimerTask
 from chronoshard.scheduler.store import queries
 from chronoshard.scheduler.store.database import Store
 from chronoshard.scheduler.store.migrate import apply_migrations
-from chronoshard.scheduler.store.repairs import ReconcileStore
+from chronoshard.scheduler.store.repairs import RepairStore
 from chronoshard.services import PostgresServer
 
 DEFAULT_SIZES = (100_000, 500_000, 1_000_000, 2_000_000)
@@ -442,7 +442,7 @@ class _Target:
     async def preload_pass(self) -> float:
         sql = queries.load("runs.sql")
         async with self.store.connection() as conn, conn.transaction(force_rollback=True):
-            # DispatchStore.load_due's transaction, rolled back so every run moves the
+            # RunStore.load_due's transaction, rolled back so every run moves the
             # same rows: epochs locked, due rows found and locked, then moved.
             started = time.perf_counter()
             await self.store.owned_shards(conn, dict.fromkeys(range(SHARDS), EPOCH))
@@ -462,7 +462,7 @@ async def _target(dsn: str, live: LiveSet) -> AsyncIterator[_Target]:
         reconciler = Reconciler(
             SchedulerConfig(),
             SystemClock(),
-            ReconcileStore(store),
+            RepairStore(store),
             _Shards(),
             _Sessions(),
             _Wheel(),

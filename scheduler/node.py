@@ -34,8 +34,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import uuid
-from collections.abc import Awaitable, Callable, Collection, Coroutine, Sequence
+from collections.abc import Awaitable, Collection, Coroutine, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
@@ -62,18 +61,18 @@ from chronoshard.scheduler.cluster.reconciler import Reconciler
 from chronoshard.scheduler.cluster.shards import ShardManager
 from chronoshard.scheduler.cluster.signals import ShardSignals, encode_due, encode_ready
 from chronoshard.scheduler.config import SchedulerConfig
-from chronoshard.scheduler.core.fairness import UNLIMITED, TenantLimits
 from chronoshard.scheduler.core.models import Task, TaskRef
 from chronoshard.scheduler.core.runs import TimerTask
 from chronoshard.scheduler.dispatch.dispatcher import Dispatcher
 from chronoshard.scheduler.dispatch.preloader import Preloader
 from chronoshard.scheduler.dispatch.sessions import SessionRegistry
 from chronoshard.scheduler.dispatch.settlements import Settlements
+from chronoshard.scheduler.dispatch.tenant_limits import TenantLimitsCache
 from chronoshard.scheduler.errors import StoreUnavailable
 from chronoshard.scheduler.metrics import NodeCollector, SchedulerMetrics
 from chronoshard.scheduler.store.database import SessionLimits, Store
-from chronoshard.scheduler.store.repairs import ReconcileStore
-from chronoshard.scheduler.store.runs import DispatchStore
+from chronoshard.scheduler.store.repairs import RepairStore
+from chronoshard.scheduler.store.runs import RunStore
 from chronoshard.scheduler.store.sessions import WorkerSessionStore
 from chronoshard.v1 import (
     admin_service_pb2,
@@ -90,7 +89,6 @@ log = logging.getLogger(__name__)
 
 TASK_STOP_TIMEOUT_S = 5.0
 SERVER_GRACE_S = 5.0
-TENANT_REFRESH_S = 10.0
 BACKLOG_REPORT_S = 1.0
 """Look at every session's backlog at least this often, changed or not."""
 BACKLOG_COALESCE_S = 0.005
@@ -147,31 +145,6 @@ class NodeAddresses:
     metrics: str
 
 
-class TenantLimitsCache:
-    """Per-tenant fairness limits, refreshed from the tenants table every few seconds."""
-
-    def __init__(self, store: Store) -> None:
-        self._store = store
-        self._limits: dict[uuid.UUID, TenantLimits] = {}
-
-    def __call__(self, tenant_id: uuid.UUID) -> TenantLimits:
-        return self._limits.get(tenant_id, UNLIMITED)
-
-    async def refresh(self) -> None:
-        list_tenants: Callable[[], Awaitable[Sequence[Any]]] | None = getattr(
-            self._store, "list_tenants", None
-        )
-        if list_tenants is None:
-            return
-        tenants = await list_tenants()
-        self._limits = {
-            t.id: TenantLimits(
-                max_concurrent=t.max_concurrent_workers, rate_limit_rps=t.rate_limit_rps
-            )
-            for t in tenants
-        }
-
-
 class _WorkerPresence:
     """The shard manager's view of workers: this node's sessions, the cluster's rows."""
 
@@ -223,7 +196,7 @@ class SchedulerNode:
                 idle_in_transaction_s=config.database.idle_in_transaction_timeout_s,
             ),
         )
-        self.runs = DispatchStore(self.store)
+        self.runs = RunStore(self.store)
         store = self.store
         self.clock = ClusterClock(
             self.host_clock,
@@ -237,7 +210,7 @@ class SchedulerNode:
         await self.coordinator.start_lease()
         shard_count = await self.coordinator.ensure_shard_count(config.scheduling.shard_count)
 
-        self.tenant_limits = TenantLimitsCache(self.store)
+        self.tenant_limits = TenantLimitsCache(self.store.list_tenants)
         await self.tenant_limits.refresh()
         self.sessions = SessionRegistry(
             config.node_id, self.clock, send_queue=config.grpc.worker_send_queue
@@ -306,7 +279,7 @@ class SchedulerNode:
         self.reconciler = Reconciler(
             config,
             self.clock,
-            ReconcileStore(self.store),
+            RepairStore(self.store),
             self.shards,
             self.sessions,
             self.dispatcher,
@@ -335,7 +308,7 @@ class SchedulerNode:
         self._supervise("reconciler", self.reconciler.run())
         self._supervise("liveness", self.liveness.run())
         self._supervise("maintenance", self.maintenance.run())
-        self._supervise("tenant-refresh", self._refresh_tenants())
+        self._supervise("tenant-refresh", self.tenant_limits.run())
         self._supervise("backlog-report", self._report_backlog())
         self._supervise("signals", self.signals.listen())
         self.addresses = NodeAddresses(grpc_address, metrics_address)
@@ -458,14 +431,6 @@ class SchedulerNode:
             await coro
 
         self._tasks.append(asyncio.create_task(run(), name=name))
-
-    async def _refresh_tenants(self) -> None:
-        while True:
-            await asyncio.sleep(TENANT_REFRESH_S)
-            try:
-                await self.tenant_limits.refresh()
-            except Exception as exc:  # a failed refresh keeps the previous limits
-                log.warning("tenant refresh failed", extra={"error": str(exc)})
 
     def _sessions_changed(self) -> None:
         self.liveness.sessions_changed()  # recorded at once: peers warming up wait on it

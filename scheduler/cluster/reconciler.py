@@ -75,7 +75,7 @@ log = logging.getLogger(__name__)
 
 class ReconcileRuns(Protocol):
     """The statements the reconciler issues
-    (:class:`chronoshard.scheduler.store.repairs.ReconcileStore`)."""
+    (:class:`chronoshard.scheduler.store.repairs.RepairStore`)."""
 
     async def scan_inflight(
         self,

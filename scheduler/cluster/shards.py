@@ -59,7 +59,7 @@ from chronoshard.scheduler.core.handoff import (
 from chronoshard.scheduler.core.runs import TimerTask
 from chronoshard.scheduler.errors import StoreUnavailable
 from chronoshard.scheduler.store.database import Store
-from chronoshard.scheduler.store.runs import DispatchStore
+from chronoshard.scheduler.store.runs import RunStore
 
 if TYPE_CHECKING:
     from chronoshard.scheduler.dispatch.dispatcher import Dispatcher
@@ -98,7 +98,7 @@ class ShardManager:
         clock: Clock,
         coordinator: EtcdCoordinator,
         store: Store,
-        runs: DispatchStore,
+        runs: RunStore,
         *,
         handoff: HandoffConfig,
         max_preloaded: int,

@@ -48,7 +48,7 @@ from chronoshard.scheduler.dispatch import faults
 from chronoshard.scheduler.dispatch.faults import CrashPoint
 from chronoshard.scheduler.dispatch.sessions import SessionRegistry, WorkerSession
 from chronoshard.scheduler.errors import CommitOutcomeUnknown, StoreUnavailable
-from chronoshard.scheduler.store.runs import DispatchStore
+from chronoshard.scheduler.store.runs import RunStore
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +80,7 @@ class Dispatcher:
         self,
         config: SchedulerConfig,
         clock: Clock,
-        runs: DispatchStore,
+        runs: RunStore,
         sessions: SessionRegistry,
         shards: ShardView,
         tenant_limits: Callable[[uuid.UUID], TenantLimits],

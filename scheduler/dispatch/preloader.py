@@ -27,7 +27,7 @@ from chronoshard.events import wait_event
 from chronoshard.scheduler.config import SchedulerConfig
 from chronoshard.scheduler.dispatch.dispatcher import Dispatcher, ShardView
 from chronoshard.scheduler.errors import CommitOutcomeUnknown, StoreUnavailable
-from chronoshard.scheduler.store.runs import DispatchStore
+from chronoshard.scheduler.store.runs import RunStore
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +37,7 @@ class Preloader:
         self,
         config: SchedulerConfig,
         clock: Clock,
-        runs: DispatchStore,
+        runs: RunStore,
         dispatcher: Dispatcher,
         shards: ShardView,
     ) -> None:

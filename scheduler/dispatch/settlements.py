@@ -37,7 +37,7 @@ from chronoshard.scheduler.core.runs import (
 )
 from chronoshard.scheduler.dispatch.group_commit import GroupCommitter
 from chronoshard.scheduler.errors import CommitOutcomeUnknown
-from chronoshard.scheduler.store.runs import DispatchStore
+from chronoshard.scheduler.store.runs import RunStore
 
 
 class SettlementListener(Protocol):
@@ -56,7 +56,7 @@ class Settlements:
     def __init__(
         self,
         workers: WorkersConfig,
-        store: DispatchStore,
+        store: RunStore,
         clock: Clock,
         listener: SettlementListener,
     ) -> None:

@@ -1,7 +1,7 @@
 """PostgreSQL for the reconcile loop: its scans, repairs and workflow-run endings.
 
 Issues the named statements of ``sql/repairs.sql`` over the :class:`.database.Store`'s
-pool. Like :class:`.runs.DispatchStore`, it holds no policy: the reconciler
+pool. Like :class:`.runs.RunStore`, it holds no policy: the reconciler
 decides (:func:`chronoshard.scheduler.core.repairs.decide`), this writes the decisions, each a
 compare-and-set on the row as read, in one transaction that first locks the shards' ``shard_owners``
 rows ``FOR SHARE`` and writes only for the shards whose epoch is still the caller's.
@@ -46,7 +46,7 @@ def _in_flight(row: Mapping[str, Any]) -> InFlight:
     )
 
 
-class ReconcileStore:
+class RepairStore:
     def __init__(self, store: Store) -> None:
         self._store = store
         self._q = queries.load("repairs.sql")

@@ -135,7 +135,7 @@ def _retry_rollbacks(
     return run
 
 
-class DispatchStore:
+class RunStore:
     """Batch run-state statements over the :class:`Store`'s pool."""
 
     def __init__(self, store: Store) -> None:

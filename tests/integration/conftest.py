@@ -23,7 +23,7 @@ from fixtures.stores import EPOCH, OWNER, SHARD, new_tenant
 
 from chronoshard.scheduler.core.models import DEFAULT_PAYLOAD_LIMIT_BYTES, Tenant
 from chronoshard.scheduler.store.database import Store
-from chronoshard.scheduler.store.runs import DispatchStore
+from chronoshard.scheduler.store.runs import RunStore
 
 
 @dataclass(frozen=True)
@@ -59,9 +59,9 @@ async def store(request: pytest.FixtureRequest) -> AsyncIterator[Store]:
 
 
 @pytest.fixture
-def runs(store: Store) -> DispatchStore:
+def runs(store: Store) -> RunStore:
     """The dispatch path's statements (preload, intents, settlements) on ``store``."""
-    return DispatchStore(store)
+    return RunStore(store)
 
 
 @pytest.fixture

@@ -41,7 +41,7 @@ from chronoshard.scheduler.core.sharding import shard_of
 from chronoshard.scheduler.errors import CommitOutcomeUnknown, StoreUnavailable
 from chronoshard.scheduler.node import SchedulerNode
 from chronoshard.scheduler.store.database import Backend, Store
-from chronoshard.scheduler.store.runs import DispatchStore
+from chronoshard.scheduler.store.runs import RunStore
 from chronoshard.services import EtcdProcess
 from chronoshard.v1 import worker_service_pb2
 
@@ -224,7 +224,7 @@ async def test_intents_read_back_tell_committed_from_unwritten(
     store: Store, cutter: tuple[CommitCutter, str]
 ) -> None:
     proxy, _ = cutter
-    runs = DispatchStore(store)
+    runs = RunStore(store)
     tenant = await new_tenant(store)
     await store.insert_tasks(tenant.id, [new_task(), new_task()])
     timers, _ = await runs.load_due({SHARD: EPOCH}, datetime.now(UTC) + timedelta(minutes=1), 10)

@@ -15,7 +15,7 @@ from fixtures.stores import EPOCH, SHARD, new_task, new_tenant
 from chronoshard.scheduler.core.models import Task
 from chronoshard.scheduler.core.runs import Beat, Intent, Settle
 from chronoshard.scheduler.store.database import Store
-from chronoshard.scheduler.store.runs import DispatchStore
+from chronoshard.scheduler.store.runs import RunStore
 
 LEASE_S = 60.0
 
@@ -23,7 +23,7 @@ LEASE_S = 60.0
 pytestmark = pytest.mark.store(own_database=True, owns_shard=True)
 
 
-async def _running(store: Store, runs: DispatchStore, n: int) -> list[Task]:
+async def _running(store: Store, runs: RunStore, n: int) -> list[Task]:
     """``n`` tasks dispatched (token 1) and acknowledged."""
     tenant = await new_tenant(store, max_concurrent_workers=100)
     now = datetime.now(UTC)
@@ -51,7 +51,7 @@ async def _rows(store: Store, tasks: list[Task]) -> dict[uuid.UUID, dict[str, An
 
 
 async def test_a_batch_extends_every_current_lease_and_refuses_stale_tokens(
-    store: Store, runs: DispatchStore
+    store: Store, runs: RunStore
 ) -> None:
     tasks = await _running(store, runs, 50)
     current, stale = tasks[:40], tasks[40:]
@@ -72,7 +72,7 @@ async def test_a_batch_extends_every_current_lease_and_refuses_stale_tokens(
 
 
 async def test_checkpoints_are_stored_under_the_current_token_only(
-    store: Store, runs: DispatchStore
+    store: Store, runs: RunStore
 ) -> None:
     [task] = await _running(store, runs, 1)
     await runs.extend_leases([Beat(task.ref, task.fencing_token, b'{"next": 3}')], LEASE_S)
@@ -84,7 +84,7 @@ async def test_checkpoints_are_stored_under_the_current_token_only(
 
 
 async def test_a_requested_cancel_comes_back_with_its_reason(
-    store: Store, runs: DispatchStore
+    store: Store, runs: RunStore
 ) -> None:
     tasks = await _running(store, runs, 3)
     async with store.connection() as conn:
@@ -100,7 +100,7 @@ async def test_a_requested_cancel_comes_back_with_its_reason(
 
 
 async def test_a_zombie_and_the_current_attempt_in_one_batch_are_told_apart(
-    store: Store, runs: DispatchStore
+    store: Store, runs: RunStore
 ) -> None:
     [task] = await _running(store, runs, 1)
     other = await _running(store, runs, 1)

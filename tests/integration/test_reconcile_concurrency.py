@@ -44,8 +44,8 @@ from chronoshard.scheduler.core.models import NewTask, TaskRef, Tenant
 from chronoshard.scheduler.core.repairs import Repair, RepairResult, RunCandidate, RunOutcome, Scan
 from chronoshard.scheduler.core.runs import Completion, Intent, Settle, TimerTask
 from chronoshard.scheduler.store.database import Store
-from chronoshard.scheduler.store.repairs import ReconcileStore
-from chronoshard.scheduler.store.runs import DispatchStore
+from chronoshard.scheduler.store.repairs import RepairStore
+from chronoshard.scheduler.store.runs import RunStore
 
 SHARD = 5
 EPOCH = 40
@@ -56,7 +56,7 @@ CONFIG = SchedulerConfig()
 class GatedRuns:
     """The real store, with the pass held between its scan and its write."""
 
-    def __init__(self, inner: ReconcileStore) -> None:
+    def __init__(self, inner: RepairStore) -> None:
         self._inner = inner
         self.at_gate = asyncio.Event()
         self.gate = asyncio.Event()
@@ -119,7 +119,7 @@ class Node:
 
 
 def _node(store: Store, name: str, epoch: int) -> Node:
-    runs = GatedRuns(ReconcileStore(store))
+    runs = GatedRuns(RepairStore(store))
     node = Node(name, epoch, runs, reconciler=None)  # type: ignore[arg-type]
     node.reconciler = Reconciler(
         CONFIG, SystemClock(), runs, node, NoSessions(), node, shard_count=SHARD + 1
@@ -136,7 +136,7 @@ def runner() -> Iterator[asyncio.Runner]:
 @dataclass
 class World:
     store: Store
-    runs: DispatchStore
+    runs: RunStore
     tenant: Tenant
 
 
@@ -147,7 +147,7 @@ def world(runner: asyncio.Runner, db_dsn: str) -> Iterator[World]:
         assert await store.claim_shard_epoch(SHARD, EPOCH, "node-a")
         suffix = uuid.uuid4().hex
         tenant = await store.create_tenant(f"t-{suffix}", "standard", 1e6, 1000, "x", suffix)
-        return World(store, DispatchStore(store), tenant)
+        return World(store, RunStore(store), tenant)
 
     opened = runner.run(open_world())
     try:

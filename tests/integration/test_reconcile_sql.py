@@ -42,8 +42,8 @@ from chronoshard.scheduler.core.sharding import shard_of
 from chronoshard.scheduler.core.states import AttemptState
 from chronoshard.scheduler.store import queries
 from chronoshard.scheduler.store.database import Store
-from chronoshard.scheduler.store.repairs import ReconcileStore
-from chronoshard.scheduler.store.runs import DispatchStore
+from chronoshard.scheduler.store.repairs import RepairStore
+from chronoshard.scheduler.store.runs import RunStore
 from chronoshard.scheduler.store.sessions import WorkerSessionStore
 
 SHARD_COUNT = 8
@@ -99,7 +99,7 @@ def _reconciler(
     reconciler = Reconciler(
         CONFIG,
         SystemClock(),
-        ReconcileStore(store),
+        RepairStore(store),
         shards,
         sessions,
         wheel,
@@ -108,7 +108,7 @@ def _reconciler(
     return reconciler, shards
 
 
-async def _dispatch(runs: DispatchStore, worker: str = "w1", lease_s: float = 30) -> list[Task]:
+async def _dispatch(runs: RunStore, worker: str = "w1", lease_s: float = 30) -> list[Task]:
     horizon = datetime.now(UTC) + timedelta(seconds=60)
     timers, _ = await runs.load_due({SHARD: EPOCH}, horizon, 100)
     timers += await runs.load_preloaded({SHARD: EPOCH})
@@ -155,7 +155,7 @@ async def _expire_lease(store: Store, task_id: uuid.UUID, ago_s: float = MARGIN_
 
 
 async def test_unacknowledged_dispatch_the_session_never_got_is_redispatched(
-    store: Store, runs: DispatchStore, tenant: Tenant
+    store: Store, runs: RunStore, tenant: Tenant
 ) -> None:
     # Not idempotent: the node knows the attempt never ran, so it runs again all the same
     # (a crash between intent and send must not need an operator).
@@ -192,7 +192,7 @@ async def test_unacknowledged_dispatch_the_session_never_got_is_redispatched(
 
 
 async def test_expired_lease_idempotent_redispatched_non_idempotent_outcome_unknown(
-    store: Store, runs: DispatchStore, tenant: Tenant
+    store: Store, runs: RunStore, tenant: Tenant
 ) -> None:
     idem = await submit(store, tenant, idempotent=True)
     plain = await submit(store, tenant)
@@ -229,7 +229,7 @@ async def test_expired_lease_idempotent_redispatched_non_idempotent_outcome_unkn
 
 @pytest.mark.parametrize("settlement", ["complete", "fail", "release"])
 async def test_a_late_settlement_of_the_same_attempt_makes_the_outcome_known(
-    store: Store, runs: DispatchStore, tenant: Tenant, settlement: str
+    store: Store, runs: RunStore, tenant: Tenant, settlement: str
 ) -> None:
     new = await submit(store, tenant, max_retries=1)
     [task] = await _dispatch(runs)
@@ -267,7 +267,7 @@ async def test_a_late_settlement_of_the_same_attempt_makes_the_outcome_known(
 
 
 async def test_a_heartbeat_for_a_lease_past_its_margin_is_refused(
-    store: Store, runs: DispatchStore, tenant: Tenant
+    store: Store, runs: RunStore, tenant: Tenant
 ) -> None:
     """Once lease + margin passed the attempt is the reconciler's, even before a pass ran:
     a worker that did not fence itself is told to stop, the lease is not revived."""
@@ -283,7 +283,7 @@ async def test_a_heartbeat_for_a_lease_past_its_margin_is_refused(
 
 
 async def test_expired_lease_with_a_cancel_request_ends_cancelled(
-    store: Store, runs: DispatchStore, tenant: Tenant
+    store: Store, runs: RunStore, tenant: Tenant
 ) -> None:
     new = await submit(store, tenant)
     [task] = await _dispatch(runs)
@@ -306,15 +306,15 @@ async def test_expired_lease_with_a_cancel_request_ends_cancelled(
 
 
 async def test_a_completion_between_the_read_and_the_write_wins(
-    store: Store, runs: DispatchStore, tenant: Tenant
+    store: Store, runs: RunStore, tenant: Tenant
 ) -> None:
     new = await submit(store, tenant, idempotent=True)
     [task] = await _dispatch(runs)
     await _expire_lease(store, new.id)
     wheel = Wheel()
     reconciler, _ = _reconciler(store, Sessions(), wheel)
-    reconcile_store = ReconcileStore(store)
-    real_repair = reconcile_store.repair
+    repair_store = RepairStore(store)
+    real_repair = repair_store.repair
 
     async def complete_first(epochs: Mapping[int, int], repairs: Sequence[Any]) -> Any:
         # The worker's completion commits after the scan, before the compare-and-set.
@@ -322,8 +322,8 @@ async def test_a_completion_between_the_read_and_the_write_wins(
         assert outcome == {new.id: SettleOutcome.OK}
         return await real_repair(epochs, repairs)
 
-    reconcile_store.repair = complete_first  # type: ignore[method-assign]
-    reconciler._runs = reconcile_store
+    repair_store.repair = complete_first  # type: ignore[method-assign]
+    reconciler._runs = repair_store
     report = await reconciler.reconcile_once()
     assert (report.redispatched, report.lost_races) == (0, 1) and wheel.ready == []
     row = await _row(store, new.id)
@@ -333,13 +333,13 @@ async def test_a_completion_between_the_read_and_the_write_wins(
 
 
 async def test_a_heartbeat_between_the_read_and_the_write_wins(
-    store: Store, runs: DispatchStore, tenant: Tenant
+    store: Store, runs: RunStore, tenant: Tenant
 ) -> None:
     new = await submit(store, tenant)
     [task] = await _dispatch(runs)
     await _backdate(store, new.id, ACK_S + 1)
-    reconcile_store = ReconcileStore(store)
-    scan = await reconcile_store.scan_inflight(
+    repair_store = RepairStore(store)
+    scan = await repair_store.scan_inflight(
         [SHARD], ack_timeout_s=ACK_S, lease_s=30, lease_margin_s=MARGIN_S, limit=10
     )
     [row] = scan.rows
@@ -349,13 +349,13 @@ async def test_a_heartbeat_between_the_read_and_the_write_wins(
     # heartbeat lands before the reconciler's write.
     update = await runs.extend_leases([Beat(task.ref, task.fencing_token, None)], lease_s=30)
     assert update.extended == {new.id}
-    result = await reconcile_store.repair({SHARD: EPOCH}, [Repair(row, decision)])
+    result = await repair_store.repair({SHARD: EPOCH}, [Repair(row, decision)])
     assert result.applied == frozenset() and result.ready == []
     assert (await _row(store, new.id))["status"] == "DISPATCHED"
 
 
 async def test_a_newer_shard_owner_fences_the_old_reconciler(
-    store: Store, runs: DispatchStore, tenant: Tenant
+    store: Store, runs: RunStore, tenant: Tenant
 ) -> None:
     new = await submit(store, tenant, idempotent=True)
     await _dispatch(runs)
@@ -370,7 +370,7 @@ async def test_a_newer_shard_owner_fences_the_old_reconciler(
 
 
 async def test_a_stale_completion_after_redispatch_marks_the_attempt_fenced(
-    store: Store, runs: DispatchStore, tenant: Tenant
+    store: Store, runs: RunStore, tenant: Tenant
 ) -> None:
     new = await submit(store, tenant, idempotent=True)
     [zombie] = await _dispatch(runs, "w-zombie")
@@ -388,7 +388,7 @@ async def test_a_stale_completion_after_redispatch_marks_the_attempt_fenced(
 
 
 async def test_a_revoked_heartbeat_marks_the_abandoned_attempt_fenced(
-    store: Store, runs: DispatchStore, tenant: Tenant
+    store: Store, runs: RunStore, tenant: Tenant
 ) -> None:
     new = await submit(store, tenant, idempotent=True)
     [zombie] = await _dispatch(runs, "w-zombie")
@@ -600,7 +600,7 @@ async def _plan(
     return _scans(row[0] if not isinstance(row[0], str) else json.loads(row[0]))
 
 
-async def _ack_due_in(reconcile: ReconcileStore, shards: list[int]) -> float | None:
+async def _ack_due_in(reconcile: RepairStore, shards: list[int]) -> float | None:
     scan = await reconcile.scan_inflight(
         shards, ack_timeout_s=ACK_S, lease_s=30, lease_margin_s=MARGIN_S, limit=10
     )
@@ -608,9 +608,9 @@ async def _ack_due_in(reconcile: ReconcileStore, shards: list[int]) -> float | N
 
 
 async def test_the_pass_learns_when_the_oldest_untouched_dispatch_turns_overdue(
-    store: Store, runs: DispatchStore, tenant: Tenant
+    store: Store, runs: RunStore, tenant: Tenant
 ) -> None:
-    reconcile = ReconcileStore(store)
+    reconcile = RepairStore(store)
     assert await _ack_due_in(reconcile, [SHARD]) is None
     first, second = await submit(store, tenant), await submit(store, tenant)
     await _dispatch(runs)
@@ -626,7 +626,7 @@ async def test_the_pass_learns_when_the_oldest_untouched_dispatch_turns_overdue(
 
 
 async def test_the_loop_wakes_when_an_undelivered_intent_turns_overdue_not_at_the_interval(
-    store: Store, runs: DispatchStore, tenant: Tenant
+    store: Store, runs: RunStore, tenant: Tenant
 ) -> None:
     """An intent a crashed owner committed and never sent is given back at intent + ack
     timeout: the loop sleeps until then rather than to its next regular pass (5 s)."""

@@ -28,7 +28,7 @@ from chronoshard.scheduler.errors import (
     TenantNotFound,
 )
 from chronoshard.scheduler.store.database import Store
-from chronoshard.scheduler.store.runs import DispatchStore
+from chronoshard.scheduler.store.runs import RunStore
 
 SHARDS = 64
 NOW = datetime.now(UTC).replace(microsecond=123456)
@@ -414,7 +414,7 @@ async def test_load_due_moves_only_due_rows_of_the_shard(
     await _set_status(db_dsn, retrying, TaskStatus.RETRYING)
     await _set_status(db_dsn, running, TaskStatus.RUNNING)
     assert await store.claim_shard_epoch(shard, epoch, "node-a")
-    runs = DispatchStore(store)
+    runs = RunStore(store)
 
     loaded, lost = await runs.load_due({shard: epoch}, horizon, 100)
 
@@ -439,7 +439,7 @@ async def test_load_due_takes_the_earliest_up_to_the_limit(store: Store, tenant:
     await store.insert_tasks(tenant.id, tasks)
     await store.claim_shard_epoch(shard, epoch, "node-a")
 
-    first, _ = await DispatchStore(store).load_due({shard: epoch}, NOW + timedelta(seconds=1), 2)
+    first, _ = await RunStore(store).load_due({shard: epoch}, NOW + timedelta(seconds=1), 2)
 
     # The earliest two (the wheel orders them; the statement need not).
     assert {t.id for t in first} == {tasks[4].id, tasks[3].id}
@@ -452,7 +452,7 @@ async def test_a_stale_epoch_is_reported_lost_and_changes_nothing(
     task = make_task(shard=shard, due_at=NOW - timedelta(seconds=1))
     await store.insert_tasks(tenant.id, [task])
     horizon = NOW + timedelta(minutes=1)
-    runs = DispatchStore(store)
+    runs = RunStore(store)
 
     assert await runs.load_due({shard: 1}, horizon, 10) == ([], {shard})  # never claimed
     await store.claim_shard_epoch(shard, 1, "node-a")

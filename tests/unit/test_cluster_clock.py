@@ -29,7 +29,7 @@ from chronoshard.scheduler.config import ClockConfig, SchedulerConfig
 from chronoshard.scheduler.core.fairness import UNLIMITED
 from chronoshard.scheduler.dispatch.dispatcher import Dispatcher, ShardView
 from chronoshard.scheduler.dispatch.sessions import SessionRegistry
-from chronoshard.scheduler.store.runs import DispatchStore
+from chronoshard.scheduler.store.runs import RunStore
 from chronoshard.settings import ConfigError, load
 
 PROPERTY_SETTINGS = settings(max_examples=300, deadline=None)
@@ -290,7 +290,7 @@ class _Shards:
 
 def _wheel_deadline(clock: Clock, due_at: datetime) -> float:
     config = SchedulerConfig()
-    store = cast(DispatchStore, None)  # schedule() touches neither store nor workers
+    store = cast(RunStore, None)  # schedule() touches neither store nor workers
     dispatcher = Dispatcher(
         config,
         clock,

@@ -32,7 +32,7 @@ from chronoshard.scheduler.core.runs import (
 from chronoshard.scheduler.core.states import AttemptState
 from chronoshard.scheduler.dispatch.settlements import Settlements
 from chronoshard.scheduler.errors import CommitOutcomeUnknown, CommitterStopped
-from chronoshard.scheduler.store.runs import DispatchStore
+from chronoshard.scheduler.store.runs import RunStore
 
 AT = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 
@@ -42,7 +42,7 @@ def _ref() -> TaskRef:
 
 
 class Store:
-    """Answers like DispatchStore and records each statement's batch."""
+    """Answers like RunStore and records each statement's batch."""
 
     def __init__(self) -> None:
         self.calls: list[tuple[str, list[Any]]] = []
@@ -100,7 +100,7 @@ class Listener:
 
 def _settlements() -> tuple[Settlements, Store, Listener]:
     store, listener = Store(), Listener()
-    settlements = Settlements(WorkersConfig(), cast(DispatchStore, store), FakeClock(AT), listener)
+    settlements = Settlements(WorkersConfig(), cast(RunStore, store), FakeClock(AT), listener)
     settlements.start()
     return settlements, store, listener
 

@@ -25,7 +25,7 @@ from chronoshard.scheduler.core.runs import (
 )
 from chronoshard.scheduler.core.states import AttemptState, TaskStatus
 from chronoshard.scheduler.store.database import Store
-from chronoshard.scheduler.store.runs import DispatchStore
+from chronoshard.scheduler.store.runs import RunStore
 
 ERROR = FailureReport(retryable=True, timed_out=False, cancelled=False)
 
@@ -34,7 +34,7 @@ ERROR = FailureReport(retryable=True, timed_out=False, cancelled=False)
 pytestmark = pytest.mark.store(own_database=True, owns_shard=True)
 
 
-async def _dispatch(runs: DispatchStore, worker: str = "w1") -> list[Any]:
+async def _dispatch(runs: RunStore, worker: str = "w1") -> list[Any]:
     horizon = datetime.now(UTC) + timedelta(seconds=60)
     timers, lost = await runs.load_due({SHARD: EPOCH}, horizon, 100)
     assert not lost
@@ -54,7 +54,7 @@ async def _row(store: Store, task_id: uuid.UUID) -> dict[str, Any]:
 
 
 async def test_preload_moves_only_due_rows_of_owned_shards(
-    store: Store, runs: DispatchStore, tenant: Tenant
+    store: Store, runs: RunStore, tenant: Tenant
 ) -> None:
     due = await submit(store, tenant, due_in_s=1)
     later = await submit(store, tenant, due_in_s=3600)
@@ -72,7 +72,7 @@ async def test_preload_moves_only_due_rows_of_owned_shards(
 
 
 async def test_intent_bumps_token_and_attempt_and_records_the_attempt(
-    store: Store, runs: DispatchStore, tenant: Tenant
+    store: Store, runs: RunStore, tenant: Tenant
 ) -> None:
     new = await submit(store, tenant)
     [task] = await _dispatch(runs)
@@ -89,7 +89,7 @@ async def test_intent_bumps_token_and_attempt_and_records_the_attempt(
 
 
 async def test_intent_under_a_lost_epoch_writes_nothing(
-    store: Store, runs: DispatchStore, tenant: Tenant
+    store: Store, runs: RunStore, tenant: Tenant
 ) -> None:
     new = await submit(store, tenant)
     horizon = datetime.now(UTC) + timedelta(seconds=60)
@@ -103,7 +103,7 @@ async def test_intent_under_a_lost_epoch_writes_nothing(
 
 
 async def test_ack_heartbeat_complete_and_the_ledger(
-    store: Store, runs: DispatchStore, tenant: Tenant
+    store: Store, runs: RunStore, tenant: Tenant
 ) -> None:
     new = await submit(store, tenant, job_id="nightly-report")
     [task] = await _dispatch(runs)
@@ -137,7 +137,7 @@ async def test_ack_heartbeat_complete_and_the_ledger(
 
 
 async def test_a_stale_completion_changes_nothing(
-    store: Store, runs: DispatchStore, tenant: Tenant
+    store: Store, runs: RunStore, tenant: Tenant
 ) -> None:
     new = await submit(store, tenant)
     [first] = await _dispatch(runs, "zombie")
@@ -157,7 +157,7 @@ async def test_a_stale_completion_changes_nothing(
 
 
 async def test_failures_retry_with_backoff_then_dead_letter(
-    store: Store, runs: DispatchStore, tenant: Tenant
+    store: Store, runs: RunStore, tenant: Tenant
 ) -> None:
     new = await submit(store, tenant, max_retries=1, backoff_initial_s=0.01, backoff_max_s=0.02)
     [task] = await _dispatch(runs)
@@ -181,7 +181,7 @@ async def test_failures_retry_with_backoff_then_dead_letter(
 
 
 async def test_release_keeps_the_retry_budget_and_stores_the_checkpoint(
-    store: Store, runs: DispatchStore, tenant: Tenant
+    store: Store, runs: RunStore, tenant: Tenant
 ) -> None:
     new = await submit(store, tenant)
     [task] = await _dispatch(runs)
@@ -202,13 +202,13 @@ async def test_release_keeps_the_retry_budget_and_stores_the_checkpoint(
     assert states == [AttemptState.RELEASED, AttemptState.DISPATCHED]
 
 
-async def test_unknown_task_is_not_found(runs: DispatchStore) -> None:
+async def test_unknown_task_is_not_found(runs: RunStore) -> None:
     ghost = Settle(TaskRef(datetime.now(UTC), uuid.uuid4()), 1)
     assert await runs.ack([ghost]) == {ghost.ref.id: SettleOutcome.TASK_NOT_FOUND}
 
 
 async def test_a_warm_handoff_reads_without_writing_and_no_task_is_dispatched_twice(
-    store: Store, runs: DispatchStore, tenant: Tenant
+    store: Store, runs: RunStore, tenant: Tenant
 ) -> None:
     """The incoming owner reads the shard's near rows while the old owner still owns it
     and dispatches; after the claim its intents skip whatever the old owner took."""
@@ -260,7 +260,7 @@ async def test_a_warm_handoff_reads_without_writing_and_no_task_is_dispatched_tw
 
 
 async def test_a_claimed_shard_reloads_nearest_first_in_chunks_and_unloads_the_rest(
-    store: Store, runs: DispatchStore, tenant: Tenant
+    store: Store, runs: RunStore, tenant: Tenant
 ) -> None:
     tasks = [await submit(store, tenant, due_in_s=50 - i) for i in range(5)]
     await runs.load_due({SHARD: EPOCH}, datetime.now(UTC) + timedelta(minutes=1), 100)
