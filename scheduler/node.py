@@ -32,11 +32,9 @@ loudly rather than leaving it half alive. Shutdown (SIGTERM) runs in this order 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-from collections.abc import Awaitable, Collection, Coroutine, Sequence
+from collections.abc import Awaitable, Collection, Coroutine
 from dataclasses import dataclass, replace
-from datetime import datetime, timedelta
 from typing import Any
 
 import grpc
@@ -58,18 +56,17 @@ from chronoshard.scheduler.cluster.coordination import CoordinationError, EtcdCo
 from chronoshard.scheduler.cluster.liveness import REFRESHES_PER_TIMEOUT, WorkerLiveness
 from chronoshard.scheduler.cluster.maintenance import PartitionMaintenance
 from chronoshard.scheduler.cluster.reconciler import Reconciler
+from chronoshard.scheduler.cluster.routing import ChangeRouter
 from chronoshard.scheduler.cluster.shards import ShardManager
-from chronoshard.scheduler.cluster.signals import ShardSignals, encode_due, encode_ready
+from chronoshard.scheduler.cluster.signals import ShardSignals
 from chronoshard.scheduler.config import SchedulerConfig
-from chronoshard.scheduler.core.models import Task, TaskRef
 from chronoshard.scheduler.core.runs import TimerTask
 from chronoshard.scheduler.dispatch.dispatcher import Dispatcher
 from chronoshard.scheduler.dispatch.preloader import Preloader
 from chronoshard.scheduler.dispatch.sessions import SessionRegistry
 from chronoshard.scheduler.dispatch.settlements import Settlements
 from chronoshard.scheduler.dispatch.tenant_limits import TenantLimitsCache
-from chronoshard.scheduler.errors import StoreUnavailable
-from chronoshard.scheduler.metrics import NodeCollector, SchedulerMetrics
+from chronoshard.scheduler.metrics import NodeCollector, SchedulerMetrics, StatsFamily
 from chronoshard.scheduler.store.database import SessionLimits, Store
 from chronoshard.scheduler.store.repairs import RepairStore
 from chronoshard.scheduler.store.runs import RunStore
@@ -89,11 +86,6 @@ log = logging.getLogger(__name__)
 
 TASK_STOP_TIMEOUT_S = 5.0
 SERVER_GRACE_S = 5.0
-BACKLOG_REPORT_S = 1.0
-"""Look at every session's backlog at least this often, changed or not."""
-BACKLOG_COALESCE_S = 0.005
-"""After a change, wait this long before reporting: a burst of changes (a dispatch round,
-a wheel tick) becomes one report per session, not one per task."""
 CLOCK_HEALTH_SERVICE = "chronoshard.scheduler.Clock"
 """gRPC health service name: SERVING while this node's clock is within its bound,
 NOT_SERVING while it is skewed and hands its shards off. The overall status ("") and the
@@ -185,6 +177,48 @@ class SchedulerNode:
 
     async def start(self) -> NodeAddresses:
         config = self.config
+        shard_count = await self._connect()
+        self.sessions = SessionRegistry(
+            config.node_id, self.clock, send_queue=config.grpc.worker_send_queue
+        )
+        # WorkerService and AdminService calls need an API key (api/access.py); TaskService
+        # and WatchdogService check theirs in the servicer, scoped to the key's tenant.
+        self._server = grpc.aio.server(
+            options=server_options(config),
+            # Decoding first: garbage is INVALID_ARGUMENT whatever the key (api/boundary.py).
+            interceptors=[RequestDecoding(), AccessInterceptor(Authenticator(self.store))],
+        )
+        port = self._bind(self._server)
+        host = config.grpc.listen.rsplit(":", 1)[0]
+        grpc_address = config.grpc.advertise or f"{host}:{port}"
+        metrics_address = self._start_metrics()
+        self.info = NodeInfo(
+            node_id=config.node_id,
+            address=grpc_address,
+            metrics_address=metrics_address,
+            started_at=self.clock.now().isoformat().replace("+00:00", "Z"),
+            # Out of bound already at start: peers must not count on this node's shards.
+            clock_skewed=self.clock.skewed,
+        )
+        self._build_dispatch(shard_count)
+        self._build_cluster_loops(shard_count)
+        self._add_services(self._server, shard_count)
+        self.metrics.register(NodeCollector(config.node_id, self._stats_families(), self._gauges))
+
+        self.settlements.start()
+        await self._server.start()
+        await self.coordinator.register_node(self.info)
+        self._supervise_loops()
+        self.addresses = NodeAddresses(grpc_address, metrics_address)
+        log.info(
+            "scheduler node started",
+            extra={"node_id": config.node_id, "grpc": grpc_address, "metrics": metrics_address},
+        )
+        return self.addresses
+
+    async def _connect(self) -> int:
+        """Store pool, cluster clock (its first reading), etcd; the cluster's shard count."""
+        config = self.config
         self.store = await Store.open(
             config.database.dsn,
             config.database.pool_min_size,
@@ -209,31 +243,14 @@ class SchedulerNode:
         await self.coordinator.connect()
         await self.coordinator.start_lease()
         shard_count = await self.coordinator.ensure_shard_count(config.scheduling.shard_count)
-
         self.tenant_limits = TenantLimitsCache(self.store.list_tenants)
         await self.tenant_limits.refresh()
-        self.sessions = SessionRegistry(
-            config.node_id, self.clock, send_queue=config.grpc.worker_send_queue
-        )
-        # WorkerService and AdminService calls need an API key (api/access.py); TaskService
-        # and WatchdogService check theirs in the servicer, scoped to the key's tenant.
-        self._server = grpc.aio.server(
-            options=server_options(config),
-            # Decoding first: garbage is INVALID_ARGUMENT whatever the key (api/boundary.py).
-            interceptors=[RequestDecoding(), AccessInterceptor(Authenticator(self.store))],
-        )
-        port = self._bind(self._server)
-        host = config.grpc.listen.rsplit(":", 1)[0]
-        grpc_address = config.grpc.advertise or f"{host}:{port}"
-        metrics_address = self._start_metrics()
-        self.info = NodeInfo(
-            node_id=config.node_id,
-            address=grpc_address,
-            metrics_address=metrics_address,
-            started_at=self.clock.now().isoformat().replace("+00:00", "Z"),
-            # Out of bound already at start: peers must not count on this node's shards.
-            clock_skewed=self.clock.skewed,
-        )
+        return shard_count
+
+    def _build_dispatch(self, shard_count: int) -> None:
+        """Shard manager, dispatcher, settlements, the worker gateway, preloader, and the
+        router that tells them (or other nodes) about changed tasks."""
+        config = self.config
         self.shards = ShardManager(
             self.info,
             shard_count,
@@ -258,16 +275,24 @@ class SchedulerNode:
             self.shards,
             self.tenant_limits,
             on_dispatched=self._on_dispatched,
-            on_remote_ready=self._remote_ready,
         )
         self.settlements = Settlements(config.workers, self.runs, self.clock, self.dispatcher)
         self.gateway = Gateway(config, self.sessions, self.settlements)
         self.preloader = Preloader(config, self.clock, self.runs, self.dispatcher, self.shards)
         self.dispatcher.on_preloaded_unknown = self.preloader.resync
-        self.signals = ShardSignals(
-            config.database.dsn, self.store, on_due=self._signal_due, on_ready=self._signal_ready
+        self.signals = ShardSignals(config.database.dsn, self.store)
+        self.router = ChangeRouter(
+            clock=self.clock,
+            lookahead_s=config.scheduling.lookahead_s,
+            shards=self.shards,
+            preloader=self.preloader,
+            dispatcher=self.dispatcher,
+            sessions=self.sessions,
+            runs=self.runs,
+            signals=self.signals,
         )
-        self.shards.on_remote_due = self._remote_due
+        self.dispatcher.on_remote_ready = self.router.ready_elsewhere
+        self.shards.on_remote_due = self.router.due_elsewhere
         self.shards.publish_clock_skewed = self._publish_clock_skewed
         self.clock.on_skew_changed = self._clock_skew_changed
         if self.clock.skewed:
@@ -276,6 +301,10 @@ class SchedulerNode:
         # otherwise find it only at their next periodic topology refresh.
         self.shards.on_membership_changed = self.sessions.announce_topology
         self.shards.attach(self.dispatcher, self.preloader)
+
+    def _build_cluster_loops(self, shard_count: int) -> None:
+        """Reconciler, worker liveness records and partition maintenance."""
+        config = self.config
         self.reconciler = Reconciler(
             config,
             self.clock,
@@ -295,12 +324,8 @@ class SchedulerNode:
         # A claimed shard's previous owner may have left intents it never delivered.
         self.shards.on_claimed = self.reconciler.wake
         self.maintenance = PartitionMaintenance(config.maintenance, self.store)
-        self._add_services(self._server, shard_count)
-        self.metrics.register(NodeCollector(config.node_id, self._counters, self._gauges))
 
-        self.settlements.start()
-        await self._server.start()
-        await self.coordinator.register_node(self.info)
+    def _supervise_loops(self) -> None:
         self._supervise("clock", self.clock.run())
         self._supervise("shards", self.shards.run())
         self._supervise("dispatcher", self.dispatcher.run())
@@ -309,14 +334,8 @@ class SchedulerNode:
         self._supervise("liveness", self.liveness.run())
         self._supervise("maintenance", self.maintenance.run())
         self._supervise("tenant-refresh", self.tenant_limits.run())
-        self._supervise("backlog-report", self._report_backlog())
+        self._supervise("backlog-report", self.dispatcher.report_backlogs())
         self._supervise("signals", self.signals.listen())
-        self.addresses = NodeAddresses(grpc_address, metrics_address)
-        log.info(
-            "scheduler node started",
-            extra={"node_id": config.node_id, "grpc": grpc_address, "metrics": metrics_address},
-        )
-        return self.addresses
 
     def _bind(self, server: grpc.aio.Server) -> int:
         grpc_config = self.config.grpc
@@ -360,7 +379,7 @@ class SchedulerNode:
             store=self.store,
             authenticator=Authenticator(self.store),
             clock=self.clock,
-            listener=self,
+            listener=self.router,
         )
         task_service_pb2_grpc.add_TaskServiceServicer_to_server(api, server)
         names.append(task_service_pb2.DESCRIPTOR.services_by_name["TaskService"].full_name)
@@ -372,57 +391,10 @@ class SchedulerNode:
         names.append(health_pb2.DESCRIPTOR.services_by_name["Health"].full_name)
         reflection.enable_server_reflection([*names, reflection.SERVICE_NAME], server)
 
-    # ---- what the API tells the node -------------------------------------------------------
-
-    def tasks_submitted(self, tasks: Sequence[Task]) -> None:
-        """New tasks: wake our preloader, or tell the owners of other shards, if one is
-        due within the lookahead."""
-        horizon = self.clock.now() + timedelta(seconds=self.config.scheduling.lookahead_s)
-        remote: set[int] = set()
-        for task in tasks:
-            if task.due_at >= horizon:
-                continue
-            if self.shards.owns(task.shard):
-                self.preloader.wake()
-            else:
-                remote.add(task.shard)
-        if remote:
-            self._background(self.signals.send(encode_due(remote)))
-
-    # ---- cross-node signals ------------------------------------------------------------------
-
-    def _remote_due(self, shard: int, due_at: datetime) -> None:
-        horizon = self.clock.now() + timedelta(seconds=self.config.scheduling.lookahead_s)
-        if due_at < horizon:
-            self._background(self.signals.send(encode_due([shard])))
-
-    def _remote_ready(self, timers: Sequence[TimerTask]) -> None:
-        self._background(self.signals.send(encode_ready((t.shard, t.ref) for t in timers)))
-
-    def _signal_due(self, shards: set[int]) -> None:
-        if any(self.shards.owns(s) for s in shards):
-            self.preloader.wake()
-
-    def _signal_ready(self, tasks: list[tuple[int, TaskRef]]) -> None:
-        epochs = self.shards.epochs()
-        mine = [ref for shard, ref in tasks if shard in epochs]
-        if mine:
-            self._background(self._reload(dict(epochs), mine))
-
-    async def _reload(self, epochs: dict[int, int], refs: list[TaskRef]) -> None:
-        try:
-            self.dispatcher.schedule(await self.runs.load_preloaded_refs(epochs, refs))
-        except StoreUnavailable as exc:
-            log.warning("cannot reload released tasks", extra={"error": str(exc)})
-
     def _background(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.create_task(coro)
         self._side_tasks.add(task)
         task.add_done_callback(self._side_tasks.discard)
-
-    def cancel_requested(self, task: Task, reason: str) -> None:
-        self.dispatcher.forget(task.id)
-        self.sessions.send_cancel(task.id, reason)
 
     # ---- loops ------------------------------------------------------------------------------
 
@@ -434,22 +406,7 @@ class SchedulerNode:
 
     def _sessions_changed(self) -> None:
         self.liveness.sessions_changed()  # recorded at once: peers warming up wait on it
-        self.dispatcher.backlog_changed.set()  # a new stream hears the backlog at once
-
-    async def _report_backlog(self) -> None:
-        """Tell each worker how much waits for it here whenever that changed, to guide
-        its credits (§7). A node whose tasks became ready while it holds no credit says
-        so within milliseconds, and the worker moves credits to it; a report only every
-        second left such tasks waiting that long, or for good while the worker's
-        credits sat on nodes with no work."""
-        changed = self.dispatcher.backlog_changed
-        while True:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(changed.wait(), BACKLOG_REPORT_S)
-            await asyncio.sleep(BACKLOG_COALESCE_S)
-            changed.clear()
-            for session in self.sessions.live():
-                self.sessions.send_backlog(session, self.dispatcher.backlog_for(session))
+        self.dispatcher.sessions_changed()
 
     # ---- clock skew -------------------------------------------------------------------------
 
@@ -548,7 +505,7 @@ class SchedulerNode:
         log.info("scheduler node stopping", extra={"node_id": self.config.node_id})
         await self._health.enter_graceful_shutdown()
         await self.drain("scheduler node shutting down", shutting_down=True)
-        loops = [*self._tasks, *self._side_tasks]
+        loops = [*self._tasks, *self._side_tasks, *self.router.in_flight()]
         for task in loops:
             task.cancel()
         await self._wait_stopped(loops)
@@ -587,28 +544,29 @@ class SchedulerNode:
 
     # ---- metrics ------------------------------------------------------------------------------
 
-    def _counters(self) -> dict[str, dict[str, int]]:
-        return {
-            "dispatcher": dict(self.dispatcher.stats),
-            # One family of metrics (chronoshard_gateway_*) for the worker edge.
-            "gateway": {
-                **self.sessions.stats,
-                **self.gateway.stats,
-                **self.settlements.stats,
-            },
-            "preloader": dict(self.preloader.stats),
-            "shards": dict(self.shards.stats),
-            "clock": dict(self.clock.stats),
-            "reconciler": dict(self.reconciler.stats),
-            "liveness": dict(self.liveness.stats),
-            "maintenance": dict(self.maintenance.stats),
-        }
+    def _stats_families(self) -> list[StatsFamily]:
+        assert self._task_service is not None
+        committers = [*self.settlements.committers, self._task_service.submits]
+        return [
+            StatsFamily("dispatcher", self.dispatcher),
+            *(StatsFamily(name, part) for name, part in self.dispatcher.structures().items()),
+            StatsFamily("preloader", self.preloader),
+            # One family (chronoshard_gateway_*) for the worker edge.
+            StatsFamily("gateway", self.sessions),
+            StatsFamily("gateway", self.gateway),
+            StatsFamily("gateway", self.settlements),
+            *(StatsFamily("group_commit", c, {"committer": c.name}) for c in committers),
+            StatsFamily("tenant_limits", self.tenant_limits),
+            StatsFamily("shards", self.shards),
+            StatsFamily("signals", self.signals),
+            StatsFamily("clock", self.clock),
+            StatsFamily("reconciler", self.reconciler),
+            StatsFamily("liveness", self.liveness),
+            StatsFamily("maintenance", self.maintenance),
+        ]
 
     def _gauges(self) -> dict[str, float]:
         return {
-            "wheel_timers": self.dispatcher.wheel_size(),
-            "ready_tasks": self.dispatcher.ready_size(),
-            "shards_owned": len(self.shards.epochs()),
             "worker_sessions": len(self.sessions.live()),
             # Credits workers granted this node, unused: ready tasks with none here mean
             # every worker is busy (or, if they idle, credits are stuck elsewhere).
@@ -618,7 +576,6 @@ class SchedulerNode:
             # beyond clock.max_offset_s (nothing dispatched, shards handed off).
             "clock_offset_seconds": self.clock.offset_s,
             "clock_offset_error_seconds": self.clock.error_s,
-            "clock_skewed": 1 if self.clock.skewed else 0,
             # Non-idempotent tasks of the owned shards whose attempt's outcome is unknown,
             # held for a late settlement or an operator (chronoshard tasks resolve).
             "outcome_unknown_tasks": self.reconciler.outcome_unknown,

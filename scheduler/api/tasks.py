@@ -108,6 +108,11 @@ class TaskServiceServicer(task_service_pb2_grpc.TaskServiceServicer):
         self._submits = submit_committer(store)
         self._submits.start()
 
+    @property
+    def submits(self) -> GroupCommitter[Request, SubmitResult]:
+        """The single submits' group commit, for the metrics endpoint."""
+        return self._submits
+
     async def stop(self) -> None:
         """Flush the submits queued, then refuse more (retryable ``NODE_STOPPING``)."""
         await self._submits.stop()

@@ -30,7 +30,7 @@ import asyncio
 import logging
 import unicodedata
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, ClassVar
 
 import grpc
 
@@ -87,6 +87,8 @@ def _scheduler_batch(
 class Gateway(worker_service_pb2_grpc.WorkerServiceServicer):
     """The ``WorkerService`` servicer: streams into sessions, messages into settlements."""
 
+    STATS_GAUGES: ClassVar[frozenset[str]] = frozenset()
+
     def __init__(
         self,
         config: SchedulerConfig,
@@ -101,7 +103,7 @@ class Gateway(worker_service_pb2_grpc.WorkerServiceServicer):
         self._streams_end: asyncio.Future[None] | None = None
         # The stream messages' handlers, each waiting for its group commit.
         self._background: set[asyncio.Task[Any]] = set()
-        self.stats: dict[str, int] = {
+        self._stats: dict[str, int] = {
             "sessions_rejected": 0,
             "stale_settlements": 0,
             "revoked_in_heartbeats": 0,
@@ -147,12 +149,12 @@ class Gateway(worker_service_pb2_grpc.WorkerServiceServicer):
         try:
             first = await asyncio.wait_for(anext(request_iterator), HELLO_TIMEOUT_S)
         except (TimeoutError, StopAsyncIteration):
-            self.stats["sessions_rejected"] += 1
+            self._stats["sessions_rejected"] += 1
             return
         try:
             hello = _hello(first)
         except InvalidArgument as exc:
-            self.stats["sessions_rejected"] += 1
+            self._stats["sessions_rejected"] += 1
             yield worker_service_pb2.SchedulerMessage(
                 reject=worker_service_pb2.Reject(error=boundary.error_info(exc))
             )
@@ -332,7 +334,7 @@ class Gateway(worker_service_pb2_grpc.WorkerServiceServicer):
         if isinstance(result, SchedulerError):
             receipt.error.CopyFrom(boundary.error_info(result))
         elif result is not SettleOutcome.OK:
-            self.stats["stale_settlements"] += 1
+            self._stats["stale_settlements"] += 1
             receipt.error.CopyFrom(_outcome_error(result))
         return worker_service_pb2.SchedulerMessage(receipt=receipt)
 
@@ -353,7 +355,7 @@ class Gateway(worker_service_pb2_grpc.WorkerServiceServicer):
                         reason=SettleOutcome.STALE_FENCING_TOKEN.value,
                     )
                 )
-                self.stats["revoked_in_heartbeats"] += 1
+                self._stats["revoked_in_heartbeats"] += 1
         session.send(worker_service_pb2.SchedulerMessage(heartbeat_reply=reply))
         for beat in beats:
             reason = update.cancel_requested.get(beat.ref.id)
@@ -403,8 +405,11 @@ class Gateway(worker_service_pb2_grpc.WorkerServiceServicer):
 
         outcome = await boundary.serve(f"WorkerService.{kind.capitalize()}", context, settle)
         if outcome is not SettleOutcome.OK:
-            self.stats["stale_settlements"] += 1
+            self._stats["stale_settlements"] += 1
             await boundary.abort(context, _outcome_error(outcome))
+
+    def get_stats(self) -> dict[str, int]:
+        return dict(self._stats)
 
 
 # ---- parsing: worker messages into the core's values ------------------------------------

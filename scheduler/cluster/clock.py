@@ -42,6 +42,7 @@ import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from typing import ClassVar
 
 from chronoshard.clock import Anchor, Clock, ClockReading
 from chronoshard.scheduler.config import ClockConfig
@@ -156,6 +157,8 @@ class ClusterClock:
     """A :class:`~chronoshard.clock.Clock`: ``now()`` is PostgreSQL's time as estimated
     here, ``monotonic()`` the host's. Before the first reading ``now()`` is the host's."""
 
+    STATS_GAUGES: ClassVar[frozenset[str]] = frozenset({"skewed"})
+
     def __init__(self, local: Clock, config: ClockConfig, read: Reader) -> None:
         self._local = local
         self._config = config
@@ -169,7 +172,7 @@ class ClusterClock:
         self.error_s = 0.0
         # Called with the new state when the node becomes skewed or trusted again.
         self.on_skew_changed: Callable[[bool], None] | None = None
-        self.stats: dict[str, int] = {
+        self._stats: dict[str, int] = {
             "samples": 0,
             "sample_failures": 0,
             "skew_episodes": 0,
@@ -204,9 +207,9 @@ class ClusterClock:
 
     def adopt(self, readings: Sequence[ClockReading]) -> None:
         adoption = preferred_anchor(self._anchor, best_reading(readings), self.monotonic())
-        self.stats["samples"] += 1
+        self._stats["samples"] += 1
         if adoption.jump_s is not None:
-            self.stats["jumps"] += 1
+            self._stats["jumps"] += 1
             log.warning(
                 "cluster clock moved: PostgreSQL's clock or this host's monotonic clock jumped",
                 extra={"jump_s": round(adoption.jump_s, 6)},
@@ -231,7 +234,7 @@ class ClusterClock:
         }
         if self.skewed:
             self._skewed_at = at
-            self.stats["skew_episodes"] += 1
+            self._stats["skew_episodes"] += 1
             log.warning(
                 "clock out of bound: this node stops dispatching and hands its shards off",
                 extra=fields,
@@ -271,7 +274,7 @@ class ClusterClock:
             try:
                 await asyncio.wait_for(self.sample(), timeout=max(interval_s, MIN_READ_TIMEOUT_S))
             except (StoreUnavailable, TimeoutError) as exc:
-                self.stats["sample_failures"] += 1
+                self._stats["sample_failures"] += 1
                 if not self._read_failing:
                     self._read_failing = True
                     log.warning(
@@ -282,3 +285,6 @@ class ClusterClock:
                 if self._read_failing:
                     self._read_failing = False
                     log.info("reading PostgreSQL's clock again")
+
+    def get_stats(self) -> dict[str, int]:
+        return {**self._stats, "skewed": 1 if self.skewed else 0}

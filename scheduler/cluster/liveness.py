@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Collection
-from typing import Protocol
+from typing import ClassVar, Protocol
 
 from chronoshard.events import wait_event
 from chronoshard.scheduler.errors import StoreUnavailable
@@ -42,6 +42,8 @@ class LivenessStore(Protocol):
 
 
 class WorkerLiveness:
+    STATS_GAUGES: ClassVar[frozenset[str]] = frozenset()
+
     def __init__(
         self,
         node_id: str,
@@ -55,7 +57,7 @@ class WorkerLiveness:
         self._store = store
         self._reported: set[str] = set()
         self._wake = asyncio.Event()
-        self.stats: dict[str, int] = {"reports": 0, "store_errors": 0}
+        self._stats: dict[str, int] = {"reports": 0, "store_errors": 0}
 
     def sessions_changed(self) -> None:
         self._wake.set()
@@ -67,7 +69,7 @@ class WorkerLiveness:
                 await self.report_once()
             except StoreUnavailable as exc:
                 # Missing one refresh is harmless: rows stay valid for the whole timeout.
-                self.stats["store_errors"] += 1
+                self._stats["store_errors"] += 1
                 log.warning("could not record worker sessions", extra={"error": str(exc)})
             await wait_event(self._wake, self._interval_s)
 
@@ -75,8 +77,9 @@ class WorkerLiveness:
         live = self._sessions.worker_ids()
         # Sessions closed since the last report are written once more, as closed: "last
         # seen" is then their close (or just after), not up to an interval before it.
-        await self._store.touch_worker_sessions(
-            self._node_id, live, closed=self._reported - live
-        )
+        await self._store.touch_worker_sessions(self._node_id, live, closed=self._reported - live)
         self._reported = live
-        self.stats["reports"] += 1
+        self._stats["reports"] += 1
+
+    def get_stats(self) -> dict[str, int]:
+        return dict(self._stats)

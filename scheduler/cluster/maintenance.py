@@ -34,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass
+from typing import ClassVar
 
 from chronoshard.scheduler.config import MaintenanceConfig
 from chronoshard.scheduler.errors import StoreUnavailable
@@ -55,11 +56,13 @@ class MaintenanceResult:
 
 
 class PartitionMaintenance:
+    STATS_GAUGES: ClassVar[frozenset[str]] = frozenset()
+
     def __init__(self, config: MaintenanceConfig, store: Store) -> None:
         self._config = config
         self._partitions = PartitionStore(store)
         self._sessions = WorkerSessionStore(store)
-        self.stats: dict[str, int] = {
+        self._stats: dict[str, int] = {
             "rounds": 0,
             "skipped_lock_held": 0,
             "partitions_created": 0,
@@ -77,7 +80,7 @@ class PartitionMaintenance:
                 try:
                     await self.run_once()
                 except StoreUnavailable as exc:
-                    self.stats["failures"] += 1
+                    self._stats["failures"] += 1
                     delay_s = min(delay_s, self._config.retry_interval_s)
                     log.warning(
                         "partition maintenance failed; will retry", extra={"error": str(exc)}
@@ -99,7 +102,7 @@ class PartitionMaintenance:
         """
         analyzed = await self._partitions.analyze_new_tables(ANALYZE_MIN_CHANGES)
         if analyzed:
-            self.stats["tables_analyzed"] += len(analyzed)
+            self._stats["tables_analyzed"] += len(analyzed)
             log.info("analyzed new tables", extra={"tables": analyzed})
         return analyzed
 
@@ -114,20 +117,23 @@ class PartitionMaintenance:
         lock_timeout_s = self._config.lock_timeout_s
         async with self._partitions.maintenance_round() as round_:
             if round_ is None:
-                self.stats["skipped_lock_held"] += 1
+                self._stats["skipped_lock_held"] += 1
                 return None
-            self.stats["rounds"] += 1
+            self._stats["rounds"] += 1
             created = await round_.ensure_partitions(
                 self._config.partitions_ahead_days, lock_timeout_s=lock_timeout_s
             )
-            self.stats["partitions_created"] += len(created)
+            self._stats["partitions_created"] += len(created)
             dropped = await round_.detach_old_partitions(
                 self._config.retention_days, lock_timeout_s=lock_timeout_s
             )
-            self.stats["partitions_dropped"] += len(dropped)
+            self._stats["partitions_dropped"] += len(dropped)
         # After the lock is released (the round's connection back in the pool): only the
         # node that ran the round gets here, and deleting aged rows twice is harmless.
         forgotten = await self._sessions.forget_old_worker_sessions(WORKER_SESSION_RETENTION_S)
         if created or dropped:
             log.info("partition maintenance", extra={"created": created, "dropped": dropped})
         return MaintenanceResult(created, dropped, forgotten)
+
+    def get_stats(self) -> dict[str, int]:
+        return dict(self._stats)

@@ -37,7 +37,7 @@ token and ``updated_at`` — under the shard epochs, in one transaction
 (:mod:`chronoshard.scheduler.store.repairs`), so two reconcilers over one shard (old and new
 owner in a handoff, or a pass that overran its interval) cannot both win, and a completion
 or heartbeat that lands between the read and the write wins: the row changed, the write
-changes nothing, and the next pass looks again. """
+changes nothing, and the next pass looks again."""
 
 from __future__ import annotations
 
@@ -47,7 +47,7 @@ import uuid
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Protocol
+from typing import ClassVar, Protocol
 
 from chronoshard.clock import Clock
 from chronoshard.events import wait_event
@@ -70,7 +70,6 @@ from chronoshard.scheduler.core.sharding import shard_of
 from chronoshard.scheduler.errors import CommitOutcomeUnknown, StoreUnavailable
 
 log = logging.getLogger(__name__)
-
 
 
 class ReconcileRuns(Protocol):
@@ -144,6 +143,8 @@ WORKFLOW_SCAN_LIMIT = 500
 
 
 class Reconciler:
+    STATS_GAUGES: ClassVar[frozenset[str]] = frozenset()
+
     def __init__(
         self,
         config: SchedulerConfig,
@@ -165,7 +166,7 @@ class Reconciler:
         self.outcome_unknown = 0
         """OUTCOME_UNKNOWN tasks of the owned shards after the last pass (a gauge)."""
         self._wake = asyncio.Event()
-        self.stats: dict[str, int] = {
+        self._stats: dict[str, int] = {
             "passes": 0,
             "redispatched": 0,
             "abandoned_unacknowledged": 0,
@@ -203,7 +204,7 @@ class Reconciler:
                 try:
                     gap_s = (await self.reconcile_once()).next_pass_in_s
                 except StoreUnavailable as exc:
-                    self.stats["store_errors"] += 1
+                    self._stats["store_errors"] += 1
                     log.warning("reconcile pass failed; next pass", extra={"error": str(exc)})
             await wait_event(self._wake, self._gap_s(started) if gap_s is None else gap_s)
 
@@ -211,7 +212,7 @@ class Reconciler:
         """One pass over the owned shards: in-flight rows, then workflow runs."""
         started = self._clock.monotonic()
         epochs = dict(self._shards.epochs())
-        self.stats["passes"] += 1
+        self._stats["passes"] += 1
         if not epochs:
             self.outcome_unknown = 0
             return PassReport(0, 0, 0, 0, 0, 0, self._gap_s(started))
@@ -279,19 +280,19 @@ class Reconciler:
             row, decision = repair.row, repair.decision
             if row.timer.id not in result.applied:
                 # A completion, heartbeat, ack or another reconciler got there first.
-                self.stats["lost_races"] += 1
+                self._stats["lost_races"] += 1
                 continue
             # Its worker (if its session is here) is told at its next heartbeat; the
             # session stops counting the attempt against the tenant's concurrency now.
             self._sessions.attempt_superseded(row.timer.id, row.fencing_token)
             if decision.verdict is Verdict.CANCEL:
-                self.stats["cancelled"] += 1
+                self._stats["cancelled"] += 1
             elif decision.verdict is Verdict.OUTCOME_UNKNOWN:
-                self.stats["outcome_unknown"] += 1
+                self._stats["outcome_unknown"] += 1
             elif decision.cause is Cause.UNACKNOWLEDGED:
-                self.stats["abandoned_unacknowledged"] += 1
+                self._stats["abandoned_unacknowledged"] += 1
             else:
-                self.stats["abandoned_lease_expired"] += 1
+                self._stats["abandoned_lease_expired"] += 1
             unknown = decision.verdict is Verdict.OUTCOME_UNKNOWN
             # An unknown outcome needs an operator (or the worker's late report): a
             # warning, where a routine repair is information.
@@ -310,7 +311,7 @@ class Reconciler:
                     "reason": decision.reason,
                 },
             )
-        self.stats["redispatched"] += len(result.ready)
+        self._stats["redispatched"] += len(result.ready)
         if result.ready:
             self._wheel.tasks_ready_again(result.ready)
 
@@ -336,10 +337,13 @@ class Reconciler:
         finished, lost = await self._runs.finish_runs(epochs, list(outcomes.values()))
         if lost:
             self._shards.epochs_lost(lost)
-        self.stats["workflow_runs_finished"] += len(finished)
+        self._stats["workflow_runs_finished"] += len(finished)
         for run_id in finished:
             log.info(
                 "reconciler finished a workflow run",
                 extra={"workflow_id": str(run_id), "state": outcomes[run_id].state.value},
             )
         return len(finished)
+
+    def get_stats(self) -> dict[str, int]:
+        return dict(self._stats)

@@ -42,7 +42,7 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterable, Mapping
 from datetime import datetime, timedelta
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Protocol, TypeVar
+from typing import TYPE_CHECKING, ClassVar, Protocol, TypeVar
 
 from chronoshard.clock import Clock
 from chronoshard.events import wait_event
@@ -91,6 +91,8 @@ class WorkerPresence(Protocol):
 
 
 class ShardManager:
+    STATS_GAUGES: ClassVar[frozenset[str]] = frozenset({"owned"})
+
     def __init__(
         self,
         node: NodeInfo,
@@ -141,7 +143,7 @@ class ShardManager:
         self.on_claimed: Callable[[], None] | None = None
         coordinator.on_renewed_while_fenced = self._kick.set
         self.handoffs: list[tuple[str, int, int]] = []
-        self.stats: dict[str, int] = {
+        self._stats: dict[str, int] = {
             "claims": 0,
             "releases": 0,
             "warm_handoffs": 0,
@@ -178,7 +180,7 @@ class ShardManager:
         for shard in lost:
             epoch = self._owned.pop(shard)
             self._to_reload.pop(shard, None)
-            self.stats["epochs_lost"] += 1
+            self._stats["epochs_lost"] += 1
             log.warning("shard epoch superseded; stopped", extra={"shard": shard, "epoch": epoch})
         if lost and self._dispatcher is not None:
             self._dispatcher.drop_shards(lost)
@@ -321,10 +323,10 @@ class ShardManager:
         if len(self._outgoing):
             let_go = self._outgoing.decide(self._marks, now)
             for shard in let_go.warm:
-                self.stats["warm_handoffs"] += 1
+                self._stats["warm_handoffs"] += 1
                 await self._release(shard, reason="handoff", unload=False)
             for shard in let_go.cold:
-                self.stats["cold_handoffs"] += 1
+                self._stats["cold_handoffs"] += 1
                 await self._release(shard, reason="rebalance")
         missing = sorted(mine - set(self._owned))
         held: list[int] = []
@@ -364,7 +366,7 @@ class ShardManager:
         warm = self._incoming.take(shard)
         self._owned[shard] = claim.epoch
         self._ownership_changed.set()
-        self.stats["claims"] += 1
+        self._stats["claims"] += 1
         self.handoffs.append(("claimed", shard, claim.epoch))
         # What the warm-up read goes on the wheel first: the shard dispatches at once.
         if self._dispatcher is not None:
@@ -431,15 +433,13 @@ class ShardManager:
                     await self._runs.unload_preloaded({shard: epoch})
                 except StoreUnavailable as exc:
                     # The next owner reloads PRELOADED rows anyway: only the hint is lost.
-                    log.warning(
-                        "could not unload shard", extra={"shard": shard, "error": str(exc)}
-                    )
+                    log.warning("could not unload shard", extra={"shard": shard, "error": str(exc)})
             with contextlib.suppress(CoordinationError):
                 await self._coordinator.release_shard(shard, epoch)
         finally:
             self._releasing.discard(shard)
             self._ownership_changed.set()
-        self.stats["releases"] += 1
+        self._stats["releases"] += 1
         self.handoffs.append(("released", shard, epoch))
         log.info("shard released", extra={"shard": shard, "epoch": epoch, "reason": reason})
 
@@ -492,7 +492,7 @@ class ShardManager:
         clock gives the shards back the same way, for the peers to claim.
         """
         if self._owned and reason == "self-fenced":
-            self.stats["fence_reclaims"] += 1
+            self._stats["fence_reclaims"] += 1
         for shard in sorted(self._owned):
             self._to_give_back[shard] = self._owned[shard]
             await self._release(shard, reason=reason)
@@ -519,7 +519,7 @@ class ShardManager:
 
     async def _recover_lease(self) -> None:
         """etcd dropped our lease: every claim went with it. Start over under a new one."""
-        self.stats["lease_losses"] += 1
+        self._stats["lease_losses"] += 1
         self._to_give_back.clear()
         self._to_reload.clear()
         self._incoming.clear()  # our ready marks went with the lease
@@ -559,9 +559,7 @@ class ShardManager:
         """
         deadline = self._clock.monotonic() + self._handoff.wait_s + HANDOFF_SLACK_S
         self._kick.set()
-        while (self._owned or self._releasing) and (
-            left := deadline - self._clock.monotonic()
-        ) > 0:
+        while (self._owned or self._releasing) and (left := deadline - self._clock.monotonic()) > 0:
             self._ownership_changed.clear()
             await wait_event(self._ownership_changed, left)
         await self.release_all()
@@ -575,6 +573,9 @@ class ShardManager:
                 await self._coordinator.clear_handoff_mark(shard)
         for shard in sorted(self._owned):
             await self._release(shard, reason="shutdown")
+
+    def get_stats(self) -> dict[str, int]:
+        return {**self._stats, "owned": len(self._owned)}
 
 
 def _views(members: Mapping[str, NodeInfo]) -> set[tuple[str, str, bool]]:

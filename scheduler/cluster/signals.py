@@ -21,8 +21,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from datetime import datetime
+from typing import ClassVar, Protocol
 
 import psycopg
 
@@ -73,21 +74,25 @@ def decode(payload: str) -> tuple[str, set[int], list[tuple[int, TaskRef]]]:
     raise ValueError(f"unknown notification {payload[:40]!r}")
 
 
+class SignalHandler(Protocol):
+    def signal_due(self, shards: set[int]) -> None: ...
+    def signal_ready(self, tasks: list[tuple[int, TaskRef]]) -> None: ...
+
+
 class ShardSignals:
     """Sends and receives the cross-node signals of one node."""
 
-    def __init__(
-        self,
-        dsn: str,
-        store: Store,
-        on_due: Callable[[set[int]], None],
-        on_ready: Callable[[list[tuple[int, TaskRef]]], None],
-    ) -> None:
+    STATS_GAUGES: ClassVar[frozenset[str]] = frozenset()
+
+    def __init__(self, dsn: str, store: Store) -> None:
         self._dsn = dsn
         self._store = store
-        self._on_due = on_due
-        self._on_ready = on_ready
-        self.stats: dict[str, int] = {"sent": 0, "received": 0, "send_errors": 0, "reconnects": 0}
+        self._handler: SignalHandler | None = None
+        self._stats: dict[str, int] = {"sent": 0, "received": 0, "send_errors": 0, "reconnects": 0}
+
+    def attach(self, handler: SignalHandler) -> None:
+        """Who acts on what arrives (:class:`~.routing.ChangeRouter`); before :meth:`listen`."""
+        self._handler = handler
 
     async def send(self, payloads: Sequence[str]) -> None:
         """Best effort: a signal that cannot be sent is found by the periodic passes."""
@@ -97,9 +102,9 @@ class ShardSignals:
             async with self._store.connection() as conn:
                 for payload in payloads:
                     await conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL, payload))
-            self.stats["sent"] += len(payloads)
+            self._stats["sent"] += len(payloads)
         except Exception as exc:
-            self.stats["send_errors"] += 1
+            self._stats["send_errors"] += 1
             log.warning("cannot notify other nodes", extra={"error": str(exc)})
 
     async def listen(self) -> None:
@@ -111,10 +116,10 @@ class ShardSignals:
                 ) as conn:
                     await conn.execute(f"LISTEN {CHANNEL}")
                     async for notify in conn.notifies():
-                        self.stats["received"] += 1
+                        self._stats["received"] += 1
                         self._handle(notify.payload)
             except (psycopg.OperationalError, OSError) as exc:
-                self.stats["reconnects"] += 1
+                self._stats["reconnects"] += 1
                 log.warning("signal listener lost its connection", extra={"error": str(exc)})
                 await asyncio.sleep(RECONNECT_S)
 
@@ -124,10 +129,15 @@ class ShardSignals:
         except ValueError as exc:
             log.warning("ignoring malformed signal", extra={"error": str(exc)})
             return
+        if self._handler is None:
+            return  # not listening yet: the periodic passes find the work
         try:
             if kind == "due":
-                self._on_due(shards)
+                self._handler.signal_due(shards)
             else:
-                self._on_ready(tasks)
+                self._handler.signal_ready(tasks)
         except Exception:  # a bad handler must not stop the listener
             log.exception("signal handler failed", extra={"kind": kind})
+
+    def get_stats(self) -> dict[str, int]:
+        return dict(self._stats)

@@ -57,6 +57,7 @@ import math
 import uuid
 from collections.abc import Callable, Hashable, Iterator, Mapping
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from chronoshard.scheduler.core.models import Priority
 from chronoshard.scheduler.errors import InvalidArgument
@@ -300,6 +301,17 @@ class ReadyQueues:
     path and should be a cache lookup.
     """
 
+    STATS_GAUGES: ClassVar[frozenset[str]] = frozenset(
+        {
+            "tasks",
+            "capacity",
+            "garbage",
+            "parked_tenants",
+            *(f"waiting_{p}" for p in CLASSES),
+            *(f"in_flight_{p}" for p in CLASSES),
+        }
+    )
+
     def __init__(
         self,
         *,
@@ -506,12 +518,13 @@ class ReadyQueues:
             math.floor(caps[p] * total_slots + _SLOT_EPS) if p in caps else None for p in CLASSES
         ]
 
-    def stats(self) -> dict[str, int]:
-        """Plain counters for the metrics module: gauges (waiting, in flight, capacity,
-        parked tenants, garbage: removed entries not yet dropped) and totals that only
-        grow. O(tenants): for a metrics scrape, not the hot path."""
+    def get_stats(self) -> dict[str, int]:
+        """Totals that only grow, and the levels named in ``STATS_GAUGES`` (tasks
+        waiting, per class waiting and in flight, capacity, parked tenants, garbage:
+        removed entries not yet dropped). O(tenants): for a metrics scrape, not the hot
+        path."""
         out = dict(self._counters)
-        out["waiting"] = len(self._waiting)
+        out["tasks"] = len(self._waiting)
         for rank, priority in enumerate(CLASSES):
             out[f"waiting_{priority}"] = self._class_waiting[rank]
             out[f"in_flight_{priority}"] = self._class_in_flight[rank]

@@ -24,8 +24,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Hashable
-from dataclasses import dataclass
-from typing import Generic, NamedTuple, TypeVar, overload
+from typing import ClassVar, Generic, NamedTuple, TypeVar, overload
 
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
@@ -49,20 +48,6 @@ class Entry(NamedTuple, Generic[K, V]):
     item: V
 
 
-@dataclass(frozen=True, slots=True)
-class WheelStats:
-    """Plain counters for the metrics module; all but ``pending``, ``levels`` and
-    ``garbage`` only ever grow."""
-
-    pending: int  # timers that will fire unless cancelled
-    added: int  # add() calls, replacements included
-    replaced: int  # add() calls that replaced a pending timer with the same key
-    cancelled: int  # cancel() calls that found a pending timer
-    expired: int  # timers returned by advance()
-    levels: int  # levels allocated so far (they are never freed)
-    garbage: int  # dead entries still held, awaiting their bucket or the next sweep
-
-
 class TimingWheel(Generic[K, V]):
     """Timers keyed by ``K`` carrying an item ``V``, fired by :meth:`advance`.
 
@@ -70,6 +55,8 @@ class TimingWheel(Generic[K, V]):
     which is what a dispatcher wants when a task is rescheduled. Not thread-safe: one
     driver owns the wheel.
     """
+
+    STATS_GAUGES: ClassVar[frozenset[str]] = frozenset({"timers", "levels", "garbage"})
 
     __slots__ = (
         "_added",
@@ -258,16 +245,20 @@ class TimingWheel(Generic[K, V]):
         """The pending timer of ``key``, or None."""
         return self._index.get(key)
 
-    def stats(self) -> WheelStats:
-        return WheelStats(
-            pending=len(self._index),
-            added=self._added,
-            replaced=self._replaced,
-            cancelled=self._cancelled,
-            expired=self._expired,
-            levels=len(self._levels),
-            garbage=self._garbage,
-        )
+    def get_stats(self) -> dict[str, int]:
+        """Totals that only grow (add calls, replacements included; replacements; cancels
+        that found a timer; timers returned by advance) and the levels in
+        ``STATS_GAUGES``: pending timers, levels allocated (never freed), and dead entries
+        still held until their bucket or the next sweep."""
+        return {
+            "timers": len(self._index),
+            "added": self._added,
+            "replaced": self._replaced,
+            "cancelled": self._cancelled,
+            "expired": self._expired,
+            "levels": len(self._levels),
+            "garbage": self._garbage,
+        }
 
     def __len__(self) -> int:
         return len(self._index)

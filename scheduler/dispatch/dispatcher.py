@@ -29,11 +29,12 @@ then, so lateness is the worker's timer precision rather than tick + commit + ne
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
-from typing import Protocol
+from typing import TYPE_CHECKING, ClassVar, Protocol
 
 from chronoshard.clock import Clock
 from chronoshard.events import wait_event
@@ -46,13 +47,21 @@ from chronoshard.scheduler.core.states import AttemptState
 from chronoshard.scheduler.core.timing_wheel import TimingWheel
 from chronoshard.scheduler.dispatch import faults
 from chronoshard.scheduler.dispatch.faults import CrashPoint
-from chronoshard.scheduler.dispatch.sessions import SessionRegistry, WorkerSession
+from chronoshard.scheduler.dispatch.sessions import SessionRegistry
 from chronoshard.scheduler.errors import CommitOutcomeUnknown, StoreUnavailable
 from chronoshard.scheduler.store.runs import RunStore
+
+if TYPE_CHECKING:
+    from chronoshard.scheduler.metrics import StatsSource
 
 log = logging.getLogger(__name__)
 
 STORE_RETRY_S = 0.5
+BACKLOG_REPORT_S = 1.0
+"""Look at every session's backlog at least this often, changed or not."""
+BACKLOG_COALESCE_S = 0.005
+"""After a change, wait this long before reporting: a burst of changes (a dispatch round,
+a wheel tick) becomes one report per session, not one per task."""
 
 
 class ShardView(Protocol):
@@ -76,6 +85,8 @@ class ShardView(Protocol):
 
 
 class Dispatcher:
+    STATS_GAUGES: ClassVar[frozenset[str]] = frozenset()
+
     def __init__(
         self,
         config: SchedulerConfig,
@@ -85,7 +96,6 @@ class Dispatcher:
         shards: ShardView,
         tenant_limits: Callable[[uuid.UUID], TenantLimits],
         on_dispatched: Callable[[TimerTask, float], None] | None = None,
-        on_remote_ready: Callable[[Sequence[TimerTask]], None] | None = None,
     ) -> None:
         self._config = config
         self._clock = clock
@@ -103,14 +113,15 @@ class Dispatcher:
         # Chosen in the round being written: neither on the wheel nor ready meanwhile.
         self._in_round: set[uuid.UUID] = set()
         self._wake = asyncio.Event()
-        # Set whenever the ready queues changed: the node reports backlogs on change.
-        self.backlog_changed = asyncio.Event()
+        # Set whenever the ready queues or the sessions changed: backlogs are reported.
+        self._backlog_changed = asyncio.Event()
         # Told when a write's unknown outcome may have left PRELOADED rows unheld (the
         # node wires it to the preloader's resync).
         self.on_preloaded_unknown: Callable[[], None] | None = None
         self._on_dispatched = on_dispatched
-        self._on_remote_ready = on_remote_ready
-        self.stats: dict[str, int] = {
+        # Told of released tasks whose shard another node owns (the node's change router).
+        self.on_remote_ready: Callable[[Sequence[TimerTask]], None] | None = None
+        self._stats: dict[str, int] = {
             "dispatched": 0,
             "intent_batches": 0,
             "intent_rows_skipped": 0,
@@ -150,7 +161,7 @@ class Dispatcher:
             if t.id not in self._wheel and t.id not in self._ready and t.id not in self._in_round
         ]
         self.schedule(missing)
-        self.stats["adopted"] += len(missing)
+        self._stats["adopted"] += len(missing)
         return len(missing)
 
     def preloaded_unknown(self) -> None:
@@ -162,7 +173,7 @@ class Dispatcher:
         """Take a task off the wheel or the ready queues (cancelled); whether it was here."""
         was_ready = self._ready.remove(task_id)
         if was_ready:
-            self.backlog_changed.set()
+            self._backlog_changed.set()
         return self._wheel.cancel(task_id) | was_ready
 
     def drop_shards(self, shards: Iterable[int]) -> int:
@@ -176,14 +187,29 @@ class Dispatcher:
     def pending(self) -> int:
         return len(self._wheel) + len(self._ready)
 
-    def wheel_size(self) -> int:
-        return len(self._wheel)
+    def structures(self) -> dict[str, StatsSource]:
+        """The timing wheel and the ready queues, for the metrics endpoint."""
+        return {"wheel": self._wheel, "ready": self._ready}
 
-    def ready_size(self) -> int:
-        return len(self._ready)
+    def sessions_changed(self) -> None:
+        """A stream opened or closed: a new one hears its backlog at once."""
+        self._backlog_changed.set()
 
-    def backlog_for(self, session: WorkerSession) -> int:
-        return self._ready.waiting_for(session.queues, session.types)
+    async def report_backlogs(self) -> None:
+        """Tell each worker how much waits for it here whenever that changed, to guide
+        its credits (docs/architecture.md#d7). A node whose tasks became ready while it
+        holds no credit says so within milliseconds, and the worker moves credits to it;
+        a report only every second left such tasks waiting that long, or for good while
+        the worker's credits sat on nodes with no work."""
+        changed = self._backlog_changed
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(changed.wait(), BACKLOG_REPORT_S)
+            await asyncio.sleep(BACKLOG_COALESCE_S)
+            changed.clear()
+            for session in self._sessions.live():
+                ready = self._ready.waiting_for(session.queues, session.types)
+                self._sessions.send_backlog(session, ready)
 
     # SessionListener and SettlementListener
 
@@ -194,9 +220,9 @@ class Dispatcher:
         owned = self._shards.epochs()
         self.schedule(t for t in tasks if t.shard in owned)
         elsewhere = [t for t in tasks if t.shard not in owned]
-        if elsewhere and self._on_remote_ready is not None:
+        if elsewhere and self.on_remote_ready is not None:
             # Released through this node, owned by another: its wheel must hear of them.
-            self._on_remote_ready(elsewhere)
+            self.on_remote_ready(elsewhere)
 
     def retry_scheduled(self, shard: int, due_at: datetime) -> None:
         self._shards.retry_due(shard, due_at)
@@ -221,7 +247,7 @@ class Dispatcher:
             await self._sleep(now)
 
     def _push_ready(self, timer: TimerTask, now: float) -> None:
-        self.backlog_changed.set()
+        self._backlog_changed.set()
         self._ready.push(
             ReadyTask(
                 id=timer.id,
@@ -250,7 +276,7 @@ class Dispatcher:
         chosen = rounds.choose(self._sessions.with_credit(), self._ready, self._batch_max, now)
         if not chosen:
             return 0
-        self.backlog_changed.set()
+        self._backlog_changed.set()
         epochs = dict(self._shards.epochs())
         intents = [Intent(_timer(r), s.worker_id) for s, r in chosen]
         self._in_round = {r.id for _, r in chosen}
@@ -260,10 +286,10 @@ class Dispatcher:
             self._in_round = set()
         if result is None:  # nothing committed: try again shortly
             rounds.put_back(chosen, self._ready, now)
-            self.backlog_changed.set()
+            self._backlog_changed.set()
             await asyncio.sleep(STORE_RETRY_S)
             return 0
-        self.stats["intent_batches"] += 1
+        self._stats["intent_batches"] += 1
         if result.dispatched:
             faults.reached(CrashPoint.AFTER_INTENT)  # fault injection (test builds)
         if result.lost_shards:
@@ -278,12 +304,12 @@ class Dispatcher:
             timer = _timer(ready)
             self._by_shard.get(timer.shard, set()).discard(timer.id)
             if self._sessions.send_assignment(session, task, timer):
-                self.stats["dispatched"] += 1
+                self._stats["dispatched"] += 1
                 if self._on_dispatched is not None:
                     self._on_dispatched(timer, (wall_now - timer.due_at).total_seconds())
             else:
                 undeliverable.append((task, timer))
-        self.stats["intent_rows_skipped"] += rounds.give_back(
+        self._stats["intent_rows_skipped"] += rounds.give_back(
             written.leftover, result.unwritten, self._ready, now
         )
         if undeliverable:
@@ -306,11 +332,11 @@ class Dispatcher:
                 extra={"error": str(exc), "tasks": len(intents)},
             )
         except StoreUnavailable as exc:
-            self.stats["store_errors"] += 1
+            self._stats["store_errors"] += 1
             log.warning("dispatch intent failed; will retry", extra={"error": str(exc)})
             return None
-        self.stats["store_errors"] += 1
-        self.stats["intents_read_back"] += 1
+        self._stats["store_errors"] += 1
+        self._stats["intents_read_back"] += 1
         while True:
             try:
                 return await self._runs.read_back_intents(epochs, intents)
@@ -326,7 +352,7 @@ class Dispatcher:
                 Release(timer.ref, task.fencing_token, None, AttemptState.ABANDONED, "worker gone")
             )
             self._ready.task_finished(timer.tenant_id, timer.priority)
-        self.stats["abandoned_undeliverable"] += len(releases)
+        self._stats["abandoned_undeliverable"] += len(releases)
         try:
             _, ready = await self._runs.release(releases)
         except StoreUnavailable as exc:
@@ -337,6 +363,9 @@ class Dispatcher:
                 self.preloaded_unknown()
             return
         self.tasks_ready_again(ready)
+
+    def get_stats(self) -> dict[str, int]:
+        return dict(self._stats)
 
 
 def _timer(ready: ReadyTask) -> TimerTask:

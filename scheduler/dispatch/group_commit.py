@@ -40,7 +40,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Generic, TypeVar
+from typing import ClassVar, Generic, TypeVar
 
 from chronoshard.scheduler.errors import CommitOutcomeUnknown, CommitterStopped
 
@@ -54,6 +54,8 @@ Res = TypeVar("Res")
 
 class GroupCommitter(Generic[Req, Res]):
     """Batches ``submit`` calls into calls of ``flush(requests) -> results`` (same order)."""
+
+    STATS_GAUGES: ClassVar[frozenset[str]] = frozenset({"queued"})
 
     def __init__(
         self,
@@ -75,10 +77,8 @@ class GroupCommitter(Generic[Req, Res]):
         self._wakeup = asyncio.Event()
         self._stopping = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
-        self.batches = 0
-        self.requests = 0
-        self.failures = 0
-        self.isolated = 0
+        # batches flushed, requests in them, flushes that failed, requests run alone
+        self._stats: dict[str, int] = {"batches": 0, "requests": 0, "failures": 0, "isolated": 0}
 
     def start(self) -> None:
         if self._task is None and not self._stopping.is_set():
@@ -102,6 +102,10 @@ class GroupCommitter(Generic[Req, Res]):
                 await asyncio.wait({task})
         # Not started, or cut short: nothing flushes what is queued any more.
         self._fail_queued()
+
+    def get_stats(self) -> dict[str, int]:
+        """The totals, and ``queued``: requests waiting for the next flush (a level)."""
+        return {**self._stats, "queued": len(self._pending)}
 
     @property
     def accepting(self) -> bool:
@@ -149,8 +153,8 @@ class GroupCommitter(Generic[Req, Res]):
         live = [(req, fut) for req, fut in batch if not fut.cancelled()]
         if not live:
             return
-        self.batches += 1
-        self.requests += len(live)
+        self._stats["batches"] += 1
+        self._stats["requests"] += len(live)
         try:
             results = await self._flush([req for req, _ in live])
         except asyncio.CancelledError:
@@ -166,7 +170,7 @@ class GroupCommitter(Generic[Req, Res]):
                     )
             raise
         except Exception as exc:
-            self.failures += 1
+            self._stats["failures"] += 1
             if isinstance(exc, self._whole_batch_errors):
                 # Nothing of the batch was written: each caller gets its own exception.
                 for _, fut in live:
@@ -191,7 +195,7 @@ class GroupCommitter(Generic[Req, Res]):
         if len(results) != len(live):
             # A bug in ``flush``. Raised out of the loop it ended the flusher and left this
             # batch's callers, and every later one, waiting for ever.
-            self.failures += 1
+            self._stats["failures"] += 1
             error = RuntimeError(f"{self.name}: flush returned {len(results)} for {len(live)}")
             log.error("group commit flush broke its contract", extra={"committer": self.name})
             for _, fut in live:
@@ -203,7 +207,7 @@ class GroupCommitter(Generic[Req, Res]):
 
     async def _run_alone(self, live: list[tuple[Req, asyncio.Future[Res]]]) -> None:
         assert self._isolate is not None
-        self.isolated += len(live)
+        self._stats["isolated"] += len(live)
         for request, fut in live:
             try:
                 result = await self._isolate(request)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from datetime import datetime, timedelta
+from typing import ClassVar
 
 from chronoshard.clock import Clock
 from chronoshard.events import wait_event
@@ -33,6 +34,8 @@ log = logging.getLogger(__name__)
 
 
 class Preloader:
+    STATS_GAUGES: ClassVar[frozenset[str]] = frozenset()
+
     def __init__(
         self,
         config: SchedulerConfig,
@@ -48,7 +51,7 @@ class Preloader:
         self._shards = shards
         self._wake = asyncio.Event()
         self._resync = False
-        self.stats: dict[str, int] = {
+        self._stats: dict[str, int] = {
             "passes": 0,
             "preloaded": 0,
             "store_errors": 0,
@@ -86,13 +89,13 @@ class Preloader:
             return False
         limit = min(self._scheduling.preload_batch, room)
         horizon = self._clock.now() + timedelta(seconds=self._scheduling.lookahead_s)
-        self.stats["passes"] += 1
+        self._stats["passes"] += 1
         try:
             if self._resync:
                 await self._read_back_preloaded(epochs)
             timers, lost = await self._runs.load_due(epochs, horizon, limit)
         except StoreUnavailable as exc:
-            self.stats["store_errors"] += 1
+            self._stats["store_errors"] += 1
             if isinstance(exc, CommitOutcomeUnknown):
                 self._resync = True  # the rows may be PRELOADED, and in no wheel
             log.warning("preload failed; retrying next pass", extra={"error": str(exc)})
@@ -100,16 +103,19 @@ class Preloader:
         if lost:
             self._shards.epochs_lost(lost)
         if timers:
-            self.stats["preloaded"] += len(timers)
+            self._stats["preloaded"] += len(timers)
             self._dispatcher.schedule(timers)
         return len(timers) == limit
 
     async def _read_back_preloaded(self, epochs: dict[int, int]) -> None:
         timers = await self._runs.read_back_preloaded(epochs)
         self._resync = False
-        self.stats["resyncs"] += 1
+        self._stats["resyncs"] += 1
         adopted = self._dispatcher.adopt(timers)
         log.info(
             "PRELOADED rows read back",
             extra={"shards": len(epochs), "preloaded": len(timers), "adopted": adopted},
         )
+
+    def get_stats(self) -> dict[str, int]:
+        return dict(self._stats)

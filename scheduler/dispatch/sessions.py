@@ -36,7 +36,7 @@ import logging
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import ClassVar, Protocol
 
 from chronoshard.clock import Clock
 from chronoshard.scheduler.api import convert
@@ -137,6 +137,8 @@ class WorkerSession:
 class SessionRegistry:
     """This node's worker sessions, by session and by worker, and the node's drain state."""
 
+    STATS_GAUGES: ClassVar[frozenset[str]] = frozenset()
+
     def __init__(self, node_id: str, clock: Clock, *, send_queue: int) -> None:
         self._node_id = node_id
         self._clock = clock
@@ -152,7 +154,7 @@ class SessionRegistry:
         self._draining = False
         self._shutting_down = False
         self._drain_reason = ""
-        self.stats: dict[str, int] = {"sessions_opened": 0, "assignments_sent": 0}
+        self._stats: dict[str, int] = {"sessions_opened": 0, "assignments_sent": 0}
 
     def set_listener(self, listener: SessionListener) -> None:
         self._listener = listener
@@ -186,7 +188,7 @@ class SessionRegistry:
         )
         self._sessions[session.session_id] = session
         self._by_worker[worker_id] = session
-        self.stats["sessions_opened"] += 1
+        self._stats["sessions_opened"] += 1
         if self.on_sessions_changed is not None:
             self.on_sessions_changed()
         log.info(
@@ -332,7 +334,7 @@ class SessionRegistry:
         if not session.send(worker_service_pb2.SchedulerMessage(assignment=assignment)):
             return False
         session.assigned[task.id] = (timer, task.fencing_token)
-        self.stats["assignments_sent"] += 1
+        self._stats["assignments_sent"] += 1
         return True
 
     def send_cancel(self, task_id: uuid.UUID, reason: str) -> bool:
@@ -396,3 +398,6 @@ class SessionRegistry:
                 del session.assigned[task_id]
                 if self._listener is not None:
                     self._listener.task_ended(held[0])
+
+    def get_stats(self) -> dict[str, int]:
+        return dict(self._stats)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 from chronoshard.clock import Clock
 from chronoshard.scheduler.config import WorkersConfig
@@ -53,6 +53,8 @@ class SettlementListener(Protocol):
 class Settlements:
     """The five committers, their flushes, and what the flushes tell the listener."""
 
+    STATS_GAUGES: ClassVar[frozenset[str]] = frozenset()
+
     def __init__(
         self,
         workers: WorkersConfig,
@@ -79,7 +81,7 @@ class Settlements:
         ]
         # Heartbeat cost (bench/heartbeats.py): messages, the extend_leases statements
         # their group commits issued, and the leases those statements extended.
-        self.stats: dict[str, int] = {
+        self._stats: dict[str, int] = {
             "heartbeats": 0,
             "heartbeat_statements": 0,
             "leases_extended": 0,
@@ -96,6 +98,11 @@ class Settlements:
         # All at once: every kind refuses from here on, and a slow flush of one kind
         # does not keep the others taking requests.
         await asyncio.gather(*(committer.stop() for committer in self._committers))
+
+    @property
+    def committers(self) -> Sequence[GroupCommitter[Any, Any]]:
+        """One per kind (each ``name`` says which), for the metrics endpoint."""
+        return tuple(self._committers)
 
     @property
     def accepting(self) -> bool:
@@ -135,9 +142,9 @@ class Settlements:
         flat = [beat for batch in batches for beat in batch]
         workers = self._workers
         update = await self._store.extend_leases(flat, workers.task_lease_s, workers.lease_margin_s)
-        self.stats["heartbeats"] += len(batches)
-        self.stats["heartbeat_statements"] += 1 if flat else 0
-        self.stats["leases_extended"] += len(update.extended)
+        self._stats["heartbeats"] += len(batches)
+        self._stats["heartbeat_statements"] += 1 if flat else 0
+        self._stats["leases_extended"] += len(update.extended)
         # Every heartbeat in the batch gets the same answer: it filters by its own ids.
         return [update] * len(batches)
 
@@ -158,3 +165,6 @@ class Settlements:
         if ready:
             self._listener.tasks_ready_again(ready)
         return [outcomes[r.ref.id] for r in releases]
+
+    def get_stats(self) -> dict[str, int]:
+        return dict(self._stats)

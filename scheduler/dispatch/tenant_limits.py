@@ -13,6 +13,7 @@ import asyncio
 import logging
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
+from typing import ClassVar
 
 from chronoshard.scheduler.core.fairness import UNLIMITED, TenantLimits
 from chronoshard.scheduler.core.models import Tenant
@@ -24,6 +25,8 @@ TENANT_REFRESH_S = 10.0
 
 class TenantLimitsCache:
     """Per-tenant fairness limits, refreshed from the tenants table every few seconds."""
+
+    STATS_GAUGES: ClassVar[frozenset[str]] = frozenset()
 
     def __init__(self, list_tenants: Callable[[], Awaitable[Sequence[Tenant]]]) -> None:
         self._list_tenants = list_tenants

@@ -298,7 +298,9 @@ async def test_a_node_reads_back_what_it_could_not_learn_and_retries_what_it_cou
     node.preloader.wake()
     await eventually(lambda: proxy.cut == 1, timeout_s=10, what="the preload's COMMIT cut")
     await eventually(
-        lambda: node.dispatcher.stats["adopted"] == 1, timeout_s=10, what="read back onto the wheel"
+        lambda: node.dispatcher.get_stats()["adopted"] == 1,
+        timeout_s=10,
+        what="read back onto the wheel",
     )
 
     # 2. A raw worker takes it; the intent's answer is lost: read back and sent, once.

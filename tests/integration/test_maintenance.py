@@ -89,8 +89,8 @@ async def test_a_round_creates_future_days_and_drops_finished_days_past_retentio
     assert finished not in partitions
     # A dead-lettered task may still be retried by an operator; recent days are kept.
     assert {dead, recent, _day(7)} <= partitions
-    assert maintenance.stats["partitions_created"] == 1
-    assert maintenance.stats["partitions_dropped"] == 1
+    assert maintenance.get_stats()["partitions_created"] == 1
+    assert maintenance.get_stats()["partitions_dropped"] == 1
     # A second round finds nothing to do.
     again = await maintenance.run_once()
     assert again is not None and (again.created, again.dropped) == ([], [])
@@ -101,7 +101,7 @@ async def test_only_one_node_runs_a_round(store: Store, fresh_db_dsn: str) -> No
         other_node.execute("SELECT pg_advisory_lock(1667789423, 3)")
         maintenance = PartitionMaintenance(CONFIG, store)
         assert await maintenance.run_once() is None
-        assert maintenance.stats["skipped_lock_held"] == 1
+        assert maintenance.get_stats()["skipped_lock_held"] == 1
     # The other node's session ended: its lock goes with it, as soon as PostgreSQL has
     # finished ending that backend (closing the socket does not wait for that).
     assert await eventually(maintenance.run_once, timeout_s=10, what="the lock released")

@@ -213,7 +213,7 @@ async def _play(world: World, steps: list[Any], b_superseded: bool, idempotent: 
     if b_superseded:
         # The old owner wrote nothing and dispatched nothing.
         assert b.ready == [] and b.dispatched == 0
-        assert b.reconciler.stats["redispatched"] == 0
+        assert b.reconciler.get_stats()["redispatched"] == 0
 
 
 async def _in_flight_tasks(world: World, idempotent: list[bool]) -> list[uuid.UUID]:

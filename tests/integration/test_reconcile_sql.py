@@ -178,7 +178,7 @@ async def test_unacknowledged_dispatch_the_session_never_got_is_redispatched(
     assert sessions.superseded == [(new.id, first.fencing_token)]
     row = await _row(store, new.id)
     assert (row["status"], row["worker_id"], row["lease_expires_at"]) == ("PRELOADED", None, None)
-    assert reconciler.stats["abandoned_unacknowledged"] == 1
+    assert reconciler.get_stats()["abandoned_unacknowledged"] == 1
 
     # The next intent gives it a new token and a new attempt; history shows both.
     [second] = await _dispatch(runs, "w2")
@@ -210,7 +210,7 @@ async def test_expired_lease_idempotent_redispatched_non_idempotent_outcome_unkn
     assert [t.id for t in wheel.ready] == [idem.id]
     assert (report.redispatched, report.outcome_unknown) == (1, 1)
     assert reconciler.outcome_unknown == 1
-    assert reconciler.stats["outcome_unknown"] == 1
+    assert reconciler.get_stats()["outcome_unknown"] == 1
     # The next pass is due when the young lease's margin is over (about half a margin).
     assert report.next_pass_in_s <= MARGIN_S / 2 + 0.1
     row = await _row(store, plain.id)
@@ -648,7 +648,7 @@ async def test_the_loop_wakes_when_an_undelivered_intent_turns_overdue_not_at_th
         loop.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await loop
-    assert reconciler.stats["passes"] == 2
+    assert reconciler.get_stats()["passes"] == 2
 
 
 async def test_workers_seen_are_those_with_an_open_session_on_the_given_nodes(

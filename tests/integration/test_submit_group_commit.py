@@ -148,7 +148,7 @@ async def test_a_row_the_database_refuses_fails_alone(store: Store, db_dsn: str)
         await coalescer.stop()
     assert isinstance(outcomes[1], psycopg.errors.CheckViolation)
     assert [o.task.id for o in outcomes if isinstance(o, SubmitResult)] == [p.new.id for p in good]
-    assert coalescer.isolated == 4
+    assert coalescer.get_stats()["isolated"] == 4
     assert await _count(db_dsn, "SELECT count(*) FROM tasks WHERE tenant_id = %s", tenant.id) == 3
 
 

@@ -228,7 +228,7 @@ async def test_a_stepped_wall_clock_moves_the_cluster_clock_not_and_is_reported(
         await clock.sample()
         assert clock.check() and not clock.skewed
     assert told == [True, False, True, False]
-    assert clock.stats["skew_episodes"] == 2
+    assert clock.get_stats()["skew_episodes"] == 2
 
 
 async def test_offsets_under_the_bound_are_tolerated() -> None:
@@ -264,7 +264,7 @@ async def test_the_loop_checks_and_reads_on_its_own_schedule() -> None:
     runner = asyncio.create_task(clock.run())
     try:
         # The loop sleeps on the real event loop; the fake host clock stands still.
-        await eventually(lambda: clock.stats["samples"] >= 2, timeout_s=5, what="readings")
+        await eventually(lambda: clock.get_stats()["samples"] >= 2, timeout_s=5, what="readings")
         local.step_wall(-600)
         await eventually(lambda: clock.skewed, timeout_s=5, what="the step seen")
     finally:

@@ -123,7 +123,7 @@ def test_remove_wins_and_reports_whether_the_task_was_waiting() -> None:
     assert ready.remove(second.id) is False  # already handed out
     assert ready.remove(uuid.uuid4()) is False
     assert len(ready) == 0
-    stats = ready.stats()
+    stats = ready.get_stats()
     assert (stats["pushed"], stats["removed"], stats["selected"]) == (2, 1, 1)
 
 
@@ -134,10 +134,10 @@ def test_a_repush_replaces_the_waiting_task() -> None:
     new = ReadyTask(old.id, A, CRITICAL, "q", "t", 1.0, item="retry")
     ready.push(new, 0.0)
     assert len(ready) == 1
-    assert ready.stats()["waiting_bulk"] == 0
+    assert ready.get_stats()["waiting_bulk"] == 0
     assert ready.pop_for(WORKER, 0.0) is new
     assert ready.pop_for(WORKER, 0.0) is None
-    assert ready.stats()["replaced"] == 1
+    assert ready.get_stats()["replaced"] == 1
 
 
 def test_a_repush_with_a_later_due_time_moves_the_task_back_in_its_tenants_fifo() -> None:
@@ -158,10 +158,10 @@ def test_many_removals_leave_no_garbage_behind_a_live_task() -> None:
         task = make(ids, due=float(due))
         ready.push(task, 0.0)
         ready.remove(task.id)
-        assert ready.stats()["garbage"] <= 33  # swept once dead > max(live, 32)
+        assert ready.get_stats()["garbage"] <= 33  # swept once dead > max(live, 32)
     assert ready.pop_for(WORKER, 0.0) is keep
     assert len(ready) == 0
-    assert ready.stats()["garbage"] == 0
+    assert ready.get_stats()["garbage"] == 0
 
 
 def test_priority_text_from_a_row_is_normalised_and_junk_rejected() -> None:
@@ -352,7 +352,7 @@ def test_reserved_capacity_is_lent_while_no_critical_task_waits() -> None:
         task = ready.pop_for(WORKER, 0.0)
         assert task is not None  # bulk's 50% cap and the reserve only bind while others wait
         ready.task_started(task)
-    assert ready.stats()["in_flight_bulk"] == 10
+    assert ready.get_stats()["in_flight_bulk"] == 10
 
 
 def test_reserve_holds_lower_classes_while_a_held_critical_task_waits() -> None:
@@ -367,7 +367,7 @@ def test_reserve_holds_lower_classes_while_a_held_critical_task_waits() -> None:
         ready.task_started(task)
         started.append(task)
     assert len(started) == 9  # floor(0.9 * 10): one slot kept for critical work
-    assert ready.stats()["held_by_reserve"] >= 1
+    assert ready.get_stats()["held_by_reserve"] >= 1
     ready.task_finished(A, STANDARD)
     refill = ready.pop_for(WORKER, 0.0)  # back under the limit
     assert refill is not None
@@ -394,7 +394,7 @@ def test_bulk_cap_binds_only_while_standard_work_waits() -> None:
         assert task is not None and task.priority is BULK
         ready.task_started(task)
     assert ready.pop_for(WORKER, 0.0) is None  # floor(0.5 * 10) bulk in flight
-    assert ready.stats()["held_by_class_cap"] >= 1
+    assert ready.get_stats()["held_by_class_cap"] >= 1
     assert ready.remove(blocked_standard.id)
     assert ready.pop_for(WORKER, 0.0) is not None  # nothing higher waits: cap lifted
 
@@ -407,7 +407,7 @@ def test_zero_capacity_means_no_caps_and_capacity_is_validated() -> None:
         ready.push(make(ids, A, BULK), 0.0)
     for task in drain(ready):
         ready.task_started(task)
-    assert ready.stats()["in_flight_bulk"] == 30
+    assert ready.get_stats()["in_flight_bulk"] == 30
     with pytest.raises(InvalidArgument):
         ready.set_capacity(-1)
 
@@ -429,7 +429,7 @@ def test_concurrency_cap_skips_a_tenant_until_a_task_finishes() -> None:
         ready.task_started(task)
     ready.task_finished(B, STANDARD)  # another tenant's finish frees nothing for A
     assert ready.pop_for(WORKER, 0.0) is None
-    assert ready.stats()["throttled_by_concurrency"] >= 1
+    assert ready.get_stats()["throttled_by_concurrency"] >= 1
     ready.task_finished(A, STANDARD)
     task = ready.pop_for(WORKER, 0.0)
     assert task is not None and task.due_at_wall == 2.0  # skipped, not dropped: FIFO kept
@@ -454,7 +454,7 @@ def test_held_tenants_are_parked_instead_of_rescanned_on_every_pop() -> None:
     for _ in range(10):
         assert ready.pop_for(WORKER, 0.0) is None
     assert sum(calls.values()) == 0
-    assert ready.stats()["parked_tenants"] == 300
+    assert ready.get_stats()["parked_tenants"] == 300
     ready.task_finished(tenants[7], STANDARD)
     task = ready.pop_for(WORKER, 0.0)
     assert task is not None and task.tenant_id == tenants[7]
@@ -471,7 +471,7 @@ def test_rate_limit_burst_then_one_per_interval_and_next_eligible_at() -> None:
     assert ready.next_eligible_at(100.0) == pytest.approx(100.5)
     assert ready.pop_for(WORKER, 100.4) is None
     assert ready.pop_for(WORKER, 100.5) is not None
-    assert ready.stats()["throttled_by_rate"] == 1  # parked until 100.5: not re-checked
+    assert ready.get_stats()["throttled_by_rate"] == 1  # parked until 100.5: not re-checked
     assert drain(ready, now=100.5) == []  # one token, one task
     ready.push(make(ids, B), 100.6)  # unlimited tenants are not held by A's limit
     assert ready.pop_for(WORKER, 100.6) is not None
@@ -541,7 +541,7 @@ def test_an_unmatched_finish_never_drives_counts_below_zero() -> None:
     ready.task_started(task)
     ready.task_finished(A, BULK)
     ready.task_finished(A, BULK)
-    stats = ready.stats()
+    stats = ready.get_stats()
     assert (stats["in_flight_bulk"], stats["unmatched_finishes"], stats["finished"]) == (0, 2, 3)
 
 
@@ -696,7 +696,7 @@ class SelectorAgainstModel(RuleBasedStateMachine):
     @invariant()
     def counts_match(self) -> None:
         assert len(self.ready) == len(self.waiting)
-        stats = self.ready.stats()
+        stats = self.ready.get_stats()
         assert stats["garbage"] >= 0
         for priority in CLASSES:
             assert stats[f"waiting_{priority}"] == sum(
@@ -728,7 +728,7 @@ class SelectorAgainstModel(RuleBasedStateMachine):
             self.ready.task_started(task)
             self.ready.task_finished(task.tenant_id, task.priority)
         assert not self.waiting and len(self.ready) == 0
-        assert self.ready.stats()["garbage"] == 0
+        assert self.ready.get_stats()["garbage"] == 0
 
 
 SelectorAgainstModel.TestCase.settings = settings(

@@ -66,7 +66,7 @@ async def test_a_failed_flush_fails_its_callers_and_the_loop_survives() -> None:
     with pytest.raises(ConnectionError):
         await committer.submit(1)
     assert await committer.submit(2) == 2
-    assert committer.failures == 1
+    assert committer.get_stats()["failures"] == 1
     await committer.stop()
 
 
@@ -221,5 +221,5 @@ async def test_a_flush_that_answers_the_wrong_count_fails_its_batch_only() -> No
         with pytest.raises(RuntimeError, match="flush returned 0 for 1"):
             await committer.submit(1)
         assert await committer.submit(2) == 2
-    assert committer.failures == 1
+    assert committer.get_stats()["failures"] == 1
     await committer.stop()

@@ -519,10 +519,10 @@ async def test_a_pass_repairs_what_it_decided_and_feeds_the_wheel() -> None:
     assert (report.redispatched, report.cancelled, report.outcome_unknown) == (2, 1, 1)
     # The gauge: what the scan counted (4) plus what this pass added.
     assert reconciler.outcome_unknown == 5
-    assert reconciler.stats["abandoned_unacknowledged"] == 1
-    assert reconciler.stats["abandoned_lease_expired"] == 1
-    assert reconciler.stats["cancelled"] == 1
-    assert reconciler.stats["outcome_unknown"] == 1
+    assert reconciler.get_stats()["abandoned_unacknowledged"] == 1
+    assert reconciler.get_stats()["abandoned_lease_expired"] == 1
+    assert reconciler.get_stats()["cancelled"] == 1
+    assert reconciler.get_stats()["outcome_unknown"] == 1
     assert {t for t, _ in sessions.superseded} == acted
     # The lease inside its margin (expired 1 s ago) is due in 1 s: the next pass then.
     assert report.next_pass_in_s == pytest.approx(MARGIN_S - 1, abs=0.05)
@@ -536,7 +536,7 @@ async def test_a_lost_compare_and_set_feeds_nothing_to_the_wheel() -> None:
     reconciler, wheel, _ = _reconciler(runs, sessions)
     report = await reconciler.reconcile_once()
     assert wheel.ready == [] and sessions.superseded == []
-    assert report.lost_races == 1 and reconciler.stats["lost_races"] == 1
+    assert report.lost_races == 1 and reconciler.get_stats()["lost_races"] == 1
 
 
 async def test_only_owned_shards_are_scanned_and_no_shards_means_no_work() -> None:

@@ -58,7 +58,7 @@ def _queues(tasks: list[ReadyTask], **kw: object) -> ReadyQueues:
 
 
 def _in_flight(ready: ReadyQueues) -> int:
-    return ready.stats()["in_flight_standard"]
+    return ready.get_stats()["in_flight_standard"]
 
 
 def test_choose_spends_one_credit_per_choice_session_by_session() -> None:

@@ -146,7 +146,11 @@ async def test_concurrent_heartbeats_share_one_statement_and_each_gets_the_answe
     assert [kind for kind, _ in store.calls] == ["extend_leases"]
     assert store.calls[0][1] == first + second
     assert updates[0] == updates[1]
-    assert settlements.stats == {"heartbeats": 2, "heartbeat_statements": 1, "leases_extended": 3}
+    assert settlements.get_stats() == {
+        "heartbeats": 2,
+        "heartbeat_statements": 1,
+        "leases_extended": 3,
+    }
 
 
 async def test_a_release_of_unknown_outcome_has_the_preloaded_rows_read_back() -> None:

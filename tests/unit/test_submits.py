@@ -189,14 +189,6 @@ async def coalescer(
         await committer.stop()
 
 
-def _stats(committer: GroupCommitter[Request, SubmitResult]) -> dict[str, int]:
-    return {
-        "batches": committer.batches,
-        "requests": committer.requests,
-        "isolated_retries": committer.isolated,
-    }
-
-
 async def test_concurrent_submits_share_one_batch_and_get_their_own_task() -> None:
     store = FakeStore()
     async with coalescer(store, linger_s=0.001) as submits:
@@ -204,7 +196,8 @@ async def test_concurrent_submits_share_one_batch_and_get_their_own_task() -> No
         results = await asyncio.gather(*(submits.submit((TENANT_A, p)) for p in requests))
         assert [r.task.id for r in results] == [p.new.id for p in requests]
         assert [len(b) for b in store.batches] == [10]
-        assert _stats(submits) == {"batches": 1, "requests": 10, "isolated_retries": 0}
+        stats = submits.get_stats()
+        assert (stats["batches"], stats["requests"], stats["isolated"]) == (1, 10, 0)
 
 
 async def test_batches_are_capped_and_a_later_submit_is_a_batch_of_its_own() -> None:
@@ -243,7 +236,7 @@ async def test_a_batch_failing_as_a_whole_is_retried_one_by_one() -> None:
         assert isinstance(outcomes[2], ValueError)
         assert all(isinstance(o, SubmitResult) for i, o in enumerate(outcomes) if i != 2)
         assert [p for _, p in store.singles] == requests
-        assert submits.isolated == 5
+        assert submits.get_stats()["isolated"] == 5
 
 
 async def test_store_unavailable_is_every_callers_answer_and_nothing_is_retried() -> None:
