@@ -2,8 +2,8 @@
 
 Start-up order: store pool → cluster clock (a first reading of PostgreSQL's clock: every
 "now" from here on is the cluster's) → etcd (lease, cluster shard count) → worker
-sessions, shard manager, dispatcher, settlements and the WorkerService gateway, preloader
-→ gRPC server (TaskService, WorkerService, AdminService, health, reflection) → node
+sessions, shard manager, dispatcher, settlements and the WorkerService gateway, preloader,
+the change router (cluster/routing.py) → reconciler, liveness, maintenance → gRPC server (TaskService, WorkerService, AdminService, health, reflection) → node
 registered in etcd (only now can peers assign it shards and workers find it) → metrics
 endpoint → the supervised loops.
 
