@@ -1,11 +1,12 @@
 """A scheduler node: the pieces wired together, supervised, and shut down in order.
 
 Start-up order: store pool → cluster clock (a first reading of PostgreSQL's clock: every
-"now" from here on is the cluster's) → etcd (lease, cluster shard count) → worker
-sessions, shard manager, dispatcher, settlements and the WorkerService gateway, preloader,
-the change router (cluster/routing.py) → reconciler, liveness, maintenance → gRPC server (TaskService, WorkerService, AdminService, health, reflection) → node
-registered in etcd (only now can peers assign it shards and workers find it) → metrics
-endpoint → the supervised loops.
+"now" from here on is the cluster's) → etcd (lease, cluster shard count) → tenant limits
+→ worker sessions, the gRPC server bound (not yet serving) and the metrics endpoint →
+shard manager, dispatcher, settlements and the WorkerService gateway, preloader, the
+change router (cluster/routing.py) → reconciler, liveness, maintenance → gRPC server
+started (TaskService, WorkerService, AdminService, health, reflection) → node registered
+in etcd (only now can peers assign it shards and workers find it) → the supervised loops.
 
 The loops (cluster clock, shard manager, dispatcher, preloader, reconciler, worker
 session records, partition maintenance, tenant refresher, backlog reports) are named
