@@ -120,34 +120,12 @@ class InvalidTransition(SchedulerError):
         self.event = event
 
 
-class StaleFencingToken(SchedulerError):
-    """Raised when a worker presents a fencing token that is no longer the task's."""
-
-    reason = "STALE_FENCING_TOKEN"
-    grpc_code_name = "FAILED_PRECONDITION"
-
-    def __init__(self, task_id: uuid.UUID | str, token: int) -> None:
-        super().__init__(f"fencing token {token} is stale for task {task_id}")
-        self.task_id = task_id
-        self.token = token
-
-
-
-
 class CompareAndSetLost(SchedulerError):
     """Raised when a conditional write changed nothing because the row moved on."""
 
     reason = "COMPARE_AND_SET_LOST"
     retryable = True
     grpc_code_name = "ABORTED"
-
-
-class QuotaExceeded(SchedulerError):
-    """Raised when a tenant is over its rate or concurrency quota."""
-
-    reason = "QUOTA_EXCEEDED"
-    retryable = True
-    grpc_code_name = "RESOURCE_EXHAUSTED"
 
 
 class StoreUnavailable(SchedulerError):
