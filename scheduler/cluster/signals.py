@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 import uuid
 from collections.abc import Iterable, Sequence
 from datetime import datetime
@@ -27,6 +28,7 @@ from typing import ClassVar, Protocol
 
 import psycopg
 
+from chronoshard.batching import chunk
 from chronoshard.scheduler.core.models import TaskRef
 from chronoshard.scheduler.store.database import Store
 
@@ -47,18 +49,14 @@ def encode_ready(tasks: Iterable[tuple[int, TaskRef]]) -> list[str]:
 
 
 def _chunks(kind: str, items: list[str], sep: str) -> list[str]:
-    payloads: list[str] = []
-    current: list[str] = []
-    size = len(kind)
-    for item in items:
-        if current and size + len(item) + 1 > MAX_PAYLOAD_CHARS:
-            payloads.append(kind + sep + sep.join(current))
-            current, size = [], len(kind)
-        current.append(item)
-        size += len(item) + 1
-    if current:
-        payloads.append(kind + sep + sep.join(current))
-    return payloads
+    """``kind`` and then as many items as fit in one payload, each after a separator."""
+    runs = chunk(
+        items,
+        lambda item: len(item) + len(sep),
+        max_items=sys.maxsize,
+        max_bytes=MAX_PAYLOAD_CHARS - len(kind),
+    )
+    return [kind + sep + sep.join(run) for run in runs]
 
 
 def decode(payload: str) -> tuple[str, set[int], list[tuple[int, TaskRef]]]:
