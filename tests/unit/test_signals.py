@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import uuid
 from datetime import UTC, datetime, timedelta
 
@@ -36,7 +37,7 @@ def test_due_shards_arrive_once_each_within_the_payload_limit(wanted: list[int])
         assert (kind, tasks) == ("due", [])
         received.extend(woken)
     assert sorted(received) == sorted(set(wanted))
-    for full, following in zip(payloads, payloads[1:], strict=False):
+    for full, following in itertools.pairwise(payloads):
         # A payload closed early would cost the receiver one more wake-up.
         assert len(full) + 1 + len(following.split(" ")[1]) > MAX_PAYLOAD_CHARS
 
