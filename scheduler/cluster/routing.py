@@ -21,12 +21,23 @@ from datetime import datetime, timedelta
 from typing import Any, Protocol
 
 from chronoshard.clock import Clock
-from chronoshard.scheduler.cluster.signals import ShardSignals, encode_due, encode_ready
-from chronoshard.scheduler.core.models import Task, TaskRef
+from chronoshard.scheduler.cluster.signals import SignalHandler, encode_due, encode_ready
+from chronoshard.scheduler.core.models import TaskRef
 from chronoshard.scheduler.core.runs import TimerTask
 from chronoshard.scheduler.errors import StoreUnavailable
 
 log = logging.getLogger(__name__)
+
+
+class ChangedTask(Protocol):
+    """What the router reads of a task (a :class:`~chronoshard.scheduler.core.models.Task`)."""
+
+    @property
+    def id(self) -> uuid.UUID: ...
+    @property
+    def shard(self) -> int: ...
+    @property
+    def due_at(self) -> datetime: ...
 
 
 class OwnedShards(Protocol):
@@ -57,6 +68,13 @@ class PreloadedReader(Protocol):
     ) -> list[TimerTask]: ...
 
 
+class SignalChannel(Protocol):
+    """:class:`~.signals.ShardSignals`: sends to every node, hands what arrives over."""
+
+    def attach(self, handler: SignalHandler) -> None: ...
+    async def send(self, payloads: Sequence[str]) -> None: ...
+
+
 class ChangeRouter:
     """Routes submitted, cancelled and released tasks to the node that owns their shard."""
 
@@ -70,7 +88,7 @@ class ChangeRouter:
         dispatcher: Timers,
         sessions: Cancels,
         runs: PreloadedReader,
-        signals: ShardSignals,
+        signals: SignalChannel,
     ) -> None:
         self._clock = clock
         self._lookahead = timedelta(seconds=lookahead_s)
@@ -85,7 +103,7 @@ class ChangeRouter:
 
     # ---- changes made here (the API's listener, the shard manager's and dispatcher's hooks)
 
-    def tasks_submitted(self, tasks: Sequence[Task]) -> None:
+    def tasks_submitted(self, tasks: Sequence[ChangedTask]) -> None:
         """New tasks: wake our preloader, or tell the owners of other shards, if one is
         due within the lookahead."""
         horizon = self._clock.now() + self._lookahead
@@ -100,7 +118,7 @@ class ChangeRouter:
         if remote:
             self._background(self._signals.send(encode_due(remote)))
 
-    def cancel_requested(self, task: Task, reason: str) -> None:
+    def cancel_requested(self, task: ChangedTask, reason: str) -> None:
         self._dispatcher.forget(task.id)
         self._sessions.send_cancel(task.id, reason)
 
