@@ -74,6 +74,7 @@ from chronoshard.scheduler.store.database import SessionLimits, Store
 from chronoshard.scheduler.store.repairs import RepairStore
 from chronoshard.scheduler.store.runs import RunStore
 from chronoshard.scheduler.store.sessions import WorkerSessionStore
+from chronoshard.scheduler.store.tenants import TenantStore
 from chronoshard.v1 import (
     admin_service_pb2,
     admin_service_pb2_grpc,
@@ -210,7 +211,7 @@ class SchedulerNode:
         await self.coordinator.start_lease()
         shard_count = await self.coordinator.ensure_shard_count(config.scheduling.shard_count)
 
-        self.tenant_limits = TenantLimitsCache(self.store.list_tenants)
+        self.tenant_limits = TenantLimitsCache(TenantStore(self.store).list_tenants)
         await self.tenant_limits.refresh()
         self.sessions = SessionRegistry(
             config.node_id, self.clock, send_queue=config.grpc.worker_send_queue
