@@ -72,6 +72,7 @@ from chronoshard.scheduler.store.database import SessionLimits, Store
 from chronoshard.scheduler.store.repairs import RepairStore
 from chronoshard.scheduler.store.runs import RunStore
 from chronoshard.scheduler.store.sessions import WorkerSessionStore
+from chronoshard.scheduler.store.tenants import TenantStore
 from chronoshard.v1 import (
     admin_service_pb2,
     admin_service_pb2_grpc,
@@ -187,7 +188,7 @@ class SchedulerNode:
         self._server = grpc.aio.server(
             options=server_options(config),
             # Decoding first: garbage is INVALID_ARGUMENT whatever the key (api/boundary.py).
-            interceptors=[RequestDecoding(), AccessInterceptor(Authenticator(self.store))],
+            interceptors=[RequestDecoding(), AccessInterceptor(self.authenticator)],
         )
         port = self._bind(self._server)
         host = config.grpc.listen.rsplit(":", 1)[0]
@@ -244,7 +245,10 @@ class SchedulerNode:
         await self.coordinator.connect()
         await self.coordinator.start_lease()
         shard_count = await self.coordinator.ensure_shard_count(config.scheduling.shard_count)
-        self.tenant_limits = TenantLimitsCache(self.store.list_tenants)
+        tenants = TenantStore(self.store)
+        # One key cache for every service: a key checked by one is known to the others.
+        self.authenticator = Authenticator(tenants)
+        self.tenant_limits = TenantLimitsCache(tenants.list_tenants)
         await self.tenant_limits.refresh()
         return shard_count
 
@@ -378,13 +382,13 @@ class SchedulerNode:
         api = self._task_service = TaskServiceServicer(
             config=self.config,
             store=self.store,
-            authenticator=Authenticator(self.store),
+            authenticator=self.authenticator,
             clock=self.clock,
             listener=self.router,
         )
         task_service_pb2_grpc.add_TaskServiceServicer_to_server(api, server)
         names.append(task_service_pb2.DESCRIPTOR.services_by_name["TaskService"].full_name)
-        watch = WatchdogServiceServicer(store=self.store, authenticator=Authenticator(self.store))
+        watch = WatchdogServiceServicer(store=self.store, authenticator=self.authenticator)
         watchdog_service_pb2_grpc.add_WatchdogServiceServicer_to_server(watch, server)
         names.append(watchdog_service_pb2.DESCRIPTOR.services_by_name["WatchdogService"].full_name)
         self._set_clock_health()

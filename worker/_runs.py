@@ -76,15 +76,11 @@ from chronoshard.worker._models import (
 )
 from chronoshard.worker._session import NodeSession
 from chronoshard.worker._settlements import Settlements
+from chronoshard.worker._skew import SKEW_LOG_INTERVAL_S, WarningThrottle, skew_warning
 from chronoshard.worker._topology import Topology
 
 logger = logging.getLogger("chronoshard.worker")
 
-SKEW_WARNING_S = 5.0
-"""A wall clock this far from the assigning node's cluster clock (or, from an older node,
-an assignment due further ahead than this by it) is logged as skew."""
-SKEW_LOG_INTERVAL_S = 60.0
-"""At most one skew warning per this long: every assignment would show it."""
 ACK_DELAY_S = 0.05
 """How long after its start a run is acked. A run that settles sooner is never acked:
 its Complete (or Fail, Release) moves the task straight from DISPATCHED, which spares the
@@ -156,7 +152,7 @@ class RunManager:
         self.counts: Counter[str] = Counter()
         self.draining = False
         self.executor: Executor | None = None
-        self._skew_logged_at: float | None = None
+        self._skew_log = WarningThrottle(SKEW_LOG_INTERVAL_S)
         # Wired by bind(): the topology needs the run manager as its host first.
         self._topology: Topology | None = None
         self._settlements: Settlements | None = None
@@ -331,21 +327,33 @@ class RunManager:
             return
         # The credit the assignment used is granted again (to whichever node needs it most).
         self._regrant()
+        if not self._start_run(session, a, start_clock, fields):
+            return
+        self._log(
+            logging.DEBUG,
+            "accepted %s attempt %d, due %s",
+            a.type,
+            a.attempt,
+            a.due_at.isoformat(),
+            event="assigned",
+            **fields,
+        )
+        warning = skew_warning(a.sent_at, a.due_at, self._clock.now())
+        if warning is not None and self._skew_log.due(self._clock.monotonic()):
+            self._log(
+                logging.WARNING, warning.template, *warning.args, event="clock_skew", **fields
+            )
+
+    def _start_run(
+        self, session: NodeSession, a: Assignment, start_clock: Clock, fields: dict[str, Any]
+    ) -> bool:
+        """Start the run of accepted assignment ``a`` (its slot taken): its task, its lease
+        timer and its ack timer. False when ``a`` cannot even be started: it is failed
+        (not retryable) and its slot given back."""
+        node = session.address
         spec = self._handlers[a.type]
         timeout_s = effective_timeout(spec.timeout_s, a.timeout_s)
-        lease = RunLease(
-            deadline=initial_deadline(
-                received_at=self._clock.monotonic(),
-                lease_s=session.lease_duration_s,
-                lease_expires_at=a.lease_expires_at,
-                wall_now=self._clock.now(),
-                # The node's clock when it sent the assignment: what is left of the lease
-                # is then read on the lease's own clock, whatever this host's says.
-                sent_at=a.sent_at,
-            ),
-            margin_s=session.lease_margin_s,
-            monotonic=self._clock.monotonic,
-        )
+        lease = self._run_lease(session, a)
         try:
             ctx = build_context(
                 a, worker_id=self.worker_id, timeout_s=timeout_s, now=self._clock.now, lease=lease
@@ -355,7 +363,7 @@ class RunManager:
             self._settle(node, a, Failed(str(exc), "chronoshard.worker.BadAssignment", False))
             self.ledger.release_slot()
             self._regrant()
-            return
+            return False
         execution = Execution(
             spec,
             ctx,
@@ -372,47 +380,23 @@ class RunManager:
         run.ack_timer = asyncio.get_running_loop().call_later(
             min(max(0.0, wait_s), ACK_WAIT_CAP_S) + ACK_DELAY_S, self._ack_if_running, run
         )
-        self._log(
-            logging.DEBUG,
-            "accepted %s attempt %d, due %s",
-            a.type,
-            a.attempt,
-            a.due_at.isoformat(),
-            event="assigned",
-            **fields,
-        )
-        if a.sent_at is not None:
-            # Transit time counts in, but it is far below the warning's threshold.
-            ahead_s = (self._clock.now() - a.sent_at).total_seconds()
-            if abs(ahead_s) > SKEW_WARNING_S and self._skew_log_due():
-                self._log(
-                    logging.WARNING,
-                    "this host's clock is %.1f s %s the scheduler's cluster clock; tasks"
-                    " start by the cluster clock, but handlers reading the time see this one",
-                    abs(ahead_s),
-                    "ahead of" if ahead_s > 0 else "behind",
-                    event="clock_skew",
-                    **fields,
-                )
-            return
-        lead_s = (a.due_at - self._clock.now()).total_seconds()
-        if lead_s > SKEW_WARNING_S and self._skew_log_due():
-            # Lead dispatch is ~100 ms: a task due much later means this host's clock is
-            # behind the scheduler's, and every task here will start that much late.
-            self._log(
-                logging.WARNING,
-                "assignment due %.1f s from now by this clock: is the clock behind?",
-                lead_s,
-                event="clock_skew",
-                **fields,
-            )
-
-    def _skew_log_due(self) -> bool:
-        now = self._clock.monotonic()
-        if self._skew_logged_at is not None and now - self._skew_logged_at < SKEW_LOG_INTERVAL_S:
-            return False
-        self._skew_logged_at = now
         return True
+
+    def _run_lease(self, session: NodeSession, a: Assignment) -> RunLease:
+        """The lease an assignment starts, on this host's monotonic clock."""
+        return RunLease(
+            deadline=initial_deadline(
+                received_at=self._clock.monotonic(),
+                lease_s=session.lease_duration_s,
+                lease_expires_at=a.lease_expires_at,
+                wall_now=self._clock.now(),
+                # The node's clock when it sent the assignment: what is left of the lease
+                # is then read on the lease's own clock, whatever this host's says.
+                sent_at=a.sent_at,
+            ),
+            margin_s=session.lease_margin_s,
+            monotonic=self._clock.monotonic,
+        )
 
     def _on_cancel(self, session: NodeSession, msg: Cancel) -> None:
         run = self.runs.get((msg.task.id, msg.fencing_token))

@@ -9,12 +9,13 @@ lookup go through the unique index on the hash. Comparing digests rather than ke
 database's comparison timing says nothing about the key itself.
 
 Every call carries ``authorization: Bearer <key>``. :class:`Authenticator` parses it,
-hashes the key and asks the store for the tenant, remembering the answer for
-``cache_ttl_s`` (a known tenant only: an unknown key is looked up every time, so a key
-created a moment ago works at once). The cost of the cache is that a revoked or rotated
-key keeps working for up to ``cache_ttl_s`` on a node that served it recently. Every
-failure, whether the header is missing, malformed or names no tenant, is the same
-:class:`~.errors.Unauthenticated`, so a caller cannot probe which keys exist.
+hashes the key and asks the tenants table
+(:class:`~chronoshard.scheduler.store.tenants.TenantStore`) for the tenant, remembering
+the answer for ``cache_ttl_s`` (a known tenant only: an unknown key is looked up every
+time, so a key created a moment ago works at once). The cost of the cache is that a
+revoked or rotated key keeps working for up to ``cache_ttl_s`` on a node that served it
+recently. Every failure, whether the header is missing, malformed or names no tenant, is
+the same :class:`~.errors.Unauthenticated`, so a caller cannot probe which keys exist.
 """
 
 from __future__ import annotations
@@ -69,7 +70,7 @@ def bearer_key(metadata: Iterable[Any] | None) -> str:
 
 
 class TenantLookup(Protocol):
-    """What the authenticator needs from the store."""
+    """What the authenticator needs of the tenants table (:class:`TenantStore`)."""
 
     async def get_tenant_by_key_hash(self, api_key_hash: str) -> Tenant | None: ...
 
@@ -122,13 +123,13 @@ class Authenticator:
 
     def __init__(
         self,
-        store: TenantLookup,
+        tenants: TenantLookup,
         cache_ttl_s: float = DEFAULT_CACHE_TTL_S,
         *,
         clock: Clock | None = None,
         max_cached: int = DEFAULT_MAX_CACHED,
     ) -> None:
-        self._store = store
+        self._tenants = tenants
         self._clock = clock or SystemClock()
         self._cache = TenantCache(cache_ttl_s, max_cached)
 
@@ -143,7 +144,7 @@ class Authenticator:
         tenant = self._cache.get(key_hash, self._clock.monotonic())
         if tenant is not None:
             return tenant
-        tenant = await self._store.get_tenant_by_key_hash(key_hash)
+        tenant = await self._tenants.get_tenant_by_key_hash(key_hash)
         if tenant is None:
             raise Unauthenticated()
         self._cache.put(key_hash, tenant, self._clock.monotonic())

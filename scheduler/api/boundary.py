@@ -151,24 +151,50 @@ class RequestDecoding(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         return decoding_handler(handler, handler_call_details.method)
 
 
-def decoding_handler(handler: grpc.RpcMethodHandler, method: str) -> Any:
-    """``handler`` with its request deserializer moved inside the behaviour.
+Streaming: TypeAlias = tuple[bool, bool]
+"""A method's shape: (request streaming, response streaming)."""
+Parse: TypeAlias = Callable[[bytes], Any]
+"""A request deserializer inside the boundary: raises :class:`_Undecodable` on garbage."""
 
-    Handlers without a deserializer, and sync ones (grpc.aio runs those in a thread with
-    another context type), are returned as they are.
-    """
-    decode = handler.request_deserializer
-    streaming = (bool(handler.request_streaming), bool(handler.response_streaming))
-    behaviour = {
+
+def streaming_of(handler: grpc.RpcMethodHandler) -> Streaming:
+    return (bool(handler.request_streaming), bool(handler.response_streaming))
+
+
+def behaviour_of(handler: grpc.RpcMethodHandler) -> Any:
+    """The one behaviour of ``handler`` that its shape says it has."""
+    return {
         (False, False): handler.unary_unary,
         (False, True): handler.unary_stream,
         (True, False): handler.stream_unary,
         (True, True): handler.stream_stream,
-    }[streaming]
-    is_async = inspect.iscoroutinefunction(behaviour) or inspect.isasyncgenfunction(behaviour)
-    if decode is None or not is_async:
-        return handler
+    }[streaming_of(handler)]
 
+
+def decodes_inside(handler: grpc.RpcMethodHandler) -> bool:
+    """Whether :func:`decoding_handler` moves ``handler``'s deserializer inside: it has
+    one, and its behaviour is async (grpc.aio runs a sync one in a thread with another
+    context type, which the boundary cannot abort)."""
+    behaviour = behaviour_of(handler)
+    is_async = inspect.iscoroutinefunction(behaviour) or inspect.isasyncgenfunction(behaviour)
+    return handler.request_deserializer is not None and is_async
+
+
+def decoding_handler(handler: grpc.RpcMethodHandler, method: str) -> Any:
+    """``handler`` with its request deserializer moved inside the behaviour.
+
+    Handlers without a deserializer, and sync ones, are returned as they are
+    (:func:`decodes_inside`).
+    """
+    if not decodes_inside(handler):
+        return handler
+    shape = streaming_of(handler)
+    parse = _parser(handler.request_deserializer, method)
+    decoding = _DECODING_WRAPPERS[shape](behaviour_of(handler), parse, method)
+    return _METHOD_HANDLERS[shape](decoding, response_serializer=handler.response_serializer)
+
+
+def _parser(decode: Callable[[bytes], Any], method: str) -> Parse:
     def parse(raw: bytes) -> Any:
         try:
             return decode(raw)
@@ -179,67 +205,84 @@ def decoding_handler(handler: grpc.RpcMethodHandler, method: str) -> Any:
             )
             raise _Undecodable from None
 
-    async def messages(raw_iterator: AsyncIterator[bytes], bad: list[bool]) -> AsyncIterator[Any]:
-        async for raw in raw_iterator:
-            try:
-                yield parse(raw)
-            except _Undecodable:
-                bad.append(True)
-                return
+    return parse
 
-    async def unary_request(raw: bytes, context: Context) -> Any:
+
+async def _unary_request(parse: Parse, method: str, raw: bytes, context: Context) -> Any:
+    """The one request of a unary-request call, or the call ends ``INVALID_ARGUMENT``."""
+    try:
+        return parse(raw)
+    except _Undecodable:
+        await abort(context, malformed(method))
+
+
+async def _messages(
+    parse: Parse, raw_iterator: AsyncIterator[bytes], bad: list[bool]
+) -> AsyncIterator[Any]:
+    """The requests of a streamed call, ending at the first that does not decode (which
+    is noted in ``bad``, so the wrapper can say why the stream ended)."""
+    async for raw in raw_iterator:
         try:
-            return parse(raw)
+            yield parse(raw)
         except _Undecodable:
+            bad.append(True)
+            return
+
+
+def _decoding_unary_unary(behaviour: Any, parse: Parse, method: str) -> Any:
+    async def unary_unary(raw: bytes, context: Context) -> Any:
+        return await behaviour(await _unary_request(parse, method, raw, context), context)
+
+    return unary_unary
+
+
+def _decoding_unary_stream(behaviour: Any, parse: Parse, method: str) -> Any:
+    async def unary_stream(raw: bytes, context: Context) -> AsyncIterator[Any]:
+        request = await _unary_request(parse, method, raw, context)
+        async for response in _responses(behaviour, request, context):
+            yield response
+
+    return unary_stream
+
+
+def _decoding_stream_unary(behaviour: Any, parse: Parse, method: str) -> Any:
+    async def stream_unary(raw_iterator: AsyncIterator[bytes], context: Context) -> Any:
+        bad: list[bool] = []
+        response = await behaviour(_messages(parse, raw_iterator, bad), context)
+        if bad:
+            await abort(context, malformed(method))
+        return response
+
+    return stream_unary
+
+
+def _decoding_stream_stream(behaviour: Any, parse: Parse, method: str) -> Any:
+    async def stream_stream(
+        raw_iterator: AsyncIterator[bytes], context: Context
+    ) -> AsyncIterator[Any]:
+        bad: list[bool] = []
+        async for response in _responses(behaviour, _messages(parse, raw_iterator, bad), context):
+            yield response
+        if bad:
+            # The handler saw the stream end at the bad message and finished; the
+            # client learns why it ended.
             await abort(context, malformed(method))
 
-    if streaming == (False, False):
+    return stream_stream
 
-        async def unary_unary(raw: bytes, context: Context) -> Any:
-            return await behaviour(await unary_request(raw, context), context)
 
-        new = grpc.unary_unary_rpc_method_handler(
-            unary_unary, response_serializer=handler.response_serializer
-        )
-    elif streaming == (False, True):
-
-        async def unary_stream(raw: bytes, context: Context) -> AsyncIterator[Any]:
-            request = await unary_request(raw, context)
-            async for response in _responses(behaviour, request, context):
-                yield response
-
-        new = grpc.unary_stream_rpc_method_handler(
-            unary_stream, response_serializer=handler.response_serializer
-        )
-    elif streaming == (True, False):
-
-        async def stream_unary(raw_iterator: AsyncIterator[bytes], context: Context) -> Any:
-            bad: list[bool] = []
-            response = await behaviour(messages(raw_iterator, bad), context)
-            if bad:
-                await abort(context, malformed(method))
-            return response
-
-        new = grpc.stream_unary_rpc_method_handler(
-            stream_unary, response_serializer=handler.response_serializer
-        )
-    else:
-
-        async def stream_stream(
-            raw_iterator: AsyncIterator[bytes], context: Context
-        ) -> AsyncIterator[Any]:
-            bad: list[bool] = []
-            async for response in _responses(behaviour, messages(raw_iterator, bad), context):
-                yield response
-            if bad:
-                # The handler saw the stream end at the bad message and finished; the
-                # client learns why it ended.
-                await abort(context, malformed(method))
-
-        new = grpc.stream_stream_rpc_method_handler(
-            stream_stream, response_serializer=handler.response_serializer
-        )
-    return new
+_DECODING_WRAPPERS: dict[Streaming, Callable[[Any, Parse, str], Any]] = {
+    (False, False): _decoding_unary_unary,
+    (False, True): _decoding_unary_stream,
+    (True, False): _decoding_stream_unary,
+    (True, True): _decoding_stream_stream,
+}
+_METHOD_HANDLERS: dict[Streaming, Callable[..., grpc.RpcMethodHandler]] = {
+    (False, False): grpc.unary_unary_rpc_method_handler,
+    (False, True): grpc.unary_stream_rpc_method_handler,
+    (True, False): grpc.stream_unary_rpc_method_handler,
+    (True, True): grpc.stream_stream_rpc_method_handler,
+}
 
 
 async def _responses(behaviour: Any, request: Any, context: Context) -> AsyncIterator[Any]:

@@ -29,7 +29,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import unicodedata
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
+from contextlib import aclosing
 from typing import Any, ClassVar
 
 import grpc
@@ -82,6 +83,57 @@ def _scheduler_batch(
     return worker_service_pb2.SchedulerMessage(
         batch=worker_service_pb2.SchedulerBatch(messages=messages)
     )
+
+
+def _served_queues(hello: worker_service_pb2.Hello) -> frozenset[str]:
+    """The queues a Hello asks for; one that names none serves ``default``."""
+    return frozenset(hello.queues) or frozenset({"default"})
+
+
+def _welcome(
+    config: SchedulerConfig, session: WorkerSession
+) -> worker_service_pb2.SchedulerMessage:
+    """A stream's first answer: its session, and the timing the worker keeps to."""
+    workers = config.workers
+    return worker_service_pb2.SchedulerMessage(
+        welcome=worker_service_pb2.Welcome(
+            node_id=config.node_id,
+            session_id=session.session_id,
+            heartbeat_interval=convert.duration_to_pb(workers.heartbeat_interval_s),
+            lease_duration=convert.duration_to_pb(workers.task_lease_s),
+            lease_margin=convert.duration_to_pb(workers.lease_margin_s),
+            accepts_batches=True,
+        )
+    )
+
+
+def _one_write(
+    session: WorkerSession, first_out: worker_service_pb2.SchedulerMessage
+) -> list[worker_service_pb2.SchedulerMessage]:
+    """What goes out in one write, ``first_out`` taken from the outbox: to a worker that
+    accepts batches, everything queued behind it too, packed (bounded in count and bytes);
+    to one that does not, ``first_out`` alone."""
+    if not session.accepts_batches or session.outbox.empty():
+        return [first_out]
+    queued = take_queued(first_out, session.outbox, MAX_BATCH_MESSAGES)
+    return pack(queued, encoded_size, _scheduler_batch)
+
+
+async def _stop_reader(session: WorkerSession, reader: asyncio.Task[None]) -> None:
+    """Cancel the stream's reader and wait for it; a failure other than the worker
+    going away is logged."""
+    reader.cancel()
+    try:
+        await reader
+    except asyncio.CancelledError:
+        pass
+    except grpc.aio.AioRpcError:
+        pass  # the worker went away: the stream's end is the news
+    except Exception:
+        log.exception(
+            "worker stream reader failed",
+            extra={"worker_id": session.worker_id, "session_id": session.session_id},
+        )
 
 
 class Gateway(worker_service_pb2_grpc.WorkerServiceServicer):
@@ -161,7 +213,7 @@ class Gateway(worker_service_pb2_grpc.WorkerServiceServicer):
             return
         session = self._sessions.open(
             hello.worker_id,
-            queues=frozenset(hello.queues) or frozenset({"default"}),
+            queues=_served_queues(hello),
             types=frozenset(hello.task_types),
             slots=hello.slots,
             accepts_batches=hello.accepts_batches,
@@ -170,62 +222,44 @@ class Gateway(worker_service_pb2_grpc.WorkerServiceServicer):
             self._read(session, request_iterator), name=f"worker-reader-{session.session_id}"
         )
         try:
-            yield worker_service_pb2.SchedulerMessage(
-                welcome=worker_service_pb2.Welcome(
-                    node_id=self._config.node_id,
-                    session_id=session.session_id,
-                    heartbeat_interval=convert.duration_to_pb(
-                        self._config.workers.heartbeat_interval_s
-                    ),
-                    lease_duration=convert.duration_to_pb(self._config.workers.task_lease_s),
-                    lease_margin=convert.duration_to_pb(self._config.workers.lease_margin_s),
-                    accepts_batches=True,
-                )
-            )
+            yield _welcome(self._config, session)
             if self._sessions.draining:
                 yield self._sessions.drain_message()
-            end = self._end_streams()
-            while not session.closed:
-                if end.done() and session.outbox.empty():
-                    break  # the node stops: all that was queued here has been sent
-                get = asyncio.ensure_future(session.outbox.get())
-                waits: set[asyncio.Future[Any]] = {get, reader}
-                if not end.done():
-                    waits.add(end)
-                try:
-                    done, _ = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-                finally:
-                    # Also when the call is cancelled (the worker went away) while this
-                    # waits: a get left pending was destroyed with the session later
-                    # ("Task was destroyed but it is pending").
-                    if not get.done():
-                        get.cancel()
-                if get not in done:
-                    if reader in done:
-                        break
-                    continue  # the streams end: what is still queued goes out first
-                first_out = get.result()
-                if not session.accepts_batches or session.outbox.empty():
-                    yield first_out
-                    continue
-                # Everything queued goes out in one write (bounded in count and bytes).
-                queued = take_queued(first_out, session.outbox, MAX_BATCH_MESSAGES)
-                for out in pack(queued, encoded_size, _scheduler_batch):
+            async with aclosing(self._outbox_writes(session, reader)) as writes:
+                async for out in writes:
                     yield out
         finally:
-            reader.cancel()
-            try:
-                await reader
-            except asyncio.CancelledError:
-                pass
-            except grpc.aio.AioRpcError:
-                pass  # the worker went away: the stream's end is the news
-            except Exception:
-                log.exception(
-                    "worker stream reader failed",
-                    extra={"worker_id": session.worker_id, "session_id": session.session_id},
-                )
+            await _stop_reader(session, reader)
             self._sessions.close(session)
+
+    async def _outbox_writes(
+        self, session: WorkerSession, reader: asyncio.Task[None]
+    ) -> AsyncGenerator[worker_service_pb2.SchedulerMessage, None]:
+        """What ``session``'s outbox holds, write by write, until the session closes, its
+        reader ends (the worker went away), or the node stops and all that was queued for
+        the stream has been sent."""
+        end = self._end_streams()
+        while not session.closed:
+            if end.done() and session.outbox.empty():
+                break  # the node stops: all that was queued here has been sent
+            get = asyncio.ensure_future(session.outbox.get())
+            waits: set[asyncio.Future[Any]] = {get, reader}
+            if not end.done():
+                waits.add(end)
+            try:
+                done, _ = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                # Also when the call is cancelled (the worker went away) while this
+                # waits: a get left pending was destroyed with the session later
+                # ("Task was destroyed but it is pending").
+                if not get.done():
+                    get.cancel()
+            if get not in done:
+                if reader in done:
+                    break
+                continue  # the streams end: what is still queued goes out first
+            for out in _one_write(session, get.result()):
+                yield out
 
     async def _read(
         self,

@@ -142,6 +142,30 @@ class PassReport:
 WORKFLOW_SCAN_LIMIT = 500
 
 
+def plan_repairs(
+    scan: Scan, sessions: Sessions, *, ack_timeout_s: float, lease_margin_s: float
+) -> list[Repair]:
+    """The repairs a pass makes of ``scan``'s rows: each row decided
+    (:func:`~chronoshard.scheduler.core.repairs.decide`) with what this node's worker
+    sessions know of its attempt; the rows to keep are left out."""
+    repairs: list[Repair] = []
+    for row in scan.rows:
+        knows = None
+        if row.worker_id is not None:
+            # Only a session open for the whole ack timeout can say "never got it": a
+            # younger one may belong to a worker that holds the attempt from an earlier
+            # stream (or an earlier owner) and has not heartbeated it here yet.
+            knows = sessions.knows(
+                row.worker_id, row.timer.id, row.fencing_token, min_age_s=ack_timeout_s
+            )
+        decision = decide(
+            row, scan.now, ack_timeout_s=ack_timeout_s, lease_margin_s=lease_margin_s, knows=knows
+        )
+        if decision.verdict is not Verdict.KEEP:
+            repairs.append(Repair(row, decision))
+    return repairs
+
+
 class Reconciler:
     STATS_GAUGES: ClassVar[frozenset[str]] = frozenset()
 
@@ -225,40 +249,15 @@ class Reconciler:
             limit=self._config.reconcile.batch_limit,
         )
         scanned_at = self._clock.monotonic()
-        repairs: list[Repair] = []
-        for row in scan.rows:
-            knows = None
-            if row.worker_id is not None:
-                # Only a session open for the whole ack timeout can say "never got it": a
-                # younger one may belong to a worker that holds the attempt from an
-                # earlier stream (or an earlier owner) and has not heartbeated it here yet.
-                knows = self._sessions.knows(
-                    row.worker_id,
-                    row.timer.id,
-                    row.fencing_token,
-                    min_age_s=workers.ack_timeout_s,
-                )
-            decision = decide(
-                row,
-                scan.now,
-                ack_timeout_s=workers.ack_timeout_s,
-                lease_margin_s=workers.lease_margin_s,
-                knows=knows,
-            )
-            if decision.verdict is not Verdict.KEEP:
-                repairs.append(Repair(row, decision))
-        result = RepairResult([], [], [], frozenset(), frozenset())
-        if repairs:
-            try:
-                result = await self._runs.repair(epochs, repairs)
-            except CommitOutcomeUnknown:
-                # Repaired rows may be PRELOADED now and on no wheel: read them back.
-                self._wheel.preloaded_unknown()
-                raise
-            self._after_repair(repairs, result)
+        repairs = plan_repairs(
+            scan,
+            self._sessions,
+            ack_timeout_s=workers.ack_timeout_s,
+            lease_margin_s=workers.lease_margin_s,
+        )
+        result = await self._repair(epochs, repairs)
         self.outcome_unknown = scan.outcome_unknown + len(result.unknown)
         runs_finished = await self._finish_runs(epochs)
-        lost = len(repairs) - len(result.applied)
         gap_s = self._gap_s(started, scan, scanned_at)
         if len(scan.rows) >= self._config.reconcile.batch_limit:
             # A full batch: more rows may be waiting behind it (a mass failure). Go on.
@@ -268,10 +267,23 @@ class Reconciler:
             redispatched=len(result.ready),
             cancelled=len(result.cancelled),
             outcome_unknown=len(result.unknown),
-            lost_races=lost,
+            lost_races=len(repairs) - len(result.applied),
             runs_finished=runs_finished,
             next_pass_in_s=gap_s,
         )
+
+    async def _repair(self, epochs: Mapping[int, int], repairs: Sequence[Repair]) -> RepairResult:
+        """Write ``repairs`` (compare-and-set, under ``epochs``) and act on what applied."""
+        if not repairs:
+            return RepairResult([], [], [], frozenset(), frozenset())
+        try:
+            result = await self._runs.repair(epochs, repairs)
+        except CommitOutcomeUnknown:
+            # Repaired rows may be PRELOADED now and on no wheel: read them back.
+            self._wheel.preloaded_unknown()
+            raise
+        self._after_repair(repairs, result)
+        return result
 
     def _after_repair(self, repairs: Sequence[Repair], result: RepairResult) -> None:
         if result.lost_shards:

@@ -1,9 +1,9 @@
 """Direct connections: one synchronous psycopg connection, outside any pool.
 
 For what runs before an event loop exists or without one, from the CLI, the dev
-launcher and the test fixtures: the migrations (:mod:`.migrate`) and the operator's
-partition commands (:mod:`.partitions`). The node's own statements go through the
-:class:`~.database.Store`'s pool.
+launcher and the test fixtures: the migrations (:mod:`.migrate`), the operator's
+partition commands (:mod:`.partitions`) and tenant writes (:mod:`.tenants`). The node's
+own statements go through the :class:`~.database.Store`'s pool.
 """
 
 from __future__ import annotations

@@ -1,14 +1,24 @@
-"""Operator-side tenant management (``chronoshard tenants ...``, the dev launcher).
+"""The tenants table, both of its sides: the operator's writes and the node's reads.
 
-Runs against the database directly, like ``chronoshard migrate``: creating a tenant is
-an operator's act, not a tenant's API call. The API key is returned once, in clear, and
-only its hash is stored (docs/architecture.md#d11).
+Every statement over ``tenants`` is here (``sql/tenants.sql``), whoever issues it,
+because the two sides share one row shape and one set of limits:
+
+* **The operator** (``chronoshard tenants ...``, the dev launcher, the test harness)
+  creates tenants and rotates their keys with :func:`create_tenant` and reads them with
+  :func:`list_tenants`, synchronously over :mod:`.direct`'s one connection, like
+  ``chronoshard migrate``: creating a tenant is an operator's act, not a tenant's API
+  call. The API key is returned once, in clear, and only its hash is stored
+  (docs/architecture.md#d11).
+* **The node** reads tenants through :class:`TenantStore`, over the
+  :class:`~.database.Store`'s pool like every other owner's class (``RunStore(store)``):
+  the authenticator looks a key's hash up, the tenant limits cache lists them all.
 """
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import psycopg
 from psycopg.rows import dict_row
@@ -16,12 +26,49 @@ from psycopg.rows import dict_row
 from chronoshard.scheduler.core.api_keys import hash_api_key, new_api_key
 from chronoshard.scheduler.core.models import Tenant
 from chronoshard.scheduler.errors import InvalidArgument, StoreUnavailable
-from chronoshard.scheduler.store import queries
+from chronoshard.scheduler.store import direct, queries
+from chronoshard.scheduler.store.database import Store
 
 DEFAULT_TIER = "standard"
 DEFAULT_RATE_LIMIT_RPS = 10_000.0
 DEFAULT_MAX_CONCURRENT = 10_000
 DEFAULT_REGION = "local"
+MAX_NAME_CHARS = 200
+
+_SQL = "tenants.sql"
+
+
+def check_limits(rate_limit_rps: float, max_concurrent_workers: int) -> None:
+    """A tenant's limits as both sides require them.
+
+    Raises:
+        InvalidArgument: the rate is not positive, or fewer than one worker may run.
+    """
+    if not rate_limit_rps > 0:
+        raise InvalidArgument("rate_limit_rps", "must be positive")
+    if max_concurrent_workers < 1:
+        raise InvalidArgument("max_concurrent_workers", "must be at least 1")
+
+
+def check_operator_fields(name: str, rate_limit_rps: float, max_concurrent_workers: int) -> None:
+    """What :func:`create_tenant` refuses before it connects.
+
+    Raises:
+        InvalidArgument: the name is blank or longer than MAX_NAME_CHARS, or a limit is
+            out of range (:func:`check_limits`).
+    """
+    if not name.strip() or len(name) > MAX_NAME_CHARS:
+        raise InvalidArgument("name", f"must be 1-{MAX_NAME_CHARS} characters")
+    check_limits(rate_limit_rps, max_concurrent_workers)
+
+
+def operator_flag_changes(wanted: bool | None, current: bool) -> bool:
+    """Whether the operator flag is to be written: asked for (None leaves it) and not
+    already so."""
+    return wanted is not None and wanted != current
+
+
+# ---- the operator's side (synchronous, direct) -------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -50,14 +97,8 @@ def create_tenant(
         InvalidArgument: a field is invalid, or the name is taken and ``if_exists="fail"``.
         StoreUnavailable: PostgreSQL cannot be reached.
     """
-    if not name.strip() or len(name) > 200:
-        raise InvalidArgument("name", "must be 1-200 characters")
-    if not rate_limit_rps > 0:
-        raise InvalidArgument("rate_limit_rps", "must be positive")
-    if max_concurrent_workers < 1:
-        raise InvalidArgument("max_concurrent_workers", "must be at least 1")
+    check_operator_fields(name, rate_limit_rps, max_concurrent_workers)
     api_key = new_api_key()
-    q = queries.load("database.sql")
     params = {
         "name": name,
         "tier": tier,
@@ -67,40 +108,135 @@ def create_tenant(
         "api_key_hash": hash_api_key(api_key),
     }
     try:
-        # One transaction: a tenant is never left half made (a new key, not the flag).
+        # One transaction (the connection is autocommit, the block is not): a tenant is
+        # never left half made (a new key, not the flag).
         with (
-            psycopg.connect(dsn, autocommit=True) as conn,
+            direct.connect(dsn) as conn,
             conn.transaction(),
             conn.cursor(row_factory=dict_row) as cur,
         ):
-            row = None
-            if if_exists == "rotate":
-                cur.execute(q["rotate_tenant_key"], params)
-                row = cur.fetchone()
-            if row is None:
-                try:
-                    cur.execute(q["insert_tenant"], params)
-                except psycopg.errors.UniqueViolation as exc:
-                    raise InvalidArgument(
-                        "name", f"a tenant named {name!r} already exists"
-                    ) from exc
-                row = cur.fetchone()
-            assert row is not None
-            if operator is not None and operator != row["operator"]:
-                flag = {"tenant_id": row["id"], "operator": operator}
-                cur.execute(q["set_tenant_operator"], flag)
-                row = cur.fetchone()
-                assert row is not None
+            row = _rotated_or_inserted(cur, params, rotate=if_exists == "rotate")
+            if operator_flag_changes(operator, row["operator"]):
+                row = _one(
+                    cur, "set_tenant_operator", {"tenant_id": row["id"], "operator": operator}
+                )
     except psycopg.OperationalError as exc:
         raise StoreUnavailable(f"cannot reach PostgreSQL: {exc}") from exc
     return NewTenant(Tenant(**row), api_key)
 
 
-def list_tenants(dsn: str) -> list[Tenant]:
-    q = queries.load("database.sql")
+def _rotated_or_inserted(
+    cur: psycopg.Cursor[dict[str, Any]], params: dict[str, Any], *, rotate: bool
+) -> dict[str, Any]:
+    """The tenant ``params`` names, its key rotated if asked and it exists, else new.
+
+    Raises:
+        InvalidArgument: the name is taken (and not rotated).
+    """
+    if rotate:
+        cur.execute(queries.load(_SQL)["rotate_tenant_key"], params)
+        row = cur.fetchone()
+        if row is not None:
+            return row
     try:
-        with psycopg.connect(dsn) as conn, conn.cursor(row_factory=dict_row) as cur:
-            cur.execute(q["list_tenants"])
+        return _one(cur, "insert_tenant", params)
+    except psycopg.errors.UniqueViolation as exc:
+        raise InvalidArgument("name", f"a tenant named {params['name']!r} already exists") from exc
+
+
+def _one(
+    cur: psycopg.Cursor[dict[str, Any]], statement: str, params: dict[str, Any]
+) -> dict[str, Any]:
+    """The one row ``statement`` returns."""
+    cur.execute(queries.load(_SQL)[statement], params)
+    row = cur.fetchone()
+    assert row is not None
+    return row
+
+
+def list_tenants(dsn: str) -> list[Tenant]:
+    """Every tenant, by name.
+
+    Raises:
+        StoreUnavailable: PostgreSQL cannot be reached.
+    """
+    try:
+        with direct.connect(dsn) as conn, conn.cursor(row_factory=dict_row) as cur:
+            cur.execute(queries.load(_SQL)["list_tenants"])
             return [Tenant(**row) for row in cur.fetchall()]
     except psycopg.OperationalError as exc:
         raise StoreUnavailable(f"cannot reach PostgreSQL: {exc}") from exc
+
+
+# ---- the node's side (over the Store's pool) ----------------------------------------------
+
+
+class TenantStore:
+    """The node's tenant statements, over ``store``'s pool."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+        self._q = queries.load(_SQL)
+
+    async def create_tenant(
+        self,
+        name: str,
+        tier: str,
+        rate_limit_rps: float,
+        max_concurrent_workers: int,
+        home_region: str,
+        api_key_hash: str,
+    ) -> Tenant:
+        """Insert a tenant (its id is generated by the database).
+
+        Raises:
+            InvalidArgument: a field is out of range, or ``name`` or ``api_key_hash`` is
+                already used by another tenant.
+        """
+        params = {
+            "name": name,
+            "tier": tier,
+            "rate_limit_rps": rate_limit_rps,
+            "max_concurrent_workers": max_concurrent_workers,
+            "home_region": home_region,
+            "api_key_hash": api_key_hash,
+        }
+        for field in ("name", "tier", "home_region", "api_key_hash"):
+            if not isinstance(params[field], str) or not str(params[field]).strip():
+                raise InvalidArgument(field, "must be a non-blank string")
+        check_limits(rate_limit_rps, max_concurrent_workers)
+        try:
+            async with self._store.connection() as conn:
+                cur = conn.cursor(row_factory=dict_row)
+                await cur.execute(self._q["insert_tenant"], params)
+                row = await cur.fetchone()
+        except psycopg.errors.UniqueViolation as exc:
+            field = "name" if "name" in (exc.diag.constraint_name or "") else "api_key_hash"
+            raise InvalidArgument(field, "is already used by another tenant") from exc
+        except psycopg.errors.CheckViolation as exc:
+            raise InvalidArgument(exc.diag.constraint_name or "tenant", str(exc)) from exc
+        assert row is not None
+        return Tenant(**row)
+
+    async def get_tenant(self, tenant_id: uuid.UUID) -> Tenant | None:
+        async with self._store.connection() as conn:
+            cur = conn.cursor(row_factory=dict_row)
+            await cur.execute(self._q["get_tenant"], {"tenant_id": tenant_id})
+            row = await cur.fetchone()
+        return None if row is None else Tenant(**row)
+
+    async def get_tenant_by_key_hash(self, api_key_hash: str) -> Tenant | None:
+        """The tenant holding the API key whose hash is ``api_key_hash`` (see
+        ``auth.hash_api_key``), or None; served by the unique index on the hash."""
+        async with self._store.connection() as conn:
+            cur = conn.cursor(row_factory=dict_row)
+            await cur.execute(self._q["get_tenant_by_key_hash"], {"api_key_hash": api_key_hash})
+            row = await cur.fetchone()
+        return None if row is None else Tenant(**row)
+
+    async def list_tenants(self) -> list[Tenant]:
+        """Every tenant, by name."""
+        async with self._store.connection() as conn:
+            cur = conn.cursor(row_factory=dict_row)
+            await cur.execute(self._q["list_tenants"])
+            return [Tenant(**row) for row in await cur.fetchall()]

@@ -27,6 +27,7 @@ from chronoshard.scheduler.config import LimitsConfig, SchedulerConfig, Scheduli
 from chronoshard.scheduler.core.models import Task, Tenant
 from chronoshard.scheduler.core.sharding import shard_of
 from chronoshard.scheduler.store.database import Store
+from chronoshard.scheduler.store.tenants import TenantStore
 from chronoshard.v1 import common_pb2, task_service_pb2, task_service_pb2_grpc
 from chronoshard.wire import error_info_from_metadata
 
@@ -120,7 +121,7 @@ async def _serve(
 async def api(store: Store, db_dsn: str) -> AsyncIterator[Api]:
     tenant, key = await tenant_with_key(store)
     listener = Recorder()
-    server, port = await _serve(store, Authenticator(store), listener)
+    server, port = await _serve(store, Authenticator(TenantStore(store)), listener)
     async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
         yield Api(Stub(channel), store, db_dsn, tenant, key, listener)
     await server.stop(grace=None)

@@ -33,6 +33,7 @@ from chronoshard.scheduler.core.jitter import JitterMode
 from chronoshard.scheduler.core.models import NewTask
 from chronoshard.scheduler.core.sharding import shard_of
 from chronoshard.scheduler.node import SchedulerNode
+from chronoshard.scheduler.store.tenants import TenantStore
 from chronoshard.services import EtcdProcess
 from chronoshard.v1 import worker_service_pb2, worker_service_pb2_grpc
 from chronoshard.wire import error_info_from_metadata
@@ -104,7 +105,7 @@ async def test_a_settlement_reaching_a_stopping_node_is_refused_retryably_then_s
             lambda: len(node_a.shards.epochs()) == SHARDS, timeout_s=10, what="shards claimed"
         )
         key = new_api_key()
-        tenant = await node_a.store.create_tenant(
+        tenant = await TenantStore(node_a.store).create_tenant(
             f"t-{uuid.uuid4().hex}", "standard", 1000.0, 100, "local", hash_api_key(key)
         )
         auth = (("authorization", f"Bearer {key}"),)

@@ -46,6 +46,7 @@ from chronoshard.scheduler.core.runs import Completion, Intent, Settle, TimerTas
 from chronoshard.scheduler.store.database import Store
 from chronoshard.scheduler.store.repairs import RepairStore
 from chronoshard.scheduler.store.runs import RunStore
+from chronoshard.scheduler.store.tenants import TenantStore
 
 SHARD = 5
 EPOCH = 40
@@ -146,7 +147,9 @@ def world(runner: asyncio.Runner, db_dsn: str) -> Iterator[World]:
         store = await Store.open(db_dsn, min_size=2, max_size=6)
         assert await store.claim_shard_epoch(SHARD, EPOCH, "node-a")
         suffix = uuid.uuid4().hex
-        tenant = await store.create_tenant(f"t-{suffix}", "standard", 1e6, 1000, "x", suffix)
+        tenant = await TenantStore(store).create_tenant(
+            f"t-{suffix}", "standard", 1e6, 1000, "x", suffix
+        )
         return World(store, RunStore(store), tenant)
 
     opened = runner.run(open_world())

@@ -32,6 +32,7 @@ from chronoshard.scheduler.core.models import (
 from chronoshard.scheduler.core.sharding import shard_of
 from chronoshard.scheduler.errors import IdempotencyConflict, InvalidArgument, TenantNotFound
 from chronoshard.scheduler.store.database import Store
+from chronoshard.scheduler.store.tenants import TenantStore
 from chronoshard.v1 import task_service_pb2, task_service_pb2_grpc
 from chronoshard.wire import error_info_from_metadata
 
@@ -157,7 +158,9 @@ async def stub_and_key(store: Store) -> AsyncIterator[tuple[Any, str, Tenant]]:
     tenant, key = await tenant_with_key(store)
     server = grpc.aio.server()
     config = SchedulerConfig(scheduling=SchedulingConfig(shard_count=SHARDS))
-    servicer = TaskServiceServicer(config=config, store=store, authenticator=Authenticator(store))
+    servicer = TaskServiceServicer(
+        config=config, store=store, authenticator=Authenticator(TenantStore(store))
+    )
     task_service_pb2_grpc.add_TaskServiceServicer_to_server(servicer, server)
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()

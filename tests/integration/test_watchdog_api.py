@@ -22,6 +22,7 @@ from chronoshard.scheduler.api.expectations import WatchdogServiceServicer
 from chronoshard.scheduler.core.api_keys import hash_api_key, new_api_key
 from chronoshard.scheduler.core.models import Tenant
 from chronoshard.scheduler.store.database import Store
+from chronoshard.scheduler.store.tenants import TenantStore
 from chronoshard.v1 import watchdog_service_pb2 as pb
 from chronoshard.v1 import watchdog_service_pb2_grpc
 from chronoshard.wire import error_info_from_metadata
@@ -48,7 +49,7 @@ def seconds(value: float) -> duration_pb2.Duration:
 
 async def new_tenant(store: Store) -> tuple[Tenant, str]:
     key = new_api_key()
-    made = await store.create_tenant(
+    made = await TenantStore(store).create_tenant(
         f"t-{uuid.uuid4().hex}", "standard", 100.0, 10, "local", hash_api_key(key)
     )
     return made, key
@@ -61,7 +62,8 @@ async def api(db_dsn: str, caplog: pytest.LogCaptureFixture) -> AsyncIterator[Ap
     store = await Store.open(db_dsn, 1, 4)
     server = grpc.aio.server()
     watchdog_service_pb2_grpc.add_WatchdogServiceServicer_to_server(
-        WatchdogServiceServicer(store=store, authenticator=Authenticator(store)), server
+        WatchdogServiceServicer(store=store, authenticator=Authenticator(TenantStore(store))),
+        server,
     )
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()

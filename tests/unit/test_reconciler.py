@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from chronoshard.clock import FakeClock
-from chronoshard.scheduler.cluster.reconciler import Reconciler
+from chronoshard.scheduler.cluster.reconciler import Reconciler, plan_repairs
 from chronoshard.scheduler.config import SchedulerConfig
 from chronoshard.scheduler.core.models import Priority
 from chronoshard.scheduler.core.repairs import (
@@ -498,6 +498,43 @@ def _reconciler(
         SchedulerConfig(), FakeClock(NOW), runs, shards, sessions, wheel, shard_count=SHARDS
     )
     return reconciler, wheel, shards
+
+
+class AskedSessions(FakeSessions):
+    """Sessions that also record how they were asked."""
+
+    def __init__(self, known: dict[uuid.UUID, bool | None]) -> None:
+        super().__init__(known)
+        self.asked: list[tuple[str, uuid.UUID, int, float]] = []
+
+    def knows(
+        self, worker_id: str, task_id: uuid.UUID, token: int, *, min_age_s: float = 0.0
+    ) -> bool | None:
+        self.asked.append((worker_id, task_id, token, min_age_s))
+        return super().knows(worker_id, task_id, token, min_age_s=min_age_s)
+
+
+def test_a_plan_asks_the_sessions_only_with_the_ack_timeout_as_the_age_to_vouch() -> None:
+    never_sent = _row(untouched_s=ACK_S + 1)
+    held = _row(untouched_s=ACK_S + 1)
+    unowned = replace(_row(untouched_s=ACK_S + 1), worker_id=None)
+    healthy = _row(status=TaskStatus.RUNNING, lease_in_s=25)
+    sessions = AskedSessions({never_sent.timer.id: False, held.timer.id: True})
+    scan = Scan(NOW, [never_sent, held, unowned, healthy])
+
+    repairs = plan_repairs(scan, sessions, ack_timeout_s=ACK_S, lease_margin_s=MARGIN_S)
+
+    # Only the attempt a session vouches was never sent is given back; the rest wait for
+    # their leases.
+    assert [(r.row, r.decision) for r in repairs] == [
+        (never_sent, _decision(never_sent, knows=False))
+    ]
+    assert [(worker, task) for worker, task, _, _ in sessions.asked] == [
+        ("w-1", never_sent.timer.id),
+        ("w-1", held.timer.id),
+        ("w-1", healthy.timer.id),
+    ]
+    assert {(token, age) for _, _, token, age in sessions.asked} == {(3, ACK_S)}
 
 
 async def test_a_pass_repairs_what_it_decided_and_feeds_the_wheel() -> None:

@@ -11,6 +11,7 @@ from datetime import UTC, datetime
 import pytest
 
 from chronoshard.scheduler.api import convert, workers
+from chronoshard.scheduler.config import SchedulerConfig
 from chronoshard.scheduler.core.models import TaskRef
 from chronoshard.scheduler.core.runs import Completion, Failure, Release, Settle
 from chronoshard.scheduler.core.states import AttemptState
@@ -154,3 +155,55 @@ def test_one_bad_heartbeat_entry_costs_only_its_own_lease() -> None:
     beats = workers._beats(session, heartbeat, LIMIT)
 
     assert [(b.ref, b.checkpoint) for b in beats] == [(good, b"cp")]
+
+
+# ---- the stream's own messages ------------------------------------------------------------
+
+
+def test_a_hello_that_names_no_queue_serves_default() -> None:
+    assert workers._served_queues(_hello().hello) == frozenset({"default"})
+    assert workers._served_queues(_hello(queues=["a", "b"]).hello) == frozenset({"a", "b"})
+
+
+def test_the_welcome_tells_the_session_and_the_timing() -> None:
+    config = SchedulerConfig()
+    welcome = workers._welcome(config, _session()).welcome
+    assert (welcome.node_id, welcome.session_id) == (config.node_id, "s")
+    assert welcome.heartbeat_interval.ToTimedelta().total_seconds() == (
+        config.workers.heartbeat_interval_s
+    )
+    assert welcome.lease_duration.ToTimedelta().total_seconds() == config.workers.task_lease_s
+    assert welcome.lease_margin.ToTimedelta().total_seconds() == config.workers.lease_margin_s
+    assert welcome.accepts_batches
+
+
+def _queued(session: WorkerSession, count: int) -> pb.SchedulerMessage:
+    for seq in range(1, count):
+        session.outbox.put_nowait(pb.SchedulerMessage(heartbeat_reply=pb.HeartbeatReply(seq=seq)))
+    return pb.SchedulerMessage(heartbeat_reply=pb.HeartbeatReply(seq=0))
+
+
+def test_a_worker_that_reads_batches_gets_what_is_queued_in_one_write() -> None:
+    session = _session()
+    session.accepts_batches = True
+    first = _queued(session, 3)
+
+    (write,) = workers._one_write(session, first)
+
+    assert [m.heartbeat_reply.seq for m in write.batch.messages] == [0, 1, 2]
+    assert session.outbox.empty()
+
+
+def test_a_worker_that_does_not_read_batches_gets_one_message_a_write() -> None:
+    session = _session()
+    first = _queued(session, 3)
+
+    assert workers._one_write(session, first) == [first]
+    assert session.outbox.qsize() == 2
+
+
+def test_a_lone_message_goes_out_unwrapped() -> None:
+    session = _session()
+    session.accepts_batches = True
+    first = _queued(session, 1)
+    assert workers._one_write(session, first) == [first]

@@ -9,39 +9,6 @@
 -- * predicates that must match a partial index are spelled literally (a bound parameter
 --   cannot prove the index predicate, and the planner would not use the index).
 
--- name: insert_tenant
-INSERT INTO tenants (name, tier, rate_limit_rps, max_concurrent_workers, home_region, api_key_hash)
-VALUES (%(name)s, %(tier)s, %(rate_limit_rps)s, %(max_concurrent_workers)s, %(home_region)s,
-        %(api_key_hash)s)
-RETURNING id, name, tier, rate_limit_rps, max_concurrent_workers, home_region, api_key_hash,
-          created_at, operator;
-
--- name: get_tenant
-SELECT id, name, tier, rate_limit_rps, max_concurrent_workers, home_region, api_key_hash,
-       created_at, operator
-FROM tenants
-WHERE id = %(tenant_id)s;
-
--- name: get_tenant_by_key_hash
--- Authentication: the unique index on api_key_hash answers it.
-SELECT id, name, tier, rate_limit_rps, max_concurrent_workers, home_region, api_key_hash,
-       created_at, operator
-FROM tenants
-WHERE api_key_hash = %(api_key_hash)s;
-
--- name: list_tenants
-SELECT id, name, tier, rate_limit_rps, max_concurrent_workers, home_region, api_key_hash,
-       created_at, operator
-FROM tenants
-ORDER BY name;
-
--- name: set_tenant_operator
--- Operator rights (AdminService.DrainNode) for a tenant, by id; `chronoshard tenants`.
-UPDATE tenants SET operator = %(operator)s
-WHERE id = %(tenant_id)s
-RETURNING id, name, tier, rate_limit_rps, max_concurrent_workers, home_region, api_key_hash,
-          created_at, operator;
-
 -- name: tenants_exist
 SELECT id FROM tenants WHERE id = ANY(%(tenant_ids)b::uuid[]);
 
@@ -141,14 +108,6 @@ FROM shard_owners
 WHERE shard = ANY(%(shards)s::smallint[])
 ORDER BY shard
 FOR SHARE;
-
--- name: rotate_tenant_key
--- A new API key for an existing tenant (by name); the old key stops working once the
--- nodes' authentication caches expire.
-UPDATE tenants SET api_key_hash = %(api_key_hash)s
-WHERE name = %(name)s
-RETURNING id, name, tier, rate_limit_rps, max_concurrent_workers, home_region, api_key_hash,
-          created_at, operator;
 
 -- name: database_clock
 -- PostgreSQL's clock for the node's cluster clock (cluster/clock.py): the instant the
