@@ -56,7 +56,7 @@ import grpc
 import psycopg
 
 from chronoshard import Client, TaskSpec
-from chronoshard._localproc import free_ports
+from chronoshard._dev.processes import free_ports
 from chronoshard.v1 import worker_service_pb2, worker_service_pb2_grpc
 
 DEFAULT_TASKS = 10_000

@@ -1,13 +1,13 @@
 """The ``chronoshard`` command: one table of subcommands, and ``main``.
 
-Each subcommand is a :class:`~chronoshard._cli_common.Command` registered in
+Each subcommand is a :class:`~chronoshard._cli.common.Command` registered in
 :data:`COMMANDS`: a function that adds its arguments to an ``argparse`` parser, a function
 that runs it and returns the exit code, and an epilog of examples for ``--help``. Adding a
 subcommand means writing those and one line in the table; ``main`` never changes. Groups
 (``tasks``, ``tenants``, ``partitions``, ``expect``) register their children the same way,
-one level down. The commands live by what they talk to: ``_cli_tasks`` (TaskService),
-``_cli_admin`` (AdminService, metrics, WatchdogService), ``_cli_ops`` (the database and
-local processes); ``_cli_output`` formats tables and JSON.
+one level down. The commands live in :mod:`chronoshard._cli` by what they talk to:
+``tasks`` (TaskService), ``admin`` (AdminService, metrics, WatchdogService), ``ops`` (the
+database and local processes); ``output`` formats tables and JSON.
 
 Exit codes are a contract for scripts (``EXIT_CODES_HELP``): 0 ok, 1 the server refused
 or failed (the reason printed on stderr as ``CODE/REASON (field f): message``), 2 usage,
@@ -22,8 +22,10 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import TextIO
 
-from chronoshard import _cli_admin, _cli_ops, _cli_tasks
-from chronoshard._cli_common import (
+from chronoshard._cli import admin as _cli_admin
+from chronoshard._cli import ops as _cli_ops
+from chronoshard._cli import tasks as _cli_tasks
+from chronoshard._cli.common import (
     API_KEY_ENV,
     DEFAULT_TARGET,
     DSN_ENV,

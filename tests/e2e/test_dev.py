@@ -32,8 +32,8 @@ from pathlib import Path
 import pytest
 from harness.processes import pid_alive
 
-from chronoshard import _dev_demo
-from chronoshard.dev import CHILD_STOP_GRACE_S
+from chronoshard._dev import demo_tasks as _dev_demo
+from chronoshard._dev.cluster import CHILD_STOP_GRACE_S
 
 TEST_DSN_ENV = "CHRONOSHARD_TEST_DSN"
 START_TIMEOUT_S = 90.0
@@ -41,7 +41,7 @@ DEMO_TIMEOUT_S = 90.0
 STOP_TIMEOUT_S = 60.0
 SIGKILL_STOP_BOUND_S = 2 * CHILD_STOP_GRACE_S
 """A killed launcher's children are gone within this (each stage stops in well under its
-grace period unless a process hangs; see chronoshard._lifeline)."""
+grace period unless a process hangs; see chronoshard._dev.lifeline)."""
 SETTLED = re.compile(r"demo: all (\d+) tasks settled: (\d+) completed, (\d+) dead-lettered")
 BANNER_DONE = re.compile(r"Ctrl-C stops everything")
 

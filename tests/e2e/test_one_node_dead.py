@@ -36,7 +36,7 @@ from harness.history import EFFECTS_DDL
 from harness.processes import ManagedProcess, ProcessGroup, SchedulerHandle
 
 from chronoshard import Client, SubmitResult, SyncClient, TaskSpec, TaskStatus
-from chronoshard._localproc import free_ports
+from chronoshard._dev.processes import free_ports
 from chronoshard.scheduler.store.tenants import create_tenant
 from chronoshard.services import EtcdProcess
 

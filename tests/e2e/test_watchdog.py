@@ -36,7 +36,7 @@ from harness.cluster import Cluster, running_cluster
 from harness.processes import ManagedProcess
 
 from chronoshard import ChronoshardError, Client, cli
-from chronoshard._localproc import free_ports
+from chronoshard._dev.processes import free_ports
 from chronoshard.services import EtcdProcess
 
 NODE = "node-1"

@@ -20,7 +20,7 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from chronoshard._localproc import free_ports
+from chronoshard._dev.processes import free_ports
 
 READY_TIMEOUT_S = 60.0
 DEFAULT_SHARD_COUNT = 16

@@ -10,7 +10,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from chronoshard._lifeline import Lifeline
+from chronoshard._dev.lifeline import Lifeline
 
 GRACE_S = 0.5
 BOUND_S = 10.0

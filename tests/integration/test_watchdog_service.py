@@ -23,7 +23,7 @@ import pytest
 from e2e.watchdog_receiver import Receiver, running_receiver
 from fixtures.waiting import eventually
 
-from chronoshard._localproc import free_ports
+from chronoshard._dev.processes import free_ports
 from chronoshard.scheduler.core.api_keys import hash_api_key, new_api_key
 from chronoshard.watchdog.config import (
     DatabaseConfig,

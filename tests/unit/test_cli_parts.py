@@ -12,9 +12,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from chronoshard import _cli_output as output
-from chronoshard._cli_admin import histogram_quantile, parse_node_metrics, ranges
-from chronoshard._cli_common import aware_time, duration_s, format_s, time_bound
+from chronoshard._cli import output
+from chronoshard._cli.admin import histogram_quantile, parse_node_metrics, ranges
+from chronoshard._cli.common import aware_time, duration_s, format_s, time_bound
 from chronoshard.types import Priority, RetryPolicy, TaskStatus
 
 NOW = datetime(2030, 1, 2, 3, 4, 5, tzinfo=UTC)

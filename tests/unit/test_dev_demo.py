@@ -1,4 +1,4 @@
-"""The ``dev --demo`` plan and progress (``chronoshard._dev_demo``): pure, no cluster."""
+"""The ``dev --demo`` plan and progress (``chronoshard._dev.demo_tasks``): pure, no cluster."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from collections import Counter
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from chronoshard._dev_demo import (
+from chronoshard._dev.demo_tasks import (
     FAILING_TASKS,
     FIRST_AT_S,
     JITTER_WINDOW_S,

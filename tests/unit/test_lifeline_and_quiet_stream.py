@@ -11,8 +11,8 @@ from pathlib import Path
 from hypothesis import given
 from hypothesis import strategies as st
 
-from chronoshard._lifeline import Registration, parse_line, stop_order
-from chronoshard._quiet_stream import QuietStream, quiet
+from chronoshard._dev.lifeline import Registration, parse_line, stop_order
+from chronoshard._dev.quiet_stream import QuietStream, quiet
 
 
 def reg(name: str, stage: str, pid: int = 1) -> Registration:

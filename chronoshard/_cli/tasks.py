@@ -15,9 +15,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-from chronoshard import _cli_output as output
 from chronoshard import exact_json
-from chronoshard._cli_common import (
+from chronoshard._cli import output
+from chronoshard._cli.common import (
     EXIT_FAILURE,
     EXIT_OK,
     Command,

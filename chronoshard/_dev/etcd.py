@@ -25,8 +25,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Self
 
-from chronoshard._lifeline import Lifeline
-from chronoshard._localproc import (
+from chronoshard._dev.lifeline import Lifeline
+from chronoshard._dev.processes import (
     DEFAULT_START_TIMEOUT_S,
     DEFAULT_STOP_TIMEOUT_S,
     LOOPBACK_HOST,

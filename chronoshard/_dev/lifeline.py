@@ -7,7 +7,7 @@ that is SIGKILLed, crashes, or dies on a broken stdout: its children would run o
 child is tied to the launcher's life by a pipe.
 
 **The keeper.** Before it starts anything, the launcher starts a small keeper process
-(``python -m chronoshard._lifeline``, its own session, its log in a file — never the
+(``python -m chronoshard._dev.lifeline``, its own session, its log in a file — never the
 launcher's stdout) whose stdin is the read end of a pipe. Only the launcher holds the
 write end (it is close-on-exec, so no child inherits it past ``exec``), and the kernel
 closes it when the launcher exits, whatever the cause. The keeper reads registrations until
@@ -170,7 +170,7 @@ class Lifeline:
         try:
             with self._log_path.open("ab") as log_file:
                 self._keeper = subprocess.Popen(
-                    [sys.executable, "-m", "chronoshard._lifeline", str(self._grace_s)],
+                    [sys.executable, "-m", "chronoshard._dev.lifeline", str(self._grace_s)],
                     stdin=read_fd,
                     stdout=log_file,
                     stderr=subprocess.STDOUT,
