@@ -128,12 +128,15 @@ def submit_from_pb(
         payload = payloads.parse(
             req.payload_json, prefix + "payload_json", limits.payload_limit_bytes, object_only=True
         )
-    timing = _timing_from_pb(req, tenant_id, task_id, now, limits, prefix)
+    # In this order: of several bad fields, a client hears of the one it always heard of.
+    when = _when_from_pb(req, now, prefix)
     queue = req.queue or DEFAULT_QUEUE
     if not QUEUE_PATTERN.match(queue):
         raise InvalidArgument(prefix + "queue", f"must match {QUEUE_PATTERN.pattern}")
     max_retries = _max_retries_from_pb(req, prefix, limits)
     initial_s, max_s, multiplier = _backoff_from_pb(req, prefix)
+    timeout_s = _timeout_from_pb(req, prefix, limits)
+    timing = _timing_from_pb(req, when, tenant_id, task_id, now, limits, prefix)
     new = NewTask(
         id=task_id,
         type=task_type,
@@ -144,7 +147,7 @@ def submit_from_pb(
         priority=priority_from_pb(req.priority, prefix + "priority"),
         queue=queue,
         max_retries=max_retries,
-        timeout_s=_timeout_from_pb(req, prefix, limits),
+        timeout_s=timeout_s,
         strict_timing=req.strict_timing,
         idempotent=req.idempotent,
         idempotency_key=_text(req.idempotency_key, prefix + "idempotency_key", MAX_KEY_LENGTH),
@@ -245,14 +248,16 @@ class _Timing:
 
 def _timing_from_pb(
     req: task_service_pb2.SubmitTaskRequest,
+    when: tuple[datetime, object],
     tenant_id: uuid.UUID,
     task_id: uuid.UUID,
     now: datetime,
     limits: SubmitLimits,
     prefix: str,
 ) -> _Timing:
-    """The instant to run at, jittered (``strict_timing`` means no jitter)."""
-    scheduled_at, when = _when_from_pb(req, now, prefix)
+    """``when`` (what :func:`_when_from_pb` read) jittered, as the request's jitter
+    fields ask (``strict_timing`` means none)."""
+    scheduled_at, asked = when
     mode = jitter_from_pb(req.jitter_mode, prefix + "jitter_mode") or JitterMode.SYMMETRIC
     if req.strict_timing:
         mode = JitterMode.NONE
@@ -267,7 +272,7 @@ def _timing_from_pb(
         mode=mode,
         submitted_at=now,
     )
-    return _Timing(scheduled_at, due_at, mode, when, window_s)
+    return _Timing(scheduled_at, due_at, mode, asked, window_s)
 
 
 def _when_from_pb(
