@@ -225,7 +225,6 @@ class SchedulerNode:
             config.database.dsn,
             config.database.pool_min_size,
             config.database.pool_max_size,
-            payload_limit_bytes=config.limits.payload_limit_bytes,
             acquire_timeout_s=config.database.acquire_timeout_s,
             session_limits=SessionLimits(
                 statement_timeout_s=config.database.statement_timeout_s,

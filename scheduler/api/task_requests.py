@@ -2,9 +2,13 @@
 
 :func:`submit_from_pb` turns a ``SubmitTaskRequest`` into a fully decided, validated
 :class:`~chronoshard.scheduler.core.models.PreparedTask` (id, shard, jittered ``due_at``,
-server defaults), and fingerprints the request *as sent*, so that an idempotent retry of
-a submit whose time is relative (a ``delay``, or no time at all: "now") is recognised as
-the same request even though it resolves to a later instant. :func:`list_filter_from_pb`
+server defaults, the payload's stored text from :func:`.payloads.canonical`), and
+fingerprints the request *as sent*, so that an idempotent retry of a submit whose time
+is relative (a ``delay``, or no time at all: "now") is recognised as the same request
+even though it resolves to a later instant. This is the only validation a submit gets:
+every rule is checked here, against the field as the request names it, and neither the
+models nor the store check again (what the wire cannot get wrong is listed at
+``_prepared``). :func:`list_filter_from_pb`
 and the page token functions serve ``ListTasks``; a page token is an opaque, unsigned
 keyset position that also names a digest of the filters it was issued for. Field values
 are read through :mod:`.convert`.
@@ -43,15 +47,15 @@ from chronoshard.scheduler.core.models import (
     DEFAULT_BACKOFF_MAX_S,
     DEFAULT_BACKOFF_MULTIPLIER,
     MAX_KEY_LENGTH,
+    MAX_RETRIES_LIMIT,
     MAX_TYPE_LENGTH,
     QUEUE_PATTERN,
     NewTask,
     PreparedTask,
-    prepare,
     request_fingerprint,
 )
 from chronoshard.scheduler.core.sharding import shard_of
-from chronoshard.scheduler.errors import InvalidArgument, PayloadTooLarge, seconds_text
+from chronoshard.scheduler.errors import InvalidArgument, seconds_text
 from chronoshard.v1 import task_service_pb2
 from chronoshard.wire import DEFAULT_QUEUE
 
@@ -70,14 +74,6 @@ DEFAULT_PAGE_SIZE = 100
 DEFAULT_CANCEL_REASON = "cancelled by client"
 
 _TRACEPARENT = re.compile(r"^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}(-[\x21-\x7e]*)?$")
-# Model field -> request field, for the (defensive) re-check of models.prepare.
-_WIRE_FIELDS = {
-    "payload": "payload_json",
-    "timeout_s": "timeout",
-    "backoff_initial_s": "retry_backoff.initial",
-    "backoff_max_s": "retry_backoff.max",
-    "backoff_multiplier": "retry_backoff.multiplier",
-}
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,96 +111,168 @@ def submit_from_pb(
 ) -> PreparedTask:
     """The validated task ``req`` asks for, every server decision made.
 
-    ``prefix`` goes before every field name in errors (``"tasks[3]."`` in a batch).
+    The one validation of a submit (module docstring). ``prefix`` goes before every
+    field name in errors (``"tasks[3]."`` in a batch). ``trace_context`` is what
+    :func:`trace_context_from_metadata` made of the call's metadata.
 
     Raises:
         InvalidArgument: a field is invalid; ``field`` names it as the request spells it.
-        PayloadTooLarge: ``payload_json`` is over ``limits.payload_limit_bytes``.
+        PayloadTooLarge: ``payload_json`` is over ``limits.payload_limit_bytes``, as sent
+            or as it would be stored.
     """
-
-    def field(name: str) -> str:
-        return prefix + name
-
-    task_type = _text(req.type, field("type"), MAX_TYPE_LENGTH)
+    task_type = _text(req.type, prefix + "type", MAX_TYPE_LENGTH)
     if task_type is None:
-        raise InvalidArgument(field("type"), "is required")
+        raise InvalidArgument(prefix + "type", "is required")
     payload: dict[str, Any] = {}
     if req.payload_json:
         payload = payloads.parse(
-            req.payload_json, field("payload_json"), limits.payload_limit_bytes, object_only=True
+            req.payload_json, prefix + "payload_json", limits.payload_limit_bytes, object_only=True
         )
-    scheduled_at, when = _when_from_pb(req, now, prefix)
+    # In this order: of several bad fields, a client hears of the one it always heard of.
+    when = _when_from_pb(req, now, prefix)
     queue = req.queue or DEFAULT_QUEUE
     if not QUEUE_PATTERN.match(queue):
-        raise InvalidArgument(field("queue"), f"must match {QUEUE_PATTERN.pattern}")
-    max_retries = limits.default_max_retries
-    if req.HasField("max_retries"):
-        max_retries = req.max_retries
-        if max_retries > limits.max_retries_limit:
-            raise InvalidArgument(
-                field("max_retries"), f"must be at most {limits.max_retries_limit}"
-            )
+        raise InvalidArgument(prefix + "queue", f"must match {QUEUE_PATTERN.pattern}")
+    max_retries = _max_retries_from_pb(req, prefix, limits)
     initial_s, max_s, multiplier = _backoff_from_pb(req, prefix)
-    timeout_s = limits.default_timeout_s
-    if req.HasField("timeout"):
-        timeout_s = _duration(req.timeout, field("timeout"), positive=True)
-    mode = jitter_from_pb(req.jitter_mode, field("jitter_mode")) or JitterMode.SYMMETRIC
-    if req.strict_timing:
-        mode = JitterMode.NONE
-    window_s: float | None = None
-    if req.HasField("jitter_window"):
-        window_s = _duration(req.jitter_window, field("jitter_window"), limit_s=MAX_WINDOW_S)
+    timeout_s = _timeout_from_pb(req, prefix, limits)
+    timing = _timing_from_pb(req, when, tenant_id, task_id, now, limits, prefix)
     new = NewTask(
         id=task_id,
         type=task_type,
-        scheduled_at=scheduled_at,
-        due_at=jittered_due(
-            scheduled_at,
-            tenant_id,
-            task_id,
-            window_s=limits.jitter_window_s if window_s is None else window_s,
-            mode=mode,
-            submitted_at=now,
-        ),
+        scheduled_at=timing.scheduled_at,
+        due_at=timing.due_at,
         shard=shard_of(task_id, limits.shard_count),
         payload=payload,
-        priority=priority_from_pb(req.priority, field("priority")),
+        priority=priority_from_pb(req.priority, prefix + "priority"),
         queue=queue,
         max_retries=max_retries,
         timeout_s=timeout_s,
         strict_timing=req.strict_timing,
         idempotent=req.idempotent,
-        idempotency_key=_text(req.idempotency_key, field("idempotency_key"), MAX_KEY_LENGTH),
-        job_id=_text(req.job_id, field("job_id"), MAX_KEY_LENGTH),
-        jitter_mode=mode,
+        idempotency_key=_text(req.idempotency_key, prefix + "idempotency_key", MAX_KEY_LENGTH),
+        job_id=_text(req.job_id, prefix + "job_id", MAX_KEY_LENGTH),
+        jitter_mode=timing.mode,
         backoff_initial_s=initial_s,
         backoff_max_s=max_s,
         backoff_multiplier=multiplier,
         trace_context=trace_context,
     )
-    try:
-        # The fingerprint is the request as sent (below), and only keyed requests need it.
-        prepared = prepare(new, payload_limit_bytes=limits.payload_limit_bytes, fingerprint=False)
-    except PayloadTooLarge as exc:
-        # The canonical text can be longer than what was sent ("1e5" -> "100000.0").
-        raise PayloadTooLarge(field("payload_json"), exc.size_bytes, exc.limit_bytes) from None
-    except InvalidArgument as exc:
-        raise InvalidArgument(field(_WIRE_FIELDS.get(exc.field, exc.field)), exc.message) from None
+    return _prepared(new, timing, prefix, limits)
+
+
+def _prepared(new: NewTask, timing: _Timing, prefix: str, limits: SubmitLimits) -> PreparedTask:
+    """``new`` with its payload's stored text and (keyed) its fingerprint.
+
+    What the wire cannot get wrong is not checked again: the id is ``new_task_id``'s
+    UUID; ``shard_of`` gives 0..shard_count-1, and the configuration bounds shard_count
+    to 1..32767 (``tasks.shard`` is a smallint); the instants are aware (a Timestamp is
+    UTC, ``now`` is the cluster clock's aware instant, and ``jittered_due`` refuses a
+    naive one); priority and jitter mode are enum members (:mod:`.convert` refuses an
+    unknown value); the bools are protobuf bools; the payload is what ``parse`` made of
+    a JSON object; ``trace_context`` maps strings to strings
+    (:func:`trace_context_from_metadata`). A TaskService request sets no workflow,
+    schedule, logical date, dependencies or ``submitted_by``.
+    """
+    # The stored text can be longer than what was sent ("1e5" -> "100000.0"): the limit
+    # bounds both.
+    payload_json = payloads.canonical(
+        new.payload, prefix + "payload_json", limits.payload_limit_bytes
+    )
     if new.idempotency_key is None:
-        return prepared  # only a key's owner is ever compared by fingerprint
+        return PreparedTask(new, payload_json, "")  # only a key's owner is compared
     # A window only matters when there is jitter; an unset one follows the server default.
-    window = None if mode is JitterMode.NONE or window_s is None else round(window_s * 1000)
-    return replace(prepared, fingerprint=_submit_fingerprint(prepared, when, window))
+    window_ms = (
+        None
+        if timing.mode is JitterMode.NONE or timing.window_s is None
+        else round(timing.window_s * 1000)
+    )
+    return PreparedTask(
+        new, payload_json, _submit_fingerprint(new, payload_json, timing.when, window_ms)
+    )
 
 
-def _submit_fingerprint(prepared: PreparedTask, when: object, window_ms: int | None) -> str:
+def _submit_fingerprint(
+    new: NewTask, payload_json: str, when: object, window_ms: int | None
+) -> str:
     """The models fingerprint of every other field, with the request's own ``when``
     (absolute instant, relative delay, or "now") in place of the instant it resolved to."""
-    rest = request_fingerprint(
-        replace(prepared.new, scheduled_at=wire.UNIX_EPOCH), prepared.payload_json
-    )
+    rest = request_fingerprint(replace(new, scheduled_at=wire.UNIX_EPOCH), payload_json)
     text = json.dumps({"rest": rest, "when": when, "jitter_window_ms": window_ms}, sort_keys=True)
     return "sha256:" + hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def _max_retries_from_pb(
+    req: task_service_pb2.SubmitTaskRequest, prefix: str, limits: SubmitLimits
+) -> int:
+    """The request's ``max_retries`` (at most the node's limit), else the node's default;
+    never over :data:`MAX_RETRIES_LIMIT`, whatever the configuration allows. Never
+    negative: the field is a uint32, and the configuration keeps the default >= 0."""
+    field = prefix + "max_retries"
+    if not req.HasField("max_retries"):
+        max_retries = limits.default_max_retries
+    else:
+        max_retries = req.max_retries
+        if max_retries > limits.max_retries_limit:
+            raise InvalidArgument(field, f"must be at most {limits.max_retries_limit}")
+    if max_retries > MAX_RETRIES_LIMIT:
+        raise InvalidArgument(field, f"must be at most {MAX_RETRIES_LIMIT}")
+    return max_retries
+
+
+def _timeout_from_pb(
+    req: task_service_pb2.SubmitTaskRequest, prefix: str, limits: SubmitLimits
+) -> float:
+    """The request's ``timeout`` (positive, at most :data:`MAX_DELAY_S`), else the node's
+    default, which the configuration keeps positive but not finite."""
+    field = prefix + "timeout"
+    if req.HasField("timeout"):
+        return _duration(req.timeout, field, positive=True)
+    if not math.isfinite(limits.default_timeout_s):
+        raise InvalidArgument(field, "must be a finite number of seconds")
+    return limits.default_timeout_s
+
+
+@dataclass(frozen=True, slots=True)
+class _Timing:
+    """When a submit runs, and how the request said so (for its fingerprint)."""
+
+    scheduled_at: datetime
+    due_at: datetime
+    mode: JitterMode
+    when: object
+    """The request's own time: ``{"at": ...}``, ``{"delay": ...}`` or ``"now"``."""
+    window_s: float | None
+    """The jitter window the request chose; None: the node's ``scheduling.jitter_window_s``."""
+
+
+def _timing_from_pb(
+    req: task_service_pb2.SubmitTaskRequest,
+    when: tuple[datetime, object],
+    tenant_id: uuid.UUID,
+    task_id: uuid.UUID,
+    now: datetime,
+    limits: SubmitLimits,
+    prefix: str,
+) -> _Timing:
+    """``when`` (what :func:`_when_from_pb` read) jittered, as the request's jitter
+    fields ask (``strict_timing`` means none)."""
+    scheduled_at, asked = when
+    mode = jitter_from_pb(req.jitter_mode, prefix + "jitter_mode") or JitterMode.SYMMETRIC
+    if req.strict_timing:
+        mode = JitterMode.NONE
+    window_s: float | None = None
+    if req.HasField("jitter_window"):
+        window_s = _duration(req.jitter_window, prefix + "jitter_window", limit_s=MAX_WINDOW_S)
+    due_at = jittered_due(
+        scheduled_at,
+        tenant_id,
+        task_id,
+        window_s=limits.jitter_window_s if window_s is None else window_s,
+        mode=mode,
+        submitted_at=now,
+    )
+    return _Timing(scheduled_at, due_at, mode, asked, window_s)
 
 
 def _when_from_pb(

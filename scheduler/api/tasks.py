@@ -3,9 +3,11 @@
 Each RPC is the same three steps. The caller is authenticated from its API key
 (:class:`~.auth.Authenticator`), and that tenant, never a request field, scopes
 everything the call can see or touch (docs/architecture.md#d11). The request is parsed and validated
-completely by the pure functions of :mod:`.convert` before anything is written, so a
-bad field is refused (``INVALID_ARGUMENT`` naming it) with nothing written. Then one
-store call does the work, in one transaction. Single ``SubmitTask`` calls share that
+completely by the pure functions of :mod:`.task_requests` (values read through
+:mod:`.convert`) before anything is written, so a bad field is refused
+(``INVALID_ARGUMENT`` naming it) with nothing written; that is the only validation a
+submit gets (the store writes what it is handed: ``store.submits.SubmitStore``). Then
+one store call does the work, in one transaction. Single ``SubmitTask`` calls share that
 transaction with concurrent ones (group commit, the node's one
 :class:`~chronoshard.scheduler.dispatch.group_commit.GroupCommitter` in its isolating
 mode): each is still answered only after its row committed, with its own outcome.
@@ -48,7 +50,12 @@ from chronoshard.scheduler.errors import (
     TaskNotFound,
 )
 from chronoshard.scheduler.store.database import Store
-from chronoshard.scheduler.store.submits import DEFAULT_LINGER_S, DEFAULT_MAX_BATCH, Request
+from chronoshard.scheduler.store.submits import (
+    DEFAULT_LINGER_S,
+    DEFAULT_MAX_BATCH,
+    Request,
+    SubmitStore,
+)
 from chronoshard.scheduler.store.tasks import TaskQueries
 from chronoshard.v1 import task_service_pb2, task_service_pb2_grpc
 
@@ -96,6 +103,7 @@ class TaskServiceServicer(task_service_pb2_grpc.TaskServiceServicer):
         clock: Clock | None = None,
     ) -> None:
         self._store = store
+        self._submit_store = SubmitStore(store)
         self._queries = TaskQueries(store)
         self._auth = authenticator
         self._listener: SubmitListener = listener or _NoListener()
@@ -105,7 +113,7 @@ class TaskServiceServicer(task_service_pb2_grpc.TaskServiceServicer):
         self._max_page_size = config.limits.max_list_page_size
         # Single submits from many clients share transactions (group commit); each
         # caller is answered after its own row committed. Built on the serving loop.
-        self._submits = submit_committer(store)
+        self._submits = submit_committer(self._submit_store)
         self._submits.start()
 
     @property
@@ -320,7 +328,7 @@ class TaskServiceServicer(task_service_pb2_grpc.TaskServiceServicer):
         self, tenant: Tenant, prepared: Sequence[PreparedTask], *, prefix: str
     ) -> list[SubmitResult]:
         try:
-            return await self._store.insert_prepared(tenant.id, prepared)
+            return await self._submit_store.insert_tasks(tenant.id, prepared)
         except IdempotencyConflict as exc:
             # Name the request field at fault; in a batch, the first item with that key.
             index = next(i for i, p in enumerate(prepared) if p.new.idempotency_key == exc.key)
@@ -364,7 +372,7 @@ def _submit_response(result: SubmitResult) -> task_service_pb2.SubmitTaskRespons
 
 
 def submit_committer(
-    store: Store, *, linger_s: float = DEFAULT_LINGER_S, max_batch: int = DEFAULT_MAX_BATCH
+    store: SubmitStore, *, linger_s: float = DEFAULT_LINGER_S, max_batch: int = DEFAULT_MAX_BATCH
 ) -> GroupCommitter[Request, SubmitResult]:
     """Group commit for single submits. A request that fails on its own (a reused key, an
     unknown tenant) fails alone; a batch the database refuses as a whole (one bad row
@@ -373,7 +381,7 @@ def submit_committer(
     not tell: ``CommitOutcomeUnknown``) is every caller's answer."""
 
     async def alone(request: Request) -> SubmitResult:
-        [result] = await store.insert_prepared(request[0], [request[1]])
+        [result] = await store.insert_tasks(request[0], [request[1]])
         return result
 
     return GroupCommitter(

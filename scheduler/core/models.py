@@ -1,12 +1,19 @@
-"""The rows the store reads and writes, as frozen dataclasses, and submit validation.
+"""The rows the store reads and writes, as frozen dataclasses, and the request fingerprint.
 
-:class:`NewTask` is what a caller hands the store to insert: every field already
-decided (id, shard, ``due_at`` with its jitter), because policy lives in the pure
-modules (``ids``, ``sharding``, ``jitter``) and the API, not in SQL. :func:`prepare`
-checks a ``NewTask`` completely, without I/O, before anything is written, and computes
-the two derived values the insert needs: the payload's JSON text (whose size is what the
-limit bounds) and the request fingerprint that tells an idempotent repeat from a reuse
-of the same key for a different request.
+:class:`NewTask` is a task to insert: every field already decided (id, shard, ``due_at``
+with its jitter), because policy lives in the pure modules (``ids``, ``sharding``,
+``jitter``) and the API, not in SQL. What the store inserts is a
+:class:`PreparedTask`: the ``NewTask`` with the payload's stored JSON text (whose size
+is what the payload limit bounds) and its request fingerprint, which tells an idempotent
+repeat from a reuse of the same key for a different request.
+
+A submit is validated once, at the wire:
+:func:`chronoshard.scheduler.api.task_requests.submit_from_pb` checks every request field
+(naming it as the request spells it), computes the payload's text with
+:func:`chronoshard.scheduler.api.payloads.canonical` and builds the ``PreparedTask``.
+This module checks nothing again and imports nothing from ``api``: it holds the types
+and the computed fields (:func:`request_fingerprint`), so the rules of a valid submit
+live in one place, next to the request they are about.
 
 The fingerprint covers what the client asked for, not what the server derived: a
 repeat of a submit gets a fresh task id, hence a different shard and jitter, yet must
@@ -18,7 +25,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import re
 import uuid
 from dataclasses import dataclass
@@ -26,10 +32,8 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any, NamedTuple
 
-from chronoshard.scheduler.api import payloads
 from chronoshard.scheduler.core.jitter import JitterMode
 from chronoshard.scheduler.core.states import AttemptState, Resolution, TaskStatus
-from chronoshard.scheduler.errors import InvalidArgument
 from chronoshard.wire import DEFAULT_QUEUE
 
 DEFAULT_PAYLOAD_LIMIT_BYTES = 256 * 1024
@@ -42,8 +46,7 @@ MAX_TYPE_LENGTH = 200
 MAX_KEY_LENGTH = 200
 """Idempotency keys and job ids."""
 MAX_RETRIES_LIMIT = 10_000
-MAX_SHARD = 32767
-"""``tasks.shard`` is a smallint."""
+"""The most ``max_retries`` a task may have, whatever the node's ``limits.max_retries_limit``."""
 QUEUE_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,99}$")
 
 
@@ -188,88 +191,19 @@ class SubmitResult:
 
 @dataclass(frozen=True, slots=True)
 class PreparedTask:
-    """A validated :class:`NewTask` with what its insert needs computed once."""
+    """A :class:`NewTask` with what its insert needs computed once: the payload as the
+    text to store, and the request fingerprint (empty when the task has no idempotency
+    key: only a key's owner is ever compared by fingerprint).
+
+    Built by the wire (``api.task_requests.submit_from_pb``), which validated every
+    field; the store trusts it."""
 
     new: NewTask
     payload_json: str
     fingerprint: str
 
 
-# --- validation ------------------------------------------------------------------------
-
-
-def _is_int(value: object) -> bool:
-    # bool is an int subclass; True retries are a bug, not a count.
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _finite_number(value: object) -> bool:
-    return (_is_int(value) or isinstance(value, float)) and math.isfinite(value)  # type: ignore[arg-type]
-
-
-def _require_aware(field: str, value: object) -> None:
-    if not isinstance(value, datetime):
-        raise InvalidArgument(field, f"must be a datetime, got {type(value).__name__}")
-    if value.tzinfo is None or value.utcoffset() is None:
-        raise InvalidArgument(field, "must be timezone-aware")
-
-
-def _optional_text(field: str, value: object, max_length: int) -> None:
-    if value is None:
-        return
-    if not isinstance(value, str) or not value.strip() or len(value) > max_length:
-        raise InvalidArgument(field, f"must be a non-blank string of at most {max_length} chars")
-
-
-def _optional_uuid(field: str, value: object) -> None:
-    if value is not None and not isinstance(value, uuid.UUID):
-        raise InvalidArgument(field, "must be a UUID")
-
-
-def _check_fields(new: NewTask) -> None:
-    if not isinstance(new.id, uuid.UUID):
-        raise InvalidArgument("id", "must be a UUID")
-    if not isinstance(new.type, str) or not new.type.strip() or len(new.type) > MAX_TYPE_LENGTH:
-        raise InvalidArgument(
-            "type", f"must be a non-blank string of at most {MAX_TYPE_LENGTH} chars"
-        )
-    _require_aware("scheduled_at", new.scheduled_at)
-    _require_aware("due_at", new.due_at)
-    if not _is_int(new.shard) or not 0 <= new.shard <= MAX_SHARD:
-        raise InvalidArgument("shard", f"must be an integer in 0..{MAX_SHARD}")
-    if new.priority not in set(Priority):
-        raise InvalidArgument("priority", f"must be one of {', '.join(Priority)}")
-    if not isinstance(new.queue, str) or not QUEUE_PATTERN.match(new.queue):
-        raise InvalidArgument("queue", f"must match {QUEUE_PATTERN.pattern}")
-    if not _is_int(new.max_retries) or not 0 <= new.max_retries <= MAX_RETRIES_LIMIT:
-        raise InvalidArgument("max_retries", f"must be an integer in 0..{MAX_RETRIES_LIMIT}")
-    if new.timeout_s is not None and not (_finite_number(new.timeout_s) and new.timeout_s > 0):
-        raise InvalidArgument("timeout_s", "must be a positive number of seconds, or None")
-    for field in ("strict_timing", "idempotent"):
-        if not isinstance(getattr(new, field), bool):
-            raise InvalidArgument(field, "must be a bool")
-    _optional_text("idempotency_key", new.idempotency_key, MAX_KEY_LENGTH)
-    _optional_text("job_id", new.job_id, MAX_KEY_LENGTH)
-    _optional_text("submitted_by", new.submitted_by, MAX_KEY_LENGTH)
-    if new.jitter_mode not in set(JitterMode):
-        raise InvalidArgument("jitter_mode", f"must be one of {', '.join(JitterMode)}")
-    if not (_finite_number(new.backoff_initial_s) and new.backoff_initial_s > 0):
-        raise InvalidArgument("backoff_initial_s", "must be a positive number of seconds")
-    if not (_finite_number(new.backoff_max_s) and new.backoff_max_s >= new.backoff_initial_s):
-        raise InvalidArgument("backoff_max_s", "must be at least backoff_initial_s")
-    if not (_finite_number(new.backoff_multiplier) and new.backoff_multiplier >= 1):
-        raise InvalidArgument("backoff_multiplier", "must be a number >= 1")
-    _optional_uuid("workflow_id", new.workflow_id)
-    _optional_uuid("schedule_id", new.schedule_id)
-    if not _is_int(new.unresolved_dependencies) or new.unresolved_dependencies < 0:
-        raise InvalidArgument("unresolved_dependencies", "must be an integer >= 0")
-    if new.logical_date is not None:
-        _require_aware("logical_date", new.logical_date)
-    if new.trace_context is not None and not (
-        isinstance(new.trace_context, dict)
-        and all(isinstance(k, str) and isinstance(v, str) for k, v in new.trace_context.items())
-    ):
-        raise InvalidArgument("trace_context", "must map strings to strings")
+# --- the request fingerprint --------------------------------------------------------
 
 
 def _utc_text(value: datetime | None) -> str | None:
@@ -301,26 +235,3 @@ def request_fingerprint(new: NewTask, payload_json: str) -> str:
     }
     text = json.dumps(request, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return "sha256:" + hashlib.sha256(text.encode("utf-8")).hexdigest()
-
-
-def prepare(new: NewTask, *, payload_limit_bytes: int, fingerprint: bool = True) -> PreparedTask:
-    """Validate ``new`` completely and compute its payload text and fingerprint.
-
-    ``fingerprint=False`` leaves the fingerprint empty, for a caller that computes its
-    own (the API fingerprints the request as sent).
-
-    Raises:
-        InvalidArgument: a field is invalid (``field`` names it); the payload is not a
-            JSON object or breaks a rule of :mod:`chronoshard.scheduler.api.payloads` (exact numbers
-            of at most 1000 digits, nesting, storable strings).
-        PayloadTooLarge: the payload's stored text
-        (:func:`chronoshard.scheduler.api.payloads.canonical`) is over
-            ``payload_limit_bytes``.
-    """
-    _check_fields(new)
-    if not isinstance(new.payload, dict):
-        raise InvalidArgument("payload", "must be a JSON object")
-    payload_json = payloads.canonical(new.payload, "payload", payload_limit_bytes)
-    return PreparedTask(
-        new, payload_json, request_fingerprint(new, payload_json) if fingerprint else ""
-    )

@@ -1,17 +1,12 @@
-"""The store: every statement the scheduler sends PostgreSQL, issued by one class.
+"""The store: the scheduler's PostgreSQL pool, its shard fence and error boundary.
 
 :class:`Store` owns an ``AsyncConnectionPool`` (with ``check=``, so a server restart
-fails no request, docs/architecture.md#d12) and runs the named statements of ``sql/database.sql``.
-It holds no policy: callers pass fully decided rows
-(:class:`~chronoshard.scheduler.core.models.NewTask`) and the state machine (``states``) says which
-moves a write may make. What it does own:
+fails no request, docs/architecture.md#d12) and runs the named statements of
+``sql/database.sql``: reads, shard epochs, the clock. It holds no policy: the state
+machine (``states``) says which moves a write may make, and the stores over its pool
+(``RunStore``, ``SubmitStore``, ``TenantStore``, ...) run their own statements through
+:meth:`Store.connection` and :meth:`Store.transaction`. What it does own:
 
-* **All or nothing.** ``insert_tasks`` validates every task before the first write and
-  writes a batch in one transaction.
-* **Idempotent submits.** A key is claimed in ``idempotency_keys`` (``ON CONFLICT DO
-  NOTHING``) in the same transaction as its task, so of two concurrent submits of one key
-  exactly one commits a task; the other waits for it, then answers with that task (same
-  request fingerprint) or :class:`~.errors.IdempotencyConflict` (different request).
 * **The shard fence, once.** Every write for a shard (preload, intent, unload, repairs)
   runs in a transaction that first calls :meth:`Store.owned_shards`, which reads the
   shards' ``shard_owners`` rows ``FOR SHARE`` and keeps only those whose epoch is the
@@ -24,15 +19,12 @@ moves a write may make. What it does own:
   transaction may have committed (docs/architecture.md#d12). A pooled connection is waited for at
   most ``acquire_timeout_s``, so while PostgreSQL is down callers hear so within that
   bound instead of waiting for it to come back.
-* **Unknown submit outcomes are read back.** A submit batch whose commit outcome is
-  unknown is settled by reading its rows back once PostgreSQL answers again: found, the
-  batch committed and each caller gets its task; not found, nothing was written and the
-  caller may retry. It is never written again blindly (an unkeyed submit would then exist
-  twice). A read-back is only sound once the lost transaction can no longer commit: its
-  COMMIT may still be on its way to a server backend that lives on (a broken network
-  rather than a restart). So every read-back first ends the backend that ran it
-  (:meth:`Store.end_lost_transactions`: ``pg_terminate_backend``, then wait until it is
-  gone), known by its pid and start time, recorded when the connection was made.
+* **Lost transactions are ended.** Before a transaction whose commit outcome is
+  unknown may be read back (a submit batch, :mod:`.submits`), it must no longer be able to
+  commit: its COMMIT may still be on its way to a server backend that lives on (a broken
+  network rather than a restart). :meth:`Store.end_lost_transactions` ends that backend
+  (``pg_terminate_backend``, then waits until it is gone), known by its pid and start
+  time, recorded when the connection was made.
 
 Timestamps are sent and returned timezone-aware; sessions run with ``TimeZone=UTC`` so
 returned datetimes are in UTC whatever the server's default. JSON comes back with exact
@@ -44,11 +36,11 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Self, TypeVar
+from typing import Any, Self
 from weakref import WeakKeyDictionary
 
 import psycopg
@@ -61,27 +53,16 @@ from chronoshard.clock import Clock, ClockReading
 from chronoshard.scheduler.core import states
 from chronoshard.scheduler.core.jitter import JitterMode
 from chronoshard.scheduler.core.models import (
-    DEFAULT_PAYLOAD_LIMIT_BYTES,
-    NewTask,
-    PreparedTask,
     Priority,
-    SubmitResult,
     Task,
     TaskAttempt,
-    TaskRef,
-    prepare,
 )
 from chronoshard.scheduler.core.states import AttemptState, Resolution, TaskStatus
 from chronoshard.scheduler.errors import (
     CommitOutcomeUnknown,
-    IdempotencyConflict,
-    InvalidArgument,
-    SchedulerError,
     StoreUnavailable,
-    TaskNotFound,
-    TenantNotFound,
 )
-from chronoshard.scheduler.store import queries, submits
+from chronoshard.scheduler.store import queries
 
 DEFAULT_POOL_MIN_SIZE = 1
 DEFAULT_POOL_MAX_SIZE = 10
@@ -101,8 +82,6 @@ demand), so reconnect tries are at most about a second apart while the node need
 connections, whatever the outage's length."""
 
 Connection = psycopg.AsyncConnection[Any]
-_R = TypeVar("_R")
-_T = TypeVar("_T")
 
 _TASK_FIELDS = frozenset(Task.__dataclass_fields__)
 _TERMINAL = sorted(str(s) for s in states.TERMINAL)
@@ -127,11 +106,6 @@ def _attempt(row: Mapping[str, Any]) -> TaskAttempt:
             "resolution": None if resolution is None else Resolution(resolution),
         }
     )
-
-
-def _require_aware(field: str, value: datetime) -> None:
-    if value.tzinfo is None or value.utcoffset() is None:
-        raise InvalidArgument(field, "must be timezone-aware")
 
 
 @dataclass(frozen=True)
@@ -185,19 +159,13 @@ def _configurer(
 class Store:
     """The scheduler's PostgreSQL access. Create with :meth:`open`; ``close`` when done."""
 
-    def __init__(
-        self,
-        pool: AsyncConnectionPool[Connection],
-        *,
-        payload_limit_bytes: int = DEFAULT_PAYLOAD_LIMIT_BYTES,
-    ) -> None:
+    def __init__(self, pool: AsyncConnectionPool[Connection]) -> None:
         self._pool = pool
         # Filled by the pool's configure callback (see open()).
         self._backends: WeakKeyDictionary[Connection, Backend] = WeakKeyDictionary()
         # Backends whose transaction's commit outcome became unknown, not yet ended.
         self._lost: set[Backend] = set()
         self._q = queries.load("database.sql")
-        self.payload_limit_bytes = payload_limit_bytes
 
     @classmethod
     async def open(
@@ -206,7 +174,6 @@ class Store:
         min_size: int = DEFAULT_POOL_MIN_SIZE,
         max_size: int = DEFAULT_POOL_MAX_SIZE,
         *,
-        payload_limit_bytes: int = DEFAULT_PAYLOAD_LIMIT_BYTES,
         open_timeout_s: float = DEFAULT_OPEN_TIMEOUT_S,
         acquire_timeout_s: float = DEFAULT_ACQUIRE_TIMEOUT_S,
         session_limits: SessionLimits | None = None,
@@ -237,7 +204,7 @@ class Store:
             raise StoreUnavailable(f"cannot connect to PostgreSQL: {exc}") from exc
         # Only now: the first connections may wait for PostgreSQL up to open_timeout_s.
         pool.reconnect_timeout = RECONNECT_GIVE_UP_S
-        store = cls(pool, payload_limit_bytes=payload_limit_bytes)
+        store = cls(pool)
         store._backends = backends
         return store
 
@@ -324,233 +291,6 @@ class Store:
         current = dict(await cur.fetchall())
         return {shard for shard, epoch in epochs.items() if current.get(shard) == epoch}
 
-    # --- submit -----------------------------------------------------------------------
-
-    async def insert_tasks(
-        self, tenant_id: uuid.UUID, tasks: Sequence[NewTask]
-    ) -> list[SubmitResult]:
-        """Insert ``tasks`` for ``tenant_id`` in one transaction; one result per task, in
-        order.
-
-        A task whose idempotency key was used before by the same request is not inserted:
-        its result is the original task with ``created=False``.
-
-        Raises:
-            InvalidArgument: a task is invalid (``field`` names what); or two tasks share
-                an id.
-            PayloadTooLarge: a payload is over ``payload_limit_bytes``.
-            TenantNotFound: ``tenant_id`` does not exist.
-            IdempotencyConflict: a key was used before with a different request.
-            StoreUnavailable: PostgreSQL failed; the batch may be retried as a whole.
-        Nothing is written when any of these is raised.
-        """
-        prepared = [prepare(t, payload_limit_bytes=self.payload_limit_bytes) for t in tasks]
-        return await self.insert_prepared(tenant_id, prepared)
-
-    async def insert_prepared(
-        self, tenant_id: uuid.UUID, prepared: Sequence[PreparedTask]
-    ) -> list[SubmitResult]:
-        """:meth:`insert_tasks` for tasks the caller already ran through
-        :func:`~chronoshard.scheduler.core.models.prepare`, so it may choose the request
-        fingerprint: the API fingerprints the request as sent (a relative ``delay`` rather than the
-        instant it resolved to), which ``prepare`` cannot know.
-
-        Raises what :meth:`insert_tasks` raises, except the validation errors of
-        ``prepare``; nothing is written when it raises. Of several failing tasks, the
-        first in ``prepared`` order is reported.
-        """
-        if len({p.new.id for p in prepared}) != len(prepared):
-            raise InvalidArgument("id", "two tasks in one batch share an id")
-        if not prepared:
-            return []
-        requests = [(tenant_id, p) for p in prepared]
-        try:
-            async with self.transaction() as conn:
-                outcomes = await self._write_submits(conn, requests, all_or_nothing=True)
-        except CommitOutcomeUnknown as exc:
-            outcomes = await self._read_back_submits(requests, exc, all_or_nothing=True)
-        return [o for o in outcomes if isinstance(o, SubmitResult)]
-
-    async def insert_each(
-        self, requests: Sequence[submits.Request]
-    ) -> list[SubmitResult | SchedulerError]:
-        """Write submits of any tenants in one transaction, each with its own outcome.
-
-        What group commit writes (``api.tasks.submit_committer``): a request that
-        would fail alone (an unknown tenant, a key reused with a different request, an
-        id already in the batch) gets its error in its place, and the others are written.
-
-        Raises:
-            StoreUnavailable: PostgreSQL failed; nothing was written.
-        """
-        if not requests:
-            return []
-        try:
-            async with self.transaction() as conn:
-                return await self._write_submits(conn, requests, all_or_nothing=False)
-        except CommitOutcomeUnknown as exc:
-            return await self._read_back_submits(requests, exc, all_or_nothing=False)
-
-    async def _read_back_submits(
-        self,
-        requests: Sequence[submits.Request],
-        unknown: CommitOutcomeUnknown,
-        *,
-        all_or_nothing: bool,
-    ) -> list[SubmitResult | SchedulerError]:
-        """Settle a submit batch whose commit outcome is unknown by reading it back.
-
-        The batch was one transaction, so either every task it inserted exists or none
-        does. None found: nothing was written (or the batch inserted nothing: repeats and
-        conflicts only), so StoreUnavailable tells the callers to retry. Found: the batch
-        committed; each request whose own row exists gets it, and the others (repeats of
-        a key, conflicts, a request that failed on its own) are answered by writing them
-        again, which for them inserts nothing.
-
-        Raises:
-            CommitOutcomeUnknown: PostgreSQL did not answer within READ_BACK_TIMEOUT_S.
-        """
-        deadline = time.monotonic() + READ_BACK_TIMEOUT_S
-        while True:
-            try:
-                await self.end_lost_transactions()
-                found = await self._find_submitted(requests)
-                break
-            except StoreUnavailable:
-                if time.monotonic() >= deadline:
-                    raise unknown from None
-                await asyncio.sleep(READ_BACK_RETRY_S)
-        if not found:
-            raise StoreUnavailable(f"nothing was committed ({unknown}); retry") from unknown
-        rest = [r for r in requests if r[1].new.id not in found]
-        answers: list[SubmitResult | SchedulerError] = []
-        if rest:
-            async with self.transaction() as conn:
-                answers = await self._write_submits(conn, rest, all_or_nothing=all_or_nothing)
-        again = iter(answers)
-        return [
-            SubmitResult(found[p.new.id], created=True) if p.new.id in found else next(again)
-            for _, p in requests
-        ]
-
-    async def _find_submitted(self, requests: Sequence[submits.Request]) -> dict[uuid.UUID, Task]:
-        """The tasks of ``requests`` that exist, by id (their own ids: not key repeats)."""
-        async with self.connection() as conn:
-            cur = conn.cursor(row_factory=dict_row)
-            await cur.execute(
-                self._q["get_tasks_by_ref"],
-                {
-                    "tenant_ids": list({t for t, _ in requests}),
-                    "scheduled_ats": [p.new.scheduled_at for _, p in requests],
-                    "ids": [p.new.id for _, p in requests],
-                },
-            )
-            return {task.id: task for task in map(task_from_row, await cur.fetchall())}
-
-    async def _write_submits(
-        self, conn: Connection, requests: Sequence[submits.Request], *, all_or_nothing: bool
-    ) -> list[SubmitResult | SchedulerError]:
-        """The batch, in the caller's transaction: tenants checked, keys claimed and
-        resolved, new tasks inserted in one statement, repeats read back. With
-        ``all_or_nothing``, the first request's error is raised before anything is
-        inserted (the caller's transaction then rolls the key claims back)."""
-        outcomes: list[SubmitResult | SchedulerError | None] = [None] * len(requests)
-        cur = await conn.execute(
-            self._q["tenants_exist"], {"tenant_ids": list({t for t, _ in requests})}
-        )
-        tenants = {row[0] for row in await cur.fetchall()}
-        seen: set[uuid.UUID] = set()
-        for i, (tenant_id, p) in enumerate(requests):
-            if tenant_id not in tenants:
-                outcomes[i] = TenantNotFound(tenant_id)
-            elif p.new.id in seen:
-                outcomes[i] = InvalidArgument("id", "two tasks in one batch share an id")
-            seen.add(p.new.id)
-        if all_or_nothing:
-            _raise_first(outcomes)
-        valid = [(i, r) for i, r in enumerate(requests) if outcomes[i] is None]
-        owners = await self._claim_keys(conn, [r for _, r in valid])
-        resolutions = submits.resolve_keys([r for _, r in valid], owners)
-        for (i, _), resolution in zip(valid, resolutions, strict=True):
-            if isinstance(resolution, IdempotencyConflict):
-                outcomes[i] = resolution
-        if all_or_nothing:
-            _raise_first(outcomes)
-        new = [(i, r) for (i, r), res in zip(valid, resolutions, strict=True) if res is None]
-        inserted = await self._insert_new(conn, [r for _, r in new])
-        for i, (_, p) in new:
-            outcomes[i] = SubmitResult(inserted[p.new.id], created=True)
-        repeats = [
-            (i, (r[0], res))
-            for (i, r), res in zip(valid, resolutions, strict=True)
-            if isinstance(res, TaskRef)
-        ]
-        originals = await self._fetch_originals(conn, [ref for _, ref in repeats])
-        for i, (_, ref) in repeats:
-            outcomes[i] = SubmitResult(originals[ref.id], created=False)
-        return [o for o in outcomes if o is not None]
-
-    async def _claim_keys(
-        self, conn: Connection, requests: Sequence[submits.Request]
-    ) -> dict[tuple[uuid.UUID, str], submits.KeyOwner]:
-        """Claim the batch's idempotency keys; who owns each key afterwards."""
-        keyed = submits.keyed_in_claim_order(requests)
-        if not keyed:
-            return {}
-        await conn.execute(
-            self._q["claim_idempotency_keys"],
-            {
-                "tenant_ids": [t for t, _ in keyed],
-                "keys": [p.new.idempotency_key for _, p in keyed],
-                "task_ids": [p.new.id for _, p in keyed],
-                "scheduled_ats": [p.new.scheduled_at for _, p in keyed],
-                "fingerprints": [p.fingerprint for _, p in keyed],
-            },
-        )
-        wanted = sorted({(t, str(p.new.idempotency_key)) for t, p in keyed}, key=str)
-        cur = await conn.execute(
-            self._q["get_idempotency_keys"],
-            {"tenant_ids": [t for t, _ in wanted], "keys": [k for _, k in wanted]},
-        )
-        return {
-            (tenant_id, key): submits.KeyOwner(task_id, at, fingerprint)
-            for tenant_id, key, task_id, at, fingerprint in await cur.fetchall()
-        }
-
-    async def _insert_new(
-        self, conn: Connection, requests: Sequence[submits.Request]
-    ) -> dict[uuid.UUID, Task]:
-        if not requests:
-            return {}
-        cur = conn.cursor(row_factory=dict_row)
-        # One statement for the batch (arrays unnested into rows): no per-row parse,
-        # bind or round trip.
-        await cur.execute(self._q["insert_tasks"], submits.insert_columns(requests))
-        return {task.id: task for task in map(task_from_row, await cur.fetchall())}
-
-    async def _fetch_originals(
-        self, conn: Connection, refs: Sequence[tuple[uuid.UUID, TaskRef]]
-    ) -> dict[uuid.UUID, Task]:
-        """The original tasks of repeated requests, as ``(tenant, ref)`` pairs."""
-        if not refs:
-            return {}
-        cur = conn.cursor(row_factory=dict_row)
-        await cur.execute(
-            self._q["get_tasks_by_ref"],
-            {
-                "tenant_ids": list({t for t, _ in refs}),
-                "scheduled_ats": [r.scheduled_at for _, r in refs],
-                "ids": [r.id for _, r in refs],
-            },
-        )
-        found = {task.id: task for task in map(task_from_row, await cur.fetchall())}
-        for _, ref in refs:
-            if ref.id not in found:
-                # Retention deletes a task's key with its partition, so a key always has
-                # its task; reaching this means the two were separated by hand.
-                raise TaskNotFound(ref.id)
-        return found
-
     # --- reads ------------------------------------------------------------------------
 
     async def get_task(self, tenant_id: uuid.UUID, task_id: uuid.UUID) -> Task | None:
@@ -602,18 +342,3 @@ class Store:
                 {"shard": shard, "epoch": epoch, "node_id": node_id},
             )
             return await cur.fetchone() is not None
-
-
-def _raise_first(outcomes: Sequence[SubmitResult | SchedulerError | None]) -> None:
-    for outcome in outcomes:
-        if isinstance(outcome, SchedulerError):
-            raise outcome
-
-
-async def _all_results(cur: psycopg.AsyncCursor[_R], build: Callable[[_R], _T]) -> list[_T]:
-    """Every row of every result set that ``executemany(..., returning=True)`` produced."""
-    built: list[_T] = []
-    while True:
-        built.extend(build(row) for row in await cur.fetchall())
-        if not cur.nextset():
-            return built

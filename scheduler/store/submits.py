@@ -1,42 +1,76 @@
-"""Writing submits in batches: key resolution and column arrays.
+"""Writing submits in batches: :class:`SubmitStore`, and its pure half (key resolution,
+column arrays).
 
 A submit is written as part of a batch whatever its origin: the items of one
 ``SubmitBatch`` call, or single ``SubmitTask`` calls from many clients that the
 TaskService's group commit gathers for a few milliseconds
 (:func:`chronoshard.scheduler.api.tasks.submit_committer`, docs/architecture.md#d7's group
 commit applied to the submit path). A batch costs a handful of statements however many tasks
-it holds: the idempotency keys are claimed in one ``INSERT ... ON CONFLICT DO NOTHING``,
-read back in one ``SELECT``, and the tasks go in with one ``INSERT ... SELECT FROM
-unnest(...)`` (one array per column), all in one transaction.
+it holds (``sql/submits.sql``): the idempotency keys are claimed in one ``INSERT ... ON
+CONFLICT DO NOTHING``, read back in one ``SELECT``, and the tasks go in with one ``INSERT
+... SELECT FROM unnest(...)`` (one array per column), all in one transaction.
 
-The pure half lives here and is unit-tested without a database: :func:`resolve_keys`
-decides, from who owns each key after the claim, whether a request inserts its own task,
-repeats an earlier identical request (answered with the original task, ``created`` False)
-or reuses a key for a different request (:class:`~.errors.IdempotencyConflict`, for that
-request alone). :func:`insert_columns` turns prepared tasks into the statement's arrays.
+The store validates nothing: it takes :class:`~chronoshard.scheduler.core.models.PreparedTask`
+values, which the wire (``api.task_requests.submit_from_pb``) validated and built. What
+it does own:
+
+* **All or nothing.** :meth:`SubmitStore.insert_tasks` writes a batch in one
+  transaction, or nothing (an unknown tenant, two tasks with one id, a reused key).
+* **Idempotent submits.** A key is claimed in ``idempotency_keys`` (``ON CONFLICT DO
+  NOTHING``) in the same transaction as its task, so of two concurrent submits of one key
+  exactly one commits a task; the other waits for it, then answers with that task (same
+  request fingerprint) or :class:`~.errors.IdempotencyConflict` (different request).
+  :func:`resolve_keys` decides, from who owns each key after the claim, whether a request
+  inserts its own task, repeats an earlier identical request (answered with the original
+  task, ``created`` False) or reuses a key for a different request; it and
+  :func:`insert_columns` (prepared tasks as the statement's arrays) are pure and
+  unit-tested without a database.
+* **Unknown outcomes are read back.** A batch whose commit outcome is unknown is settled
+  by reading its rows back once PostgreSQL answers again: found, the batch committed and
+  each caller gets its task; not found, nothing was written and the caller may retry. It
+  is never written again blindly (an unkeyed submit would then exist twice). The
+  read-back first ends the backend that ran the lost transaction
+  (:meth:`Store.end_lost_transactions`), so that its COMMIT cannot land afterwards.
 
 Group commit never acknowledges early: each caller is answered only after the batch's
-transaction committed, with its own outcome (:meth:`Store.insert_each` returns one per
-request). A batch whose commit outcome was unknown has been read back by the store before
-it answers; only when that could not tell either do the callers get
+transaction committed, with its own outcome (:meth:`SubmitStore.insert_each` returns one
+per request). A batch whose commit outcome was unknown has been read back before it
+answers; only when that could not tell either do the callers get
 ``CommitOutcomeUnknown`` (the task may exist: repeat it only with its idempotency key).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
+import time
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from chronoshard.scheduler.core.models import PreparedTask, TaskRef
-from chronoshard.scheduler.errors import IdempotencyConflict
+from psycopg.rows import dict_row
 
-if TYPE_CHECKING:
-    pass
+from chronoshard.scheduler.core.models import PreparedTask, SubmitResult, Task, TaskRef
+from chronoshard.scheduler.errors import (
+    CommitOutcomeUnknown,
+    IdempotencyConflict,
+    InvalidArgument,
+    SchedulerError,
+    StoreUnavailable,
+    TaskNotFound,
+    TenantNotFound,
+)
+from chronoshard.scheduler.store import queries
+from chronoshard.scheduler.store.database import (
+    READ_BACK_RETRY_S,
+    READ_BACK_TIMEOUT_S,
+    Connection,
+    Store,
+    task_from_row,
+)
 
 log = logging.getLogger(__name__)
 
@@ -155,3 +189,230 @@ _COLUMNS = (
     "trace_context",
     "submitted_by",
 )
+
+
+class SubmitStore:
+    """The submit write path over ``store``'s pool (module docstring)."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+        self._q = queries.load("submits.sql")
+
+    # --- writes -----------------------------------------------------------------------
+
+    async def insert_tasks(
+        self, tenant_id: uuid.UUID, prepared: Sequence[PreparedTask]
+    ) -> list[SubmitResult]:
+        """Insert ``prepared`` for ``tenant_id`` in one transaction; one result per task,
+        in order.
+
+        A task whose idempotency key was used before by the same request (equal
+        fingerprint) is not inserted: its result is the original task with
+        ``created=False``.
+
+        Raises:
+            InvalidArgument: two tasks share an id.
+            TenantNotFound: ``tenant_id`` does not exist.
+            IdempotencyConflict: a key was used before with a different request.
+            StoreUnavailable: PostgreSQL failed; the batch may be retried as a whole.
+        Nothing is written when any of these is raised. Of several failing tasks, the
+        first in ``prepared`` order is reported.
+        """
+        if len({p.new.id for p in prepared}) != len(prepared):
+            raise InvalidArgument("id", "two tasks in one batch share an id")
+        if not prepared:
+            return []
+        requests = [(tenant_id, p) for p in prepared]
+        try:
+            async with self._store.transaction() as conn:
+                outcomes = await self._write_submits(conn, requests, all_or_nothing=True)
+        except CommitOutcomeUnknown as exc:
+            outcomes = await self._read_back_submits(requests, exc, all_or_nothing=True)
+        return [o for o in outcomes if isinstance(o, SubmitResult)]
+
+    async def insert_each(
+        self, requests: Sequence[Request]
+    ) -> list[SubmitResult | SchedulerError]:
+        """Write submits of any tenants in one transaction, each with its own outcome.
+
+        What group commit writes (:func:`~chronoshard.scheduler.api.tasks.submit_committer`):
+        a request that would fail alone (an unknown tenant, a key reused with a different
+        request, an id already in the batch) gets its error in its place, and the others
+        are written.
+
+        Raises:
+            StoreUnavailable: PostgreSQL failed; nothing was written.
+        """
+        if not requests:
+            return []
+        try:
+            async with self._store.transaction() as conn:
+                return await self._write_submits(conn, requests, all_or_nothing=False)
+        except CommitOutcomeUnknown as exc:
+            return await self._read_back_submits(requests, exc, all_or_nothing=False)
+
+    async def _read_back_submits(
+        self,
+        requests: Sequence[Request],
+        unknown: CommitOutcomeUnknown,
+        *,
+        all_or_nothing: bool,
+    ) -> list[SubmitResult | SchedulerError]:
+        """Settle a submit batch whose commit outcome is unknown by reading it back.
+
+        The batch was one transaction, so either every task it inserted exists or none
+        does. None found: nothing was written (or the batch inserted nothing: repeats and
+        conflicts only), so StoreUnavailable tells the callers to retry. Found: the batch
+        committed; each request whose own row exists gets it, and the others (repeats of
+        a key, conflicts, a request that failed on its own) are answered by writing them
+        again, which for them inserts nothing.
+
+        Raises:
+            CommitOutcomeUnknown: PostgreSQL did not answer within READ_BACK_TIMEOUT_S.
+        """
+        deadline = time.monotonic() + READ_BACK_TIMEOUT_S
+        while True:
+            try:
+                await self._store.end_lost_transactions()
+                found = await self._find_submitted(requests)
+                break
+            except StoreUnavailable:
+                if time.monotonic() >= deadline:
+                    raise unknown from None
+                await asyncio.sleep(READ_BACK_RETRY_S)
+        if not found:
+            raise StoreUnavailable(f"nothing was committed ({unknown}); retry") from unknown
+        rest = [r for r in requests if r[1].new.id not in found]
+        answers: list[SubmitResult | SchedulerError] = []
+        if rest:
+            async with self._store.transaction() as conn:
+                answers = await self._write_submits(conn, rest, all_or_nothing=all_or_nothing)
+        again = iter(answers)
+        return [
+            SubmitResult(found[p.new.id], created=True) if p.new.id in found else next(again)
+            for _, p in requests
+        ]
+
+    async def _find_submitted(self, requests: Sequence[Request]) -> dict[uuid.UUID, Task]:
+        """The tasks of ``requests`` that exist, by id (their own ids: not key repeats)."""
+        async with self._store.connection() as conn:
+            cur = conn.cursor(row_factory=dict_row)
+            await cur.execute(
+                self._q["get_tasks_by_ref"],
+                {
+                    "tenant_ids": list({t for t, _ in requests}),
+                    "scheduled_ats": [p.new.scheduled_at for _, p in requests],
+                    "ids": [p.new.id for _, p in requests],
+                },
+            )
+            return {task.id: task for task in map(task_from_row, await cur.fetchall())}
+
+    async def _write_submits(
+        self, conn: Connection, requests: Sequence[Request], *, all_or_nothing: bool
+    ) -> list[SubmitResult | SchedulerError]:
+        """The batch, in the caller's transaction: tenants checked, keys claimed and
+        resolved, new tasks inserted in one statement, repeats read back. With
+        ``all_or_nothing``, the first request's error is raised before anything is
+        inserted (the caller's transaction then rolls the key claims back)."""
+        outcomes: list[SubmitResult | SchedulerError | None] = [None] * len(requests)
+        cur = await conn.execute(
+            self._q["tenants_exist"], {"tenant_ids": list({t for t, _ in requests})}
+        )
+        tenants = {row[0] for row in await cur.fetchall()}
+        seen: set[uuid.UUID] = set()
+        for i, (tenant_id, p) in enumerate(requests):
+            if tenant_id not in tenants:
+                outcomes[i] = TenantNotFound(tenant_id)
+            elif p.new.id in seen:
+                outcomes[i] = InvalidArgument("id", "two tasks in one batch share an id")
+            seen.add(p.new.id)
+        if all_or_nothing:
+            _raise_first(outcomes)
+        valid = [(i, r) for i, r in enumerate(requests) if outcomes[i] is None]
+        owners = await self._claim_keys(conn, [r for _, r in valid])
+        resolutions = resolve_keys([r for _, r in valid], owners)
+        for (i, _), resolution in zip(valid, resolutions, strict=True):
+            if isinstance(resolution, IdempotencyConflict):
+                outcomes[i] = resolution
+        if all_or_nothing:
+            _raise_first(outcomes)
+        new = [(i, r) for (i, r), res in zip(valid, resolutions, strict=True) if res is None]
+        inserted = await self._insert_new(conn, [r for _, r in new])
+        for i, (_, p) in new:
+            outcomes[i] = SubmitResult(inserted[p.new.id], created=True)
+        repeats = [
+            (i, (r[0], res))
+            for (i, r), res in zip(valid, resolutions, strict=True)
+            if isinstance(res, TaskRef)
+        ]
+        originals = await self._fetch_originals(conn, [ref for _, ref in repeats])
+        for i, (_, ref) in repeats:
+            outcomes[i] = SubmitResult(originals[ref.id], created=False)
+        return [o for o in outcomes if o is not None]
+
+    async def _claim_keys(
+        self, conn: Connection, requests: Sequence[Request]
+    ) -> dict[tuple[uuid.UUID, str], KeyOwner]:
+        """Claim the batch's idempotency keys; who owns each key afterwards."""
+        keyed = keyed_in_claim_order(requests)
+        if not keyed:
+            return {}
+        await conn.execute(
+            self._q["claim_idempotency_keys"],
+            {
+                "tenant_ids": [t for t, _ in keyed],
+                "keys": [p.new.idempotency_key for _, p in keyed],
+                "task_ids": [p.new.id for _, p in keyed],
+                "scheduled_ats": [p.new.scheduled_at for _, p in keyed],
+                "fingerprints": [p.fingerprint for _, p in keyed],
+            },
+        )
+        wanted = sorted({(t, str(p.new.idempotency_key)) for t, p in keyed}, key=str)
+        cur = await conn.execute(
+            self._q["get_idempotency_keys"],
+            {"tenant_ids": [t for t, _ in wanted], "keys": [k for _, k in wanted]},
+        )
+        return {
+            (tenant_id, key): KeyOwner(task_id, at, fingerprint)
+            for tenant_id, key, task_id, at, fingerprint in await cur.fetchall()
+        }
+
+    async def _insert_new(
+        self, conn: Connection, requests: Sequence[Request]
+    ) -> dict[uuid.UUID, Task]:
+        if not requests:
+            return {}
+        cur = conn.cursor(row_factory=dict_row)
+        # One statement for the batch (arrays unnested into rows): no per-row parse,
+        # bind or round trip.
+        await cur.execute(self._q["insert_tasks"], insert_columns(requests))
+        return {task.id: task for task in map(task_from_row, await cur.fetchall())}
+
+    async def _fetch_originals(
+        self, conn: Connection, refs: Sequence[tuple[uuid.UUID, TaskRef]]
+    ) -> dict[uuid.UUID, Task]:
+        """The original tasks of repeated requests, as ``(tenant, ref)`` pairs."""
+        if not refs:
+            return {}
+        cur = conn.cursor(row_factory=dict_row)
+        await cur.execute(
+            self._q["get_tasks_by_ref"],
+            {
+                "tenant_ids": list({t for t, _ in refs}),
+                "scheduled_ats": [r.scheduled_at for _, r in refs],
+                "ids": [r.id for _, r in refs],
+            },
+        )
+        found = {task.id: task for task in map(task_from_row, await cur.fetchall())}
+        for _, ref in refs:
+            if ref.id not in found:
+                # Retention deletes a task's key with its partition, so a key always has
+                # its task; reaching this means the two were separated by hand.
+                raise TaskNotFound(ref.id)
+        return found
+
+
+def _raise_first(outcomes: Sequence[SubmitResult | SchedulerError | None]) -> None:
+    for outcome in outcomes:
+        if isinstance(outcome, SchedulerError):
+            raise outcome

@@ -10,7 +10,6 @@ A module (or test) whose store must be different says how with the ``store`` mar
 - ``pytest.mark.store(own_database=True, owns_shard=True)``: that, and the store owns
   ``fixtures.stores.SHARD`` at ``EPOCH`` (as ``OWNER``): the dispatch path's statements
   (``runs``) are fenced on ownership, and tests move the shard to other epochs.
-- ``pytest.mark.store(payload_limit_bytes=N)``: the store refuses payloads over N bytes.
 """
 
 from __future__ import annotations
@@ -21,7 +20,7 @@ from dataclasses import dataclass
 import pytest
 from fixtures.stores import EPOCH, OWNER, SHARD, new_tenant
 
-from chronoshard.scheduler.core.models import DEFAULT_PAYLOAD_LIMIT_BYTES, Tenant
+from chronoshard.scheduler.core.models import Tenant
 from chronoshard.scheduler.store.database import Store
 from chronoshard.scheduler.store.runs import RunStore
 
@@ -32,13 +31,12 @@ class StoreMarker:
 
     own_database: bool = False
     owns_shard: bool = False
-    payload_limit_bytes: int = DEFAULT_PAYLOAD_LIMIT_BYTES
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
-        "store(own_database=False, owns_shard=False, payload_limit_bytes=...): how the"
+        "store(own_database=False, owns_shard=False): how the"
         " `store` fixture opens (tests/integration/conftest.py)",
     )
 
@@ -50,9 +48,7 @@ async def store(request: pytest.FixtureRequest) -> AsyncIterator[Store]:
     if options.owns_shard and not options.own_database:
         raise pytest.UsageError("store(owns_shard=True) needs own_database=True")
     dsn: str = request.getfixturevalue("fresh_db_dsn" if options.own_database else "db_dsn")
-    async with await Store.open(
-        dsn, min_size=1, max_size=4, payload_limit_bytes=options.payload_limit_bytes
-    ) as opened:
+    async with await Store.open(dsn, min_size=1, max_size=4) as opened:
         if options.owns_shard:
             assert await opened.claim_shard_epoch(SHARD, EPOCH, OWNER)
         yield opened

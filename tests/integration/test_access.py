@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 import grpc
 import pytest
 from fixtures.nodes import node_config, running_node
-from fixtures.stores import new_task
+from fixtures.stores import insert_tasks, new_task
 from fixtures.waiting import eventually
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from harness.raw_worker import Metadata, RawWorker, bearer, grant, hello
@@ -91,7 +91,8 @@ async def test_a_settlement_with_a_bad_key_writes_nothing(
     await eventually(lambda: len(node.shards.epochs()) == SHARDS, timeout_s=10, what="shards")
     tenant, auth = await _key(node)
     task_id = new_task_id()
-    [inserted] = await node.store.insert_tasks(
+    [inserted] = await insert_tasks(
+        node.store,
         tenant.id,
         [
             new_task(

@@ -45,8 +45,6 @@ CONFIG = SchedulerConfig(
         max_list_page_size=MAX_PAGE,
     ),
 )
-# The store refuses payloads over the limit the servicer is configured with.
-pytestmark = pytest.mark.store(payload_limit_bytes=PAYLOAD_LIMIT)
 
 TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 Stub = task_service_pb2_grpc.TaskServiceStub

@@ -29,19 +29,28 @@ import grpc
 import psycopg
 import pytest
 from fixtures.nodes import node_config, running_node
-from fixtures.stores import EPOCH, OWNER, SHARD, new_task, new_tenant, tenant_with_key
+from fixtures.stores import (
+    EPOCH,
+    OWNER,
+    SHARD,
+    insert_tasks,
+    new_task,
+    new_tenant,
+    prepared_task,
+    tenant_with_key,
+)
 from fixtures.waiting import eventually
 from harness.raw_worker import RawWorker, bearer, complete, grant, hello
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from chronoshard.scheduler.core.ids import new_task_id
-from chronoshard.scheduler.core.models import NewTask, PreparedTask, prepare
 from chronoshard.scheduler.core.runs import Intent
 from chronoshard.scheduler.core.sharding import shard_of
 from chronoshard.scheduler.errors import CommitOutcomeUnknown, StoreUnavailable
 from chronoshard.scheduler.node import SchedulerNode
 from chronoshard.scheduler.store.database import Backend, Store
 from chronoshard.scheduler.store.runs import RunStore
+from chronoshard.scheduler.store.submits import SubmitStore
 from chronoshard.services import EtcdProcess
 from chronoshard.v1 import worker_service_pb2
 
@@ -174,7 +183,7 @@ async def test_an_unkeyed_submit_whose_commit_answer_was_lost_is_read_back_once(
     tenant = await new_tenant(store)
     new = new_task()
     proxy.arm(INSERT_TASKS, commits=True)
-    [result] = await store.insert_tasks(tenant.id, [new])
+    [result] = await insert_tasks(store, tenant.id, [new])
     assert proxy.cut == 1, "the COMMIT was not intercepted: the test proves nothing"
     assert result.created and result.task.id == new.id
     assert _rows(fresh_db_dsn, new.id) == 1
@@ -188,12 +197,12 @@ async def test_a_submit_whose_commit_never_arrived_is_unavailable_and_wrote_noth
     new = new_task()
     proxy.arm(INSERT_TASKS, commits=False)
     with pytest.raises(StoreUnavailable) as raised:
-        await store.insert_tasks(tenant.id, [new])
+        await insert_tasks(store, tenant.id, [new])
     assert proxy.cut == 1
     # Read back: known not written, so a plain retry is safe (not "outcome unknown").
     assert not isinstance(raised.value, CommitOutcomeUnknown)
     assert _rows(fresh_db_dsn, new.id) == 0
-    [result] = await store.insert_tasks(tenant.id, [new])
+    [result] = await insert_tasks(store, tenant.id, [new])
     assert result.created and _rows(fresh_db_dsn, new.id) == 1
 
 
@@ -203,21 +212,18 @@ async def test_a_keyed_batch_read_back_answers_new_tasks_and_repeats(
     proxy, _ = cutter
     tenant = await new_tenant(store)
     first = new_task(idempotency_key="k-old")
-    [original] = await store.insert_tasks(tenant.id, [first])
+    [original] = await insert_tasks(store, tenant.id, [first])
     repeat = replace(new_task(idempotency_key="k-old"), scheduled_at=first.scheduled_at)
     repeat = replace(repeat, due_at=first.due_at)
     fresh = new_task(idempotency_key="k-new")
     proxy.arm(INSERT_TASKS, commits=True)
-    results = await store.insert_each([(tenant.id, p) for p in _prepared(store, [repeat, fresh])])
+    requests = [(tenant.id, prepared_task(n)) for n in (repeat, fresh)]
+    results = await SubmitStore(store).insert_each(requests)
     assert proxy.cut == 1
     by_id = {r.task.id: r for r in results if not isinstance(r, Exception)}
     assert by_id[original.task.id].created is False
     assert by_id[fresh.id].created is True
     assert _rows(fresh_db_dsn, fresh.id) == 1 and _rows(fresh_db_dsn, repeat.id) == 0
-
-
-def _prepared(store: Store, news: list[NewTask]) -> list[PreparedTask]:
-    return [prepare(n, payload_limit_bytes=store.payload_limit_bytes) for n in news]
 
 
 async def test_intents_read_back_tell_committed_from_unwritten(
@@ -226,7 +232,7 @@ async def test_intents_read_back_tell_committed_from_unwritten(
     proxy, _ = cutter
     runs = RunStore(store)
     tenant = await new_tenant(store)
-    await store.insert_tasks(tenant.id, [new_task(), new_task()])
+    await insert_tasks(store, tenant.id, [new_task(), new_task()])
     timers, _ = await runs.load_due({SHARD: EPOCH}, datetime.now(UTC) + timedelta(minutes=1), 10)
     assert len(timers) == 2
     sent, kept = timers
@@ -294,7 +300,7 @@ async def test_a_node_reads_back_what_it_could_not_learn_and_retries_what_it_cou
 
     # 1. The preload commits, its answer is lost: read back onto the wheel anyway.
     proxy.arm(LOAD_DUE, commits=True)
-    await node.store.insert_tasks(tenant.id, [new])
+    await insert_tasks(node.store, tenant.id, [new])
     node.preloader.wake()
     await eventually(lambda: proxy.cut == 1, timeout_s=10, what="the preload's COMMIT cut")
     await eventually(

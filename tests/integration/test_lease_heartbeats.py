@@ -10,7 +10,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from fixtures.stores import EPOCH, SHARD, new_task, new_tenant
+from fixtures.stores import EPOCH, SHARD, insert_tasks, new_task, new_tenant
 
 from chronoshard.scheduler.core.models import Task
 from chronoshard.scheduler.core.runs import Beat, Intent, Settle
@@ -31,7 +31,7 @@ async def _running(store: Store, runs: RunStore, n: int) -> list[Task]:
         new_task(scheduled_at=now - timedelta(milliseconds=i), due_at=now, payload={})
         for i in range(n)
     ]
-    await store.insert_tasks(tenant.id, news)
+    await insert_tasks(store, tenant.id, news)
     timers, _ = await runs.load_due({SHARD: EPOCH}, now + timedelta(seconds=60), 1000)
     result = await runs.write_intents({SHARD: EPOCH}, [Intent(t, "w") for t in timers], 5.0)
     tasks = result.dispatched

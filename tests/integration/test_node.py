@@ -14,7 +14,7 @@ from typing import Any
 import grpc
 import pytest
 from fixtures.nodes import node_config, running_node
-from fixtures.stores import new_task, new_tenant, tenant_with_key
+from fixtures.stores import insert_tasks, new_task, new_tenant, tenant_with_key
 from fixtures.waiting import eventually
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from harness.raw_worker import Metadata, RawWorker, ack, bearer, complete, grant, hello, recall
@@ -85,7 +85,7 @@ async def test_tasks_fire_and_complete_through_a_raw_worker(node: SchedulerNode)
                 job_id="echo-job",
             )
         )
-    await node.store.insert_tasks(tenant.id, news)
+    await insert_tasks(node.store, tenant.id, news)
     node.preloader.wake()
 
     assert node.addresses is not None

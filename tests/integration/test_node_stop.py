@@ -25,6 +25,7 @@ import grpc
 import psycopg
 import pytest
 from fixtures.nodes import node_config, running_node
+from fixtures.stores import insert_tasks
 from fixtures.waiting import eventually
 
 from chronoshard.scheduler.core.api_keys import hash_api_key, new_api_key
@@ -111,7 +112,8 @@ async def test_a_settlement_reaching_a_stopping_node_is_refused_retryably_then_s
         auth = (("authorization", f"Bearer {key}"),)
         now = datetime.now(UTC)
         ids = [new_task_id() for _ in range(2)]
-        await node_a.store.insert_tasks(
+        await insert_tasks(
+            node_a.store,
             tenant.id,
             [
                 NewTask(

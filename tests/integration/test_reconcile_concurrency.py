@@ -32,6 +32,7 @@ from typing import Any
 
 import pytest
 import uvloop
+from fixtures.stores import insert_tasks
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
@@ -235,7 +236,7 @@ async def _in_flight_tasks(world: World, idempotent: list[bool]) -> list[uuid.UU
         )
         for flag in idempotent
     ]
-    await world.store.insert_tasks(world.tenant.id, news)
+    await insert_tasks(world.store, world.tenant.id, news)
     ids = [n.id for n in news]
     timers = [t for t in await _preload(world) if t.id in set(ids)]
     result = await world.runs.write_intents(

@@ -1,4 +1,4 @@
-"""Group commit of submits against a real PostgreSQL: ``Store.insert_each`` (several
+"""Group commit of submits against a real PostgreSQL: ``SubmitStore.insert_each`` (several
 tenants, per-item outcomes in one transaction) and concurrent ``SubmitTask`` RPCs through
 a real grpc.aio server, where an invalid request or a reused key fails alone."""
 
@@ -13,7 +13,7 @@ from typing import Any
 import grpc
 import psycopg
 import pytest
-from fixtures.stores import tenant_with_key
+from fixtures.stores import prepared_task, tenant_with_key
 from google.protobuf import timestamp_pb2
 
 from chronoshard.scheduler.api.auth import Authenticator
@@ -21,17 +21,11 @@ from chronoshard.scheduler.api.tasks import TaskServiceServicer, submit_committe
 from chronoshard.scheduler.config import SchedulerConfig, SchedulingConfig
 from chronoshard.scheduler.core.ids import new_task_id
 from chronoshard.scheduler.core.jitter import JitterMode
-from chronoshard.scheduler.core.models import (
-    DEFAULT_PAYLOAD_LIMIT_BYTES,
-    NewTask,
-    PreparedTask,
-    SubmitResult,
-    Tenant,
-    prepare,
-)
+from chronoshard.scheduler.core.models import NewTask, PreparedTask, SubmitResult, Tenant
 from chronoshard.scheduler.core.sharding import shard_of
 from chronoshard.scheduler.errors import IdempotencyConflict, InvalidArgument, TenantNotFound
 from chronoshard.scheduler.store.database import Store
+from chronoshard.scheduler.store.submits import SubmitStore
 from chronoshard.scheduler.store.tenants import TenantStore
 from chronoshard.v1 import task_service_pb2, task_service_pb2_grpc
 from chronoshard.wire import error_info_from_metadata
@@ -41,8 +35,8 @@ AT = datetime.now(UTC).replace(microsecond=0) + timedelta(days=1)
 Req = task_service_pb2.SubmitTaskRequest
 
 
-# Not fixtures.stores.new_task: the coalescer takes tasks already prepared (validated,
-# sized), due at one fixed instant (AT) a day out.
+# Not fixtures.stores.new_task: tasks due at one fixed instant (AT) a day out, prepared
+# as the wire would (fixtures.stores.prepared_task).
 def _prepared(key: str | None = None, **overrides: Any) -> PreparedTask:
     task_id = new_task_id()
     fields: dict[str, Any] = {
@@ -56,7 +50,7 @@ def _prepared(key: str | None = None, **overrides: Any) -> PreparedTask:
         "jitter_mode": JitterMode.NONE,
     }
     fields.update(overrides)
-    return prepare(NewTask(**fields), payload_limit_bytes=DEFAULT_PAYLOAD_LIMIT_BYTES)
+    return prepared_task(NewTask(**fields))
 
 
 def _fields(task: NewTask) -> dict[str, Any]:
@@ -73,15 +67,16 @@ async def _count(dsn: str, sql: str, *params: Any) -> int:
 
 async def test_insert_each_gives_every_request_its_own_outcome(store: Store, db_dsn: str) -> None:
     (a, _), (b, _) = await tenant_with_key(store), await tenant_with_key(store)
+    submits = SubmitStore(store)
     earlier = _prepared("k-old")
-    await store.insert_prepared(a.id, [earlier])
+    await submits.insert_tasks(a.id, [earlier])
     plain_a, plain_b = _prepared(), _prepared()
     shared_first, shared_again = _prepared("k-new"), _prepared("k-new")
     repeat_of_earlier = _prepared("k-old")
     conflicting = _prepared("k-old", payload={"v": 2})
     same_key_other_tenant = _prepared("k-old", payload={"v": 2})
     unknown = uuid.uuid4()
-    outcomes = await store.insert_each(
+    outcomes = await submits.insert_each(
         [
             (a.id, plain_a),
             (b.id, plain_b),
@@ -113,32 +108,33 @@ async def test_insert_each_gives_every_request_its_own_outcome(store: Store, db_
     assert await _count(db_dsn, "SELECT count(*) FROM tasks WHERE tenant_id = %s", b.id) == 2
 
 
-async def test_insert_prepared_stays_all_or_nothing(store: Store, db_dsn: str) -> None:
+async def test_insert_tasks_stays_all_or_nothing(store: Store, db_dsn: str) -> None:
     tenant, _ = await tenant_with_key(store)
-    await store.insert_prepared(tenant.id, [_prepared("taken")])
+    submits = SubmitStore(store)
+    await submits.insert_tasks(tenant.id, [_prepared("taken")])
     with pytest.raises(IdempotencyConflict):
-        await store.insert_prepared(
+        await submits.insert_tasks(
             tenant.id, [_prepared("fresh"), _prepared("taken", payload={"v": 2})]
         )
     keys = "SELECT count(*) FROM idempotency_keys WHERE tenant_id = %s"
     assert await _count(db_dsn, keys, tenant.id) == 1
     with pytest.raises(TenantNotFound):
-        await store.insert_prepared(uuid.uuid4(), [_prepared()])
+        await submits.insert_tasks(uuid.uuid4(), [_prepared()])
     with pytest.raises(InvalidArgument):
         p = _prepared()
-        await store.insert_prepared(tenant.id, [p, p])
+        await submits.insert_tasks(tenant.id, [p, p])
 
 
 async def test_a_row_the_database_refuses_fails_alone(store: Store, db_dsn: str) -> None:
     tenant, _ = await tenant_with_key(store)
-    # Built past validation: the database's CHECK on the type refuses it, which fails
+    # Built past the wire's validation: the database's CHECK on the type refuses it, which fails
     # the whole multi-row statement; the coalescer then writes each request alone.
     valid = _prepared()
     bad = PreparedTask(
         NewTask(**{**_fields(valid.new), "type": "x" * 300}), valid.payload_json, "fp"
     )
     good = [_prepared() for _ in range(3)]
-    coalescer = submit_committer(store, linger_s=0.01)
+    coalescer = submit_committer(SubmitStore(store), linger_s=0.01)
     coalescer.start()
     try:
         outcomes = await asyncio.gather(

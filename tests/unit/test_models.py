@@ -1,5 +1,6 @@
-"""Submit validation and the request fingerprint (pure; the store's use of them is
-tested against PostgreSQL in tests/integration/test_store.py)."""
+"""The request fingerprint (pure; the store's use of it is tested against PostgreSQL in
+tests/integration/test_store.py). Submit validation is the wire's alone:
+tests/unit/test_task_requests.py."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 
-from chronoshard.scheduler.core.models import NewTask, Priority, prepare
-from chronoshard.scheduler.errors import InvalidArgument, PayloadTooLarge
+from chronoshard.scheduler.api import payloads
+from chronoshard.scheduler.core.models import NewTask, Priority, request_fingerprint
 
 AT = datetime(2026, 3, 1, 9, 30, tzinfo=UTC)
 
@@ -28,7 +29,7 @@ def _task(**overrides: object) -> NewTask:
 
 
 def _fingerprint(task: NewTask) -> str:
-    return prepare(task, payload_limit_bytes=1024).fingerprint
+    return request_fingerprint(task, payloads.canonical(task.payload, "payload", 1024))
 
 
 def test_a_repeat_with_server_chosen_fields_changed_has_the_same_fingerprint() -> None:
@@ -62,17 +63,3 @@ def test_a_repeat_with_server_chosen_fields_changed_has_the_same_fingerprint() -
 )
 def test_a_different_request_has_a_different_fingerprint(change: dict[str, object]) -> None:
     assert _fingerprint(_task(**change)) != _fingerprint(_task())
-
-
-def test_payload_text_is_canonical_and_bounded_in_bytes() -> None:
-    prepared = prepare(_task(payload={"b": 1, "a": "é"}), payload_limit_bytes=1024)
-    assert prepared.payload_json == '{"a":"é","b":1}'
-    with pytest.raises(PayloadTooLarge) as caught:
-        prepare(_task(payload={"a": "é"}), payload_limit_bytes=9)  # {"a":"é"} is 10 bytes
-    assert caught.value.size_bytes == 10
-
-
-def test_plain_strings_for_enums_are_accepted() -> None:
-    prepare(_task(priority="critical", jitter_mode="DELAY_ONLY"), payload_limit_bytes=1024)
-    with pytest.raises(InvalidArgument):
-        prepare(_task(priority="CRITICAL"), payload_limit_bytes=1024)

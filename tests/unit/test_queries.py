@@ -40,7 +40,9 @@ def test_malformed_files_are_refused(text: str, message: str) -> None:
 
 def test_packaged_files_load() -> None:
     store = queries.load("database.sql")
-    assert {"insert_tasks", "claim_shard_epoch", "lock_shard_epochs"} <= set(store)
+    assert {"claim_shard_epoch", "lock_shard_epochs"} <= set(store)
+    submits = queries.load("submits.sql")
+    assert {"insert_tasks", "claim_idempotency_keys", "get_tasks_by_ref"} <= set(submits)
     migrate = queries.load("migrate.sql")
     assert {"lock", "unlock", "record_migration"} <= set(migrate)
     partitions = queries.load("partitions.sql")

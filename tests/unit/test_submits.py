@@ -12,18 +12,17 @@ from typing import Any
 
 import pytest
 from fixtures.loop import one_loop_turn
+from fixtures.stores import prepared_task
 
 from chronoshard.scheduler.api.tasks import submit_committer
 from chronoshard.scheduler.core.ids import new_task_id
 from chronoshard.scheduler.core.jitter import JitterMode
 from chronoshard.scheduler.core.models import (
-    DEFAULT_PAYLOAD_LIMIT_BYTES,
     NewTask,
     PreparedTask,
     SubmitResult,
     Task,
     TaskRef,
-    prepare,
 )
 from chronoshard.scheduler.core.states import TaskStatus
 from chronoshard.scheduler.dispatch.group_commit import GroupCommitter
@@ -57,7 +56,7 @@ def prepared(key: str | None = None, payload: dict[str, Any] | None = None) -> P
         idempotency_key=key,
         jitter_mode=JitterMode.NONE,
     )
-    return prepare(task, payload_limit_bytes=DEFAULT_PAYLOAD_LIMIT_BYTES)
+    return prepared_task(task)
 
 
 def owner_of(p: PreparedTask) -> KeyOwner:
@@ -140,7 +139,8 @@ def _task(tenant_id: uuid.UUID, p: PreparedTask) -> Task:
 
 
 class FakeStore:
-    """Writes nothing; answers each request, records the batches it was given."""
+    """A SubmitStore that writes nothing; answers each request, records the batches it
+    was given."""
 
     def __init__(self) -> None:
         self.batches: list[list[Request]] = []
@@ -158,7 +158,7 @@ class FakeStore:
             raise ValueError("a row the database refuses")
         return [self._one(t, p) for t, p in requests]
 
-    async def insert_prepared(
+    async def insert_tasks(
         self, tenant_id: uuid.UUID, prepared: Sequence[PreparedTask]
     ) -> list[SubmitResult]:
         [p] = prepared
