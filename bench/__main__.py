@@ -25,6 +25,7 @@ from typing import Any
 from bench import idle, submit, timing
 from bench._cluster import Infrastructure, infrastructure
 from bench._report import Report, Target, document, machine, render
+from bench._standalone import scratch
 
 Runner = Callable[[argparse.Namespace, Infrastructure], Report]
 WHEEL_BYTES_TARGET = 250
@@ -36,7 +37,7 @@ def _wheel(args: argparse.Namespace, infra: Infrastructure | None) -> Report:
     from bench import wheel
 
     results = wheel.run_benchmark(args.sizes, repeat=args.repeat)
-    rows = []
+    rows: list[dict[str, Any]] = []
     for r in results:
         rows.append(
             {
@@ -83,25 +84,18 @@ def _wheel(args: argparse.Namespace, infra: Infrastructure | None) -> Report:
     )
 
 
-class _Etcd:
-    """What bench/failover.py reads of an EtcdProcess: its endpoint."""
-
-    def __init__(self, endpoint: str) -> None:
-        self.endpoint = endpoint
-
-
 def _failover(args: argparse.Namespace, infra: Infrastructure) -> Report:
     import asyncio
-    import tempfile
 
     from bench import failover
 
     rows = []
     for ttl in args.ttl:
-        with infra.database("failover") as dsn, tempfile.TemporaryDirectory() as logs:
-            etcd: Any = _Etcd(infra.etcd_endpoint)
+        with scratch(infra, "failover") as (dsn, logs):
             rows.append(
-                asyncio.run(failover.run_once(dsn, etcd, ttl, args.tasks, args.spread, Path(logs)))
+                asyncio.run(
+                    failover.run_once(dsn, infra.etcd_endpoint, ttl, args.tasks, args.spread, logs)
+                )
             )
     return Report(
         workload="failover",

@@ -375,17 +375,9 @@ async def run_cluster_benchmark(
     warmup_s: float = DEFAULT_WARMUP_S,
 ) -> Result:
     """Measure against a migrated database at ``dsn`` and an etcd at ``etcd_endpoint``."""
-    from chronoshard.scheduler.store.tenants import create_tenant
-
-    api_key = create_tenant(
-        dsn,
-        f"bench-{uuid.uuid4().hex[:8]}",
-        max_concurrent_workers=max(tasks, 1),
-        rate_limit_rps=max(10_000.0, float(tasks)),
-    ).api_key
+    api_key = _bench_tenant(dsn, tasks)
     scheduler = start_scheduler(dsn, etcd_endpoint, heartbeat_s, lease_s, log_dir)
     result = Result(tasks, workers, heartbeat_s, lease_s)
-    sims: list[SimulatedWorker] = []
     streams: list[asyncio.Task[None]] = []
     try:
         await wait_serving(scheduler)
@@ -394,28 +386,11 @@ async def run_cluster_benchmark(
             SimulatedWorker(f"sim-{i}", scheduler.address, api_key, per_worker, seed=i)
             for i in range(workers)
         ]
-        streams = [asyncio.create_task(w.run(), name=w.name) for w in sims]
-        for sim, stream in zip(sims, streams, strict=True):
-            welcomed = asyncio.create_task(sim.welcomed.wait())
-            done, _ = await asyncio.wait(
-                {welcomed, stream}, timeout=READY_TIMEOUT_S, return_when=asyncio.FIRST_COMPLETED
-            )
-            welcomed.cancel()
-            if stream in done:
-                stream.result()  # raises what ended it
-            if not sim.welcomed.is_set():
-                raise TimeoutError(f"{sim.name} not welcomed:\n{scheduler.log_tail()}")
+        streams += [asyncio.create_task(w.run(), name=w.name) for w in sims]
+        await _wait_welcomed(sims, streams, scheduler)
         await asyncio.sleep(warmup_s)
         result.windows.append(await _measure("idle", 0, idle_window_s, scheduler, dsn, sims))
-        async with Client(scheduler.address, api_key=api_key) as client:
-            # Due now (no time given), no jitter: every task is dispatched at once.
-            specs = [
-                TaskSpec(type=TASK_TYPE, payload={"i": i}, strict_timing=True) for i in range(tasks)
-            ]
-            outcomes = await client.submit_batch(specs)
-            failed = [o for o in outcomes if isinstance(o, Exception)]
-            if failed:
-                raise RuntimeError(f"{len(failed)} submits failed, first: {failed[0]}")
+        await _submit_due_now(scheduler.address, api_key, tasks)
         await _wait_running(dsn, tasks, scheduler)
         # Let every worker's heartbeat phase settle before measuring.
         await asyncio.sleep(heartbeat_s)
@@ -429,6 +404,46 @@ async def run_cluster_benchmark(
         await asyncio.gather(*streams, return_exceptions=True)
         await asyncio.to_thread(stop_scheduler, scheduler)
     return result
+
+
+def _bench_tenant(dsn: str, tasks: int) -> str:
+    """A tenant whose limits are not what is measured; its API key."""
+    from chronoshard.scheduler.store.tenants import create_tenant
+
+    return create_tenant(
+        dsn,
+        f"bench-{uuid.uuid4().hex[:8]}",
+        max_concurrent_workers=max(tasks, 1),
+        rate_limit_rps=max(10_000.0, float(tasks)),
+    ).api_key
+
+
+async def _wait_welcomed(
+    sims: Sequence[SimulatedWorker], streams: Sequence[asyncio.Task[None]], scheduler: Scheduler
+) -> None:
+    """Until each worker's stream was welcomed; what ended a stream before, if one did."""
+    for sim, stream in zip(sims, streams, strict=True):
+        welcomed = asyncio.create_task(sim.welcomed.wait())
+        done, _ = await asyncio.wait(
+            {welcomed, stream}, timeout=READY_TIMEOUT_S, return_when=asyncio.FIRST_COMPLETED
+        )
+        welcomed.cancel()
+        if stream in done:
+            stream.result()  # raises what ended it
+        if not sim.welcomed.is_set():
+            raise TimeoutError(f"{sim.name} not welcomed:\n{scheduler.log_tail()}")
+
+
+async def _submit_due_now(address: str, api_key: str, tasks: int) -> None:
+    async with Client(address, api_key=api_key) as client:
+        # Due now (no time given), no jitter: every task is dispatched at once.
+        specs = [
+            TaskSpec(type=TASK_TYPE, payload={"i": i}, strict_timing=True) for i in range(tasks)
+        ]
+        outcomes = await client.submit_batch(specs)
+        failed = [o for o in outcomes if isinstance(o, Exception)]
+        if failed:
+            raise RuntimeError(f"{len(failed)} submits failed, first: {failed[0]}")
 
 
 def run_benchmark(

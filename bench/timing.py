@@ -35,7 +35,7 @@ from typing import Any
 
 import psycopg
 import uvloop
-from harness.history import History, check
+from harness.history import History, Violations, check
 
 from bench._cluster import Infrastructure, Node, cpu_used, node
 from bench._report import Report, Target, ms, percentile
@@ -112,41 +112,81 @@ async def _submit(n: Node, dues: list[datetime], history: History) -> list[uuid.
 
 
 def _run(n: Node, dues: list[datetime], settle_timeout_s: float) -> Timings:
+    """Submit tasks due at ``dues``, let them run, and read what happened."""
     history = History()
     ids = uvloop.run(_submit(n, dues, history))
     first_due = min(dues)
-    total = len(ids)
-    # Everything in the wheel before the first task falls due, or the run is flagged.
-    while True:
-        preloaded = _count(n.dsn, "SELECT count(*) FROM tasks WHERE status <> 'SCHEDULED'")
-        if preloaded >= total or datetime.now(UTC) >= first_due:
-            break
-        time.sleep(0.1)
-    preloaded_in_time = preloaded >= total
+    preloaded_in_time = _wait_preloaded(n.dsn, len(ids), first_due)
     time.sleep(max(0.0, (first_due - datetime.now(UTC)).total_seconds()))
     cpu_before, wall_before = n.cpu_snapshot(), time.monotonic()
     deadline = time.monotonic() + (max(dues) - datetime.now(UTC)).total_seconds()
-    deadline += settle_timeout_s
+    completed = _wait_completed(n.dsn, len(ids), deadline + settle_timeout_s)
+    cpu_after, wall = n.cpu_snapshot(), time.monotonic() - wall_before
+    _wait_ledger(n.dsn, completed)
+    lateness = _lateness(n.dsn)
+    first_intent, last_intent, last_start, last_completion = _last_times(n.dsn, first_due)
+    violations = check(n.dsn, history.acknowledged(), job_ledger=False)
+    return Timings(
+        first_due=first_due,
+        lateness_s=lateness,
+        last_intent_s=last_intent,
+        last_start_s=last_start,
+        last_completion_s=last_completion,
+        first_intent_s=first_intent,
+        preloaded_in_time=preloaded_in_time,
+        violations=violations.summary(),
+        exactly_once=_none_lost_or_doubled(violations),
+        completed=completed,
+        cpu_s={k: cpu_used(cpu_before[k], cpu_after[k]) for k in cpu_before},
+        wall_s=wall,
+    )
+
+
+def _wait_preloaded(dsn: str, total: int, first_due: datetime) -> bool:
+    """Whether every task was in the wheel before the first fell due (else the run is
+    flagged); returns at the latest when it falls due."""
+    while True:
+        preloaded = _count(dsn, "SELECT count(*) FROM tasks WHERE status <> 'SCHEDULED'")
+        if preloaded >= total or datetime.now(UTC) >= first_due:
+            return preloaded >= total
+        time.sleep(0.1)
+
+
+def _wait_completed(dsn: str, total: int, deadline: float) -> int:
+    """How many tasks completed, once all did or at the monotonic ``deadline``."""
     completed = 0
     while time.monotonic() < deadline:
-        completed = _count(n.dsn, "SELECT count(*) FROM tasks WHERE status = 'COMPLETED'")
+        completed = _count(dsn, "SELECT count(*) FROM tasks WHERE status = 'COMPLETED'")
         if completed >= total:
             break
         time.sleep(0.25)
-    cpu_after, wall = n.cpu_snapshot(), time.monotonic() - wall_before
+    return completed
+
+
+def _wait_ledger(dsn: str, completed: int) -> None:
     # The workers write the effects ledger in batches a few milliseconds behind.
     ledger_deadline = time.monotonic() + 10
-    while _count(n.dsn, "SELECT count(*) FROM effects") < completed:
+    while _count(dsn, "SELECT count(*) FROM effects") < completed:
         if time.monotonic() > ledger_deadline:
             break
         time.sleep(0.1)
-    with psycopg.connect(n.dsn) as conn:
-        lateness = [
+
+
+def _lateness(dsn: str) -> list[float]:
+    """Handler start − due time of every successful handler run, in seconds."""
+    with psycopg.connect(dsn) as conn:
+        return [
             float(r[0])
             for r in conn.execute(
                 "SELECT extract(epoch FROM started_at - due_at) FROM effects WHERE outcome = 'ok'"
             ).fetchall()
         ]
+
+
+def _last_times(dsn: str, first_due: datetime) -> tuple[float, float, float, float]:
+    """Seconds from ``first_due`` to the first intent, the last intent, the last handler
+    start and the last completion (NaN where there was none)."""
+    with psycopg.connect(dsn) as conn:
         row = conn.execute(
             """
             SELECT extract(epoch FROM (SELECT min(entered_at) FROM task_attempts) - %(t)s),
@@ -161,7 +201,10 @@ def _run(n: Node, dues: list[datetime], settle_timeout_s: float) -> Timings:
     first_intent, last_intent, last_start, last_completion = (
         float("nan") if v is None else float(v) for v in row
     )
-    violations = check(n.dsn, history.acknowledged(), job_ledger=False)
+    return first_intent, last_intent, last_start, last_completion
+
+
+def _none_lost_or_doubled(violations: Violations) -> bool:
     # A task still running when the run stopped waiting is incomplete, not lost: lost is
     # a task missing, or completed without its one successful attempt and effect.
     incomplete = set(violations.not_completed)
@@ -170,20 +213,7 @@ def _run(n: Node, dues: list[datetime], settle_timeout_s: float) -> Timings:
         c == 0 and task not in incomplete for found in counts for task, c in found.items()
     )
     doubled = any(c > 1 for found in counts for c in found.values())
-    return Timings(
-        first_due=first_due,
-        lateness_s=lateness,
-        last_intent_s=last_intent,
-        last_start_s=last_start,
-        last_completion_s=last_completion,
-        first_intent_s=first_intent,
-        preloaded_in_time=preloaded_in_time,
-        violations=violations.summary(),
-        exactly_once=not lost and not doubled,
-        completed=completed,
-        cpu_s={k: cpu_used(cpu_before[k], cpu_after[k]) for k in cpu_before},
-        wall_s=wall,
-    )
+    return not lost and not doubled
 
 
 def _lead_in_s(tasks: int) -> float:

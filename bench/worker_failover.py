@@ -18,31 +18,27 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
-import os
 import statistics
-import sys
-import tempfile
-import time
 import uuid
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import psycopg
+from harness.history import lease_expired_at
+from harness.processes import ManagedProcess, ProcessGroup
+
+from bench._standalone import (
+    bench_tenant,
+    local_infrastructure,
+    print_results,
+    process_group,
+    scratch,
+    wait_for,
+)
+from chronoshard import Client, SubmitResult, TaskSpec
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "tests"))
-
-from harness.history import lease_expired_at  # noqa: E402
-from harness.processes import ProcessGroup  # noqa: E402
-
-from bench.failover import machine  # noqa: E402
-from chronoshard import Client, SubmitResult, TaskSpec  # noqa: E402
-from chronoshard.scheduler.store.migrate import apply_migrations  # noqa: E402
-from chronoshard.scheduler.store.tenants import create_tenant  # noqa: E402
-from chronoshard.services import EtcdProcess, PostgresServer  # noqa: E402
-
 LEDGER_DDL = """
 CREATE TABLE IF NOT EXISTS lease_effects (
     task_id uuid NOT NULL, attempt integer NOT NULL, token bigint NOT NULL,
@@ -50,6 +46,9 @@ CREATE TABLE IF NOT EXISTS lease_effects (
     at timestamptz NOT NULL DEFAULT clock_timestamp()
 )
 """
+READY_TIMEOUT_S = 60.0
+# Past lease + margin, how long the re-dispatch of every task may take.
+REDISPATCH_GRACE_S = 60.0
 
 
 def _quantiles(values: list[float]) -> dict[str, float]:
@@ -62,119 +61,132 @@ def _quantiles(values: list[float]) -> dict[str, float]:
     }
 
 
-async def _wait(check: Any, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        if time.monotonic() > deadline:
-            raise TimeoutError(what)
-        await asyncio.sleep(0.2)
-
-
 async def run_once(
-    dsn: str, etcd: EtcdProcess, args: argparse.Namespace, logs: Path
+    dsn: str, etcd_endpoint: str, args: argparse.Namespace, logs: Path
 ) -> dict[str, Any]:
+    """One run: worker A holds every task, A is SIGKILLed, B runs them again."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(LEDGER_DDL)
-    api_key = create_tenant(dsn, f"bench-{uuid.uuid4().hex[:8]}").api_key
-    group = ProcessGroup(
-        log_dir=logs,
-        dsn=dsn,
-        etcd_endpoint=etcd.endpoint,
-        cluster=f"bench-{uuid.uuid4().hex[:8]}",
-        scheduler_env={
-            "CHRONOSHARD_WORKERS__TASK_LEASE_S": str(args.lease),
-            "CHRONOSHARD_WORKERS__LEASE_MARGIN_S": str(args.margin),
-            "CHRONOSHARD_WORKERS__HEARTBEAT_INTERVAL_S": str(args.heartbeat),
-        },
-    )
+    api_key = bench_tenant(dsn)
+    group = process_group(logs, dsn, etcd_endpoint, _scheduler_env(args))
     try:
-        node = group.start_scheduler("node-1")
+        address = group.start_scheduler("node-1").address
 
-        def worker(name: str, **env: str) -> Any:
-            return group.start_worker(
-                name,
-                "lease_workers:worker",
-                [node.address],
-                pythonpath=REPO / "tests" / "e2e",
-                LEASE_DSN=dsn,
-                LEASE_QUEUE="bench",
-                LEASE_SLOTS=str(args.tasks),
-                CHRONOSHARD_WORKER_ID=name,
-                CHRONOSHARD_API_KEY=api_key,
-                **env,
-            )
+        async def worker(name: str, what: str, **env: str) -> ManagedProcess:
+            started = _start_lease_worker(group, address, dsn, api_key, args.tasks, name, **env)
+            await wait_for(lambda: started.logged("event=session_open"), READY_TIMEOUT_S, what)
+            return started
 
-        a = worker("bench-a", LEASE_HOLD_S="3600")
-        await _wait(lambda: a.logged("event=session_open"), 60, "A connected")
-        async with Client(node.address, api_key=api_key) as client:
-            results = await client.submit_batch(
-                [
-                    TaskSpec(type="lease.hold", payload={"i": i}, queue="bench",
-                             strict_timing=True, idempotent=True, max_retries=0)
-                    for i in range(args.tasks)
-                ]
-            )  # fmt: skip
-        ids = [uuid.UUID(r.task.id) for r in results if isinstance(r, SubmitResult)]
-
-        def started() -> bool:
-            with psycopg.connect(dsn) as conn:
-                row = conn.execute(
-                    "SELECT count(DISTINCT task_id) FROM lease_effects WHERE event = 'started'"
-                    " AND task_id = ANY(%s)",
-                    (ids,),
-                ).fetchone()
-            return row is not None and row[0] == len(ids)
-
-        await _wait(started, 60, "every task running on A")
+        a = await worker("bench-a", "A connected", LEASE_HOLD_S="3600")
+        ids = await _submit_held(address, api_key, args.tasks)
+        await wait_for(
+            lambda: _started(dsn, ids) == len(ids), READY_TIMEOUT_S, "every task running on A"
+        )
         # Let a few heartbeats go by, so the kill lands anywhere in an interval.
         await asyncio.sleep(args.heartbeat * 1.5)
-        b = worker("bench-b")
-        await _wait(lambda: b.logged("event=session_open"), 60, "B connected")
+        await worker("bench-b", "B connected")
         a.kill()
         killed_at = datetime.now(UTC)
-
-        def rows() -> list[tuple[Any, ...]]:
-            with psycopg.connect(dsn) as conn:
-                return conn.execute(
-                    "SELECT a1.error, a2.entered_at FROM task_attempts a1"
-                    " JOIN task_attempts a2 ON a2.task_id = a1.task_id AND a2.attempt = 2"
-                    " WHERE a1.attempt = 1 AND a1.task_id = ANY(%s)",
-                    (ids,),
-                ).fetchall()
-
-        await _wait(lambda: len(rows()) == len(ids), args.lease + args.margin + 60, "re-dispatch")
-        after_kill, after_expiry = [], []
-        for error, entered_at in rows():
-            after_kill.append((entered_at - killed_at).total_seconds())
-            after_expiry.append((entered_at - lease_expired_at(error)).total_seconds())
-        return {
-            "tasks": len(ids),
-            "lease_s": args.lease,
-            "margin_s": args.margin,
-            "heartbeat_s": args.heartbeat,
-            "after_kill_s": _quantiles(after_kill),
-            "after_lease_expiry_s": _quantiles(after_expiry),
-        }
+        await wait_for(
+            lambda: len(_redispatches(dsn, ids)) == len(ids),
+            args.lease + args.margin + REDISPATCH_GRACE_S,
+            "re-dispatch",
+        )
+        return _row(args, len(ids), _redispatches(dsn, ids), killed_at)
     finally:
         group.close()
 
 
+def _scheduler_env(args: argparse.Namespace) -> dict[str, str]:
+    return {
+        "CHRONOSHARD_WORKERS__TASK_LEASE_S": str(args.lease),
+        "CHRONOSHARD_WORKERS__LEASE_MARGIN_S": str(args.margin),
+        "CHRONOSHARD_WORKERS__HEARTBEAT_INTERVAL_S": str(args.heartbeat),
+    }
+
+
+def _start_lease_worker(
+    group: ProcessGroup, address: str, dsn: str, api_key: str, slots: int, name: str, **env: str
+) -> ManagedProcess:
+    """A ``lease_workers`` process (tests/e2e) on queue ``bench`` with ``slots`` slots."""
+    return group.start_worker(
+        name,
+        "lease_workers:worker",
+        [address],
+        pythonpath=REPO / "tests" / "e2e",
+        wrap=None,
+        LEASE_DSN=dsn,
+        LEASE_QUEUE="bench",
+        LEASE_SLOTS=str(slots),
+        CHRONOSHARD_WORKER_ID=name,
+        CHRONOSHARD_API_KEY=api_key,
+        **env,
+    )
+
+
+async def _submit_held(address: str, api_key: str, tasks: int) -> list[uuid.UUID]:
+    """``tasks`` idempotent ``lease.hold`` tasks, due now, never retried; the ids."""
+    specs = [
+        TaskSpec(
+            type="lease.hold",
+            payload={"i": i},
+            queue="bench",
+            strict_timing=True,
+            idempotent=True,
+            max_retries=0,
+        )
+        for i in range(tasks)
+    ]
+    async with Client(address, api_key=api_key) as client:
+        results = await client.submit_batch(specs)
+    return [uuid.UUID(r.task.id) for r in results if isinstance(r, SubmitResult)]
+
+
+def _started(dsn: str, ids: list[uuid.UUID]) -> int:
+    """How many of the tasks a handler has started (the workers' ledger)."""
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute(
+            "SELECT count(DISTINCT task_id) FROM lease_effects WHERE event = 'started'"
+            " AND task_id = ANY(%s)",
+            (ids,),
+        ).fetchone()
+    return 0 if row is None else int(row[0])
+
+
+def _redispatches(dsn: str, ids: list[uuid.UUID]) -> list[tuple[Any, ...]]:
+    """(first attempt's error, second attempt's start) of each task dispatched again."""
+    with psycopg.connect(dsn) as conn:
+        return conn.execute(
+            "SELECT a1.error, a2.entered_at FROM task_attempts a1"
+            " JOIN task_attempts a2 ON a2.task_id = a1.task_id AND a2.attempt = 2"
+            " WHERE a1.attempt = 1 AND a1.task_id = ANY(%s)",
+            (ids,),
+        ).fetchall()
+
+
+def _row(
+    args: argparse.Namespace, tasks: int, redispatches: list[tuple[Any, ...]], killed_at: datetime
+) -> dict[str, Any]:
+    after_kill, after_expiry = [], []
+    for error, entered_at in redispatches:
+        after_kill.append((entered_at - killed_at).total_seconds())
+        after_expiry.append((entered_at - lease_expired_at(error)).total_seconds())
+    return {
+        "tasks": tasks,
+        "lease_s": args.lease,
+        "margin_s": args.margin,
+        "heartbeat_s": args.heartbeat,
+        "after_kill_s": _quantiles(after_kill),
+        "after_lease_expiry_s": _quantiles(after_expiry),
+    }
+
+
 async def main_async(args: argparse.Namespace) -> list[dict[str, Any]]:
     results = []
-    with (
-        PostgresServer(dsn=os.environ.get("CHRONOSHARD_TEST_DSN") or None, fsync=False) as server,
-        EtcdProcess() as etcd,
-    ):
+    with local_infrastructure() as infra:
         for _ in range(args.runs):
-            name = f"bench_wfail_{uuid.uuid4().hex[:8]}"
-            server.create_database(name)
-            try:
-                dsn = server.dsn_for(name)
-                apply_migrations(dsn)
-                with tempfile.TemporaryDirectory() as logs:
-                    results.append(await run_once(dsn, etcd, args, Path(logs)))
-            finally:
-                server.drop_database(name)
+            with scratch(infra, "wfail") as (dsn, logs):
+                results.append(await run_once(dsn, infra.etcd_endpoint, args, logs))
     return results
 
 
@@ -194,6 +206,15 @@ def table(results: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def _within_bound(results: list[dict[str, Any]], margin_s: float) -> bool:
+    """Every re-dispatch came margin to margin + 0.5 s after its lease ran out."""
+    return all(
+        margin_s <= r["after_lease_expiry_s"]["min"]
+        and r["after_lease_expiry_s"]["max"] <= margin_s + 0.5
+        for r in results
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -206,17 +227,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     results = asyncio.run(main_async(args))
-    print(f"machine: {machine()}")
-    print(f"command: python -m bench.worker_failover {' '.join(sys.argv[1:])}")
-    print(table(results))
-    if args.json:
-        args.json.write_text(json.dumps({"machine": machine(), "results": results}, indent=2))
-    bound_ok = all(
-        args.margin <= r["after_lease_expiry_s"]["min"]
-        and r["after_lease_expiry_s"]["max"] <= args.margin + 0.5
-        for r in results
-    )
-    return 0 if bound_ok else 1
+    print_results("bench.worker_failover", results, table(results), args.json)
+    return 0 if _within_bound(results, args.margin) else 1
 
 
 if __name__ == "__main__":
