@@ -40,7 +40,6 @@ from typing import Any
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import start_http_server
 
@@ -50,6 +49,12 @@ from chronoshard.scheduler.api.admin import AdminServicer
 from chronoshard.scheduler.api.auth import Authenticator
 from chronoshard.scheduler.api.boundary import RequestDecoding
 from chronoshard.scheduler.api.expectations import WatchdogServiceServicer
+from chronoshard.scheduler.api.server import (
+    CLOCK_HEALTH_SERVICE,
+    HealthServicer,
+    bind,
+    server_options,
+)
 from chronoshard.scheduler.api.tasks import TaskServiceServicer
 from chronoshard.scheduler.api.workers import Gateway
 from chronoshard.scheduler.cluster.clock import ClusterClock
@@ -88,51 +93,6 @@ log = logging.getLogger(__name__)
 
 TASK_STOP_TIMEOUT_S = 5.0
 SERVER_GRACE_S = 5.0
-CLOCK_HEALTH_SERVICE = "chronoshard.scheduler.Clock"
-"""gRPC health service name: SERVING while this node's clock is within its bound,
-NOT_SERVING while it is skewed and hands its shards off. The overall status ("") and the
-API stay SERVING: submits take their time from the cluster clock (docs/operations.md)."""
-
-
-class HealthServicer(health_aio.HealthServicer):  # type: ignore[misc]
-    """grpc's asyncio health servicer, with the ``List`` RPC its proto has and it lacks
-    (grpcio-health-checking 1.85 answers it UNKNOWN with a NotImplementedError traceback)."""
-
-    async def List(
-        self, request: health_pb2.HealthListRequest, context: grpc.aio.ServicerContext[Any, Any]
-    ) -> health_pb2.HealthListResponse:
-        return health_pb2.HealthListResponse(
-            statuses={
-                service: health_pb2.HealthCheckResponse(status=status)
-                for service, status in self._server_status.items()
-            }
-        )
-
-
-def server_options(config: SchedulerConfig) -> list[tuple[str, Any]]:
-    """gRPC server settings of docs/architecture.md#d12: explicit keepalives and a ping policy that
-    allows the clients' rate, so a stopped peer is detected in seconds, not minutes."""
-    grpc_config = config.grpc
-    return [
-        ("grpc.keepalive_time_ms", int(grpc_config.keepalive_time_s * 1000)),
-        ("grpc.keepalive_timeout_ms", int(grpc_config.keepalive_timeout_s * 1000)),
-        ("grpc.http2.ping_timeout_ms", int(grpc_config.keepalive_timeout_s * 1000)),
-        ("grpc.keepalive_permit_without_calls", 1),
-        ("grpc.http2.max_pings_without_data", 0),
-        (
-            "grpc.http2.min_recv_ping_interval_without_data_ms",
-            int(grpc_config.min_client_ping_interval_s * 1000),
-        ),
-        (
-            "grpc.http2.min_ping_interval_without_data_ms",
-            int(grpc_config.min_client_ping_interval_s * 1000),
-        ),
-        ("grpc.http2.max_ping_strikes", 0),
-        ("grpc.max_receive_message_length", grpc_config.max_message_bytes),
-        ("grpc.max_send_message_length", grpc_config.max_message_bytes),
-    ]
-
-
 @dataclass(frozen=True)
 class NodeAddresses:
     grpc: str
@@ -190,7 +150,7 @@ class SchedulerNode:
             # Decoding first: garbage is INVALID_ARGUMENT whatever the key (api/boundary.py).
             interceptors=[RequestDecoding(), AccessInterceptor(self.authenticator)],
         )
-        port = self._bind(self._server)
+        port = bind(self._server, config.grpc)
         host = config.grpc.listen.rsplit(":", 1)[0]
         grpc_address = config.grpc.advertise or f"{host}:{port}"
         metrics_address = self._start_metrics()
@@ -340,21 +300,6 @@ class SchedulerNode:
         self._supervise("tenant-refresh", self.tenant_limits.run())
         self._supervise("backlog-report", self.dispatcher.report_backlogs())
         self._supervise("signals", self.signals.listen())
-
-    def _bind(self, server: grpc.aio.Server) -> int:
-        grpc_config = self.config.grpc
-        if grpc_config.tls_cert and grpc_config.tls_key:
-            with open(grpc_config.tls_key, "rb") as key, open(grpc_config.tls_cert, "rb") as cert:
-                pair = [(key.read(), cert.read())]
-            client_ca = None
-            if grpc_config.tls_client_ca:
-                with open(grpc_config.tls_client_ca, "rb") as ca:
-                    client_ca = ca.read()
-            credentials = grpc.ssl_server_credentials(
-                pair, root_certificates=client_ca, require_client_auth=client_ca is not None
-            )
-            return int(server.add_secure_port(grpc_config.listen, credentials))
-        return int(server.add_insecure_port(grpc_config.listen))
 
     def _start_metrics(self) -> str:
         host, _, port = self.config.metrics_listen.rpartition(":")

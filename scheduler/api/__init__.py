@@ -1,6 +1,7 @@
 """The gRPC edge of a node: servicers, the wire and its rules.
 
-A request arrives through one decoding and error boundary (:mod:`.boundary`: bad bytes
+The node's one gRPC server (:mod:`.server`: options, TLS, health) hosts them all. A
+request arrives through one decoding and error boundary (:mod:`.boundary`: bad bytes
 are ``INVALID_ARGUMENT``, every failure gets one status and a bounded message), is
 authenticated (:mod:`.auth`, :mod:`.access`), converted from ``chronoshard.v1`` messages
 to the core's types (:mod:`.convert`), resolved and validated (:mod:`.task_requests`,

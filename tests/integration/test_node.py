@@ -21,9 +21,10 @@ from harness.raw_worker import Metadata, RawWorker, ack, bearer, complete, grant
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from chronoshard.scheduler.api.server import CLOCK_HEALTH_SERVICE
 from chronoshard.scheduler.core.ids import new_task_id
 from chronoshard.scheduler.core.sharding import shard_of
-from chronoshard.scheduler.node import CLOCK_HEALTH_SERVICE, SchedulerNode
+from chronoshard.scheduler.node import SchedulerNode
 from chronoshard.scheduler.store.database import Store
 from chronoshard.services import EtcdProcess
 from chronoshard.v1 import (

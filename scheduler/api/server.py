@@ -1,0 +1,78 @@
+"""The node's gRPC server: its options, its listening port (TLS or not), and health.
+
+The node builds one ``grpc.aio`` server with :func:`server_options` (docs/architecture.md#d12:
+explicit keepalives and a ping policy that allows the clients' rate, so a stopped peer
+is detected in seconds, not minutes), binds it with :func:`bind` and serves gRPC health
+through :class:`HealthServicer`: the overall status, and :data:`CLOCK_HEALTH_SERVICE`
+for the node's clock.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health_pb2
+from grpc_health.v1.health import aio as health_aio
+
+from chronoshard.scheduler.config import GrpcConfig, SchedulerConfig
+
+CLOCK_HEALTH_SERVICE = "chronoshard.scheduler.Clock"
+"""gRPC health service name: SERVING while this node's clock is within its bound,
+NOT_SERVING while it is skewed and hands its shards off. The overall status ("") and the
+API stay SERVING: submits take their time from the cluster clock (docs/operations.md)."""
+
+
+class HealthServicer(health_aio.HealthServicer):  # type: ignore[misc]
+    """grpc's asyncio health servicer, with the ``List`` RPC its proto has and it lacks
+    (grpcio-health-checking 1.85 answers it UNKNOWN with a NotImplementedError traceback)."""
+
+    async def List(
+        self, request: health_pb2.HealthListRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> health_pb2.HealthListResponse:
+        return health_pb2.HealthListResponse(
+            statuses={
+                service: health_pb2.HealthCheckResponse(status=status)
+                for service, status in self._server_status.items()
+            }
+        )
+
+
+def server_options(config: SchedulerConfig) -> list[tuple[str, Any]]:
+    """The gRPC server settings of docs/architecture.md#d12."""
+    grpc_config = config.grpc
+    return [
+        ("grpc.keepalive_time_ms", int(grpc_config.keepalive_time_s * 1000)),
+        ("grpc.keepalive_timeout_ms", int(grpc_config.keepalive_timeout_s * 1000)),
+        ("grpc.http2.ping_timeout_ms", int(grpc_config.keepalive_timeout_s * 1000)),
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.max_pings_without_data", 0),
+        (
+            "grpc.http2.min_recv_ping_interval_without_data_ms",
+            int(grpc_config.min_client_ping_interval_s * 1000),
+        ),
+        (
+            "grpc.http2.min_ping_interval_without_data_ms",
+            int(grpc_config.min_client_ping_interval_s * 1000),
+        ),
+        ("grpc.http2.max_ping_strikes", 0),
+        ("grpc.max_receive_message_length", grpc_config.max_message_bytes),
+        ("grpc.max_send_message_length", grpc_config.max_message_bytes),
+    ]
+
+
+def bind(server: grpc.aio.Server, grpc_config: GrpcConfig) -> int:
+    """Listen on ``grpc.listen``, with TLS when a certificate and key are configured (and
+    client certificates required when a client CA is); the port bound."""
+    if grpc_config.tls_cert and grpc_config.tls_key:
+        with open(grpc_config.tls_key, "rb") as key, open(grpc_config.tls_cert, "rb") as cert:
+            pair = [(key.read(), cert.read())]
+        client_ca = None
+        if grpc_config.tls_client_ca:
+            with open(grpc_config.tls_client_ca, "rb") as ca:
+                client_ca = ca.read()
+        credentials = grpc.ssl_server_credentials(
+            pair, root_certificates=client_ca, require_client_auth=client_ca is not None
+        )
+        return int(server.add_secure_port(grpc_config.listen, credentials))
+    return int(server.add_insecure_port(grpc_config.listen))
