@@ -16,7 +16,6 @@ that flush (bounded at 10 s) while its committers already refuse.
 from __future__ import annotations
 
 import asyncio
-import uuid
 from collections.abc import AsyncIterator
 from dataclasses import replace
 from datetime import UTC, datetime
@@ -25,16 +24,15 @@ import grpc
 import psycopg
 import pytest
 from fixtures.nodes import node_config, running_node
-from fixtures.stores import insert_tasks
+from fixtures.stores import insert_tasks, new_tenant
 from fixtures.waiting import eventually
 
-from chronoshard.scheduler.core.api_keys import hash_api_key, new_api_key
+from chronoshard.scheduler.core.api_keys import new_api_key
 from chronoshard.scheduler.core.ids import new_task_id
 from chronoshard.scheduler.core.jitter import JitterMode
 from chronoshard.scheduler.core.models import NewTask
 from chronoshard.scheduler.core.sharding import shard_of
 from chronoshard.scheduler.node import SchedulerNode
-from chronoshard.scheduler.store.tenants import TenantStore
 from chronoshard.services import EtcdProcess
 from chronoshard.v1 import worker_service_pb2, worker_service_pb2_grpc
 from chronoshard.wire import error_info_from_metadata
@@ -106,8 +104,8 @@ async def test_a_settlement_reaching_a_stopping_node_is_refused_retryably_then_s
             lambda: len(node_a.shards.epochs()) == SHARDS, timeout_s=10, what="shards claimed"
         )
         key = new_api_key()
-        tenant = await TenantStore(node_a.store).create_tenant(
-            f"t-{uuid.uuid4().hex}", "standard", 1000.0, 100, "local", hash_api_key(key)
+        tenant = await new_tenant(
+            node_a.store, api_key=key, rate_limit_rps=1000.0, max_concurrent_workers=100
         )
         auth = (("authorization", f"Bearer {key}"),)
         now = datetime.now(UTC)

@@ -32,7 +32,7 @@ from typing import Any
 
 import pytest
 import uvloop
-from fixtures.stores import insert_tasks
+from fixtures.stores import insert_tasks, new_tenant
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
@@ -47,7 +47,6 @@ from chronoshard.scheduler.core.runs import Completion, Intent, Settle, TimerTas
 from chronoshard.scheduler.store.database import Store
 from chronoshard.scheduler.store.repairs import RepairStore
 from chronoshard.scheduler.store.runs import RunStore
-from chronoshard.scheduler.store.tenants import TenantStore
 
 SHARD = 5
 EPOCH = 40
@@ -147,10 +146,7 @@ def world(runner: asyncio.Runner, db_dsn: str) -> Iterator[World]:
     async def open_world() -> World:
         store = await Store.open(db_dsn, min_size=2, max_size=6)
         assert await store.claim_shard_epoch(SHARD, EPOCH, "node-a")
-        suffix = uuid.uuid4().hex
-        tenant = await TenantStore(store).create_tenant(
-            f"t-{suffix}", "standard", 1e6, 1000, "x", suffix
-        )
+        tenant = await new_tenant(store, rate_limit_rps=1e6, max_concurrent_workers=1000)
         return World(store, RunStore(store), tenant)
 
     opened = runner.run(open_world())

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import io
 import logging
-import uuid
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -14,12 +13,13 @@ from typing import Any
 import grpc
 import psycopg
 import pytest
+from fixtures.stores import tenant_with_key
 from google.protobuf import duration_pb2
 
 from chronoshard import cli
 from chronoshard.scheduler.api.auth import Authenticator
 from chronoshard.scheduler.api.expectations import WatchdogServiceServicer
-from chronoshard.scheduler.core.api_keys import hash_api_key, new_api_key
+from chronoshard.scheduler.core.api_keys import new_api_key
 from chronoshard.scheduler.core.models import Tenant
 from chronoshard.scheduler.store.database import Store
 from chronoshard.scheduler.store.tenants import TenantStore
@@ -47,14 +47,6 @@ def seconds(value: float) -> duration_pb2.Duration:
     return d
 
 
-async def new_tenant(store: Store) -> tuple[Tenant, str]:
-    key = new_api_key()
-    made = await TenantStore(store).create_tenant(
-        f"t-{uuid.uuid4().hex}", "standard", 100.0, 10, "local", hash_api_key(key)
-    )
-    return made, key
-
-
 @pytest.fixture
 async def api(db_dsn: str, caplog: pytest.LogCaptureFixture) -> AsyncIterator[Api]:
     caplog.set_level(logging.INFO)  # the servicer's log lines run (and must not raise)
@@ -67,7 +59,7 @@ async def api(db_dsn: str, caplog: pytest.LogCaptureFixture) -> AsyncIterator[Ap
     )
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
-    tenant, key = await new_tenant(store)
+    tenant, key = await tenant_with_key(store)
     address = f"127.0.0.1:{port}"
     async with grpc.aio.insecure_channel(address) as channel:
         yield Api(
@@ -191,7 +183,7 @@ async def test_tenants_see_only_their_own_and_config_expectations_are_read_only(
     api: Api,
 ) -> None:
     store = await Store.open(api.dsn, 1, 1)
-    _, other_key = await new_tenant(store)
+    _, other_key = await tenant_with_key(store)
     await store.close()
     await api.stub.CreateExpectation(
         pb.CreateExpectationRequest(job_id="mine", interval=seconds(60)),

@@ -1,4 +1,4 @@
-"""What the tenants table's two sides refuse before any statement, and when the
+"""What the operator's tenant commands refuse before any statement, and when the
 operator flag is written (``store/tenants.py``)."""
 
 from __future__ import annotations
