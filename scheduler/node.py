@@ -93,6 +93,8 @@ log = logging.getLogger(__name__)
 
 TASK_STOP_TIMEOUT_S = 5.0
 SERVER_GRACE_S = 5.0
+
+
 @dataclass(frozen=True)
 class NodeAddresses:
     grpc: str

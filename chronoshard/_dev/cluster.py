@@ -467,9 +467,7 @@ class DevCluster:
             time.sleep(0.2)
         self._say(f"the workers are not connected to every node yet; see {self._logs()}")
 
-    def _spawn(
-        self, name: str, argv: Sequence[str], env: dict[str, str], stage: str = ""
-    ) -> Child:
+    def _spawn(self, name: str, argv: Sequence[str], env: dict[str, str], stage: str = "") -> Child:
         """Start a child process; children of one ``stage`` stop together."""
         log_path = self.data_dir / "logs" / f"{name}.log"
         inherited = {k: v for k, v in os.environ.items() if k != "CHRONOSHARD_CONFIG"}
@@ -536,9 +534,8 @@ class DevCluster:
         The lifeline keeper counts: without it, a killed launcher would leave orphans."""
         if self._lifeline is not None and (code := self._lifeline.exited()) is not None:
             log_path = self._logs() / "lifeline.log"
-            return (
-                f"the lifeline keeper exited with code {code}; its log is {log_path}:\n"
-                + _tail(log_path)
+            return f"the lifeline keeper exited with code {code}; its log is {log_path}:\n" + _tail(
+                log_path
             )
         for child in self.children:
             code = child.proc.poll()

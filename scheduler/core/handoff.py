@@ -126,8 +126,7 @@ class OutgoingHandoffs:
         cold = [
             shard
             for shard, entry in sorted(self._shards.items())
-            if shard not in warm
-            and (entry.successor is None or now - entry.since >= self._wait_s)
+            if shard not in warm and (entry.successor is None or now - entry.since >= self._wait_s)
         ]
         for shard in (*warm, *cold):
             del self._shards[shard]

@@ -88,9 +88,7 @@ def put_back(chosen: Iterable[tuple[S, ReadyTask]], ready: ReadyQueues, now: flo
         ready.push(task, now)
 
 
-def match_written(
-    chosen: Sequence[tuple[S, ReadyTask]], dispatched: Iterable[R]
-) -> Written[S, R]:
+def match_written(chosen: Sequence[tuple[S, ReadyTask]], dispatched: Iterable[R]) -> Written[S, R]:
     """Pair each task the transaction returned with its choice; the rest is leftover."""
     by_id = {task.id: (session, task) for session, task in chosen}
     to_send = []

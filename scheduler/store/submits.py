@@ -230,9 +230,7 @@ class SubmitStore:
             outcomes = await self._read_back_submits(requests, exc, all_or_nothing=True)
         return [o for o in outcomes if isinstance(o, SubmitResult)]
 
-    async def insert_each(
-        self, requests: Sequence[Request]
-    ) -> list[SubmitResult | SchedulerError]:
+    async def insert_each(self, requests: Sequence[Request]) -> list[SubmitResult | SchedulerError]:
         """Write submits of any tenants in one transaction, each with its own outcome.
 
         What group commit writes (:func:`~chronoshard.scheduler.api.tasks.submit_committer`):

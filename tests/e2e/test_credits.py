@@ -427,12 +427,14 @@ async def test_drain_shows_everywhere_frees_the_workers_credits_and_undrain_brin
 ) -> None:
     await _ready(cluster, stampede_workers)
     drained = cluster.nodes["node-3"]
-    serving, not_serving = health_pb2.HealthCheckResponse.SERVING, (
-        health_pb2.HealthCheckResponse.NOT_SERVING
+    serving, not_serving = (
+        health_pb2.HealthCheckResponse.SERVING,
+        (health_pb2.HealthCheckResponse.NOT_SERVING),
     )
-    assert await _refusal(
-        _admin(cluster, "node-3", "DrainNode", "node-3", cluster.api_key)
-    ) == (grpc.StatusCode.PERMISSION_DENIED, "PERMISSION_DENIED")
+    assert await _refusal(_admin(cluster, "node-3", "DrainNode", "node-3", cluster.api_key)) == (
+        grpc.StatusCode.PERMISSION_DENIED,
+        "PERMISSION_DENIED",
+    )
     assert await _refusal(
         _admin(cluster, "node-1", "DrainNode", "node-3", cluster.operator_key)
     ) == (grpc.StatusCode.FAILED_PRECONDITION, "WRONG_NODE")
@@ -453,8 +455,10 @@ async def test_drain_shows_everywhere_frees_the_workers_credits_and_undrain_brin
             )
             assert seen == {"node-1": False, "node-2": False, "node-3": True}
         await eventually(
-            lambda: set(_owners(cluster.dsn).values()) == {"node-1", "node-2"}
-            and len(_owners(cluster.dsn)) == SHARDS,
+            lambda: (
+                set(_owners(cluster.dsn).values()) == {"node-1", "node-2"}
+                and len(_owners(cluster.dsn)) == SHARDS
+            ),
             timeout_s=HANDOFF_S,
             what="the peers owning every shard",
         )

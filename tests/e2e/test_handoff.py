@@ -162,9 +162,12 @@ async def _scenario(cluster: Cluster) -> Run:
 @pytest.fixture(scope="module")
 def run(db_dsn: str, etcd: EtcdProcess, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
     log_dir: Path = tmp_path_factory.mktemp("handoff")
-    with running_cluster(
-        db_dsn, etcd.endpoint, log_dir, shard_count=SHARDS, nodes=2, scheduler_env=ENV
-    ) as cluster, asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+    with (
+        running_cluster(
+            db_dsn, etcd.endpoint, log_dir, shard_count=SHARDS, nodes=2, scheduler_env=ENV
+        ) as cluster,
+        asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner,
+    ):
         try:
             result = runner.run(_scenario(cluster))
         except BaseException:
@@ -208,4 +211,3 @@ def test_a_killed_nodes_shards_resume_within_the_lease_ttl_plus_2s(run: Run) -> 
     case = run.cases["crash"]
     assert case.late.started, "no task of a moved shard fell due in the window"
     assert max(case.late.started) <= CRASH_BOUND_S, case.row()
-

@@ -83,9 +83,7 @@ async def test_checkpoints_are_stored_under_the_current_token_only(
     assert bytes(rows[task.id]["checkpoint"]) == b'{"next": 3}'
 
 
-async def test_a_requested_cancel_comes_back_with_its_reason(
-    store: Store, runs: RunStore
-) -> None:
+async def test_a_requested_cancel_comes_back_with_its_reason(store: Store, runs: RunStore) -> None:
     tasks = await _running(store, runs, 3)
     async with store.connection() as conn:
         await conn.execute(

@@ -182,9 +182,7 @@ async def test_other_refusals_and_other_kinds_are_not_converted() -> None:
 async def test_a_complete_refused_through_the_unary_rpc_becomes_one_fail() -> None:
     stream = FakeSession(live=False, usable=False)  # no stream: everything goes unary
     transport = FakeTransport(
-        refuse=CallFailed(
-            "INVALID_ARGUMENT", TOO_LARGE.reason, TOO_LARGE.message, retryable=False
-        )
+        refuse=CallFailed("INVALID_ARGUMENT", TOO_LARGE.reason, TOO_LARGE.message, retryable=False)
     )
     settlements = _settlements(transport, stream)
     loop = asyncio.create_task(settlements.run())
