@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite, from a fresh clone on a machine that has only Python 3.11+:
-# installs the project and its dev extra into .venv, then runs ruff, mypy and pytest.
+# installs the project and its dev extra into .venv, then runs ruff (lint and format),
+# mypy and pytest.
 # Extra arguments go to pytest (e.g. scripts/test.sh tests/unit -x).
 set -euo pipefail
 . "$(dirname "$0")/_venv.sh"
@@ -11,6 +12,7 @@ eval "$(scripts/system-tools.sh)"
 
 echo "== ruff"
 .venv/bin/ruff check .
+.venv/bin/ruff format --check --quiet .
 echo "== mypy"
 scripts/typecheck.sh
 echo "== pytest"
