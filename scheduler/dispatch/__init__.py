@@ -9,5 +9,6 @@ the tasks it holds). Acks, heartbeats and settlements come back through
 :mod:`.settlements`, one :mod:`.group_commit` committer per kind, whose flushes tell the
 dispatcher what they freed; single submits use the same committer. The
 ``WorkerService`` servicer in front of both is :mod:`chronoshard.scheduler.api.workers`.
-:mod:`.faults` names the crash points the fault tests arm between these steps.
+:mod:`.dispatcher` also reports each worker's backlog here as it changes, and reads
+each tenant's fairness limits from :mod:`.tenant_limits`. :mod:`.faults` names the crash points the fault tests arm between these steps.
 """
