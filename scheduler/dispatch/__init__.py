@@ -10,5 +10,6 @@ the tasks it holds). Acks, heartbeats and settlements come back through
 dispatcher what they freed; single submits use the same committer. The
 ``WorkerService`` servicer in front of both is :mod:`chronoshard.scheduler.api.workers`.
 :mod:`.dispatcher` also reports each worker's backlog here as it changes, and reads
-each tenant's fairness limits from :mod:`.tenant_limits`. :mod:`.faults` names the crash points the fault tests arm between these steps.
+each tenant's fairness limits from :mod:`.tenant_limits`. :mod:`.faults` names the
+crash points the fault tests arm between these steps.
 """
