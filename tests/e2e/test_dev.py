@@ -76,6 +76,29 @@ def dev_command(request: pytest.FixtureRequest, *args: str) -> list[str]:
     return argv + list(args)
 
 
+def interruptible(argv: list[str]) -> list[str]:
+    """``argv`` run with SIGINT at its default and unblocked, as under a terminal: a child
+    inherits an ignored disposition and the signal mask of whoever started the test run,
+    and a ``tee`` that does not die of Ctrl-C is not the pipeline this test plays."""
+    reset = (
+        "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+        "signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT}); "
+        "os.execvp(sys.argv[1], sys.argv[1:])"
+    )
+    return [sys.executable, "-c", reset, *argv]
+
+
+def signal_state(pid: int) -> str:
+    """The blocked, ignored and caught signal masks of ``pid`` (from /proc)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError as exc:
+        return f"no /proc status: {exc}"
+    return " ".join(
+        line for line in status.splitlines() if line.startswith(("SigBlk", "SigIgn", "SigCgt"))
+    )
+
+
 def clean_env(temp_dir: Path | None = None) -> dict[str, str]:
     """The test's environment without anything that would point the CLI elsewhere (and
     with ``temp_dir`` as the system temp dir, when given)."""
@@ -156,7 +179,10 @@ def test_dev_demo_settles_and_ctrl_c_with_a_dead_tee_leaves_nothing_behind(
     # `chronoshard dev --demo | tee dev.out`, stderr on the "terminal" (a file).
     log.touch()  # before tee gets to it: the test reads it at once
     tee = subprocess.Popen(
-        ["tee", str(log)], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, start_new_session=True
+        interruptible(["tee", str(log)]),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        start_new_session=True,
     )
     assert tee.stdin is not None
     with errors.open("wb") as err:
@@ -194,14 +220,21 @@ def test_dev_demo_settles_and_ctrl_c_with_a_dead_tee_leaves_nothing_behind(
         assert "--attempts" in log.read_text()  # it shows how to look into a failure
     finally:
         # Ctrl-C: tee dies at once; the launcher's next line goes into a broken pipe.
+        tee_signals = signal_state(tee.pid)  # read first: a tee that outlives SIGINT says why
         tee.send_signal(signal.SIGINT)
-        tee.wait(10)
+        try:
+            tee.wait(10)
+            tee_survived = ""
+        except subprocess.TimeoutExpired:
+            tee.kill()  # and still stop the launcher, so nothing outlives this test
+            tee_survived = f"tee outlived SIGINT ({tee_signals})"
         proc.send_signal(signal.SIGINT)
         try:
             code = proc.wait(STOP_TIMEOUT_S)
         except subprocess.TimeoutExpired:
             proc.kill()
             raise
+    assert not tee_survived, tee_survived
     printed = log.read_text()
     assert code == 0, errors.read_text()[-3000:] + printed[-3000:]
     assert "· stopping" not in printed  # it was said into the broken pipe, and ignored
