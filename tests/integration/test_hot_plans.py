@@ -1,0 +1,163 @@
+"""The hot path's statements find a batch's rows by their whole key, whatever the
+statistics say.
+
+Every task of a stampede shares one ``scheduled_at`` (every ``:00`` is one), and the
+primary key is ``(scheduled_at, id)``. A plan that uses only ``scheduled_at`` from the
+index and filters ``id`` afterwards walks the whole stampede for every batch: one
+settlement of 200 tasks then reads 100,000 rows, and a stampede that ran at thousands
+of tasks per second falls to hundreds. PostgreSQL chooses such a plan when its
+statistics were taken before the stampede's rows existed (the one ANALYZE of a new day
+partition) and autovacuum is off, which is how this test sets the partition up. It runs
+each statement under ``EXPLAIN ANALYZE`` (rolled back) and counts the rows its scans of
+``tasks`` looked at: a few per key, never the stampede.
+
+It fails today (issue 14, target 8): of 20,000 tasks at one instant, a batch of 200
+keys makes ``write_intents`` and ``extend_leases`` look at 40,202 rows, ``ack``,
+``complete`` and ``release`` at 20,401, ``load_due``, ``lock_for_failure``,
+``apply_failures``, ``settlement_state`` and ``load_preloaded_refs`` at about 20,000;
+only ``intent_outcomes`` (200) reads each key's row alone. Found so far: the planner
+costs ``scheduled_at = ANY(a) AND id = ANY(b)`` as ``len(a) * len(b)`` index descents
+and so searches the primary key by ``scheduled_at`` alone; a per-key ``CROSS JOIN
+LATERAL (... LIMIT 1)`` lookup fixes every read and row lock (200 rows), but the
+``UPDATE ... FROM`` that follows is still planned from the stale statistics (a hash join
+over the partial status indexes, believed to hold 3 rows), and joining it by ``ctid``
+instead would miss a row another transaction updated first (the lock returns the new
+version, which the statement's snapshot cannot see).
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from fixtures.stores import SHARD, insert_tasks, new_task
+
+from chronoshard.scheduler.core.models import Tenant
+from chronoshard.scheduler.store import queries
+from chronoshard.scheduler.store.database import Store
+
+pytestmark = pytest.mark.store(own_database=True, owns_shard=True)
+
+STAMPEDE = 20_000
+BATCH = 200
+SCANS_PER_KEY = 3
+"""A statement may read a key's row more than once (lock it, then update it)."""
+
+KEY_STATEMENTS = {
+    "load_due": "SCHEDULED",
+    "write_intents": "PRELOADED",
+    "intent_outcomes": "DISPATCHED",
+    "ack": "DISPATCHED",
+    "extend_leases": "RUNNING",
+    "complete": "RUNNING",
+    "lock_for_failure": "RUNNING",
+    "apply_failures": "RUNNING",
+    "release": "RUNNING",
+    "settlement_state": "RUNNING",
+    "load_preloaded_refs": "PRELOADED",
+}
+"""Every statement of ``runs.sql`` that is handed a batch of task keys, and the state the
+whole stampede is in when it runs (partial indexes hold the rows of some states only)."""
+
+
+def _params(instant: datetime, ids: list[uuid.UUID]) -> dict[str, Any]:
+    """A value for every parameter the key statements take, one per key where it is an
+    array: a batch as the node sends it."""
+    n = len(ids)
+    return {
+        "scheduled_ats": [instant] * n,
+        "ids": ids,
+        "tokens": [1] * n,
+        "worker_ids": ["w"] * n,
+        "results": ["{}"] * n,
+        "checkpoints": [b""] * n,
+        "attempt_states": ["FAILED"] * n,
+        "due_ats": [instant] * n,
+        "errors": ["e"] * n,
+        "retry_counts": [1] * n,
+        "statuses": ["SCHEDULED"] * n,
+        "details": ["d"] * n,
+        "shards": [SHARD],
+        "lease_s": 30.0,
+        "margin_s": 5.0,
+    }
+
+
+def _tasks_scans(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    if str(plan.get("Relation Name", "")).startswith("tasks"):
+        yield plan
+    for child in plan.get("Plans", []):
+        yield from _tasks_scans(child)
+
+
+def rows_looked_at(explained: list[dict[str, Any]]) -> int:
+    """Rows the plan's scans of ``tasks`` (its partitions) returned or threw away."""
+    total = 0
+    for scan in _tasks_scans(explained[0]["Plan"]):
+        per_loop = (
+            scan.get("Actual Rows", 0)
+            + scan.get("Rows Removed by Filter", 0)
+            + scan.get("Rows Removed by Index Recheck", 0)
+        )
+        total += per_loop * scan.get("Actual Loops", 1)
+    return int(total)
+
+
+async def _stampede(store: Store, tenant: Tenant) -> tuple[datetime, list[uuid.UUID]]:
+    """STAMPEDE tasks sharing one instant, in a partition analyzed before they existed."""
+    instant = (datetime.now(UTC) + timedelta(hours=1)).replace(microsecond=0)
+    first = new_task(scheduled_at=instant, due_at=instant)
+    await insert_tasks(store, tenant.id, [first])
+    async with store.connection() as conn:
+        cur = await conn.execute(
+            "SELECT tableoid::regclass::text FROM tasks WHERE id = %s", (first.id,)
+        )
+        row = await cur.fetchone()
+        assert row is not None
+        partition = row[0]
+        await conn.execute(f"ALTER TABLE {partition} SET (autovacuum_enabled = false)")
+        await conn.execute(f"ANALYZE {partition}")
+    ids = [first.id]
+    for _ in range(0, STAMPEDE - 1, 5_000):
+        news = [new_task(scheduled_at=instant, due_at=instant) for _ in range(5_000)]
+        await insert_tasks(store, tenant.id, news)
+        ids += [n.id for n in news]
+    return instant, ids
+
+
+@pytest.mark.xfail(
+    strict=True, raises=AssertionError, reason="issue 14 target 8: the plan cliff, not fixed yet"
+)
+async def test_key_statements_read_a_few_rows_per_key_of_a_stampede(
+    store: Store, tenant: Tenant
+) -> None:
+    instant, ids = await _stampede(store, tenant)
+    batch = ids[:: len(ids) // BATCH][:BATCH]
+    statements = queries.load("runs.sql")
+    looked_at = {}
+    for name, status in KEY_STATEMENTS.items():
+        async with store.connection() as conn:
+            await conn.execute("BEGIN")
+            try:
+                await conn.execute(
+                    "UPDATE tasks SET status = %s, fencing_token = 1, attempt = 1,"
+                    " lease_expires_at = now() + interval '1 minute'"
+                    " WHERE scheduled_at = %s",
+                    (status, instant),
+                )
+                cur = await conn.execute(
+                    "EXPLAIN (ANALYZE, FORMAT JSON) " + statements[name],  # type: ignore[operator]
+                    _params(instant, batch),
+                )
+                row = await cur.fetchone()
+            finally:
+                await conn.execute("ROLLBACK")
+        assert row is not None
+        explained = row[0] if isinstance(row[0], list) else json.loads(row[0])
+        looked_at[name] = rows_looked_at(explained)
+    too_many = {name: n for name, n in looked_at.items() if n > SCANS_PER_KEY * BATCH}
+    assert not too_many, f"of {STAMPEDE} tasks at one instant, {BATCH} keys: {looked_at}"
