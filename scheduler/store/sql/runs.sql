@@ -1,4 +1,4 @@
--- The run-state statements of chronoshard.scheduler.store.runs.DispatchStore: the
+-- The run-state statements of chronoshard.scheduler.store.runs.RunStore: the
 -- preloader, the dispatch intent, and what workers send back (ack, heartbeat, complete,
 -- fail, release). Each takes a whole batch (arrays bound as parameters, unnest()ed), so a
 -- group commit is one statement per kind, not one per message.
@@ -13,6 +13,12 @@
 -- cannot tell which day partitions the batch touches and, for batches past a few dozen
 -- rows, hashes every partition (all finished history) to find them; with it only the
 -- batch's own partitions are read (bench/reconcile.py).
+--
+-- Key lookups that only read or lock (settlement_state, load_preloaded_refs,
+-- lock_for_failure) go key by key: a CROSS JOIN LATERAL (... LIMIT 1) per key of the batch,
+-- which PostgreSQL cannot turn into a scan of the partition by scheduled_at. Every task of
+-- a stampede shares one instant; planned as a join, with statistics older than the
+-- stampede, each batch walked all of it (tests/integration/test_hot_plans.py, issue 14).
 --
 -- Lock order: every batch write first locks its task rows in (scheduled_at, id) order
 -- (the MATERIALIZED "locked" CTE, or lock_for_failure), then updates them, then their
@@ -259,14 +265,24 @@ SELECT id, shard FROM moved;
 SELECT t.id, t.scheduled_at, t.fencing_token, t.attempt, t.retry_count, t.max_retries,
        t.backoff_initial_s, t.backoff_max_s, t.backoff_multiplier, t.shard,
        t.cancel_requested_at IS NOT NULL AS cancel_requested
-FROM tasks AS t
-JOIN unnest(%(scheduled_ats)s::timestamptz[], %(ids)s::uuid[], %(tokens)s::bigint[])
-     AS f(scheduled_at, id, token)
-  ON t.scheduled_at = f.scheduled_at AND t.id = f.id AND t.fencing_token = f.token
-WHERE t.status IN ('DISPATCHED', 'RUNNING', 'OUTCOME_UNKNOWN')
-  AND t.scheduled_at = ANY(%(scheduled_ats)s::timestamptz[])
-ORDER BY t.scheduled_at, t.id
-FOR UPDATE OF t;
+FROM (
+    SELECT *
+    FROM unnest(%(scheduled_ats)s::timestamptz[], %(ids)s::uuid[], %(tokens)s::bigint[])
+         AS f(scheduled_at, id, token)
+    ORDER BY scheduled_at, id
+) AS f
+CROSS JOIN LATERAL (
+    SELECT *
+    FROM tasks AS t
+    WHERE t.scheduled_at = f.scheduled_at AND t.id = f.id
+      AND t.scheduled_at = ANY(%(scheduled_ats)s::timestamptz[])
+    LIMIT 1
+    FOR UPDATE OF t
+) AS t
+-- Outside the lookup, on the row as locked: inside, the state would let it choose a
+-- partial index of that state. A stale token's row is locked too, until the commit.
+WHERE t.fencing_token = f.token
+  AND t.status IN ('DISPATCHED', 'RUNNING', 'OUTCOME_UNKNOWN');
 
 -- name: apply_failures
 WITH decided AS (
@@ -343,21 +359,30 @@ FROM moved;
 -- What became of tasks whose settlement changed nothing: tells an idempotent repeat
 -- (same token, already past that step) from a stale token.
 SELECT t.id, t.fencing_token, t.status
-FROM tasks AS t
-JOIN unnest(%(scheduled_ats)s::timestamptz[], %(ids)s::uuid[]) AS s(scheduled_at, id)
-  ON t.scheduled_at = s.scheduled_at AND t.id = s.id
-WHERE t.scheduled_at = ANY(%(scheduled_ats)s::timestamptz[]);
+FROM unnest(%(scheduled_ats)s::timestamptz[], %(ids)s::uuid[]) AS s(scheduled_at, id)
+CROSS JOIN LATERAL (
+    SELECT t.id, t.fencing_token, t.status
+    FROM tasks AS t
+    WHERE t.scheduled_at = s.scheduled_at AND t.id = s.id
+      AND t.scheduled_at = ANY(%(scheduled_ats)s::timestamptz[])
+    LIMIT 1
+) AS t;
 
 -- name: load_preloaded_refs
 -- Tasks another node put back to PRELOADED (a release it accepted for our shard): the
 -- owner reloads just those rows into its wheel.
 SELECT t.id, t.scheduled_at, t.shard, t.tenant_id, t.priority, t.queue, t.type, t.due_at,
        t.strict_timing
-FROM tasks AS t
-JOIN unnest(%(scheduled_ats)s::timestamptz[], %(ids)s::uuid[]) AS r(scheduled_at, id)
-  ON t.scheduled_at = r.scheduled_at AND t.id = r.id
+FROM unnest(%(scheduled_ats)s::timestamptz[], %(ids)s::uuid[]) AS r(scheduled_at, id)
+CROSS JOIN LATERAL (
+    SELECT *
+    FROM tasks AS t
+    WHERE t.scheduled_at = r.scheduled_at AND t.id = r.id
+      AND t.scheduled_at = ANY(%(scheduled_ats)s::timestamptz[])
+    LIMIT 1
+) AS t
+-- Outside the lookup: inside, these would let it choose a partial index of the state.
 WHERE t.shard = ANY(%(shards)s::smallint[])
-  AND t.scheduled_at = ANY(%(scheduled_ats)s::timestamptz[])
   AND t.status = 'PRELOADED';
 
 -- name: mark_fenced
