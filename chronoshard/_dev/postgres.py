@@ -33,8 +33,7 @@ import time
 import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
-from typing import Self, TypedDict
+from typing import TypedDict
 
 import psycopg
 from psycopg import sql
@@ -49,6 +48,7 @@ from chronoshard._dev.processes import (
     LOOPBACK_HOST,
     POLL_INTERVAL_S,
     PortTaken,
+    ServerProcess,
     ServiceError,
     end_process_group,
     log_size,
@@ -152,7 +152,7 @@ def _copy_install(root: Path, scratch: Path) -> Path:
     return target
 
 
-class PostgresServer:
+class PostgresServer(ServerProcess):
     """A PostgreSQL to create databases in: an existing one (by DSN) or an embedded one.
 
     With `dsn`, that server is used as is: nothing is started, and `stop()` leaves it
@@ -307,22 +307,6 @@ class PostgresServer:
         data directory and port. For fault tests; a server given by DSN is left alone."""
         if self._proc is not None:
             end_process_group(self._proc, signal.SIGQUIT, self._stop_timeout_s)
-
-    def __enter__(self) -> Self:
-        try:
-            self.start()
-        except BaseException:
-            self.close()  # a failed start must not leave its temp dir behind
-            raise
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
     # -- databases
 

@@ -17,6 +17,8 @@ import socket
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
+from types import TracebackType
+from typing import Self
 
 LOOPBACK_HOST = "127.0.0.1"
 DEFAULT_START_TIMEOUT_S = 30.0
@@ -24,6 +26,35 @@ DEFAULT_STOP_TIMEOUT_S = 10.0
 POLL_INTERVAL_S = 0.05
 PORT_ATTEMPTS = 5
 LOG_TAIL_CHARS = 4000
+
+
+class ServerProcess:
+    """A local server as a context manager: :meth:`start` on entry, :meth:`close` on
+    exit, and :meth:`close` too when the start fails, so a failed start leaves no
+    process or temp dir behind. Subclasses (the etcd and PostgreSQL launchers) define
+    both."""
+
+    def start(self) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        try:
+            self.start()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
 
 
 class ServiceError(RuntimeError):
