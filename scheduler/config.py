@@ -10,12 +10,13 @@ call, a pool that checks its connections.
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 from dataclasses import dataclass, field
 
 from chronoshard.scheduler.core.jitter import DEFAULT_WINDOW_S as DEFAULT_JITTER_WINDOW_S
-from chronoshard.scheduler.core.models import DEFAULT_PAYLOAD_LIMIT_BYTES
+from chronoshard.scheduler.core.models import DEFAULT_PAYLOAD_LIMIT_BYTES, MAX_RETRIES_LIMIT
 from chronoshard.settings import require
 from chronoshard.wire import DEFAULT_LEASE_MARGIN_S
 
@@ -321,8 +322,21 @@ class LimitsConfig:
     def validate(self) -> None:
         require(self.payload_limit_bytes >= 1024, "limits.payload_limit_bytes", "at least 1 KiB")
         require(self.max_batch_tasks >= 1, "limits.max_batch_tasks", "must be at least 1")
-        require(self.default_max_retries >= 0, "limits.default_max_retries", "must be >= 0")
-        require(self.default_timeout_s > 0, "limits.default_timeout_s", "must be positive")
+        require(
+            0 <= self.default_max_retries <= MAX_RETRIES_LIMIT,
+            "limits.default_max_retries",
+            f"must be in 0..{MAX_RETRIES_LIMIT}",
+        )
+        require(
+            0 <= self.max_retries_limit <= MAX_RETRIES_LIMIT,
+            "limits.max_retries_limit",
+            f"must be in 0..{MAX_RETRIES_LIMIT}",
+        )
+        require(
+            math.isfinite(self.default_timeout_s) and self.default_timeout_s > 0,
+            "limits.default_timeout_s",
+            "must be a positive, finite number of seconds",
+        )
 
 
 @dataclass(frozen=True)

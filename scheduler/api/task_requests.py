@@ -47,7 +47,6 @@ from chronoshard.scheduler.core.models import (
     DEFAULT_BACKOFF_MAX_S,
     DEFAULT_BACKOFF_MULTIPLIER,
     MAX_KEY_LENGTH,
-    MAX_RETRIES_LIMIT,
     MAX_TYPE_LENGTH,
     QUEUE_PATTERN,
     NewTask,
@@ -205,31 +204,23 @@ def _submit_fingerprint(
 def _max_retries_from_pb(
     req: task_service_pb2.SubmitTaskRequest, prefix: str, limits: SubmitLimits
 ) -> int:
-    """The request's ``max_retries`` (at most the node's limit), else the node's default;
-    never over :data:`MAX_RETRIES_LIMIT`, whatever the configuration allows. Never
-    negative: the field is a uint32, and the configuration keeps the default >= 0."""
-    field = prefix + "max_retries"
+    """The request's ``max_retries`` (at most the node's limit), else the node's default.
+    The configuration keeps both within 0..MAX_RETRIES_LIMIT (``LimitsConfig.validate``);
+    the field is a uint32, never negative."""
     if not req.HasField("max_retries"):
-        max_retries = limits.default_max_retries
-    else:
-        max_retries = req.max_retries
-        if max_retries > limits.max_retries_limit:
-            raise InvalidArgument(field, f"must be at most {limits.max_retries_limit}")
-    if max_retries > MAX_RETRIES_LIMIT:
-        raise InvalidArgument(field, f"must be at most {MAX_RETRIES_LIMIT}")
-    return max_retries
+        return limits.default_max_retries
+    if req.max_retries > limits.max_retries_limit:
+        raise InvalidArgument(prefix + "max_retries", f"must be at most {limits.max_retries_limit}")
+    return req.max_retries
 
 
 def _timeout_from_pb(
     req: task_service_pb2.SubmitTaskRequest, prefix: str, limits: SubmitLimits
 ) -> float:
     """The request's ``timeout`` (positive, at most :data:`MAX_DELAY_S`), else the node's
-    default, which the configuration keeps positive but not finite."""
-    field = prefix + "timeout"
+    default, which the configuration keeps positive and finite."""
     if req.HasField("timeout"):
-        return _duration(req.timeout, field, positive=True)
-    if not math.isfinite(limits.default_timeout_s):
-        raise InvalidArgument(field, "must be a finite number of seconds")
+        return _duration(req.timeout, prefix + "timeout", positive=True)
     return limits.default_timeout_s
 
 

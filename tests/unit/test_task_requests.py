@@ -7,7 +7,6 @@ wire became the only validator, and are asserted on the request that can break t
 from __future__ import annotations
 
 import dataclasses
-import math
 import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
@@ -21,6 +20,7 @@ from chronoshard.scheduler.core.ids import new_task_id
 from chronoshard.scheduler.core.jitter import JitterMode
 from chronoshard.scheduler.core.models import MAX_RETRIES_LIMIT, PreparedTask, Priority
 from chronoshard.scheduler.errors import InvalidArgument, PayloadTooLarge
+from chronoshard.settings import ConfigError, load
 from chronoshard.v1 import common_pb2, task_service_pb2
 from chronoshard.wire import DEFAULT_QUEUE
 
@@ -143,28 +143,34 @@ def test_enum_values_map_to_the_models_members_and_unknown_ones_are_refused() ->
         assert caught.value.field == name
 
 
-def test_max_retries_never_exceeds_the_hard_limit_whatever_the_node_allows() -> None:
-    generous = dataclasses.replace(LIMITS, max_retries_limit=MAX_RETRIES_LIMIT * 2)
-    assert _submit(Req(type="t", max_retries=MAX_RETRIES_LIMIT), generous).new.max_retries == (
-        MAX_RETRIES_LIMIT
-    )
+def test_max_retries_over_the_node_limit_is_refused() -> None:
+    limit = LIMITS.max_retries_limit
+    assert _submit(Req(type="t", max_retries=limit)).new.max_retries == limit
     with pytest.raises(InvalidArgument) as caught:
-        _submit(Req(type="t", max_retries=MAX_RETRIES_LIMIT + 1), generous, prefix="tasks[0].")
+        _submit(Req(type="t", max_retries=limit + 1), prefix="tasks[0].")
     assert caught.value.field == "tasks[0].max_retries"
-    # The node's default is held to it as well: the submit that would take it is refused.
-    too_many = dataclasses.replace(LIMITS, default_max_retries=MAX_RETRIES_LIMIT + 1)
-    with pytest.raises(InvalidArgument) as caught:
-        _submit(Req(type="t"), too_many)
-    assert caught.value.field == "max_retries"
-    assert _submit(Req(type="t", max_retries=0), too_many).new.max_retries == 0
+    assert _submit(Req(type="t")).new.max_retries == LIMITS.default_max_retries
 
 
-def test_an_infinite_default_timeout_is_refused_unless_the_request_sets_one() -> None:
-    endless = dataclasses.replace(LIMITS, default_timeout_s=math.inf)
-    with pytest.raises(InvalidArgument) as caught:
-        _submit(Req(type="t"), endless, prefix="tasks[5].")
-    assert caught.value.field == "tasks[5].timeout"
-    assert _submit(Req(type="t", timeout=_dur(30)), endless).new.timeout_s == 30.0
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("DEFAULT_MAX_RETRIES", str(MAX_RETRIES_LIMIT + 1)),
+        ("MAX_RETRIES_LIMIT", str(MAX_RETRIES_LIMIT + 1)),
+        ("DEFAULT_TIMEOUT_S", "inf"),
+        ("DEFAULT_TIMEOUT_S", "0"),
+    ],
+)
+def test_submit_defaults_out_of_range_are_refused_at_start_naming_the_key(
+    key: str, value: str
+) -> None:
+    # Checked once, when the node loads its configuration, not on every submit.
+    with pytest.raises(ConfigError, match=f"limits.{key.lower()}"):
+        load(SchedulerConfig, env={f"CHRONOSHARD_LIMITS__{key}": value})
+
+
+def test_the_default_timeout_applies_unless_the_request_sets_one() -> None:
+    assert _submit(Req(type="t", timeout=_dur(30))).new.timeout_s == 30.0
     assert _submit(Req(type="t")).new.timeout_s == LIMITS.default_timeout_s
 
 
