@@ -16,6 +16,7 @@ there on, so a step of the local wall clock does not move it.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -80,6 +81,13 @@ class Anchor:
     def at(self, monotonic: float) -> datetime:
         """The reference's time at local monotonic time ``monotonic``."""
         return self.reference + timedelta(seconds=monotonic - self.monotonic)
+
+    def earliest_at(self, monotonic: float) -> datetime:
+        """The earliest the reference's time can be at ``monotonic``: :meth:`at` less the
+        reading's own error (its clock rate is taken as ours), rounded down to the
+        microsecond (``timedelta(seconds=...)`` rounds to the nearest, up half the time)."""
+        elapsed_us = math.floor((monotonic - self.monotonic - self.error_s) * 1e6)
+        return self.reference + timedelta(microseconds=elapsed_us)
 
     def error_at(self, monotonic: float, drift_rate: float) -> float:
         """How far :meth:`at` may be off if the two clocks' rates differ by up to

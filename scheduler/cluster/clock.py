@@ -154,8 +154,9 @@ class SkewGuard:
 
 
 class ClusterClock:
-    """A :class:`~chronoshard.clock.Clock`: ``now()`` is PostgreSQL's time as estimated
-    here, ``monotonic()`` the host's. Before the first reading ``now()`` is the host's."""
+    """A :class:`~chronoshard.clock.Clock`: ``now()`` is the earliest PostgreSQL's time
+    can be as estimated here (never ahead of it but for drift since the last reading),
+    ``monotonic()`` the host's. Before the first reading ``now()`` is the host's."""
 
     STATS_GAUGES: ClassVar[frozenset[str]] = frozenset({"skewed"})
 
@@ -185,9 +186,13 @@ class ClusterClock:
         return self._local.monotonic()
 
     def now(self) -> datetime:
+        # The earliest PostgreSQL's clock can read now, not the midpoint estimate: a
+        # worker waits due_at - now() from the assignment's sent_at, and the midpoint
+        # may be ahead by up to half the reading's round trip (a handler started 17 us
+        # before due_at that way). Starting that much later is the price of never early.
         if self._anchor is None:
             return self._local.now()
-        return self._anchor.at(self._local.monotonic())
+        return self._anchor.earliest_at(self._local.monotonic())
 
     @property
     def skewed(self) -> bool:
