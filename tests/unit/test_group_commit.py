@@ -37,6 +37,45 @@ async def test_concurrent_submits_share_batches_and_get_their_own_answers() -> N
     await committer.stop()
 
 
+async def test_a_lone_caller_after_a_lone_batch_does_not_linger() -> None:
+    """One producer, one request at a time: each is flushed at once, however long the
+    linger (an hour here: a linger spent would hang the test until its timeout)."""
+    batches: list[list[int]] = []
+
+    async def flush(requests: Sequence[int]) -> list[int]:
+        batches.append(list(requests))
+        return list(requests)
+
+    committer: GroupCommitter[int, int] = GroupCommitter("t", flush, linger_s=3600)
+    committer.start()
+    async with asyncio.timeout(10):
+        for n in range(5):
+            assert await committer.submit(n) == n
+    assert batches == [[n] for n in range(5)]
+    await committer.stop()
+
+
+async def test_after_a_batch_with_company_the_next_one_lingers() -> None:
+    batches: list[list[int]] = []
+
+    async def flush(requests: Sequence[int]) -> list[int]:
+        batches.append(list(requests))
+        return list(requests)
+
+    committer: GroupCommitter[int, int] = GroupCommitter("t", flush, linger_s=3600)
+    committer.start()
+    async with asyncio.timeout(10):
+        # Queued before the flusher first runs: one batch of three, without a linger.
+        assert await asyncio.gather(*(committer.submit(n) for n in range(3))) == [0, 1, 2]
+    late = asyncio.create_task(committer.submit(9))
+    for _ in range(5):
+        await one_loop_turn()
+    assert batches == [[0, 1, 2]]  # other callers were about: it waits for company
+    await committer.stop()  # a stop ends the linger and flushes it
+    assert await late == 9
+    assert batches == [[0, 1, 2], [9]]
+
+
 async def test_batches_respect_max_batch() -> None:
     sizes: list[int] = []
 

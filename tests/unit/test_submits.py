@@ -254,6 +254,9 @@ async def test_store_unavailable_is_every_callers_answer_and_nothing_is_retried(
 async def test_a_cancelled_caller_leaves_the_others_alone() -> None:
     store = FakeStore()
     async with coalescer(store, linger_s=0.05) as submits:
+        # A batch with company first, so that the next one lingers (a lone one would
+        # be flushed before the cancel).
+        await asyncio.gather(*(submits.submit((TENANT_A, prepared())) for _ in range(2)))
         leaving = asyncio.ensure_future(submits.submit((TENANT_A, prepared())))
         staying = asyncio.ensure_future(submits.submit((TENANT_A, prepared())))
         await one_loop_turn()
@@ -263,4 +266,4 @@ async def test_a_cancelled_caller_leaves_the_others_alone() -> None:
         with pytest.raises(asyncio.CancelledError):
             await leaving
         # The cancelled request was dropped before the write.
-        assert [len(b) for b in store.batches] == [1]
+        assert [len(b) for b in store.batches] == [2, 1]
