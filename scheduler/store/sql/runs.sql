@@ -14,11 +14,17 @@
 -- rows, hashes every partition (all finished history) to find them; with it only the
 -- batch's own partitions are read (bench/reconcile.py).
 --
--- Key lookups that only read or lock (settlement_state, load_preloaded_refs,
--- lock_for_failure) go key by key: a CROSS JOIN LATERAL (... LIMIT 1) per key of the batch,
--- which PostgreSQL cannot turn into a scan of the partition by scheduled_at. Every task of
--- a stampede shares one instant; planned as a join, with statistics older than the
--- stampede, each batch walked all of it (tests/integration/test_hot_plans.py, issue 14).
+-- Key by key: every statement handed a batch of keys reads or locks each key's row on its
+-- own, a CROSS JOIN LATERAL (... LIMIT 1 [FOR UPDATE]) per key in (scheduled_at, id) order,
+-- which PostgreSQL cannot turn into a scan. The token and state a write starts from are
+-- checked on the row as locked, outside the lookup (inside, the state would let it choose
+-- a partial index of that state), and the UPDATE then names the locked rows by key alone.
+-- That is safe: the lock follows a concurrent update to the row's newest version and this
+-- transaction holds it, so the UPDATE (which re-reads the newest version of a row changed
+-- since its snapshot) writes exactly the row that was checked. Every task of a stampede
+-- shares one instant; planned as joins, with statistics older than the stampede, each
+-- batch walked all of it (tests/integration/test_hot_plans.py, issue 14). The primary key
+-- leads with id (migration 0010), so no index can read a whole instant either.
 --
 -- Lock order: every batch write first locks its task rows in (scheduled_at, id) order
 -- (the MATERIALIZED "locked" CTE, or lock_for_failure), then updates them, then their
@@ -43,13 +49,29 @@ FOR UPDATE SKIP LOCKED;
 -- Step 2 (same transaction): those rows become PRELOADED. A separate statement because
 -- the rows' scheduled_at must be known when the UPDATE is planned: joined to rows found
 -- by a subquery, PostgreSQL hashed every partition of tasks (all history) to find them.
+-- The rows are locked already (step 1); the state is checked on the row as locked.
+WITH due AS (
+    SELECT *
+    FROM unnest(%(scheduled_ats)s::timestamptz[], %(ids)s::uuid[]) AS due(scheduled_at, id)
+), locked AS MATERIALIZED (
+    SELECT t.scheduled_at, t.id
+    FROM (SELECT * FROM due ORDER BY scheduled_at, id) AS d
+    CROSS JOIN LATERAL (
+        SELECT t.scheduled_at, t.id, t.status
+        FROM tasks AS t
+        WHERE t.scheduled_at = d.scheduled_at AND t.id = d.id
+          AND t.scheduled_at = ANY(%(scheduled_ats)s::timestamptz[])
+        LIMIT 1
+        FOR UPDATE OF t
+    ) AS t
+    WHERE t.status IN ('SCHEDULED', 'RETRYING')
+)
 UPDATE tasks AS t
 SET status = 'PRELOADED', updated_at = now()
-FROM unnest(%(scheduled_ats)s::timestamptz[], %(ids)s::uuid[]) AS due(scheduled_at, id)
+FROM locked AS due
 WHERE t.scheduled_at = due.scheduled_at
   AND t.id = due.id
   AND t.scheduled_at = ANY(%(scheduled_ats)s::timestamptz[])
-  AND t.status IN ('SCHEDULED', 'RETRYING')
 RETURNING t.id, t.scheduled_at, t.shard, t.tenant_id, t.priority, t.queue, t.type, t.due_at,
           t.strict_timing;
 
@@ -101,10 +123,17 @@ WITH chosen AS (
          AS c(scheduled_at, id, worker_id)
 ), locked AS MATERIALIZED (
     SELECT t.scheduled_at, t.id, c.worker_id
-    FROM tasks AS t JOIN chosen AS c ON t.scheduled_at = c.scheduled_at AND t.id = c.id
-    WHERE t.scheduled_at = ANY(%(scheduled_ats)s::timestamptz[])
-    ORDER BY t.scheduled_at, t.id
-    FOR UPDATE OF t
+    FROM (SELECT * FROM chosen ORDER BY scheduled_at, id) AS c
+    CROSS JOIN LATERAL (
+        SELECT t.scheduled_at, t.id, t.status, t.shard
+        FROM tasks AS t
+        WHERE t.scheduled_at = c.scheduled_at AND t.id = c.id
+          AND t.scheduled_at = ANY(%(scheduled_ats)s::timestamptz[])
+        LIMIT 1
+        FOR UPDATE OF t
+    ) AS t
+    WHERE t.status = 'PRELOADED'
+      AND t.shard = ANY(%(shards)s::smallint[])
 ), moved AS (
     UPDATE tasks AS t
     SET status = 'DISPATCHED',
@@ -117,8 +146,6 @@ WITH chosen AS (
     WHERE t.scheduled_at = c.scheduled_at
       AND t.id = c.id
       AND t.scheduled_at = ANY(%(scheduled_ats)s::timestamptz[])
-      AND t.status = 'PRELOADED'
-      AND t.shard = ANY(%(shards)s::smallint[])
     RETURNING t.*
 ), attempts AS (
     -- shard_owners is locked FOR SHARE by this transaction and its epoch checked: the
@@ -148,11 +175,18 @@ WITH acked AS (
     FROM unnest(%(scheduled_ats)s::timestamptz[], %(ids)s::uuid[], %(tokens)s::bigint[])
          AS a(scheduled_at, id, token)
 ), locked AS MATERIALIZED (
-    SELECT t.scheduled_at, t.id, a.token
-    FROM tasks AS t JOIN acked AS a ON t.scheduled_at = a.scheduled_at AND t.id = a.id
-    WHERE t.scheduled_at = ANY(%(scheduled_ats)s::timestamptz[])
-    ORDER BY t.scheduled_at, t.id
-    FOR UPDATE OF t
+    SELECT t.scheduled_at, t.id
+    FROM (SELECT * FROM acked ORDER BY scheduled_at, id) AS a
+    CROSS JOIN LATERAL (
+        SELECT t.scheduled_at, t.id, t.fencing_token, t.status
+        FROM tasks AS t
+        WHERE t.scheduled_at = a.scheduled_at AND t.id = a.id
+          AND t.scheduled_at = ANY(%(scheduled_ats)s::timestamptz[])
+        LIMIT 1
+        FOR UPDATE OF t
+    ) AS t
+    WHERE t.fencing_token = a.token
+      AND t.status = 'DISPATCHED'
 ), moved AS (
     UPDATE tasks AS t
     SET status = 'RUNNING', started_at = now(), updated_at = now()
@@ -160,8 +194,6 @@ WITH acked AS (
     WHERE t.scheduled_at = a.scheduled_at
       AND t.id = a.id
       AND t.scheduled_at = ANY(%(scheduled_ats)s::timestamptz[])
-      AND t.fencing_token = a.token
-      AND t.status = 'DISPATCHED'
     RETURNING t.id, t.attempt
 ), attempts AS (
     UPDATE task_attempts AS ta
@@ -190,10 +222,18 @@ WITH beats AS (
          AS h(scheduled_at, id, token, checkpoint)
 ), locked AS MATERIALIZED (
     SELECT t.scheduled_at, t.id, h.token, h.checkpoint
-    FROM tasks AS t JOIN beats AS h ON t.scheduled_at = h.scheduled_at AND t.id = h.id
-    WHERE t.scheduled_at = ANY(%(scheduled_ats)b::timestamptz[])
-    ORDER BY t.scheduled_at, t.id
-    FOR UPDATE OF t
+    FROM (SELECT * FROM beats ORDER BY scheduled_at, id) AS h
+    CROSS JOIN LATERAL (
+        SELECT t.scheduled_at, t.id, t.fencing_token, t.status, t.lease_expires_at
+        FROM tasks AS t
+        WHERE t.scheduled_at = h.scheduled_at AND t.id = h.id
+          AND t.scheduled_at = ANY(%(scheduled_ats)b::timestamptz[])
+        LIMIT 1
+        FOR UPDATE OF t
+    ) AS t
+    WHERE t.fencing_token = h.token
+      AND t.status IN ('DISPATCHED', 'RUNNING')
+      AND t.lease_expires_at > now() - make_interval(secs => %(margin_s)s)
 ), extended AS (
     UPDATE tasks AS t
     SET lease_expires_at = now() + make_interval(secs => %(lease_s)s),
@@ -203,9 +243,6 @@ WITH beats AS (
     WHERE t.scheduled_at = h.scheduled_at
       AND t.id = h.id
       AND t.scheduled_at = ANY(%(scheduled_ats)b::timestamptz[])
-      AND t.fencing_token = h.token
-      AND t.status IN ('DISPATCHED', 'RUNNING')
-      AND t.lease_expires_at > now() - make_interval(secs => %(margin_s)s)
     RETURNING t.id, t.fencing_token, t.cancel_requested_at IS NOT NULL AS cancel_requested,
               t.cancel_reason
 )
@@ -226,11 +263,18 @@ WITH done AS (
                 %(results)s::text[])
          AS c(scheduled_at, id, token, result)
 ), locked AS MATERIALIZED (
-    SELECT t.scheduled_at, t.id, c.token, c.result
-    FROM tasks AS t JOIN done AS c ON t.scheduled_at = c.scheduled_at AND t.id = c.id
-    WHERE t.scheduled_at = ANY(%(scheduled_ats)s::timestamptz[])
-    ORDER BY t.scheduled_at, t.id
-    FOR UPDATE OF t
+    SELECT t.scheduled_at, t.id, c.result
+    FROM (SELECT * FROM done ORDER BY scheduled_at, id) AS c
+    CROSS JOIN LATERAL (
+        SELECT t.scheduled_at, t.id, t.fencing_token, t.status
+        FROM tasks AS t
+        WHERE t.scheduled_at = c.scheduled_at AND t.id = c.id
+          AND t.scheduled_at = ANY(%(scheduled_ats)s::timestamptz[])
+        LIMIT 1
+        FOR UPDATE OF t
+    ) AS t
+    WHERE t.fencing_token = c.token
+      AND t.status IN ('DISPATCHED', 'RUNNING', 'OUTCOME_UNKNOWN')
 ), moved AS (
     UPDATE tasks AS t
     SET status = 'COMPLETED',
@@ -243,8 +287,6 @@ WITH done AS (
     WHERE t.scheduled_at = c.scheduled_at
       AND t.id = c.id
       AND t.scheduled_at = ANY(%(scheduled_ats)s::timestamptz[])
-      AND t.fencing_token = c.token
-      AND t.status IN ('DISPATCHED', 'RUNNING', 'OUTCOME_UNKNOWN')
     RETURNING t.id, t.attempt, t.job_id, t.tenant_id, t.finished_at, t.shard
 ), attempts AS (
     UPDATE task_attempts AS ta
@@ -285,12 +327,27 @@ WHERE t.fencing_token = f.token
   AND t.status IN ('DISPATCHED', 'RUNNING', 'OUTCOME_UNKNOWN');
 
 -- name: apply_failures
+-- The decisions on rows lock_for_failure locked in this transaction; token and state are
+-- checked again on the row as locked (a no-op lock: this transaction holds it).
 WITH decided AS (
     SELECT *
     FROM unnest(%(scheduled_ats)s::timestamptz[], %(ids)s::uuid[], %(tokens)s::bigint[],
                 %(statuses)s::text[], %(due_ats)s::timestamptz[], %(errors)s::text[],
                 %(attempt_states)s::text[], %(retry_counts)s::integer[])
          AS d(scheduled_at, id, token, status, due_at, error, attempt_state, retry_count)
+), locked AS MATERIALIZED (
+    SELECT t.scheduled_at, t.id, d.status, d.due_at, d.error, d.attempt_state, d.retry_count
+    FROM (SELECT * FROM decided ORDER BY scheduled_at, id) AS d
+    CROSS JOIN LATERAL (
+        SELECT t.scheduled_at, t.id, t.fencing_token, t.status
+        FROM tasks AS t
+        WHERE t.scheduled_at = d.scheduled_at AND t.id = d.id
+          AND t.scheduled_at = ANY(%(scheduled_ats)s::timestamptz[])
+        LIMIT 1
+        FOR UPDATE OF t
+    ) AS t
+    WHERE t.fencing_token = d.token
+      AND t.status IN ('DISPATCHED', 'RUNNING', 'OUTCOME_UNKNOWN')
 ), moved AS (
     UPDATE tasks AS t
     SET status = d.status,
@@ -301,12 +358,10 @@ WITH decided AS (
         lease_expires_at = NULL,
         finished_at = CASE WHEN d.status IN ('DEAD_LETTER', 'CANCELLED') THEN now() END,
         updated_at = now()
-    FROM decided AS d
+    FROM locked AS d
     WHERE t.scheduled_at = d.scheduled_at
       AND t.id = d.id
       AND t.scheduled_at = ANY(%(scheduled_ats)s::timestamptz[])
-      AND t.fencing_token = d.token
-      AND t.status IN ('DISPATCHED', 'RUNNING', 'OUTCOME_UNKNOWN')
     RETURNING t.id, t.attempt, t.shard, t.status, t.due_at, d.attempt_state, d.error
 )
 UPDATE task_attempts AS ta
@@ -326,11 +381,18 @@ WITH released AS (
                 %(checkpoints)s::bytea[], %(attempt_states)s::text[], %(details)s::text[])
          AS r(scheduled_at, id, token, checkpoint, attempt_state, detail)
 ), locked AS MATERIALIZED (
-    SELECT t.scheduled_at, t.id, r.token, r.checkpoint, r.attempt_state, r.detail
-    FROM tasks AS t JOIN released AS r ON t.scheduled_at = r.scheduled_at AND t.id = r.id
-    WHERE t.scheduled_at = ANY(%(scheduled_ats)s::timestamptz[])
-    ORDER BY t.scheduled_at, t.id
-    FOR UPDATE OF t
+    SELECT t.scheduled_at, t.id, r.checkpoint, r.attempt_state, r.detail
+    FROM (SELECT * FROM released ORDER BY scheduled_at, id) AS r
+    CROSS JOIN LATERAL (
+        SELECT t.scheduled_at, t.id, t.fencing_token, t.status
+        FROM tasks AS t
+        WHERE t.scheduled_at = r.scheduled_at AND t.id = r.id
+          AND t.scheduled_at = ANY(%(scheduled_ats)s::timestamptz[])
+        LIMIT 1
+        FOR UPDATE OF t
+    ) AS t
+    WHERE t.fencing_token = r.token
+      AND t.status IN ('DISPATCHED', 'RUNNING', 'OUTCOME_UNKNOWN')
 ), moved AS (
     UPDATE tasks AS t
     SET status = 'PRELOADED',
@@ -342,8 +404,6 @@ WITH released AS (
     WHERE t.scheduled_at = r.scheduled_at
       AND t.id = r.id
       AND t.scheduled_at = ANY(%(scheduled_ats)s::timestamptz[])
-      AND t.fencing_token = r.token
-      AND t.status IN ('DISPATCHED', 'RUNNING', 'OUTCOME_UNKNOWN')
     RETURNING t.id, t.scheduled_at, t.shard, t.tenant_id, t.priority, t.queue, t.type,
               t.due_at, t.strict_timing, t.attempt, r.attempt_state, r.detail
 ), attempts AS (
