@@ -181,7 +181,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("tasks", type=int, nargs="?", default=100_000)
     p.add_argument("--slots", type=int, default=200, help="per worker process")
     p.add_argument("--lead-dispatch-s", type=float, default=None)
-    p.set_defaults(run=lambda a, i: timing.stampede(i, a.tasks, a.slots, a.lead_dispatch_s))
+    p.add_argument("--rounds", type=int, default=1, help="stampedes in a row, one database")
+    p.add_argument("--one-instant", action="store_true", help="all tasks due at one instant")
+    p.set_defaults(
+        run=lambda a, i: timing.stampede(
+            i, a.tasks, a.slots, a.lead_dispatch_s, rounds=a.rounds, one_instant=a.one_instant
+        )
+    )
 
     p = sub.add_parser("steady", parents=[common], help="strict tasks at RATE per second")
     p.add_argument("rate", type=float, nargs="?", default=1000.0)
