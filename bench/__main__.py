@@ -181,15 +181,25 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("tasks", type=int, nargs="?", default=100_000)
     p.add_argument("--slots", type=int, default=200, help="per worker process")
     p.add_argument("--lead-dispatch-s", type=float, default=None)
-    p.set_defaults(run=lambda a, i: timing.stampede(i, a.tasks, a.slots, a.lead_dispatch_s))
+    p.add_argument(
+        "--handler-ms", type=float, default=0.0, help="each handler holds its slot this long"
+    )
+    p.set_defaults(
+        run=lambda a, i: timing.stampede(i, a.tasks, a.slots, a.lead_dispatch_s, a.handler_ms)
+    )
 
     p = sub.add_parser("steady", parents=[common], help="strict tasks at RATE per second")
     p.add_argument("rate", type=float, nargs="?", default=1000.0)
     p.add_argument("--duration-s", type=float, default=30.0)
     p.add_argument("--slots", type=int, default=200, help="per worker process")
     p.add_argument("--lead-dispatch-s", type=float, default=None)
+    p.add_argument(
+        "--handler-ms", type=float, default=0.0, help="each handler holds its slot this long"
+    )
     p.set_defaults(
-        run=lambda a, i: timing.steady(i, a.rate, a.duration_s, a.slots, a.lead_dispatch_s)
+        run=lambda a, i: timing.steady(
+            i, a.rate, a.duration_s, a.slots, a.lead_dispatch_s, a.handler_ms
+        )
     )
 
     p = sub.add_parser("wheel", parents=[common], help="timing wheel vs heapq (in process)")
