@@ -183,9 +183,18 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--lead-dispatch-s", type=float, default=None)
     p.add_argument("--rounds", type=int, default=1, help="stampedes in a row, one database")
     p.add_argument("--one-instant", action="store_true", help="all tasks due at one instant")
+    p.add_argument(
+        "--handler-ms", type=float, default=0.0, help="each handler holds its slot this long"
+    )
     p.set_defaults(
         run=lambda a, i: timing.stampede(
-            i, a.tasks, a.slots, a.lead_dispatch_s, rounds=a.rounds, one_instant=a.one_instant
+            i,
+            a.tasks,
+            a.slots,
+            a.lead_dispatch_s,
+            a.handler_ms,
+            rounds=a.rounds,
+            one_instant=a.one_instant,
         )
     )
 
@@ -194,8 +203,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--duration-s", type=float, default=30.0)
     p.add_argument("--slots", type=int, default=200, help="per worker process")
     p.add_argument("--lead-dispatch-s", type=float, default=None)
+    p.add_argument(
+        "--handler-ms", type=float, default=0.0, help="each handler holds its slot this long"
+    )
     p.set_defaults(
-        run=lambda a, i: timing.steady(i, a.rate, a.duration_s, a.slots, a.lead_dispatch_s)
+        run=lambda a, i: timing.steady(
+            i, a.rate, a.duration_s, a.slots, a.lead_dispatch_s, a.handler_ms
+        )
     )
 
     p = sub.add_parser("wheel", parents=[common], help="timing wheel vs heapq (in process)")

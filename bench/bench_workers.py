@@ -2,8 +2,10 @@
 
 ``bench.noop`` does nothing: pure scheduler throughput. ``bench.record`` notes when it
 started (the worker's wall clock, the same machine as the scheduler) with its task,
-attempt and fencing token, like the end-to-end tests' ``e2e.record``, but the rows go to
-the ``effects`` ledger in batches: a buffer COPYed every few milliseconds by one task of
+attempt, fencing token and worker, like the end-to-end tests' ``e2e.record``, then holds
+its slot ``payload.ms`` milliseconds (``--handler-ms``; 0 if absent), so that how the node
+spreads tasks over the workers shows in how long they wait. The rows go to the
+``effects`` ledger in batches: a buffer COPYed every few milliseconds by one task of
 the process. One INSERT per handler would make the ledger, not the scheduler, set the
 pace of a 100,000-task stampede. The ledger is bookkeeping: the benchmark waits for it to
 hold every row before checking, and a worker killed mid-run would lose its last buffer
@@ -75,4 +77,7 @@ async def record(ctx: TaskContext) -> dict[str, Any]:
             "ok",
         )
     )
+    hold_ms = float(ctx.payload.get("ms", 0))
+    if hold_ms > 0:
+        await asyncio.sleep(hold_ms / 1000)
     return {}

@@ -19,7 +19,9 @@ unloaded system lateness is the worker's timer precision.
   after its assignment arrived, so this bounds "sent" from above); *all completed* is
   T → the last completion. Lost or doubled tasks are checked with the fault tests'
   history checker (every acknowledged task completed once, one successful attempt, one
-  winning effect).
+  winning effect). ``--handler-ms`` makes each handler hold its slot that long, so
+  concurrency matters; *runs per worker* (from ``effects.worker_id``) shows how the node
+  spread the work over the worker processes (issue 14).
 * ``steady RATE``: tasks due every 1/RATE s for ``--duration-s``; the lateness
   distribution (p50/p99/max).
 """
@@ -71,12 +73,20 @@ class Timings:
     violations: str
     exactly_once: bool  # none lost, none doubled (an incomplete run may still hold)
     completed: int
+    per_worker: list[int]  # successful handler runs of each worker process, most first
     cpu_s: dict[str, float]  # from the first due time until all completed
     wall_s: float
 
     def completion_rate(self, tasks: int) -> float:
         """Tasks per second from the first intent to the last completion."""
         return tasks / max(self.last_completion_s - self.first_intent_s, 1e-3)
+
+    def per_worker_cell(self) -> str:
+        """Runs per worker, most first, and the busiest one's share of them."""
+        total = sum(self.per_worker)
+        counts = " / ".join(f"{c:,}" for c in self.per_worker) or "-"
+        share = max(self.per_worker, default=0) / total if total else float("nan")
+        return f"{counts} (busiest {share:.0%})"
 
     def cpu_cell(self) -> str:
         """CPU seconds of scheduler / workers / PostgreSQL over the wall seconds."""
@@ -93,9 +103,13 @@ def _count(dsn: str, sql: str, params: Any = None) -> int:
     return 0 if row is None or row[0] is None else int(row[0])
 
 
-async def _submit(n: Node, dues: list[datetime], history: History) -> list[uuid.UUID]:
+async def _submit(
+    n: Node, dues: list[datetime], history: History, handler_ms: float
+) -> list[uuid.UUID]:
     specs = [
-        TaskSpec(type="bench.record", payload={"i": i}, at=due, strict_timing=True)
+        TaskSpec(
+            type="bench.record", payload={"i": i, "ms": handler_ms}, at=due, strict_timing=True
+        )
         for i, due in enumerate(dues)
     ]
     chunks = [specs[i : i + SUBMIT_BATCH] for i in range(0, len(specs), SUBMIT_BATCH)]
@@ -119,10 +133,12 @@ async def _submit(n: Node, dues: list[datetime], history: History) -> list[uuid.
     return ids
 
 
-def _run(n: Node, dues: list[datetime], settle_timeout_s: float) -> Timings:
+def _run(
+    n: Node, dues: list[datetime], settle_timeout_s: float, handler_ms: float = 0.0
+) -> Timings:
     """Submit tasks due at ``dues``, let them run, and read what happened."""
     history = History()
-    ids = uvloop.run(_submit(n, dues, history))
+    ids = uvloop.run(_submit(n, dues, history, handler_ms))
     first_due = min(dues)
     preloaded_in_time = _wait_preloaded(n.dsn, len(ids), first_due)
     time.sleep(max(0.0, (first_due - datetime.now(UTC)).total_seconds()))
@@ -145,6 +161,7 @@ def _run(n: Node, dues: list[datetime], settle_timeout_s: float) -> Timings:
         violations=violations.summary(),
         exactly_once=_none_lost_or_doubled(violations),
         completed=completed,
+        per_worker=_per_worker(n.dsn, first_due),
         cpu_s={k: cpu_used(cpu_before[k], cpu_after[k]) for k in cpu_before},
         wall_s=wall,
     )
@@ -198,6 +215,16 @@ def _lateness(dsn: str, first_due: datetime) -> list[float]:
                 (first_due,),
             ).fetchall()
         ]
+
+
+def _per_worker(dsn: str, first_due: datetime) -> list[int]:
+    """Successful handler runs of the round of each worker process, most first."""
+    with psycopg.connect(dsn) as conn:
+        rows = conn.execute(
+            "SELECT count(*) FROM effects WHERE outcome = 'ok' AND due_at >= %s GROUP BY worker_id",
+            (first_due,),
+        ).fetchall()
+    return sorted((int(r[0]) for r in rows), reverse=True)
 
 
 def _last_times(dsn: str, first_due: datetime) -> tuple[float, float, float, float]:
@@ -268,6 +295,7 @@ def stampede(
     tasks: int,
     slots: int,
     lead_dispatch_s: float | None = None,
+    handler_ms: float = 0.0,
     *,
     rounds: int = 1,
     one_instant: bool = False,
@@ -285,7 +313,7 @@ def stampede(
                 dues = [start] * tasks
             else:
                 dues = [start + timedelta(seconds=i / tasks) for i in range(tasks)]
-            t = _run(n, dues, settle_timeout_s=max(60.0, tasks / 200))
+            t = _run(n, dues, settle_timeout_s=max(60.0, tasks / 200), handler_ms=handler_ms)
             timings.append(t)
             rows.append(
                 {
@@ -300,6 +328,7 @@ def stampede(
                     "lateness p99": ms(percentile(t.lateness_s, 99)),
                     "lateness max": ms(max(t.lateness_s, default=float("nan"))),
                     "completed": t.completed,
+                    "runs per worker": t.per_worker_cell(),
                     "none lost or doubled": t.exactly_once,
                     "CPU s sched / workers / PG": t.cpu_cell(),
                 }
@@ -343,6 +372,7 @@ def stampede(
             "rounds": rounds,
             "worker processes": WORKERS,
             "slots per worker": slots,
+            "handler_ms": handler_ms,
             "lead_dispatch_s": "default" if lead_dispatch_s is None else lead_dispatch_s,
         },
         columns=list(rows[0]),
@@ -362,12 +392,13 @@ def steady(
     duration_s: float,
     slots: int,
     lead_dispatch_s: float | None = None,
+    handler_ms: float = 0.0,
 ) -> Report:
     tasks = int(rate * duration_s)
     with node(infra, "steady", env=_env(lead_dispatch_s), workers=WORKERS, slots=slots) as n:
         start = datetime.now(UTC) + timedelta(seconds=_lead_in_s(tasks))
         dues = [start + timedelta(seconds=i / rate) for i in range(tasks)]
-        t = _run(n, dues, settle_timeout_s=max(60.0, tasks / 200))
+        t = _run(n, dues, settle_timeout_s=max(60.0, tasks / 200), handler_ms=handler_ms)
     p50, p99 = percentile(t.lateness_s, 50), percentile(t.lateness_s, 99)
     row = {
         "rate/s": rate,
@@ -381,6 +412,7 @@ def steady(
         "lateness max": ms(max(t.lateness_s, default=float("nan"))),
         "early": sum(1 for x in t.lateness_s if x < 0),
         "completed": t.completed,
+        "runs per worker": t.per_worker_cell(),
         "none lost or doubled": t.exactly_once,
         "CPU s sched / workers / PG": t.cpu_cell(),
     }
@@ -393,6 +425,7 @@ def steady(
             "strict_timing": True,
             "worker processes": WORKERS,
             "slots per worker": slots,
+            "handler_ms": handler_ms,
             "lead_dispatch_s": "default" if lead_dispatch_s is None else lead_dispatch_s,
         },
         columns=list(row),

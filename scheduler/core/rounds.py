@@ -6,6 +6,11 @@ credits the workers granted, write the intents, then either :func:`put_back` eve
 (nothing committed: the store failed) or :func:`match_written` the tasks the transaction
 returned to their choices, send those, and :func:`give_back` the rest. The rules:
 
+- Each ready task goes to the session holding the most unused credits that serves it,
+  ties to the one chosen least recently (:class:`Spread`, which remembers that across
+  rounds). Load spreads over the workers: taking sessions in the registry's order, the
+  first worker to connect got every task whenever its credits came back before the next
+  task fell due, and a second worker of the same slots sat idle (issue 14).
 - A choice spends one credit of its session and counts as started for its tenant at
   once, not after the commit: otherwise one round could take a tenant past its
   concurrency limit by up to the batch size. A round takes at most ``batch_max``.
@@ -24,8 +29,9 @@ in-memory structures of the node.
 
 from __future__ import annotations
 
+import heapq
 import uuid
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
@@ -63,21 +69,78 @@ class Written(Generic[S, R]):
     """Chosen but not returned: for :func:`give_back`."""
 
 
-def choose(
-    sessions: Iterable[S], ready: ReadyQueues, batch_max: int, now: float
-) -> list[tuple[S, ReadyTask]]:
-    """Match ready tasks to the sessions' credits, session by session, at most
-    ``batch_max`` in all; each choice spends a credit and counts as started."""
-    chosen: list[tuple[S, ReadyTask]] = []
-    for session in sessions:
-        while session.credits > 0 and len(chosen) < batch_max:
+class Spread:
+    """Which session takes the next task: the one holding the most unused credits, ties
+    to the one chosen least recently (never chosen first, then the order given).
+
+    Most unused credits is most free capacity offered to this node, so the sessions'
+    credits are drawn down level (water-filling) and a worker with more free slots takes
+    more. The tie rule is what spreads a trickle: while every worker's credits come back
+    before the next task is due, all hold the same count at every round, and the turns
+    rotate instead of the first session taking every task. The turns outlive a round;
+    that is this object's only state (the dispatcher keeps one).
+    """
+
+    FORGET_AFTER = 64
+    """Sessions remembered beyond those of a round before the gone ones are forgotten."""
+
+    def __init__(self) -> None:
+        self._turn = 0
+        self._last: dict[Hashable, int] = {}
+
+    def last_chosen(self, session_id: Hashable) -> int:
+        """The turn ``session_id`` was last chosen at (-1: never)."""
+        return self._last.get(session_id, -1)
+
+    def choose(
+        self, sessions: Iterable[S], ready: ReadyQueues, batch_max: int, now: float
+    ) -> list[tuple[S, ReadyTask]]:
+        """Match ready tasks to the sessions' credits, at most ``batch_max`` in all;
+        each choice spends a credit and counts as started. A session offered nothing
+        (no ready task it serves, or limits hold what it serves) is out of the round:
+        nothing a round does makes more tasks eligible."""
+        chosen: list[tuple[S, ReadyTask]] = []
+        offered = list(sessions)
+        heap = [
+            (-s.credits, self.last_chosen(s.offer.session_id), i)
+            for i, s in enumerate(offered)
+            if s.credits > 0
+        ]
+        heapq.heapify(heap)
+        while heap and len(chosen) < batch_max:
+            _, _, i = heapq.heappop(heap)
+            session = offered[i]
             task = ready.pop_for(session.offer, now)
             if task is None:
-                break
+                continue
             ready.task_started(task)
             session.credits -= 1
             chosen.append((session, task))
-    return chosen
+            self._turn += 1
+            self._last[session.offer.session_id] = self._turn
+            if session.credits > 0:
+                heapq.heappush(heap, (-session.credits, self._turn, i))
+        self._forget_gone(offered)
+        return chosen
+
+    def _forget_gone(self, sessions: Sequence[CreditHolder]) -> None:
+        # Bounded memory: a session with no credit this round keeps its turn (forgetting
+        # it would put it first on the next tie) unless many more are remembered.
+        if len(self._last) > len(sessions) + self.FORGET_AFTER:
+            present = {s.offer.session_id for s in sessions}
+            self._last = {k: v for k, v in self._last.items() if k in present}
+
+
+def choose(
+    sessions: Iterable[S],
+    ready: ReadyQueues,
+    batch_max: int,
+    now: float,
+    spread: Spread | None = None,
+) -> list[tuple[S, ReadyTask]]:
+    """:meth:`Spread.choose` with ``spread``'s turns (None: a fresh one, no memory of
+    earlier rounds)."""
+    return (spread or Spread()).choose(sessions, ready, batch_max, now)
 
 
 def put_back(chosen: Iterable[tuple[S, ReadyTask]], ready: ReadyQueues, now: float) -> None:

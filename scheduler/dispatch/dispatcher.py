@@ -109,6 +109,8 @@ class Dispatcher:
             clock.monotonic(), tick_s=scheduling.wheel_tick_s, slots=scheduling.wheel_slots
         )
         self._ready = ReadyQueues(tenant_limits=tenant_limits)
+        # Whose turn it is among worker sessions holding equal credits (issue 14).
+        self._spread = rounds.Spread()
         self._by_shard: dict[int, set[uuid.UUID]] = {}
         # Chosen in the round being written: neither on the wheel nor ready meanwhile.
         self._in_round: set[uuid.UUID] = set()
@@ -273,7 +275,9 @@ class Dispatcher:
         if not len(self._ready):
             return 0
         self._ready.set_capacity(self._sessions.total_slots())
-        chosen = rounds.choose(self._sessions.with_credit(), self._ready, self._batch_max, now)
+        chosen = self._spread.choose(
+            self._sessions.with_credit(), self._ready, self._batch_max, now
+        )
         if not chosen:
             return 0
         self._backlog_changed.set()

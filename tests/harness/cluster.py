@@ -143,13 +143,22 @@ async def spread(cluster: Cluster, timeout_s: float = 30) -> dict[str, set[int]]
 
 
 async def submit(
-    client: Client, history: History, count: int, start: datetime, spread_s: float
+    client: Client,
+    history: History,
+    count: int,
+    start: datetime,
+    spread_s: float,
+    *,
+    task_type: str = "e2e.record",
+    payload: Mapping[str, object] | None = None,
 ) -> list[uuid.UUID]:
-    """``count`` strict, idempotent ``e2e.record`` tasks due evenly over ``spread_s``."""
+    """``count`` strict, idempotent ``task_type`` tasks (``e2e.record``: record and
+    return; ``e2e.work``: hold the slot ``payload.seconds`` first) due evenly over
+    ``spread_s``; each payload is ``payload`` plus its index ``i``."""
     specs = [
         TaskSpec(
-            type="e2e.record",
-            payload={"i": i},
+            type=task_type,
+            payload={**(payload or {}), "i": i},
             at=start + timedelta(seconds=spread_s * i / count),
             strict_timing=True,
             idempotent=True,

@@ -61,16 +61,43 @@ def _in_flight(ready: ReadyQueues) -> int:
     return ready.get_stats()["in_flight_standard"]
 
 
-def test_choose_spends_one_credit_per_choice_session_by_session() -> None:
+def test_each_task_goes_to_the_session_holding_most_credits() -> None:
     tenant = uuid.uuid4()
-    ready = _queues([_task(tenant, n) for n in range(5)])
+    ready = _queues([_task(tenant, n) for n in range(12)])
     a, b = Session("a", 2), Session("b", 10)
 
     chosen = rounds.choose([a, b], ready, batch_max=100, now=NOW)
 
-    assert [s.name for s, _ in chosen] == ["a", "a", "b", "b", "b"]
-    assert (a.credits, b.credits) == (0, 7)
-    assert len(ready) == 0 and _in_flight(ready) == 5
+    # b alone until it is down to a's two; then they take turns, a first (never chosen).
+    assert [s.name for s, _ in chosen] == ["b"] * 8 + ["a", "b", "a", "b"]
+    assert (a.credits, b.credits) == (0, 0)
+    assert len(ready) == 0 and _in_flight(ready) == 12
+
+
+def test_equal_credits_take_turns_across_rounds() -> None:
+    # The issue 14 trickle: one task per round, every credit back before the next round.
+    # In the registry's order the first session took all of them.
+    tenant = uuid.uuid4()
+    a, b, c = Session("a", 10), Session("b", 10), Session("c", 10)
+    spread = rounds.Spread()
+    names = []
+    for n in range(7):
+        ready = _queues([_task(tenant, n)])
+        ((session, _),) = spread.choose([a, b, c], ready, batch_max=100, now=NOW)
+        names.append(session.name)
+        session.credits += 1  # the worker granted it again before the next round
+    assert names == ["a", "b", "c", "a", "b", "c", "a"]
+
+
+def test_a_session_offered_nothing_does_not_hold_up_the_others() -> None:
+    tenant = uuid.uuid4()
+    ready = _queues([_task(tenant, n) for n in range(3)])
+    other, default = Session("other", 10, frozenset({"other"})), Session("default", 2)
+
+    chosen = rounds.choose([other, default], ready, batch_max=100, now=NOW)
+
+    assert [s.name for s, _ in chosen] == ["default", "default"]
+    assert (other.credits, default.credits) == (10, 0) and len(ready) == 1
 
 
 def test_choose_stops_at_the_batch_size() -> None:
@@ -179,3 +206,55 @@ def test_credits_and_tasks_are_conserved_through_a_round(
     assert dropped == len(matched.leftover) - len(unwritten)
     assert len(ready) == waiting - len(chosen) + len(unwritten)
     assert _in_flight(ready) == len(rows)
+
+
+@given(
+    credits=st.lists(st.integers(0, 12), min_size=1, max_size=6),
+    waiting=st.integers(0, 60),
+    batch_max=st.integers(1, 80),
+)
+def test_no_session_with_more_credits_is_passed_over(
+    credits: list[int], waiting: int, batch_max: int
+) -> None:
+    # Every session serves every task: each choice went to a session holding the most
+    # credits then, so one that took a task ends at most one below any other.
+    tenant = uuid.uuid4()
+    ready = _queues([_task(tenant, n) for n in range(waiting)])
+    sessions = [Session(str(i), c) for i, c in enumerate(credits)]
+
+    chosen = rounds.choose(sessions, ready, batch_max, NOW)
+
+    assert len(chosen) == min(sum(credits), waiting, batch_max)
+    took = {s.name for s, _ in chosen}
+    for taker in sessions:
+        if taker.name in took:
+            assert all(other.credits <= taker.credits + 1 for other in sessions)
+    got = {s.name: 0 for s in sessions}
+    for s, _ in chosen:
+        got[s.name] += 1
+    assert all(got[s.name] <= c for s, c in zip(sessions, credits, strict=True))
+
+
+@given(
+    sessions_n=st.integers(1, 6),
+    slots=st.integers(1, 10),
+    per_round=st.lists(st.integers(0, 60), min_size=1, max_size=25),
+)
+def test_workers_with_equal_credits_share_tasks_within_one(
+    sessions_n: int, slots: int, per_round: list[int]
+) -> None:
+    # Each round every session holds all its credits again (its worker's runs ended and
+    # were granted back): over any number of rounds of any size, no session ran more
+    # than one task more than another.
+    tenant = uuid.uuid4()
+    sessions = [Session(str(i), slots) for i in range(sessions_n)]
+    spread = rounds.Spread()
+    got = dict.fromkeys((s.name for s in sessions), 0)
+    for r, waiting in enumerate(per_round):
+        ready = _queues([_task(tenant, r * 100 + n) for n in range(waiting)])
+        for s in sessions:
+            s.credits = slots
+        for s, _ in spread.choose(sessions, ready, batch_max=1000, now=NOW):
+            got[s.name] += 1
+    assert max(got.values()) - min(got.values()) <= 1
+    assert sum(got.values()) == sum(min(w, sessions_n * slots) for w in per_round)
