@@ -27,7 +27,7 @@ from chronoshard.scheduler.core.repairs import (
 from chronoshard.scheduler.core.states import TaskStatus
 from chronoshard.scheduler.store import queries
 from chronoshard.scheduler.store.database import Store
-from chronoshard.scheduler.store.runs import timer_from_row
+from chronoshard.scheduler.store.runs import batch_keys, timer_from_row
 
 _BEFORE_EVERY_RUN = (datetime.fromisoformat("0001-01-01T00:00:00+00:00"), uuid.UUID(int=0))
 
@@ -99,8 +99,9 @@ class RepairStore:
             await cur.execute(
                 self._q["repair"],
                 {
-                    "scheduled_ats": [r.row.timer.scheduled_at for r in mine],
-                    "ids": [r.row.timer.id for r in mine],
+                    **batch_keys(
+                        [r.row.timer.scheduled_at for r in mine], [r.row.timer.id for r in mine]
+                    ),
                     "statuses": [str(r.row.status) for r in mine],
                     "tokens": [r.row.fencing_token for r in mine],
                     "updated_ats": [r.row.updated_at for r in mine],

@@ -65,6 +65,7 @@ def _params(instant: datetime, ids: list[uuid.UUID]) -> dict[str, Any]:
     return {
         "scheduled_ats": [instant] * n,
         "ids": ids,
+        "instants": [instant],
         "tokens": [1] * n,
         "worker_ids": ["w"] * n,
         "results": ["{}"] * n,

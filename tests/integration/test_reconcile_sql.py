@@ -43,7 +43,7 @@ from chronoshard.scheduler.core.states import AttemptState
 from chronoshard.scheduler.store import queries
 from chronoshard.scheduler.store.database import Store
 from chronoshard.scheduler.store.repairs import RepairStore
-from chronoshard.scheduler.store.runs import RunStore
+from chronoshard.scheduler.store.runs import RunStore, batch_keys
 from chronoshard.scheduler.store.sessions import WorkerSessionStore
 
 SHARD_COUNT = 8
@@ -513,10 +513,7 @@ async def test_preloader_and_reconciler_queries_read_only_live_rows(
     )
     live = [await submit(store, tenant, idempotent=True) for _ in range(5)]
     await _sql(store, "ANALYZE tasks")
-    refs = {
-        "scheduled_ats": [n.scheduled_at for n in live],
-        "ids": [n.id for n in live],
-    }
+    refs = batch_keys([n.scheduled_at for n in live], [n.id for n in live])
     dispatch_sql = queries.load("runs.sql")
     reconcile_sql = queries.load("repairs.sql")
     shards = list(range(8))

@@ -78,7 +78,7 @@ WITH decided AS (
            d.attempt_state, d.reason
     FROM tasks AS t JOIN decided AS d ON t.scheduled_at = d.scheduled_at AND t.id = d.id
     -- Partition pruning (as in runs.sql): read only the batch's day partitions.
-    WHERE t.scheduled_at = ANY(%(scheduled_ats)s::timestamptz[])
+    WHERE t.scheduled_at = ANY(%(instants)s::timestamptz[])
     ORDER BY t.scheduled_at, t.id
     FOR UPDATE OF t
 ), moved AS (
@@ -94,7 +94,7 @@ WITH decided AS (
     FROM locked AS d
     WHERE t.scheduled_at = d.scheduled_at
       AND t.id = d.id
-      AND t.scheduled_at = ANY(%(scheduled_ats)s::timestamptz[])
+      AND t.scheduled_at = ANY(%(instants)s::timestamptz[])
       AND t.status = d.status
       AND t.fencing_token = d.token
       AND t.updated_at = d.updated_at

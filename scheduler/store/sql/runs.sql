@@ -9,7 +9,8 @@
 -- wheel) run after lock_shard_epochs in the same transaction.
 --
 -- Partition pruning: every statement that joins a batch of (scheduled_at, id) to tasks
--- also says `t.scheduled_at = ANY(<the batch's scheduled_ats>)`. Without it the planner
+-- also says `t.scheduled_at = ANY(<the batch's distinct instants>)` (one
+-- entry per key would be compared against every row read: runs.py batch_keys). Without it the planner
 -- cannot tell which day partitions the batch touches and, for batches past a few dozen
 -- rows, hashes every partition (all finished history) to find them; with it only the
 -- batch's own partitions are read (bench/reconcile.py).
@@ -60,7 +61,7 @@ WITH due AS (
         SELECT t.scheduled_at, t.id, t.status
         FROM tasks AS t
         WHERE t.scheduled_at = d.scheduled_at AND t.id = d.id
-          AND t.scheduled_at = ANY(%(scheduled_ats)s::timestamptz[])
+          AND t.scheduled_at = ANY(%(instants)s::timestamptz[])
         LIMIT 1
         FOR UPDATE OF t
     ) AS t
@@ -71,7 +72,7 @@ SET status = 'PRELOADED', updated_at = now()
 FROM locked AS due
 WHERE t.scheduled_at = due.scheduled_at
   AND t.id = due.id
-  AND t.scheduled_at = ANY(%(scheduled_ats)s::timestamptz[])
+  AND t.scheduled_at = ANY(%(instants)s::timestamptz[])
 RETURNING t.id, t.scheduled_at, t.shard, t.tenant_id, t.priority, t.queue, t.type, t.due_at,
           t.strict_timing;
 
@@ -128,7 +129,7 @@ WITH chosen AS (
         SELECT t.scheduled_at, t.id, t.status, t.shard
         FROM tasks AS t
         WHERE t.scheduled_at = c.scheduled_at AND t.id = c.id
-          AND t.scheduled_at = ANY(%(scheduled_ats)s::timestamptz[])
+          AND t.scheduled_at = ANY(%(instants)s::timestamptz[])
         LIMIT 1
         FOR UPDATE OF t
     ) AS t
@@ -145,7 +146,7 @@ WITH chosen AS (
     FROM locked AS c
     WHERE t.scheduled_at = c.scheduled_at
       AND t.id = c.id
-      AND t.scheduled_at = ANY(%(scheduled_ats)s::timestamptz[])
+      AND t.scheduled_at = ANY(%(instants)s::timestamptz[])
     RETURNING t.*
 ), attempts AS (
     -- shard_owners is locked FOR SHARE by this transaction and its epoch checked: the
@@ -164,7 +165,7 @@ SELECT * FROM moved;
 SELECT t.*, a.epoch AS attempt_epoch
 FROM tasks AS t
 LEFT JOIN task_attempts AS a ON a.task_id = t.id AND a.attempt = t.attempt
-WHERE t.scheduled_at = ANY(%(scheduled_ats)s::timestamptz[])
+WHERE t.scheduled_at = ANY(%(instants)s::timestamptz[])
   AND t.id = ANY(%(ids)s::uuid[])
   AND t.shard = ANY(%(shards)s::smallint[]);
 
@@ -181,7 +182,7 @@ WITH acked AS (
         SELECT t.scheduled_at, t.id, t.fencing_token, t.status
         FROM tasks AS t
         WHERE t.scheduled_at = a.scheduled_at AND t.id = a.id
-          AND t.scheduled_at = ANY(%(scheduled_ats)s::timestamptz[])
+          AND t.scheduled_at = ANY(%(instants)s::timestamptz[])
         LIMIT 1
         FOR UPDATE OF t
     ) AS t
@@ -193,7 +194,7 @@ WITH acked AS (
     FROM locked AS a
     WHERE t.scheduled_at = a.scheduled_at
       AND t.id = a.id
-      AND t.scheduled_at = ANY(%(scheduled_ats)s::timestamptz[])
+      AND t.scheduled_at = ANY(%(instants)s::timestamptz[])
     RETURNING t.id, t.attempt
 ), attempts AS (
     UPDATE task_attempts AS ta
@@ -227,7 +228,7 @@ WITH beats AS (
         SELECT t.scheduled_at, t.id, t.fencing_token, t.status, t.lease_expires_at
         FROM tasks AS t
         WHERE t.scheduled_at = h.scheduled_at AND t.id = h.id
-          AND t.scheduled_at = ANY(%(scheduled_ats)b::timestamptz[])
+          AND t.scheduled_at = ANY(%(instants)b::timestamptz[])
         LIMIT 1
         FOR UPDATE OF t
     ) AS t
@@ -242,7 +243,7 @@ WITH beats AS (
     FROM locked AS h
     WHERE t.scheduled_at = h.scheduled_at
       AND t.id = h.id
-      AND t.scheduled_at = ANY(%(scheduled_ats)b::timestamptz[])
+      AND t.scheduled_at = ANY(%(instants)b::timestamptz[])
     RETURNING t.id, t.fencing_token, t.cancel_requested_at IS NOT NULL AS cancel_requested,
               t.cancel_reason
 )
@@ -269,7 +270,7 @@ WITH done AS (
         SELECT t.scheduled_at, t.id, t.fencing_token, t.status
         FROM tasks AS t
         WHERE t.scheduled_at = c.scheduled_at AND t.id = c.id
-          AND t.scheduled_at = ANY(%(scheduled_ats)s::timestamptz[])
+          AND t.scheduled_at = ANY(%(instants)s::timestamptz[])
         LIMIT 1
         FOR UPDATE OF t
     ) AS t
@@ -286,7 +287,7 @@ WITH done AS (
     FROM locked AS c
     WHERE t.scheduled_at = c.scheduled_at
       AND t.id = c.id
-      AND t.scheduled_at = ANY(%(scheduled_ats)s::timestamptz[])
+      AND t.scheduled_at = ANY(%(instants)s::timestamptz[])
     RETURNING t.id, t.attempt, t.job_id, t.tenant_id, t.finished_at, t.shard
 ), attempts AS (
     UPDATE task_attempts AS ta
@@ -317,7 +318,7 @@ CROSS JOIN LATERAL (
     SELECT *
     FROM tasks AS t
     WHERE t.scheduled_at = f.scheduled_at AND t.id = f.id
-      AND t.scheduled_at = ANY(%(scheduled_ats)s::timestamptz[])
+      AND t.scheduled_at = ANY(%(instants)s::timestamptz[])
     LIMIT 1
     FOR UPDATE OF t
 ) AS t
@@ -342,7 +343,7 @@ WITH decided AS (
         SELECT t.scheduled_at, t.id, t.fencing_token, t.status
         FROM tasks AS t
         WHERE t.scheduled_at = d.scheduled_at AND t.id = d.id
-          AND t.scheduled_at = ANY(%(scheduled_ats)s::timestamptz[])
+          AND t.scheduled_at = ANY(%(instants)s::timestamptz[])
         LIMIT 1
         FOR UPDATE OF t
     ) AS t
@@ -361,7 +362,7 @@ WITH decided AS (
     FROM locked AS d
     WHERE t.scheduled_at = d.scheduled_at
       AND t.id = d.id
-      AND t.scheduled_at = ANY(%(scheduled_ats)s::timestamptz[])
+      AND t.scheduled_at = ANY(%(instants)s::timestamptz[])
     RETURNING t.id, t.attempt, t.shard, t.status, t.due_at, d.attempt_state, d.error
 )
 UPDATE task_attempts AS ta
@@ -387,7 +388,7 @@ WITH released AS (
         SELECT t.scheduled_at, t.id, t.fencing_token, t.status
         FROM tasks AS t
         WHERE t.scheduled_at = r.scheduled_at AND t.id = r.id
-          AND t.scheduled_at = ANY(%(scheduled_ats)s::timestamptz[])
+          AND t.scheduled_at = ANY(%(instants)s::timestamptz[])
         LIMIT 1
         FOR UPDATE OF t
     ) AS t
@@ -403,7 +404,7 @@ WITH released AS (
     FROM locked AS r
     WHERE t.scheduled_at = r.scheduled_at
       AND t.id = r.id
-      AND t.scheduled_at = ANY(%(scheduled_ats)s::timestamptz[])
+      AND t.scheduled_at = ANY(%(instants)s::timestamptz[])
     RETURNING t.id, t.scheduled_at, t.shard, t.tenant_id, t.priority, t.queue, t.type,
               t.due_at, t.strict_timing, t.attempt, r.attempt_state, r.detail
 ), attempts AS (
@@ -424,7 +425,7 @@ CROSS JOIN LATERAL (
     SELECT t.id, t.fencing_token, t.status
     FROM tasks AS t
     WHERE t.scheduled_at = s.scheduled_at AND t.id = s.id
-      AND t.scheduled_at = ANY(%(scheduled_ats)s::timestamptz[])
+      AND t.scheduled_at = ANY(%(instants)s::timestamptz[])
     LIMIT 1
 ) AS t;
 
@@ -438,7 +439,7 @@ CROSS JOIN LATERAL (
     SELECT *
     FROM tasks AS t
     WHERE t.scheduled_at = r.scheduled_at AND t.id = r.id
-      AND t.scheduled_at = ANY(%(scheduled_ats)s::timestamptz[])
+      AND t.scheduled_at = ANY(%(instants)s::timestamptz[])
     LIMIT 1
 ) AS t
 -- Outside the lookup: inside, these would let it choose a partial index of the state.
