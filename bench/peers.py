@@ -710,7 +710,8 @@ def _cells(workload: str, values: dict[str, Any]) -> dict[str, Any]:
             )
         value = values.get(column, math.nan)
         if column.startswith(("lateness", "call")) and isinstance(value, float):
-            value = ms(value)
+            # A stampede's lateness runs to tens of seconds: milliseconds only below one.
+            value = ms(value) if math.isnan(value) or abs(value) < 1 else f"{value:.2f} s"
         elif column.endswith(" s") and isinstance(value, float):
             value = "—" if math.isnan(value) else f"{value:.2f} s"
         row[label] = value
