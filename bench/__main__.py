@@ -8,7 +8,7 @@ the versions and the parameters, says which of issue 9's targets it met, and wit
 ``bench/README.md`` for what each workload measures and the numbers measured here.
 
 Workloads: submit-single, submit-batch, stampede N, steady RATE, wheel, idle, failover,
-heartbeats.
+heartbeats, and peers (Chronoshard against Celery and Procrastinate, issue 14).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from bench import idle, submit, timing
+from bench import idle, peers, submit, timing
 from bench._cluster import Infrastructure, infrastructure
 from bench._report import Report, Target, document, machine, render
 from bench._standalone import scratch
@@ -242,6 +242,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--window-s", type=float, default=60.0)
     p.add_argument("--idle-window-s", type=float, default=30.0)
     p.set_defaults(run=_heartbeats)
+
+    peers.add_parser(sub, common)
     return parser
 
 

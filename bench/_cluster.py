@@ -47,6 +47,7 @@ READY_TIMEOUT_S = 60.0
 class Infrastructure:
     server: PostgresServer
     etcd_endpoint: str
+    etcd_pid: int | None = None  # None when etcd is someone else's (``--etcd``)
 
     @contextlib.contextmanager
     def database(self, label: str) -> Iterator[str]:
@@ -70,9 +71,11 @@ def infrastructure(
     admin_dsn = dsn or os.environ.get(DSN_ENV) or None
     with contextlib.ExitStack() as stack:
         server = stack.enter_context(PostgresServer(dsn=admin_dsn, fsync=True))
+        etcd_pid = None
         if etcd_endpoint is None:
-            etcd_endpoint = stack.enter_context(EtcdProcess(fsync=True)).endpoint
-        yield Infrastructure(server, etcd_endpoint)
+            etcd = stack.enter_context(EtcdProcess(fsync=True))
+            etcd_endpoint, etcd_pid = etcd.endpoint, etcd.pid
+        yield Infrastructure(server, etcd_endpoint, etcd_pid)
 
 
 def process_cpu_s(pid: int) -> float:
@@ -166,16 +169,27 @@ class Node:
             "postgres": cpu_by_pid(postgres_pids(self.dsn)),
         }
 
-    def start_workers(self, count: int, slots: int) -> None:
+    def start_workers(
+        self,
+        count: int,
+        slots: int,
+        *,
+        spec: str = "bench_workers:worker",
+        pythonpath: Path = BENCH_DIR,
+        **env: str,
+    ) -> None:
+        """``count`` worker processes running ``spec`` (by default the suite's
+        ``bench/bench_workers.py``), each with ``slots`` slots and ``env`` added."""
         for i in range(count):
             self.group.start_worker(
                 f"worker-{i + 1}",
-                "bench_workers:worker",
+                spec,
                 [self.address],
-                pythonpath=BENCH_DIR,
+                pythonpath=pythonpath,
                 BENCH_DSN=self.dsn,
                 BENCH_WORKER_SLOTS=str(slots),
                 CHRONOSHARD_API_KEY=self.api_key,
+                **env,
             )
         wait_until(
             lambda: (self.scheduler.metric("chronoshard_worker_sessions") or 0) >= count,

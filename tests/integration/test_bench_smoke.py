@@ -173,3 +173,90 @@ def test_heartbeats_reports_bench_heartbeats(
     [kwargs] = calls
     assert (kwargs["tasks"], kwargs["workers"], kwargs["heartbeat_s"]) == (20, 2, 0.5)
     assert kwargs["etcd_endpoint"] == etcd.endpoint
+
+
+def _peers(
+    bench_main: ModuleType,
+    argv: list[str],
+    server: PostgresServer,
+    etcd: EtcdProcess,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> dict[str, Any]:
+    out = tmp_path / "peers.json"
+    common = ["--dsn", server.admin_dsn, "--etcd", etcd.endpoint, "--json", str(out)]
+    assert bench_main.main(["peers", *argv, *common]) == 0
+    printed = capsys.readouterr().out
+    report = json.loads(out.read_text())
+    assert report["workload"] == f"peers {argv[argv.index('--workload') + 1]}"
+    assert {"cpu", "cores", "python", "postgresql"} <= set(report["machine"])
+    assert "| " + " | ".join(report["columns"]) + " |" in printed
+    return report
+
+
+def test_peers_stampede_runs_for_chronoshard_alone(
+    bench_main: ModuleType,
+    postgres_server: PostgresServer,
+    etcd: EtcdProcess,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    argv = ["--workload", "stampede", "--tasks", "100", "--system", "chronoshard", "--runs", "2"]
+    report = _peers(bench_main, argv, postgres_server, etcd, tmp_path, capsys)
+    runs = [r for r in report["rows"] if r["run"] in ("1", "2")]
+    assert [r["system"] for r in report["rows"]] == ["chronoshard"] * 3
+    assert report["rows"][2]["run"] == "median of 2"
+    for row in runs:
+        # Every task's handler started once, none before its instant (the node holds a
+        # strict task until it is due).
+        assert (row["started"], row["lost"], row["doubled"]) == (100, 0, 0)
+        assert not row["lateness p50"].startswith("-")
+
+
+def test_peers_submit_batch_runs_for_chronoshard_alone(
+    bench_main: ModuleType,
+    postgres_server: PostgresServer,
+    etcd: EtcdProcess,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    argv = ["--workload", "submit-batch", "--tasks", "1500", "--system", "chronoshard"]
+    report = _peers(bench_main, [*argv, "--runs", "1"], postgres_server, etcd, tmp_path, capsys)
+    [row] = report["rows"]
+    assert row["tasks/s"] > 0
+
+
+@pytest.mark.parametrize("system", ["celery", "procrastinate"])
+def test_peers_stampede_runs_for_a_peer(
+    bench_main: ModuleType,
+    system: str,
+    postgres_server: PostgresServer,
+    etcd: EtcdProcess,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    peers = importlib.import_module("bench.peers")
+    why_not = peers.available(system)
+    if why_not is None and system == "celery":
+        why_not = _redis_unreachable(peers.DEFAULT_REDIS)
+    if why_not is not None:
+        print(f"skipped: {why_not}")
+        pytest.skip(why_not)
+    argv = ["--workload", "stampede", "--tasks", "100", "--system", system, "--runs", "1"]
+    report = _peers(bench_main, argv, postgres_server, etcd, tmp_path, capsys)
+    [row] = report["rows"]
+    assert row["system"] == system
+    assert (row["started"], row["lost"], row["doubled"]) == (100, 0, 0)
+
+
+def _redis_unreachable(url: str) -> str | None:
+    import redis
+
+    client = redis.Redis.from_url(url, socket_connect_timeout=2)
+    try:
+        client.ping()
+    except redis.RedisError as exc:
+        return f"Redis at {url} is not reachable ({exc})"
+    finally:
+        client.close()
+    return None
