@@ -8,12 +8,13 @@
 -- so a stale write changes 0 rows. Shard writes (preload, intent, release back into the
 -- wheel) run after lock_shard_epochs in the same transaction.
 --
--- Partition pruning: every statement that joins a batch of (scheduled_at, id) to tasks
--- also says `t.scheduled_at = ANY(<the batch's distinct instants>)` (one
--- entry per key would be compared against every row read: runs.py batch_keys). Without it the planner
--- cannot tell which day partitions the batch touches and, for batches past a few dozen
--- rows, hashes every partition (all finished history) to find them; with it only the
--- batch's own partitions are read (bench/reconcile.py).
+-- Partition pruning: a statement's key lookups (the lateral per key, below) name both key
+-- columns, so each probe reads only its own partition (pruned at run time); the lookup
+-- also says `t.scheduled_at = ANY(<the batch's distinct instants>)` (runs.py batch_keys:
+-- one entry per key would be compared against every row read). The UPDATE that follows
+-- joins the locked rows by key alone, with no such condition: under statistics older
+-- than a stampede, any condition on scheduled_at alone is believed to match one row,
+-- and PostgreSQL scanned the whole key for it (5,000 keys x 100,000 rows: 264 s).
 --
 -- Key by key: every statement handed a batch of keys reads or locks each key's row on its
 -- own, a CROSS JOIN LATERAL (... LIMIT 1 [FOR UPDATE]) per key in (scheduled_at, id) order,
@@ -72,7 +73,6 @@ SET status = 'PRELOADED', updated_at = now()
 FROM locked AS due
 WHERE t.scheduled_at = due.scheduled_at
   AND t.id = due.id
-  AND t.scheduled_at = ANY(%(instants)s::timestamptz[])
 RETURNING t.id, t.scheduled_at, t.shard, t.tenant_id, t.priority, t.queue, t.type, t.due_at,
           t.strict_timing;
 
@@ -146,7 +146,6 @@ WITH chosen AS (
     FROM locked AS c
     WHERE t.scheduled_at = c.scheduled_at
       AND t.id = c.id
-      AND t.scheduled_at = ANY(%(instants)s::timestamptz[])
     RETURNING t.*
 ), attempts AS (
     -- shard_owners is locked FOR SHARE by this transaction and its epoch checked: the
@@ -194,7 +193,6 @@ WITH acked AS (
     FROM locked AS a
     WHERE t.scheduled_at = a.scheduled_at
       AND t.id = a.id
-      AND t.scheduled_at = ANY(%(instants)s::timestamptz[])
     RETURNING t.id, t.attempt
 ), attempts AS (
     UPDATE task_attempts AS ta
@@ -243,7 +241,6 @@ WITH beats AS (
     FROM locked AS h
     WHERE t.scheduled_at = h.scheduled_at
       AND t.id = h.id
-      AND t.scheduled_at = ANY(%(instants)b::timestamptz[])
     RETURNING t.id, t.fencing_token, t.cancel_requested_at IS NOT NULL AS cancel_requested,
               t.cancel_reason
 )
@@ -287,7 +284,6 @@ WITH done AS (
     FROM locked AS c
     WHERE t.scheduled_at = c.scheduled_at
       AND t.id = c.id
-      AND t.scheduled_at = ANY(%(instants)s::timestamptz[])
     RETURNING t.id, t.attempt, t.job_id, t.tenant_id, t.finished_at, t.shard
 ), attempts AS (
     UPDATE task_attempts AS ta
@@ -318,7 +314,6 @@ CROSS JOIN LATERAL (
     SELECT *
     FROM tasks AS t
     WHERE t.scheduled_at = f.scheduled_at AND t.id = f.id
-      AND t.scheduled_at = ANY(%(instants)s::timestamptz[])
     LIMIT 1
     FOR UPDATE OF t
 ) AS t
@@ -362,7 +357,6 @@ WITH decided AS (
     FROM locked AS d
     WHERE t.scheduled_at = d.scheduled_at
       AND t.id = d.id
-      AND t.scheduled_at = ANY(%(instants)s::timestamptz[])
     RETURNING t.id, t.attempt, t.shard, t.status, t.due_at, d.attempt_state, d.error
 )
 UPDATE task_attempts AS ta
@@ -404,7 +398,6 @@ WITH released AS (
     FROM locked AS r
     WHERE t.scheduled_at = r.scheduled_at
       AND t.id = r.id
-      AND t.scheduled_at = ANY(%(instants)s::timestamptz[])
     RETURNING t.id, t.scheduled_at, t.shard, t.tenant_id, t.priority, t.queue, t.type,
               t.due_at, t.strict_timing, t.attempt, r.attempt_state, r.detail
 ), attempts AS (
@@ -425,7 +418,6 @@ CROSS JOIN LATERAL (
     SELECT t.id, t.fencing_token, t.status
     FROM tasks AS t
     WHERE t.scheduled_at = s.scheduled_at AND t.id = s.id
-      AND t.scheduled_at = ANY(%(instants)s::timestamptz[])
     LIMIT 1
 ) AS t;
 
@@ -439,7 +431,6 @@ CROSS JOIN LATERAL (
     SELECT *
     FROM tasks AS t
     WHERE t.scheduled_at = r.scheduled_at AND t.id = r.id
-      AND t.scheduled_at = ANY(%(instants)s::timestamptz[])
     LIMIT 1
 ) AS t
 -- Outside the lookup: inside, these would let it choose a partial index of the state.
