@@ -62,6 +62,7 @@ from chronoshard.scheduler.store import queries
 from chronoshard.scheduler.store.database import Store
 from chronoshard.scheduler.store.migrate import apply_migrations
 from chronoshard.scheduler.store.repairs import RepairStore
+from chronoshard.scheduler.store.runs import batch_keys
 from chronoshard.services import PostgresServer
 
 DEFAULT_SIZES = (100_000, 500_000, 1_000_000, 2_000_000)
@@ -326,8 +327,7 @@ def _refs(conn: psycopg.Connection[Any], kind: str, limit: int) -> dict[str, lis
         (f"bench-live-{kind}", limit),
     ).fetchall()
     return {
-        "scheduled_ats": [r[0] for r in rows],
-        "ids": [r[1] for r in rows],
+        **batch_keys([r[0] for r in rows], [r[1] for r in rows]),
         "updated_ats": [r[2] for r in rows],
     }
 
@@ -368,7 +368,7 @@ def _preload_statements(
     refs = _refs(conn, "scheduled", live.preload_limit)
     return [
         (sql["due_refs"], _due_params(live)),
-        (sql["load_due"], {"scheduled_ats": refs["scheduled_ats"], "ids": refs["ids"]}),
+        (sql["load_due"], batch_keys(refs["scheduled_ats"], refs["ids"])),
     ]
 
 
@@ -450,7 +450,7 @@ class _Target:
             due = await cur.fetchall()
             cur = await conn.execute(
                 sql["load_due"],
-                {"scheduled_ats": [r[0] for r in due], "ids": [r[1] for r in due]},
+                batch_keys([r[0] for r in due], [r[1] for r in due]),
             )
             self.preloaded = len(await cur.fetchall())
             return time.perf_counter() - started
