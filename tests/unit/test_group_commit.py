@@ -37,17 +37,23 @@ async def test_concurrent_submits_share_batches_and_get_their_own_answers() -> N
     await committer.stop()
 
 
-async def test_a_lone_caller_after_a_lone_batch_does_not_linger() -> None:
-    """One producer, one request at a time: each is flushed at once, however long the
-    linger (an hour here: a linger spent would hang the test until its timeout)."""
+def _recording_committer(*, linger_s: float) -> tuple[GroupCommitter[int, int], list[list[int]]]:
+    """A started committer that answers each request with itself, and its batches."""
     batches: list[list[int]] = []
 
     async def flush(requests: Sequence[int]) -> list[int]:
         batches.append(list(requests))
         return list(requests)
 
-    committer: GroupCommitter[int, int] = GroupCommitter("t", flush, linger_s=3600)
+    committer: GroupCommitter[int, int] = GroupCommitter("t", flush, linger_s=linger_s)
     committer.start()
+    return committer, batches
+
+
+async def test_a_lone_caller_after_a_lone_batch_does_not_linger() -> None:
+    """One producer, one request at a time: each is flushed at once, however long the
+    linger (an hour here: a linger spent would hang the test until its timeout)."""
+    committer, batches = _recording_committer(linger_s=3600)
     async with asyncio.timeout(10):
         for n in range(5):
             assert await committer.submit(n) == n
@@ -56,14 +62,7 @@ async def test_a_lone_caller_after_a_lone_batch_does_not_linger() -> None:
 
 
 async def test_after_a_batch_with_company_the_next_one_lingers() -> None:
-    batches: list[list[int]] = []
-
-    async def flush(requests: Sequence[int]) -> list[int]:
-        batches.append(list(requests))
-        return list(requests)
-
-    committer: GroupCommitter[int, int] = GroupCommitter("t", flush, linger_s=3600)
-    committer.start()
+    committer, batches = _recording_committer(linger_s=3600)
     async with asyncio.timeout(10):
         # Queued before the flusher first runs: one batch of three, without a linger.
         assert await asyncio.gather(*(committer.submit(n) for n in range(3))) == [0, 1, 2]
