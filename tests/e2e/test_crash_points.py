@@ -114,6 +114,21 @@ def _completed(dsn: str, ids: list[uuid.UUID]) -> bool:
     return row is not None and row[0] == len(ids)
 
 
+def _unfinished(dsn: str, ids: list[uuid.UUID]) -> str:
+    """The tasks not COMPLETED with their attempts, one line each (a failure's last words)."""
+    with psycopg.connect(dsn) as conn:
+        rows = conn.execute(
+            "SELECT t.id, t.status, t.fencing_token, t.shard, t.updated_at,"
+            " (SELECT string_agg(a.fencing_token || ':' || a.state, ' ' ORDER BY a.fencing_token)"
+            "  FROM task_attempts a WHERE a.task_id = t.id)"
+            " FROM tasks t WHERE t.id = ANY(%s) AND t.status <> 'COMPLETED'",
+            (ids,),
+        ).fetchall()
+    lines = [f"{len(rows)} of {len(ids)} not COMPLETED (id status token shard updated attempts):"]
+    lines += [" ".join(str(v) for v in row) for row in rows]
+    return "\n".join(lines)
+
+
 def _assert_exactly_once(dsn: str, ids: list[uuid.UUID]) -> dict[str, int]:
     """The module docstring's three rules; returns the attempt states seen."""
     violations = check(dsn, ids, job_ledger=False)
@@ -194,6 +209,7 @@ async def _run(setup: Setup, crash_at: str, *, takeover: bool) -> dict[str, int]
         await eventually(lambda: _completed(setup.dsn, ids), timeout_s=60, what="all COMPLETED")
     except AssertionError:
         print(group.logs())
+        print(_unfinished(setup.dsn, ids))
         raise
     states = _assert_exactly_once(setup.dsn, ids)
     print(f"{crash_at} (takeover={takeover}): attempt states {states}")

@@ -130,6 +130,10 @@ class SchedulerHandle:
         return None
 
 
+DIGEST_LINES = 25
+"""Warnings and errors per process repeated at the end of :meth:`ProcessGroup.logs`."""
+
+
 @dataclass
 class ProcessGroup:
     """Scheduler and worker processes of one test; ``close`` ends them all."""
@@ -207,6 +211,16 @@ class ProcessGroup:
     def logs(self) -> str:
         parts = [f"==== {s.process.name}\n{s.process.log()}" for s in self.schedulers]
         parts += [f"==== {w.name}\n{w.log()}" for w in self.workers]
+        # Last, because a CI log shows the tail of a failure: each process's latest
+        # warnings and errors, so the cause is readable without the whole logs above.
+        for process in [*(s.process for s in self.schedulers), *self.workers]:
+            notable = [
+                line
+                for line in process.log().splitlines()
+                if " WARNING " in line or " ERROR " in line or "Traceback" in line
+            ]
+            parts.append(f"==== {process.name}: last warnings and errors")
+            parts.extend(notable[-DIGEST_LINES:])
         return "\n".join(parts)
 
     def close(self) -> None:
