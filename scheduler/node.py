@@ -41,9 +41,10 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
-from prometheus_client import start_http_server
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from chronoshard.clock import Clock, SystemClock
+from chronoshard.http_endpoint import HttpServer
 from chronoshard.scheduler.api.access import AccessInterceptor
 from chronoshard.scheduler.api.admin import AdminServicer
 from chronoshard.scheduler.api.auth import Authenticator
@@ -129,7 +130,7 @@ class SchedulerNode:
         self._server: grpc.aio.Server | None = None
         self._task_service: TaskServiceServicer | None = None
         self._health = HealthServicer()
-        self._metrics_server: Any = None
+        self._metrics_server: HttpServer | None = None
         self._draining = False
         # Drain and undrain run one at a time (an undrain waits for the shards to be
         # released before it lets the node claim again).
@@ -155,7 +156,7 @@ class SchedulerNode:
         port = bind(self._server, config.grpc)
         host = config.grpc.listen.rsplit(":", 1)[0]
         grpc_address = config.grpc.advertise or f"{host}:{port}"
-        metrics_address = self._start_metrics()
+        metrics_address = await self._start_metrics()
         self.info = NodeInfo(
             node_id=config.node_id,
             address=grpc_address,
@@ -303,11 +304,15 @@ class SchedulerNode:
         self._supervise("backlog-report", self.dispatcher.report_backlogs())
         self._supervise("signals", self.signals.listen())
 
-    def _start_metrics(self) -> str:
-        host, _, port = self.config.metrics_listen.rpartition(":")
-        httpd, _thread = start_http_server(int(port), addr=host, registry=self.metrics.registry)
-        self._metrics_server = httpd
-        return f"{host}:{httpd.server_port}"
+    async def _start_metrics(self) -> str:
+        # On the event loop (chronoshard.http_endpoint): a scrape reads the components'
+        # counters on the thread that writes them and contends with nothing for the GIL.
+        registry = self.metrics.registry
+        self._metrics_server = HttpServer(
+            self.config.metrics_listen,
+            {"/metrics": lambda: (200, CONTENT_TYPE_LATEST, generate_latest(registry))},
+        )
+        return await self._metrics_server.start()
 
     def _add_services(self, server: grpc.aio.Server, shard_count: int) -> None:
         worker_service_pb2_grpc.add_WorkerServiceServicer_to_server(self.gateway, server)
@@ -469,8 +474,7 @@ class SchedulerNode:
         await self.coordinator.close(revoke=True)
         await self.store.close()
         if self._metrics_server is not None:
-            self._metrics_server.shutdown()
-            self._metrics_server.server_close()
+            await self._metrics_server.close()
         self.stopped.set()
         log.info("scheduler node stopped", extra={"node_id": self.config.node_id})
 

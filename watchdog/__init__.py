@@ -11,5 +11,6 @@ A separate process (``chronoshard-watchdog``) that imports nothing from
 - :mod:`.checker` — one check: read, decide, record, notify.
 - :mod:`.canary` — canary tasks through the public API, served by a built-in handler.
 - :mod:`.sinks`, :mod:`.notifier` — webhook, PagerDuty, Slack, log; retries off the loop.
-- :mod:`.service`, :mod:`.http`, :mod:`.metrics`, :mod:`.config` — the process around it.
+- :mod:`.service`, :mod:`.metrics`, :mod:`.config` — the process around it (its HTTP
+  endpoint is :mod:`chronoshard.http_endpoint`, shared with the scheduler node).
 """

@@ -37,12 +37,12 @@ from typing import Any
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from chronoshard.clock import Clock, SystemClock
+from chronoshard.http_endpoint import HttpServer, Response
 from chronoshard.watchdog.canary import CanaryRunner, CanaryStats
 from chronoshard.watchdog.checker import Checker, CheckStats, last_check_age_s
 from chronoshard.watchdog.config import WatchdogConfig
 from chronoshard.watchdog.election import Contact, Election, close_quietly
 from chronoshard.watchdog.errors import DatabaseUnavailable
-from chronoshard.watchdog.http import HttpServer, Response
 from chronoshard.watchdog.incidents import (
     AlertRecord,
     Event,

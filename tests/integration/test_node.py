@@ -132,7 +132,7 @@ async def test_tasks_fire_and_complete_through_a_raw_worker(node: SchedulerNode)
     # Lead dispatch sends at most lead_dispatch_s early.
     assert min(started_late) >= -node.config.scheduling.lead_dispatch_s - 0.05
     # Every component's stats reach /metrics, and they counted this work.
-    exported = _scrape(node)
+    exported = await _scrape(node)
     assert exported["chronoshard_dispatcher_dispatched"] == ("counter", len(news))
     assert exported["chronoshard_wheel_expired"] == ("counter", len(news))
     assert exported["chronoshard_ready_selected"] == ("counter", len(news))
@@ -146,7 +146,7 @@ async def test_tasks_fire_and_complete_through_a_raw_worker(node: SchedulerNode)
 
 
 async def test_every_component_stat_is_exported_once_with_its_type(node: SchedulerNode) -> None:
-    exported = _scrape(node)
+    exported = await _scrape(node)
     for family in node._stats_families():
         labels = "".join(f'{{{k}="{v}"}}' for k, v in family.labels.items())
         for key in family.source.get_stats():
@@ -155,12 +155,18 @@ async def test_every_component_stat_is_exported_once_with_its_type(node: Schedul
             assert exported.get(name, ("missing",))[0] == kind, name
 
 
-def _scrape(node: SchedulerNode) -> dict[str, tuple[str, float]]:
+async def _scrape(node: SchedulerNode) -> dict[str, tuple[str, float]]:
     """``name{labels but node}`` -> (type, value) of the node's /metrics text, parsed by
-    Prometheus's own parser (which refuses a name exported twice)."""
+    Prometheus's own parser (which refuses a name exported twice). Off the loop: the node
+    answers the scrape on it."""
     assert node.addresses is not None
-    with urllib.request.urlopen(f"http://{node.addresses.metrics}/metrics", timeout=5) as reply:
-        text = reply.read().decode()
+    url = f"http://{node.addresses.metrics}/metrics"
+
+    def fetch() -> str:
+        with urllib.request.urlopen(url, timeout=5) as reply:
+            return str(reply.read().decode())
+
+    text = await asyncio.to_thread(fetch)
     exported: dict[str, tuple[str, float]] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:

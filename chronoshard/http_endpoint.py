@@ -1,9 +1,12 @@
-"""The watchdog's own HTTP endpoint: ``GET /metrics`` and ``GET /healthz``.
+"""A process's own HTTP endpoint: a few read-only routes (``/metrics``, ``/healthz``).
 
-A few lines of asyncio instead of a web framework: two read-only routes, answered from
-memory, one request per connection. It runs on the event loop like everything else, so
-``/healthz`` answering at all says the loop is alive; what it answers says whether this
-replica can do its job (see :meth:`chronoshard.watchdog.service.Watchdog.health`).
+A few lines of asyncio instead of a web framework: read-only routes answered from memory,
+one request per connection, on the event loop like everything else. That is the point,
+for the scheduler node as for the watchdog: an answer at all says the loop is alive, the
+handlers read the components' plain counters on the thread that writes them, and a scrape
+takes no thread that would contend with the loop for the GIL (prometheus_client's own
+threaded server made every scrape of a node cost tens of milliseconds of handoffs, and a
+test polling it stole the node's loop away from its clock checks).
 """
 
 from __future__ import annotations
