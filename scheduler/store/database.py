@@ -15,7 +15,8 @@ machine (``states``) says which moves a write may make, and the stores over its 
 * **One error boundary.** psycopg's ``OperationalError`` (lost connection, pool timeout,
   serialization failure, deadlock, lock timeout) becomes
   :class:`~.errors.StoreUnavailable` (retryable), chained ``from exc``. A connection lost
-  while a transaction was committing becomes :class:`~.errors.CommitOutcomeUnknown`: the
+  while a transaction was committing (or while a self-committing statement ran,
+  :meth:`Store.self_committing`) becomes :class:`~.errors.CommitOutcomeUnknown`: the
   transaction may have committed (docs/architecture.md#d12). A pooled connection is waited for at
   most ``acquire_timeout_s``, so while PostgreSQL is down callers hear so within that
   bound instead of waiting for it to come back.
@@ -251,6 +252,29 @@ class Store:
                         self._lost.add(backend)
                     raise CommitOutcomeUnknown(f"while committing: {exc}") from exc
                 raise
+
+    @asynccontextmanager
+    async def self_committing(self) -> AsyncIterator[Connection]:
+        """A pooled (autocommit) connection for one write statement, which commits by
+        itself: all of it or nothing, one round trip instead of BEGIN, the statement
+        and COMMIT.
+
+        Raises:
+            CommitOutcomeUnknown: the connection broke while the statement ran: it may
+                have committed (the same as a connection lost during COMMIT).
+            StoreUnavailable: no connection, or the server refused the statement (the
+                connection lives on): nothing was committed.
+        """
+        async with self.connection() as conn:
+            try:
+                yield conn
+            except psycopg.OperationalError as exc:
+                if not conn.broken:
+                    raise  # the server answered with an error: the statement rolled back
+                backend = self._backends.get(conn)
+                if backend is not None:
+                    self._lost.add(backend)
+                raise CommitOutcomeUnknown(f"while writing: {exc}") from exc
 
     async def end_lost_transactions(self) -> None:
         """Make sure no transaction whose commit outcome became unknown can still commit:

@@ -8,7 +8,10 @@ TaskService's group commit gathers for a few milliseconds
 commit applied to the submit path). A batch costs a handful of statements however many tasks
 it holds (``sql/submits.sql``): the idempotency keys are claimed in one ``INSERT ... ON
 CONFLICT DO NOTHING``, read back in one ``SELECT``, and the tasks go in with one ``INSERT
-... SELECT FROM unnest(...)`` (one array per column), all in one transaction.
+... SELECT FROM unnest(...)`` (one array per column), all in one transaction. A batch
+without keys (most single submits) is that INSERT alone, self-committing
+(:meth:`Store.self_committing`): one statement instead of four (BEGIN, the tenant check,
+the INSERT, COMMIT), the tenant check inside it.
 
 The store validates nothing: it takes :class:`~chronoshard.scheduler.core.models.PreparedTask`
 values, which the wire (``api.task_requests.submit_from_pb``) validated and built. What
@@ -224,8 +227,14 @@ class SubmitStore:
             return []
         requests = [(tenant_id, p) for p in prepared]
         try:
-            async with self._store.transaction() as conn:
-                outcomes = await self._write_submits(conn, requests, all_or_nothing=True)
+            if _keyless(requests):
+                # One tenant: its rows all go in, or none (an unknown tenant).
+                async with self._store.self_committing() as conn:
+                    outcomes = await self._insert_keyless(conn, requests)
+                _raise_first(outcomes)
+            else:
+                async with self._store.transaction() as conn:
+                    outcomes = await self._write_submits(conn, requests, all_or_nothing=True)
         except CommitOutcomeUnknown as exc:
             outcomes = await self._read_back_submits(requests, exc, all_or_nothing=True)
         return [o for o in outcomes if isinstance(o, SubmitResult)]
@@ -244,6 +253,9 @@ class SubmitStore:
         if not requests:
             return []
         try:
+            if _keyless(requests):
+                async with self._store.self_committing() as conn:
+                    return await self._insert_keyless(conn, requests)
             async with self._store.transaction() as conn:
                 return await self._write_submits(conn, requests, all_or_nothing=False)
         except CommitOutcomeUnknown as exc:
@@ -348,6 +360,28 @@ class SubmitStore:
             outcomes[i] = SubmitResult(originals[ref.id], created=False)
         return [o for o in outcomes if o is not None]
 
+    async def _insert_keyless(
+        self, conn: Connection, requests: Sequence[Request]
+    ) -> list[SubmitResult | SchedulerError]:
+        """A batch without idempotency keys as one self-committing statement: nothing to
+        claim, so no transaction around it. A request whose tenant does not exist is
+        left out by the statement and answered TenantNotFound; one repeating an id of
+        the batch, InvalidArgument."""
+        outcomes: list[SubmitResult | SchedulerError | None] = [None] * len(requests)
+        seen: set[uuid.UUID] = set()
+        for i, (_, p) in enumerate(requests):
+            if p.new.id in seen:
+                outcomes[i] = InvalidArgument("id", "two tasks in one batch share an id")
+            seen.add(p.new.id)
+        new = [(i, r) for i, r in enumerate(requests) if outcomes[i] is None]
+        inserted = await self._insert_new(conn, [r for _, r in new])
+        for i, (tenant_id, p) in new:
+            task = inserted.get(p.new.id)
+            outcomes[i] = (
+                TenantNotFound(tenant_id) if task is None else SubmitResult(task, created=True)
+            )
+        return [o for o in outcomes if o is not None]
+
     async def _claim_keys(
         self, conn: Connection, requests: Sequence[Request]
     ) -> dict[tuple[uuid.UUID, str], KeyOwner]:
@@ -408,6 +442,10 @@ class SubmitStore:
                 # its task; reaching this means the two were separated by hand.
                 raise TaskNotFound(ref.id)
         return found
+
+
+def _keyless(requests: Sequence[Request]) -> bool:
+    return all(p.new.idempotency_key is None for _, p in requests)
 
 
 def _raise_first(outcomes: Sequence[SubmitResult | SchedulerError | None]) -> None:

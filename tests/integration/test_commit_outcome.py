@@ -1,10 +1,11 @@
 """Commits whose outcome the scheduler cannot know, against a real PostgreSQL.
 
 A TCP proxy between the store and the server (:class:`CommitCutter`) loses one COMMIT on
-purpose, on the connection that ran a chosen statement: either the server gets it and
-commits but its answer never comes back (``commits=True``), or it never gets it and rolls
-back (``commits=False``). Both look the same to the client, a connection lost during
-COMMIT: ``CommitOutcomeUnknown``. docs/architecture.md#d12: such an outcome is settled by reading
+purpose, on the connection that ran a chosen statement (or that statement itself, when it
+commits by itself: a submit without keys): either the server gets it and commits but its
+answer never comes back (``commits=True``), or it never gets it and rolls back
+(``commits=False``). Both look the same to the client, a connection lost during COMMIT:
+``CommitOutcomeUnknown``. docs/architecture.md#d12: such an outcome is settled by reading
 the rows back, never by writing them again.
 
 * a submit batch, unkeyed, is answered with its task when it committed and with
@@ -67,6 +68,7 @@ COMPLETE = b"SET status = 'COMPLETED'"
 class _Armed:
     statement: bytes
     commits: bool
+    self_committing: bool
 
 
 @dataclass
@@ -84,8 +86,11 @@ class CommitCutter:
         self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
         return int(self._server.sockets[0].getsockname()[1])
 
-    def arm(self, statement: bytes, *, commits: bool) -> None:
-        self.armed = _Armed(statement, commits)
+    def arm(self, statement: bytes, *, commits: bool, self_committing: bool = False) -> None:
+        """Lose the COMMIT of the next transaction that runs ``statement`` or, when the
+        statement runs alone outside a transaction (``self_committing``), the statement
+        itself: the server runs and commits it, or never gets it."""
+        self.armed = _Armed(statement, commits, self_committing)
 
     async def close(self) -> None:
         if self._server is not None:
@@ -116,7 +121,7 @@ class CommitCutter:
                 if armed is not None and not target and armed.statement in window:
                     self.armed = None
                     target.append(armed)
-                if target and COMMIT in window:
+                if target and (target[0].self_committing or COMMIT in window):
                     self.cut += 1
                     if target[0].commits:
                         server_w.write(data)
@@ -182,7 +187,7 @@ async def test_an_unkeyed_submit_whose_commit_answer_was_lost_is_read_back_once(
     proxy, _ = cutter
     tenant = await new_tenant(store)
     new = new_task()
-    proxy.arm(INSERT_TASKS, commits=True)
+    proxy.arm(INSERT_TASKS, commits=True, self_committing=True)
     [result] = await insert_tasks(store, tenant.id, [new])
     assert proxy.cut == 1, "the COMMIT was not intercepted: the test proves nothing"
     assert result.created and result.task.id == new.id
@@ -195,7 +200,7 @@ async def test_a_submit_whose_commit_never_arrived_is_unavailable_and_wrote_noth
     proxy, _ = cutter
     tenant = await new_tenant(store)
     new = new_task()
-    proxy.arm(INSERT_TASKS, commits=False)
+    proxy.arm(INSERT_TASKS, commits=False, self_committing=True)
     with pytest.raises(StoreUnavailable) as raised:
         await insert_tasks(store, tenant.id, [new])
     assert proxy.cut == 1

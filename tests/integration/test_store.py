@@ -20,6 +20,7 @@ from chronoshard.scheduler.core.models import NewTask, Priority, Task, Tenant
 from chronoshard.scheduler.core.sharding import shard_of
 from chronoshard.scheduler.core.states import AttemptState, TaskEvent, TaskStatus
 from chronoshard.scheduler.errors import (
+    CommitOutcomeUnknown,
     IdempotencyConflict,
     InvalidArgument,
     StoreUnavailable,
@@ -451,3 +452,17 @@ async def test_task_has_a_field_for_every_tasks_column(db_dsn: str) -> None:
         )
         columns = {str(row[0]) for row in await cur.fetchall()}
     assert {f.name for f in dataclasses.fields(Task)} == columns
+
+
+async def test_a_self_committing_statement_the_server_refuses_is_unavailable_not_unknown(
+    store: Store,
+) -> None:
+    """The server answered (the connection lives on): the statement rolled back, so the
+    caller may retry it; only a connection that broke leaves the outcome unknown (that
+    case: test_commit_outcome)."""
+    with pytest.raises(StoreUnavailable) as raised:
+        async with store.self_committing() as conn:
+            await conn.execute("SET statement_timeout = 10")
+            await conn.execute("SELECT pg_sleep(1)")
+    assert not isinstance(raised.value, CommitOutcomeUnknown)
+    assert isinstance(raised.value.__cause__, psycopg.errors.QueryCanceled)

@@ -108,6 +108,37 @@ async def test_insert_each_gives_every_request_its_own_outcome(store: Store, db_
     assert await _count(db_dsn, "SELECT count(*) FROM tasks WHERE tenant_id = %s", b.id) == 2
 
 
+async def test_a_batch_without_keys_is_one_self_committing_insert_with_outcomes_each(
+    store: Store, db_dsn: str
+) -> None:
+    """No key to claim: the INSERT alone, outside a transaction; an unknown tenant's
+    request and a repeated id fail alone, every other request's row is written."""
+    tenant, _ = await tenant_with_key(store)
+    submits = SubmitStore(store)
+    first, second, repeated = _prepared(), _prepared(), _prepared()
+    unknown = uuid.uuid4()
+    outcomes = await submits.insert_each(
+        [
+            (tenant.id, first),
+            (unknown, _prepared()),
+            (tenant.id, repeated),
+            (tenant.id, repeated),
+            (tenant.id, second),
+        ]
+    )
+    assert isinstance(outcomes[1], TenantNotFound) and outcomes[1].tenant_id == unknown
+    assert isinstance(outcomes[3], InvalidArgument)
+    written = [o.task.id for o in outcomes if isinstance(o, SubmitResult)]
+    assert written == [first.new.id, repeated.new.id, second.new.id]
+    assert all(isinstance(o, SubmitResult) and o.created for o in (outcomes[0], outcomes[4]))
+    rows = "SELECT count(*) FROM tasks WHERE tenant_id = %s"
+    assert await _count(db_dsn, rows, tenant.id) == 3
+    assert await _count(db_dsn, rows, unknown) == 0
+    # Round trip: what was sent comes back as written.
+    [stored] = [o.task for o in outcomes[:1] if isinstance(o, SubmitResult)]
+    assert stored.payload == {"v": 1} and stored.scheduled_at == AT
+
+
 async def test_insert_tasks_stays_all_or_nothing(store: Store, db_dsn: str) -> None:
     tenant, _ = await tenant_with_key(store)
     submits = SubmitStore(store)

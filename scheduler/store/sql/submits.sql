@@ -1,7 +1,7 @@
 -- The statements of chronoshard.scheduler.store.submits.SubmitStore: a batch of submits
 -- in one transaction (tenants checked, idempotency keys claimed and read back, the new
--- tasks inserted in one statement), and the read-back of repeats' originals and of a
--- batch whose commit outcome was unknown.
+-- tasks inserted in one statement) or, without keys, the insert alone; and the read-back
+-- of repeats' originals and of a batch whose commit outcome was unknown.
 
 -- name: tenants_exist
 SELECT id FROM tenants WHERE id = ANY(%(tenant_ids)b::uuid[]);
@@ -31,7 +31,9 @@ JOIN unnest(%(tenant_ids)b::uuid[], %(keys)b::text[]) AS k(tenant_id, key)
 -- one plan and one round trip however many rows; PostgreSQL routes each row to its day
 -- partition. Payloads and trace contexts arrive as JSON text and are cast per row. The
 -- arrays are bound in binary format (the b placeholders): psycopg dumps them several
--- times faster than as text.
+-- times faster than as text. Rows of tenants that do not exist are left out (not an
+-- error): a batch without idempotency keys runs this alone, self-committing, and tells
+-- an unknown tenant by its rows missing from RETURNING.
 INSERT INTO tasks (
     id, tenant_id, type, scheduled_at, due_at, status, idempotency_key, max_retries,
     backoff_initial_s, backoff_max_s, backoff_multiplier, jitter_mode, payload, shard,
@@ -57,6 +59,7 @@ FROM unnest(
        backoff_initial_s, backoff_max_s, backoff_multiplier, jitter_mode, payload, shard,
        priority, queue, strict_timing, idempotent, timeout_s, job_id, workflow_id,
        unresolved_dependencies, schedule_id, logical_date, trace_context, submitted_by)
+WHERE EXISTS (SELECT FROM tenants AS k WHERE k.id = t.tenant_id)
 RETURNING *;
 
 -- name: get_tasks_by_ref
