@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from chronoshard.scheduler.core.models import Priority, Task, TaskRef
 from chronoshard.scheduler.core.retry import FailureReport
@@ -38,6 +38,42 @@ class TimerTask:
     @property
     def ref(self) -> TaskRef:
         return TaskRef(self.scheduled_at, self.id)
+
+
+T = TypeVar("T")
+_UNSEEN = object()
+
+
+class Interner(Generic[T]):
+    """One shared object per distinct value, for the fields a million timers repeat.
+
+    A node holding a million pending timers held a million copies of a few tenant ids,
+    queue names and task types (each row read from PostgreSQL is new objects): ~100
+    bytes for a UUID, ~55 for a short string, per timer and per field (issue 14, target
+    7). :meth:`get` returns the first object seen equal to ``value``. At most
+    ``max_size`` distinct values are kept; past that a value is returned as it is, so a
+    field that is unique per row (by mistake or by design) costs a bounded dict, not one
+    that grows with the rows.
+    """
+
+    __slots__ = ("_max_size", "_seen")
+
+    def __init__(self, max_size: int) -> None:
+        if max_size < 0:
+            raise ValueError("max_size must not be negative")
+        self._max_size = max_size
+        self._seen: dict[T, T] = {}
+
+    def get(self, value: T) -> T:
+        shared = self._seen.get(value, _UNSEEN)
+        if shared is not _UNSEEN:
+            return shared  # type: ignore[return-value]
+        if len(self._seen) < self._max_size:
+            self._seen[value] = value
+        return value
+
+    def __len__(self) -> int:
+        return len(self._seen)
 
 
 @dataclass(frozen=True, slots=True)

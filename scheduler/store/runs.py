@@ -37,6 +37,7 @@ from chronoshard.scheduler.core.runs import (
     FailureResult,
     Intent,
     IntentResult,
+    Interner,
     LeaseUpdate,
     Release,
     Settle,
@@ -70,17 +71,29 @@ _ALREADY = {
 }
 
 
+# The fields a node's timers repeat, one object per distinct value (core.runs.Interner):
+# tenants, queues and task types are few; shards above 256 are not cached ints.
+_TENANTS: Interner[uuid.UUID] = Interner(100_000)
+_NAMES: Interner[str] = Interner(100_000)
+_SHARDS: Interner[int] = Interner(100_000)
+
+
 def timer_from_row(row: Mapping[str, Any]) -> TimerTask:
-    """A wheel entry from a ``tasks`` row read with ``dict_row``."""
+    """A wheel entry from a ``tasks`` row read with ``dict_row``; its repeated fields are
+    shared with every other timer's (a million of them waiting made the node's RSS grow
+    by ~800 bytes each)."""
+    scheduled_at = row["scheduled_at"]
+    due_at = row["due_at"]
     return TimerTask(
         id=row["id"],
-        scheduled_at=row["scheduled_at"],
-        shard=row["shard"],
-        tenant_id=row["tenant_id"],
+        scheduled_at=scheduled_at,
+        shard=_SHARDS.get(row["shard"]),
+        tenant_id=_TENANTS.get(row["tenant_id"]),
         priority=Priority(row["priority"]),
-        queue=row["queue"],
-        type=row["type"],
-        due_at=row["due_at"],
+        queue=_NAMES.get(row["queue"]),
+        type=_NAMES.get(row["type"]),
+        # Without jitter the two are equal: one object, not two.
+        due_at=scheduled_at if due_at == scheduled_at else due_at,
         strict_timing=row["strict_timing"],
     )
 

@@ -12,11 +12,12 @@ scan of the partition is honestly cheaper than 200 probes, and PostgreSQL takes 
 runs each statement under ``EXPLAIN ANALYZE`` (rolled back) and counts the rows its scans
 of ``tasks`` looked at: a few per key, never the stampede.
 
-What keeps them there (``runs.sql``'s header, migration 0010): the key leads with ``id``,
-so no index reads an instant; every batch statement locks its rows key by key
-(``CROSS JOIN LATERAL (... LIMIT 1 FOR UPDATE)``) and checks token and state on the row
-as locked, outside the lookup, so its ``UPDATE`` names rows by key alone and no partial
-index of a state (believed by stale statistics to hold 3 rows) can drive it.
+What keeps them there (``runs.sql``'s header, migration 0010; ``repairs.sql``'s repair is
+written the same way): the key leads with ``id``, so no index reads an instant; every
+batch statement locks its rows key by key (``CROSS JOIN LATERAL (... LIMIT 1 FOR
+UPDATE)``) and checks token and state on the row as locked, outside the lookup, so its
+``UPDATE`` names rows by key alone and no partial index of a state (believed by stale
+statistics to hold 3 rows) can drive it.
 """
 
 from __future__ import annotations
@@ -42,20 +43,22 @@ SCANS_PER_KEY = 3
 """A statement may read a key's row more than once (lock it, then update it)."""
 
 KEY_STATEMENTS = {
-    "load_due": "SCHEDULED",
-    "write_intents": "PRELOADED",
-    "intent_outcomes": "DISPATCHED",
-    "ack": "DISPATCHED",
-    "extend_leases": "RUNNING",
-    "complete": "RUNNING",
-    "lock_for_failure": "RUNNING",
-    "apply_failures": "RUNNING",
-    "release": "RUNNING",
-    "settlement_state": "RUNNING",
-    "load_preloaded_refs": "PRELOADED",
+    ("runs.sql", "load_due"): "SCHEDULED",
+    ("runs.sql", "write_intents"): "PRELOADED",
+    ("runs.sql", "intent_outcomes"): "DISPATCHED",
+    ("runs.sql", "ack"): "DISPATCHED",
+    ("runs.sql", "extend_leases"): "RUNNING",
+    ("runs.sql", "complete"): "RUNNING",
+    ("runs.sql", "lock_for_failure"): "RUNNING",
+    ("runs.sql", "apply_failures"): "RUNNING",
+    ("runs.sql", "release"): "RUNNING",
+    ("runs.sql", "settlement_state"): "RUNNING",
+    ("runs.sql", "load_preloaded_refs"): "PRELOADED",
+    ("repairs.sql", "repair"): "RUNNING",
 }
-"""Every statement of ``runs.sql`` that is handed a batch of task keys, and the state the
-whole stampede is in when it runs (partial indexes hold the rows of some states only)."""
+"""Every statement of ``runs.sql`` that is handed a batch of task keys, and the
+reconciler's repair: (file, name) -> the state the whole stampede is in when it runs
+(partial indexes hold the rows of some states only)."""
 
 
 def _params(instant: datetime, ids: list[uuid.UUID]) -> dict[str, Any]:
@@ -75,6 +78,9 @@ def _params(instant: datetime, ids: list[uuid.UUID]) -> dict[str, Any]:
         "errors": ["e"] * n,
         "retry_counts": [1] * n,
         "statuses": ["SCHEDULED"] * n,
+        "updated_ats": [instant] * n,
+        "targets": ["PRELOADED"] * n,
+        "reasons": ["r"] * n,
         "details": ["d"] * n,
         "shards": [SHARD],
         "lease_s": 30.0,
@@ -129,13 +135,17 @@ async def test_key_lookups_read_a_few_rows_per_key_of_a_stampede(
 ) -> None:
     instant, ids = await _stampede(store, tenant)
     batch = ids[:: len(ids) // BATCH][:BATCH]
-    statements = queries.load("runs.sql")
+    statements = {
+        (file, name): sql
+        for file in {f for f, _ in KEY_STATEMENTS}
+        for name, sql in queries.load(file).items()
+    }
     looked_at = {}
     async with store.connection() as conn:
         await conn.execute("BEGIN")
         try:
             status = None
-            for name, wanted in sorted(KEY_STATEMENTS.items(), key=lambda item: item[1]):
+            for key, wanted in sorted(KEY_STATEMENTS.items(), key=lambda item: item[1]):
                 if wanted != status:
                     # One pass over the stampede per state, not per statement.
                     status = wanted
@@ -147,14 +157,14 @@ async def test_key_lookups_read_a_few_rows_per_key_of_a_stampede(
                     )
                 await conn.execute("SAVEPOINT explained")
                 cur = await conn.execute(
-                    "EXPLAIN (ANALYZE, FORMAT JSON) " + statements[name],  # type: ignore[operator]
+                    "EXPLAIN (ANALYZE, FORMAT JSON) " + statements[key],  # type: ignore[operator]
                     _params(instant, batch),
                 )
                 row = await cur.fetchone()
                 await conn.execute("ROLLBACK TO SAVEPOINT explained")
                 assert row is not None
                 explained = row[0] if isinstance(row[0], list) else json.loads(row[0])
-                looked_at[name] = rows_looked_at(explained)
+                looked_at[key[1]] = rows_looked_at(explained)
         finally:
             await conn.execute("ROLLBACK")
     walking = {name for name, n in looked_at.items() if n > SCANS_PER_KEY * BATCH}

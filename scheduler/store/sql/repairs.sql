@@ -74,13 +74,20 @@ WITH decided AS (
                 %(attempt_states)s::text[], %(reasons)s::text[])
          AS d(scheduled_at, id, status, token, updated_at, target, attempt_state, reason)
 ), locked AS MATERIALIZED (
+    -- Key by key, in key order (as in runs.sql): one primary-key probe per row whatever
+    -- the statistics say, pruned to the batch's day partitions; a join of the whole
+    -- array could scan every row of an instant shared by a stampede.
     SELECT t.scheduled_at, t.id, d.status, d.token, d.updated_at, d.target,
            d.attempt_state, d.reason
-    FROM tasks AS t JOIN decided AS d ON t.scheduled_at = d.scheduled_at AND t.id = d.id
-    -- Partition pruning (as in runs.sql): read only the batch's day partitions.
-    WHERE t.scheduled_at = ANY(%(instants)s::timestamptz[])
-    ORDER BY t.scheduled_at, t.id
-    FOR UPDATE OF t
+    FROM (SELECT * FROM decided ORDER BY scheduled_at, id) AS d
+    CROSS JOIN LATERAL (
+        SELECT t.scheduled_at, t.id
+        FROM tasks AS t
+        WHERE t.scheduled_at = d.scheduled_at AND t.id = d.id
+          AND t.scheduled_at = ANY(%(instants)s::timestamptz[])
+        LIMIT 1
+        FOR UPDATE OF t
+    ) AS t
 ), moved AS (
     UPDATE tasks AS t
     SET status = d.target,
@@ -94,7 +101,6 @@ WITH decided AS (
     FROM locked AS d
     WHERE t.scheduled_at = d.scheduled_at
       AND t.id = d.id
-      AND t.scheduled_at = ANY(%(instants)s::timestamptz[])
       AND t.status = d.status
       AND t.fencing_token = d.token
       AND t.updated_at = d.updated_at
