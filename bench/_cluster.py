@@ -100,11 +100,13 @@ def postgres_pids(dsn: str) -> list[int]:
     from the backend serving a connection; empty when the server is not on this host."""
     with psycopg.connect(dsn) as conn:
         row = conn.execute("SELECT pg_backend_pid()").fetchone()
-    assert row is not None
-    try:
-        postmaster = _parent_pid(int(row[0]))
-    except OSError:
-        return []
+        assert row is not None
+        # While the connection is open: its backend exits with it, and a closed one
+        # made this return nothing now and then (a run's CPU table lost PostgreSQL).
+        try:
+            postmaster = _parent_pid(int(row[0]))
+        except OSError:
+            return []
     pids = [postmaster]
     for entry in os.listdir("/proc"):
         if entry.isdigit():

@@ -515,7 +515,9 @@ class Cpu:
     def stop(self) -> None:
         after = self._snapshot()
         self.used = {
-            kind: cpu_used(self._before[kind], after[kind]) if kind in self._before else None
+            kind: cpu_used(self._before[kind], after[kind])
+            if kind in self._before and kind in after
+            else None
             for kind in KINDS
         }
 
