@@ -14,7 +14,12 @@ ends COMPLETED exactly once.
 
 Timing: leases, ack timeout and etcd TTL are scaled down so a run takes seconds. The ack
 timeout stays above the worker SDK's longest settlement resend interval (5 s), the
-margin the reconciler's "the worker's session never got it" rule relies on.
+margin the reconciler's "the worker's session never got it" rule relies on. The task
+lease must outlast what that rule needs after a restart: the node back up, the worker's
+session back (its reconnect backoff reaches 5 s during the outage) and live for the ack
+timeout. Before that the restarted node cannot know an unsent intent was unsent, and a
+lease that ran out first leaves a non-idempotent task OUTCOME_UNKNOWN, as it must (with
+an 8 s lease, a worker back 5 s after the crash did that to 12 of 24 tasks in CI).
 """
 
 from __future__ import annotations
@@ -52,7 +57,8 @@ SCHEDULER_ENV = {
     "CHRONOSHARD_GRPC__KEEPALIVE_TIME_S": "1",
     "CHRONOSHARD_GRPC__KEEPALIVE_TIMEOUT_S": "1",
     "CHRONOSHARD_WORKERS__HEARTBEAT_INTERVAL_S": "1",
-    "CHRONOSHARD_WORKERS__TASK_LEASE_S": "8",
+    # Ack timeout (6) + worst session reconnect (5) + restart and margin: see the docstring.
+    "CHRONOSHARD_WORKERS__TASK_LEASE_S": "14",
     "CHRONOSHARD_WORKERS__ACK_TIMEOUT_S": "6",
     "CHRONOSHARD_WORKERS__LEASE_MARGIN_S": "1",
     "CHRONOSHARD_RECONCILE__INTERVAL_S": "0.5",
