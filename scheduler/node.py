@@ -259,6 +259,7 @@ class SchedulerNode:
             signals=self.signals,
         )
         self.dispatcher.on_remote_ready = self.router.ready_elsewhere
+        self.tenant_limits.on_changed = self.dispatcher.tenant_limits_changed
         self.shards.on_remote_due = self.router.due_elsewhere
         self.shards.publish_clock_skewed = self._publish_clock_skewed
         self.clock.on_skew_changed = self._clock_skew_changed

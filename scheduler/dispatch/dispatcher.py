@@ -233,6 +233,11 @@ class Dispatcher:
         self._ready.task_finished(task.tenant_id, task.priority)
         self._wake.set()
 
+    def tenant_limits_changed(self, tenant_id: uuid.UUID) -> None:
+        """The tenant's limits were changed: its parked tasks are looked at again."""
+        self._ready.limits_changed(tenant_id)
+        self._wake.set()
+
     # ---- the loop -------------------------------------------------------------------------
 
     async def run(self) -> None:
