@@ -42,15 +42,13 @@ class TenantLimitsCache:
 
     async def refresh(self) -> None:
         tenants = await self._list_tenants()
-        before, self._limits = (
-            self._limits,
-            {
-                t.id: TenantLimits(
-                    max_concurrent=t.max_concurrent_workers, rate_limit_rps=t.rate_limit_rps
-                )
-                for t in tenants
-            },
-        )
+        before = self._limits
+        self._limits = {
+            t.id: TenantLimits(
+                max_concurrent=t.max_concurrent_workers, rate_limit_rps=t.rate_limit_rps
+            )
+            for t in tenants
+        }
         self._stats["refreshes"] += 1
         if self.on_changed is not None:
             for tenant_id in before.keys() | self._limits.keys():

@@ -247,10 +247,7 @@ class Store:
                     committing = True
             except psycopg.OperationalError as exc:
                 if committing:
-                    backend = self._backends.get(conn)
-                    if backend is not None:
-                        self._lost.add(backend)
-                    raise CommitOutcomeUnknown(f"while committing: {exc}") from exc
+                    raise self._outcome_lost(conn, f"while committing: {exc}") from exc
                 raise
 
     @asynccontextmanager
@@ -271,10 +268,15 @@ class Store:
             except psycopg.OperationalError as exc:
                 if not conn.broken:
                     raise  # the server answered with an error: the statement rolled back
-                backend = self._backends.get(conn)
-                if backend is not None:
-                    self._lost.add(backend)
-                raise CommitOutcomeUnknown(f"while writing: {exc}") from exc
+                raise self._outcome_lost(conn, f"while writing: {exc}") from exc
+
+    def _outcome_lost(self, conn: Connection, what: str) -> CommitOutcomeUnknown:
+        """A commit on ``conn`` whose outcome is unknown: its backend is remembered, so a
+        read-back ends it first (:meth:`end_lost_transactions`)."""
+        backend = self._backends.get(conn)
+        if backend is not None:
+            self._lost.add(backend)
+        return CommitOutcomeUnknown(what)
 
     async def end_lost_transactions(self) -> None:
         """Make sure no transaction whose commit outcome became unknown can still commit:

@@ -222,7 +222,7 @@ class SubmitStore:
         first in ``prepared`` order is reported.
         """
         if len({p.new.id for p in prepared}) != len(prepared):
-            raise InvalidArgument("id", "two tasks in one batch share an id")
+            raise InvalidArgument("id", _REPEATED_ID)
         if not prepared:
             return []
         requests = [(tenant_id, p) for p in prepared]
@@ -324,18 +324,14 @@ class SubmitStore:
         resolved, new tasks inserted in one statement, repeats read back. With
         ``all_or_nothing``, the first request's error is raised before anything is
         inserted (the caller's transaction then rolls the key claims back)."""
-        outcomes: list[SubmitResult | SchedulerError | None] = [None] * len(requests)
+        outcomes = _repeated_ids(requests)
         cur = await conn.execute(
             self._q["tenants_exist"], {"tenant_ids": list({t for t, _ in requests})}
         )
         tenants = {row[0] for row in await cur.fetchall()}
-        seen: set[uuid.UUID] = set()
-        for i, (tenant_id, p) in enumerate(requests):
+        for i, (tenant_id, _) in enumerate(requests):
             if tenant_id not in tenants:
                 outcomes[i] = TenantNotFound(tenant_id)
-            elif p.new.id in seen:
-                outcomes[i] = InvalidArgument("id", "two tasks in one batch share an id")
-            seen.add(p.new.id)
         if all_or_nothing:
             _raise_first(outcomes)
         valid = [(i, r) for i, r in enumerate(requests) if outcomes[i] is None]
@@ -367,12 +363,7 @@ class SubmitStore:
         claim, so no transaction around it. A request whose tenant does not exist is
         left out by the statement and answered TenantNotFound; one repeating an id of
         the batch, InvalidArgument."""
-        outcomes: list[SubmitResult | SchedulerError | None] = [None] * len(requests)
-        seen: set[uuid.UUID] = set()
-        for i, (_, p) in enumerate(requests):
-            if p.new.id in seen:
-                outcomes[i] = InvalidArgument("id", "two tasks in one batch share an id")
-            seen.add(p.new.id)
+        outcomes = _repeated_ids(requests)
         new = [(i, r) for i, r in enumerate(requests) if outcomes[i] is None]
         inserted = await self._insert_new(conn, [r for _, r in new])
         for i, (tenant_id, p) in new:
@@ -442,6 +433,21 @@ class SubmitStore:
                 # its task; reaching this means the two were separated by hand.
                 raise TaskNotFound(ref.id)
         return found
+
+
+_REPEATED_ID = "two tasks in one batch share an id"
+
+
+def _repeated_ids(requests: Sequence[Request]) -> list[SubmitResult | SchedulerError | None]:
+    """One outcome slot per request: InvalidArgument for each that repeats an id earlier
+    in the batch (the first keeps it), None for the rest."""
+    outcomes: list[SubmitResult | SchedulerError | None] = [None] * len(requests)
+    seen: set[uuid.UUID] = set()
+    for i, (_, p) in enumerate(requests):
+        if p.new.id in seen:
+            outcomes[i] = InvalidArgument("id", _REPEATED_ID)
+        seen.add(p.new.id)
+    return outcomes
 
 
 def _keyless(requests: Sequence[Request]) -> bool:

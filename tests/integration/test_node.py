@@ -164,7 +164,7 @@ async def _scrape(node: SchedulerNode) -> dict[str, tuple[str, float]]:
 
     def fetch() -> str:
         with urllib.request.urlopen(url, timeout=5) as reply:
-            return str(reply.read().decode())
+            return reply.read().decode()
 
     text = await asyncio.to_thread(fetch)
     exported: dict[str, tuple[str, float]] = {}
