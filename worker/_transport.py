@@ -125,6 +125,10 @@ class Stream:
         self.address = address
         # Messages of a SchedulerBatch not yet handed out by receive().
         self._unread: deque[Inbound] = deque()
+        # The deadline of the write in progress (one writer at a time), so cancel() can
+        # end it: see there.
+        self._write_deadline: asyncio.Timeout | None = None
+        self._cancelled = False
 
     async def send(self, msg: Outbound, timeout_s: float = STREAM_WRITE_TIMEOUT_S) -> None:
         await self._write(to_pb(msg), timeout_s)
@@ -139,13 +143,18 @@ class Stream:
 
     async def _write(self, pb: worker_service_pb2.WorkerMessage, timeout_s: float) -> None:
         try:
-            async with asyncio.timeout(timeout_s):
+            async with asyncio.timeout(timeout_s) as deadline:
+                self._write_deadline = deadline
                 await self._call.write(pb)
         except (grpc.RpcError, grpc.aio.UsageError, asyncio.InvalidStateError, TimeoutError) as exc:
+            if self._cancelled:
+                raise StreamClosed(f"stream to {self.address} was cancelled") from None
             raise StreamClosed(f"write to {self.address} failed: {exc!r}") from exc
         except asyncio.CancelledError:
             self._reraise_if_we_are_cancelled()
             raise StreamClosed(f"stream to {self.address} was cancelled") from None
+        finally:
+            self._write_deadline = None
 
     async def receive(self) -> Inbound | None:
         """The next message; None when the node ended the stream."""
@@ -167,7 +176,13 @@ class Stream:
                 return self._unread.popleft()
 
     def cancel(self) -> None:
+        self._cancelled = True
         self._call.cancel()
+        # grpc.aio's first write waits for the call's initial metadata to be sent, and a
+        # call cancelled before that (still connecting, e.g. to a node that is gone) never
+        # sends it: the write would sleep out its whole timeout. Expire it now instead.
+        if self._write_deadline is not None:
+            self._write_deadline.reschedule(asyncio.get_running_loop().time())
 
     def _reraise_if_we_are_cancelled(self) -> None:
         # grpc.aio raises CancelledError from read()/write() when the *call* was cancelled
