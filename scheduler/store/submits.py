@@ -56,7 +56,13 @@ from typing import Any
 
 from psycopg.rows import dict_row
 
-from chronoshard.scheduler.core.models import PreparedTask, SubmitResult, Task, TaskRef
+from chronoshard.scheduler.core.models import (
+    PreparedTask,
+    SubmitResult,
+    Task,
+    TaskRef,
+    inserted_task,
+)
 from chronoshard.scheduler.errors import (
     CommitOutcomeUnknown,
     IdempotencyConflict,
@@ -405,11 +411,16 @@ class SubmitStore:
     ) -> dict[uuid.UUID, Task]:
         if not requests:
             return {}
-        cur = conn.cursor(row_factory=dict_row)
         # One statement for the batch (arrays unnested into rows): no per-row parse,
-        # bind or round trip.
-        await cur.execute(self._q["insert_tasks"], insert_columns(requests))
-        return {task.id: task for task in map(task_from_row, await cur.fetchall())}
+        # bind or round trip. It returns what PostgreSQL decided (which rows went in,
+        # when, and the payload as jsonb keeps it); the rest of each row is what was sent.
+        cur = await conn.execute(self._q["insert_tasks"], insert_columns(requests))
+        stored = {task_id: (at, payload) for task_id, at, payload in await cur.fetchall()}
+        return {
+            p.new.id: inserted_task(tenant_id, p.new, *row)
+            for tenant_id, p in requests
+            if (row := stored.get(p.new.id)) is not None
+        }
 
     async def _fetch_originals(
         self, conn: Connection, refs: Sequence[tuple[uuid.UUID, TaskRef]]

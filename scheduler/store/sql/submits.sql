@@ -33,7 +33,11 @@ JOIN unnest(%(tenant_ids)b::uuid[], %(keys)b::text[]) AS k(tenant_id, key)
 -- arrays are bound in binary format (the b placeholders): psycopg dumps them several
 -- times faster than as text. Rows of tenants that do not exist are left out (not an
 -- error): a batch without idempotency keys runs this alone, self-committing, and tells
--- an unknown tenant by its rows missing from RETURNING.
+-- an unknown tenant by its rows missing from RETURNING. RETURNING holds only what the
+-- server chose or may have rewritten: the time, and the payload (jsonb writes numbers
+-- out in full: 1e+16 comes back 10000000000000000, an int); the store builds the rest of
+-- each task from what it sent (core.models.inserted_task): parsing all 40 columns of
+-- every row back cost more CPU than the insert.
 INSERT INTO tasks (
     id, tenant_id, type, scheduled_at, due_at, status, idempotency_key, max_retries,
     backoff_initial_s, backoff_max_s, backoff_multiplier, jitter_mode, payload, shard,
@@ -60,7 +64,7 @@ FROM unnest(
        priority, queue, strict_timing, idempotent, timeout_s, job_id, workflow_id,
        unresolved_dependencies, schedule_id, logical_date, trace_context, submitted_by)
 WHERE EXISTS (SELECT FROM tenants AS k WHERE k.id = t.tenant_id)
-RETURNING *;
+RETURNING id, created_at, payload;
 
 -- name: get_tasks_by_ref
 -- Originals of idempotent repeats: scheduled_at = ANY prunes to their partitions.
