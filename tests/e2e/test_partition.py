@@ -13,7 +13,7 @@ when a handler goes on):
 task       idempotent      what P's handler does, and what must become of the task
 =========  ==============  =============================================================
 unknown    no (async)      waits; cancelled when P fences itself; OUTCOME_UNKNOWN, then
-                           resolved RETRY: runs once on Q
+                           resolved RETRY during the cut: runs once on Q
 failed     no (blocking)   its thread cannot be stopped; its write after the fence is
                            refused; OUTCOME_UNKNOWN, then resolved MARK_FAILED
 late       no (async)      writes its effect during the cut, before the fence; its
@@ -266,6 +266,10 @@ async def test_a_partitioned_worker_fences_itself_and_nothing_runs_twice(
             held_gauge = await partition.metric("chronoshard_outcome_unknown_tasks")
             entered = await partition.metric("chronoshard_reconciler_outcome_unknown_total")
             rows_in_cut = await _ledger(partition.dsn)
+            # Resolved while P is still cut off, so only Q can be given the new attempt:
+            # P's handler of "unknown" would hold it forever (no gate), and once P is
+            # back it is as likely as Q to be chosen.
+            await client.resolve(ids["unknown"], Resolution.RETRY, reason="no effect row")
 
             partition.ns.heal(address)
             cut = False
@@ -277,7 +281,6 @@ async def test_a_partitioned_worker_fences_itself_and_nothing_runs_twice(
             late = await eventually(
                 late_completed, timeout_s=RESEND_BOUND_S, what="P's late Complete accepted"
             )
-            await client.resolve(ids["unknown"], Resolution.RETRY, reason="no effect row")
             await client.resolve(ids["failed"], Resolution.MARK_FAILED, reason="gave up")
 
             async def resolved() -> bool:
