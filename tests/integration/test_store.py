@@ -26,7 +26,7 @@ from chronoshard.scheduler.errors import (
     StoreUnavailable,
     TenantNotFound,
 )
-from chronoshard.scheduler.store.database import Store
+from chronoshard.scheduler.store.database import Store, _has_input
 from chronoshard.scheduler.store.runs import RunStore
 
 SHARDS = 64
@@ -466,3 +466,22 @@ async def test_a_self_committing_statement_the_server_refuses_is_unavailable_not
             await conn.execute("SELECT pg_sleep(1)")
     assert not isinstance(raised.value, CommitOutcomeUnknown)
     assert isinstance(raised.value.__cause__, psycopg.errors.QueryCanceled)
+
+
+async def test_a_pooled_connection_the_server_ended_is_never_handed_out(db_dsn: str) -> None:
+    """The pool's check looks for input on an idle connection instead of a round trip
+    (database.check_pooled): a backend the server ended has said so (FATAL, then EOF),
+    and the pool must take another connection rather than fail the statement."""
+    async with await Store.open(db_dsn, min_size=1, max_size=1) as store:
+        async with store.connection() as conn:
+            pid = conn.info.backend_pid
+            assert not _has_input(conn), "a healthy idle connection has nothing to read"
+        async with await psycopg.AsyncConnection.connect(db_dsn, autocommit=True) as admin:
+            await admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+            while await (
+                await admin.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s", (pid,))
+            ).fetchone():
+                await asyncio.sleep(0.01)
+        async with store.connection() as conn:
+            assert conn.info.backend_pid != pid
+            await conn.execute("SELECT 1")
