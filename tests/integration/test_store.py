@@ -12,6 +12,7 @@ from typing import Any
 import psycopg
 import pytest
 from fixtures.stores import insert_tasks, new_tenant
+from fixtures.waiting import eventually
 
 from chronoshard.scheduler.core import states
 from chronoshard.scheduler.core.ids import new_task_id
@@ -478,10 +479,12 @@ async def test_a_pooled_connection_the_server_ended_is_never_handed_out(db_dsn: 
             assert not _has_input(conn), "a healthy idle connection has nothing to read"
         async with await psycopg.AsyncConnection.connect(db_dsn, autocommit=True) as admin:
             await admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
-            while await (
-                await admin.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s", (pid,))
-            ).fetchone():
-                await asyncio.sleep(0.01)
+
+            async def gone() -> bool:
+                cur = await admin.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s", (pid,))
+                return await cur.fetchone() is None
+
+            await eventually(gone, timeout_s=10, what=f"backend {pid} gone")
         async with store.connection() as conn:
             assert conn.info.backend_pid != pid
             await conn.execute("SELECT 1")
