@@ -184,6 +184,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--rounds", type=int, default=1, help="stampedes in a row, one database")
     p.add_argument("--one-instant", action="store_true", help="all tasks due at one instant")
     p.add_argument(
+        "--prefetch", type=int, default=0, help="assignments held per worker beyond its slots"
+    )
+    p.add_argument(
         "--handler-ms", type=float, default=0.0, help="each handler holds its slot this long"
     )
     p.set_defaults(
@@ -195,6 +198,7 @@ def _parser() -> argparse.ArgumentParser:
             a.handler_ms,
             rounds=a.rounds,
             one_instant=a.one_instant,
+            prefetch=a.prefetch,
         )
     )
 

@@ -176,12 +176,14 @@ class Node:
         count: int,
         slots: int,
         *,
+        prefetch: int = 0,
         spec: str = "bench_workers:worker",
         pythonpath: Path = BENCH_DIR,
         **env: str,
     ) -> None:
         """``count`` worker processes running ``spec`` (by default the suite's
-        ``bench/bench_workers.py``), each with ``slots`` slots and ``env`` added."""
+        ``bench/bench_workers.py``), each with ``slots`` slots (and ``prefetch`` held
+        beyond them) and ``env`` added."""
         for i in range(count):
             self.group.start_worker(
                 f"worker-{i + 1}",
@@ -190,6 +192,7 @@ class Node:
                 pythonpath=pythonpath,
                 BENCH_DSN=self.dsn,
                 BENCH_WORKER_SLOTS=str(slots),
+                BENCH_WORKER_PREFETCH=str(prefetch),
                 CHRONOSHARD_API_KEY=self.api_key,
                 **env,
             )
@@ -221,6 +224,7 @@ def node(
     env: Mapping[str, str] | None = None,
     workers: int = 0,
     slots: int = 200,
+    prefetch: int = 0,
 ) -> Iterator[Node]:
     """A scheduler process owning all shards (and ``workers`` worker processes).
 
@@ -250,7 +254,7 @@ def node(
             result = Node(group, handle, dsn, api_key)
             wait_until(lambda: _owned_shards(dsn) == SHARDS, what="shard claims", node=result)
             if workers:
-                result.start_workers(workers, slots)
+                result.start_workers(workers, slots, prefetch=prefetch)
             yield result
         finally:
             group.close()

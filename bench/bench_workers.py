@@ -25,8 +25,9 @@ import psycopg
 from chronoshard.worker import TaskContext, Worker
 
 SLOTS = int(os.environ.get("BENCH_WORKER_SLOTS", "200"))
+PREFETCH = int(os.environ.get("BENCH_WORKER_PREFETCH", "0"))
 FLUSH_INTERVAL_S = 0.02
-worker = Worker([], slots=SLOTS)
+worker = Worker([], slots=SLOTS, prefetch=PREFETCH)
 
 Row = tuple[uuid.UUID, int, int, str, datetime, datetime, str]
 _buffer: list[Row] = []

@@ -140,6 +140,7 @@ class Options:
     redis: str
     procrastinate_poll_s: float
     timeout_s: float
+    chronoshard_prefetch: int = 0
 
 
 @dataclass
@@ -154,8 +155,11 @@ class RunResult:
 class _Chronoshard:
     name = "chronoshard"
 
-    def __init__(self, infra: Infrastructure, n: Any, client: Any, stamps_dir: Path) -> None:
+    def __init__(
+        self, infra: Infrastructure, n: Any, client: Any, stamps_dir: Path, prefetch: int
+    ) -> None:
         self._infra, self._node, self._client, self._stamps_dir = infra, n, client, stamps_dir
+        self._prefetch = prefetch
 
     async def submit_one(self, key: int, at: datetime) -> None:
         await self._client.submit("bench.stamp", {"i": key}, at=at, strict_timing=True)
@@ -177,6 +181,7 @@ class _Chronoshard:
         self._node.start_workers(
             WORKER_PROCESSES,
             CHRONOSHARD_SLOTS,
+            prefetch=self._prefetch,
             spec="bench._peers.chronoshard_app:worker",
             pythonpath=REPO,
             BENCH_STAMPS_DIR=str(self._stamps_dir),
@@ -216,7 +221,7 @@ async def _chronoshard(
 
     with node(infra, "peers", env=timing._env(None)) as n:
         async with Client(n.address, api_key=n.api_key) as client:
-            yield _Chronoshard(infra, n, client, stamps_dir)
+            yield _Chronoshard(infra, n, client, stamps_dir, options.chronoshard_prefetch)
 
 
 # --- Celery ---------------------------------------------------------------------------
@@ -736,6 +741,7 @@ def peers(
     redis: str = DEFAULT_REDIS,
     procrastinate_poll_s: float = PROCRASTINATE_POLL_S,
     lock: Path | None = None,
+    chronoshard_prefetch: int = 0,
 ) -> Report:
     count = tasks if tasks is not None else DEFAULT_TASKS.get(workload, int(rate * duration_s))
     o = Options(
@@ -747,6 +753,7 @@ def peers(
         procrastinate_poll_s=procrastinate_poll_s,
         # After the last instant, how long the slowest system is waited for.
         timeout_s=max(60.0, count / 100),
+        chronoshard_prefetch=chronoshard_prefetch,
     )
     rows: list[dict[str, Any]] = []
     notes: list[str] = []
@@ -775,8 +782,8 @@ def peers(
     if workload in ("stampede", "steady"):
         parameters.update(
             {
-                "chronoshard": f"1 node, {WORKER_PROCESSES} workers × {CHRONOSHARD_SLOTS} slots,"
-                " strict",
+                "chronoshard": f"1 node, {WORKER_PROCESSES} workers × {CHRONOSHARD_SLOTS} slots"
+                f" (prefetch {chronoshard_prefetch}), strict",
                 "celery": f"prefork concurrency {CELERY_CONCURRENCY},"
                 f" prefetch ×{CELERY_PREFETCH_MULTIPLIER}, eta",
                 "procrastinate": f"{WORKER_PROCESSES} workers ×"
@@ -829,6 +836,12 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument("--redis", default=DEFAULT_REDIS, help="Celery's broker")
     p.add_argument("--procrastinate-poll-s", type=float, default=PROCRASTINATE_POLL_S)
     p.add_argument("--lock", type=Path, help="flock this file around each run")
+    p.add_argument(
+        "--chronoshard-prefetch",
+        type=int,
+        default=0,
+        help="assignments each Chronoshard worker holds beyond its 10 slots",
+    )
     p.set_defaults(
         run=lambda a, i: peers(
             i,
@@ -841,5 +854,6 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
             redis=a.redis,
             procrastinate_poll_s=a.procrastinate_poll_s,
             lock=a.lock.expanduser() if a.lock else None,
+            chronoshard_prefetch=a.chronoshard_prefetch,
         )
     )

@@ -299,13 +299,21 @@ def stampede(
     *,
     rounds: int = 1,
     one_instant: bool = False,
+    prefetch: int = 0,
 ) -> Report:
     """``rounds`` stampedes of ``tasks`` one after another on one node and one database
     (so later rounds meet the earlier ones' history and statistics), each due within one
     second, or all at one instant with ``one_instant``."""
     timings: list[Timings] = []
     rows: list[dict[str, Any]] = []
-    with node(infra, "stampede", env=_env(lead_dispatch_s), workers=WORKERS, slots=slots) as n:
+    with node(
+        infra,
+        "stampede",
+        env=_env(lead_dispatch_s),
+        workers=WORKERS,
+        slots=slots,
+        prefetch=prefetch,
+    ) as n:
         for round_no in range(1, rounds + 1):
             start = datetime.now(UTC) + timedelta(seconds=_lead_in_s(tasks))
             if one_instant:
@@ -372,6 +380,7 @@ def stampede(
             "rounds": rounds,
             "worker processes": WORKERS,
             "slots per worker": slots,
+            "prefetch per worker": prefetch,
             "handler_ms": handler_ms,
             "lead_dispatch_s": "default" if lead_dispatch_s is None else lead_dispatch_s,
         },

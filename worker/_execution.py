@@ -50,6 +50,7 @@ from typing import Any
 from chronoshard import json_documents
 from chronoshard.worker._context import FINAL_STOPS, StopReason, TaskContext, encode_json
 from chronoshard.worker._errors import RESULT_REFUSED
+from chronoshard.worker._slots import HandlerSlots
 
 Handler = Callable[[TaskContext], Any]
 """``async def handler(ctx) -> json`` or ``def handler(ctx) -> json`` (runs in a thread)."""
@@ -306,6 +307,7 @@ class Execution:
         timeout_s: float | None,
         executor: Executor | None,
         drain_stop_s: float = DRAIN_STOP_S,
+        slots: HandlerSlots | None = None,
     ) -> None:
         if not spec.is_async and executor is None:
             raise ValueError("a sync handler needs an executor")
@@ -317,6 +319,10 @@ class Execution:
         self._drain_stop_s = drain_stop_s
         self._handler: asyncio.Future[Any] | None = None
         self._wakeup: asyncio.Future[None] | None = None
+        # A worker with prefetch shares its handler slots (._slots); None: every run has
+        # its own. ``_holds_slot``: this run was given one and has not given it back.
+        self._slots = slots
+        self._holds_slot = False
 
     @property
     def started(self) -> bool:
@@ -337,13 +343,25 @@ class Execution:
         if self._handler is not None:
             await asyncio.wait({self._handler})
 
-    async def _wait(self, timeout_s: float | None) -> None:
-        """Sleep until a stop request, the handler's end, or ``timeout_s``."""
+    def give_slot_back(self) -> None:
+        """The handler has really ended (or never started): its handler slot, if it held
+        one, goes to the next run waiting for it."""
+        if self._holds_slot:
+            self._holds_slot = False
+            assert self._slots is not None
+            self._slots.leave()
+
+    async def _wait(
+        self, timeout_s: float | None, also: asyncio.Future[None] | None = None
+    ) -> None:
+        """Sleep until a stop request, the handler's end, ``also``, or ``timeout_s``."""
         loop = asyncio.get_running_loop()
         self._wakeup = loop.create_future()
         waits: set[asyncio.Future[Any]] = {self._wakeup}
         if self._handler is not None:
             waits.add(self._handler)
+        if also is not None:
+            waits.add(also)
         try:
             await asyncio.wait(waits, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
         finally:
@@ -358,6 +376,26 @@ class Execution:
             # A timer may fire a hair early; the loop re-reads the clock, so the handler
             # never starts before due_at.
             await self._wait(remaining)
+        return False
+
+    async def _wait_for_slot(self) -> bool:
+        """Wait for a handler slot when the worker holds more runs than it has (its
+        prefetch); False if asked to stop first (the turn is given up)."""
+        if self._slots is None:
+            return True
+        turn = self._slots.enter()
+        try:
+            while self.ctx.cancel_reason is None:
+                if turn.cancelled():  # the worker is draining: start nothing more
+                    self.request_stop(StopReason.DRAINING)
+                elif turn.done():
+                    self._holds_slot = True
+                    return True
+                else:
+                    await self._wait(None, also=turn)
+        finally:
+            if not self._holds_slot:
+                self._slots.withdraw(turn)
         return False
 
     def _start(self) -> None:
@@ -410,7 +448,7 @@ class Execution:
             self.ctx._end_attempt(_ended(outcome))
 
     async def _run(self) -> Outcome:
-        if not await self._wait_until_due():
+        if not (await self._wait_until_due() and await self._wait_for_slot()):
             assert self.ctx.cancel_reason is not None
             return not_started(self.ctx.cancel_reason)
         self._start()

@@ -77,6 +77,7 @@ from chronoshard.worker._models import (
 from chronoshard.worker._session import NodeSession
 from chronoshard.worker._settlements import Settlements
 from chronoshard.worker._skew import SKEW_LOG_INTERVAL_S, WarningThrottle, skew_warning
+from chronoshard.worker._slots import HandlerSlots
 from chronoshard.worker._topology import Topology
 
 logger = logging.getLogger("chronoshard.worker")
@@ -138,16 +139,20 @@ class RunManager:
         drain_grace_s: float,
         drain_stop_s: float,
         on_change: Callable[[], None],
+        prefetch: int = 0,
     ) -> None:
         self.worker_id = worker_id
         self._handlers = handlers
         self._queues = tuple(queues)
-        self._slots = slots
+        # What the nodes may send (credits, and Hello's slots) is the handler slots plus
+        # the prefetch; the handlers themselves take turns at ``slots`` (._slots).
+        self._slots = slots + prefetch
+        self._handler_slots = HandlerSlots(slots) if prefetch else None
         self._clock = clock
         self._drain_grace_s = drain_grace_s
         self._drain_stop_s = drain_stop_s
         self._changed = on_change
-        self.ledger = CreditLedger(slots)
+        self.ledger = CreditLedger(self._slots)
         self.runs: dict[RunKey, _Run] = {}
         self.counts: Counter[str] = Counter()
         self.draining = False
@@ -182,9 +187,13 @@ class RunManager:
 
     def start_drain(self) -> None:
         """Stop intake: no credit from now on, and DrainStarted to every node withdraws
-        the credits they hold; assignments still in flight are released CANNOT_RUN."""
+        the credits they hold; assignments still in flight are released CANNOT_RUN, and
+        held ones that wait for a handler slot (prefetch) DRAINING."""
         self.draining = True
         self.ledger.stop_granting()
+        if self._handler_slots is not None:
+            # Held but not begun (prefetch): given back unrun, for another worker now.
+            self._handler_slots.close()
         for session in self.topology.sessions.values():
             session.send(DrainStarted(self._drain_grace_s))
 
@@ -371,6 +380,7 @@ class RunManager:
             timeout_s=timeout_s,
             executor=self.executor,
             drain_stop_s=self._drain_stop_s,
+            slots=self._handler_slots,
         )
         run = _Run(a, node, execution, lease)
         self.runs[a.run_key] = run
@@ -478,6 +488,7 @@ class RunManager:
             if run.lease_timer is not None:
                 run.lease_timer.cancel()
             self.runs.pop(key, None)
+            run.execution.give_slot_back()
             self.ledger.release_slot()
             self._regrant()
             self._changed()

@@ -134,6 +134,11 @@ class Worker:
             ...
 
         worker.run_sync()  # until SIGTERM/SIGINT; drains, exits 0 when clean
+
+    ``slots`` handlers run at once. ``prefetch`` more assignments may be held, each
+    starting as soon as a slot frees up, without waiting for a round trip to a node
+    (:mod:`._slots`: for many short tasks; a held task does not move to another worker
+    with a free slot, so leave it 0 for long ones). Nodes see ``slots + prefetch``.
     """
 
     def __init__(
@@ -142,6 +147,7 @@ class Worker:
         *,
         queues: Sequence[str] = DEFAULT_QUEUES,
         slots: int = DEFAULT_SLOTS,
+        prefetch: int = 0,
         worker_id: str | None = None,
         api_key: str | None = None,
         heartbeat_interval_s: float | None = None,
@@ -155,6 +161,8 @@ class Worker:
             targets = [targets]
         if slots < 1:
             raise ConfigurationError(f"slots must be at least 1, got {slots}")
+        if prefetch < 0:
+            raise ConfigurationError(f"prefetch must not be negative, got {prefetch}")
         if not queues or isinstance(queues, str) or any(not q for q in queues):
             raise ConfigurationError("queues must be a sequence of non-empty names")
         if heartbeat_interval_s is not None and heartbeat_interval_s <= 0:
@@ -164,6 +172,7 @@ class Worker:
         self._targets = list(targets)
         self.queues = tuple(queues)
         self.slots = slots
+        self.prefetch = prefetch
         self._worker_id = worker_id or default_worker_id()
         self._api_key = api_key
         self.heartbeat_interval_s = heartbeat_interval_s
@@ -195,6 +204,7 @@ class Worker:
             handlers=self._handlers,
             queues=self.queues,
             slots=self.slots,
+            prefetch=self.prefetch,
             clock=self._clock,
             drain_grace_s=self.drain_grace_s,
             drain_stop_s=self.drain_stop_s,
@@ -331,10 +341,11 @@ class Worker:
             self._runs.executor = self._executor
         self._log(
             logging.INFO,
-            "worker starting: types %s, queues %s, %d slots",
+            "worker starting: types %s, queues %s, %d slots, prefetch %d",
             ", ".join(self.task_types),
             ", ".join(self.queues),
             self.slots,
+            self.prefetch,
             event="worker_start",
         )
         loops = [
@@ -449,7 +460,8 @@ class Worker:
         ended_before, released_before = d.ended(), d.counts["released"]
         # 2. Let running tasks finish within the grace period.
         await self._changed.wait_until(lambda: not d.runs or forced(), self.drain_grace_s)
-        finished = d.ended() - ended_before
+        # Held tasks that had not begun (prefetch) were released at once: not finished.
+        finished = d.ended() - ended_before - (d.counts["released"] - released_before)
         # 3. Ask the rest to stop (ctx.draining, ctx.cancelled) and release each with its
         #    last checkpoint; Execution gives a handler drain_stop_s to return first.
         d.stop_all(StopReason.DRAINING)

@@ -9,7 +9,11 @@ import os
 from bench._peers import stamps
 from chronoshard.worker import TaskContext, Worker
 
-worker = Worker([], slots=int(os.environ.get("BENCH_WORKER_SLOTS", "10")))
+worker = Worker(
+    [],
+    slots=int(os.environ.get("BENCH_WORKER_SLOTS", "10")),
+    prefetch=int(os.environ.get("BENCH_WORKER_PREFETCH", "0")),
+)
 
 
 @worker.task("bench.stamp")

@@ -876,6 +876,79 @@ async def test_credits_never_exceed_free_slots(fake: FakeScheduler) -> None:
     assert granted == 3 + 1 + 2  # initial, then one per freed slot
 
 
+async def test_prefetch_holds_more_assignments_than_handlers_and_starts_each_in_turn(
+    fake: FakeScheduler,
+) -> None:
+    """slots=2, prefetch=2: the node may send four, two handlers run, the other two
+    start in order as soon as a handler ends, with no round trip to the node between."""
+    fake.slots = 4
+    worker = make_worker(fake, slots=2, prefetch=2)
+    gates: dict[str, asyncio.Event] = {}
+    started: list[str] = []
+    changed = Notifier()
+
+    @worker.task("gated")
+    async def gated(ctx: TaskContext) -> None:
+        name = ctx.payload["id"]
+        started.append(name)
+        gates[name] = gate = asyncio.Event()
+        changed.notify()
+        await gate.wait()
+
+    async with running(worker):
+        session = await fake.session_with_credit()
+        assert session.of("hello")[0].slots == 4
+        await fake.wait_for(lambda: session.credits == 4)
+        for i in range(4):
+            session.assign("gated", {"id": str(i)})
+        await changed.wait_for(lambda: len(started) == 2)
+        # Held, not refused: all four are acknowledged as this worker's once their ack
+        # delay passes, and none is given back.
+        await fake.wait_for(lambda: len(session.of("ack")) == 4, timeout_s=ACK_DELAY_S + WAIT_S)
+        assert started == ["0", "1"] and not session.of("release")
+        gates["0"].set()
+        await changed.wait_for(lambda: len(started) == 3)
+        assert started == ["0", "1", "2"]
+        gates["2"].set()
+        await changed.wait_for(lambda: len(started) == 4)
+        gates["1"].set()
+        gates["3"].set()
+        await fake.wait_for(lambda: len(session.of("complete")) == 4)
+    assert fake.violations == []
+
+
+async def test_a_prefetched_assignment_is_released_unrun_at_drain(fake: FakeScheduler) -> None:
+    worker = make_worker(fake, slots=1, prefetch=1, drain_grace_s=WAIT_S, drain_stop_s=1.0)
+    gate = asyncio.Event()
+    started: list[str] = []
+    changed = Notifier()
+
+    @worker.task("gated")
+    async def gated(ctx: TaskContext) -> str:
+        started.append(ctx.payload["id"])
+        changed.notify()
+        await gate.wait()
+        return "done"
+
+    async with running(worker) as run:
+        session = await fake.session_with_credit()
+        await fake.wait_for(lambda: session.credits == 2)
+        first = session.assign("gated", {"id": "first"})
+        held = session.assign("gated", {"id": "held"})
+        await changed.wait_for(lambda: started == ["first"])
+        # Both are this worker's (acknowledged after the ack delay) before it drains.
+        await fake.wait_for(lambda: len(session.of("ack")) == 2, timeout_s=ACK_DELAY_S + WAIT_S)
+        worker.stop()
+        [(kind, release)] = await fake.wait_for(lambda: fake.settlements_for(held))
+        assert kind == "release" and release.reason == pb.RELEASE_REASON_DRAINING
+        gate.set()
+        report = await asyncio.wait_for(run, WAIT_S)
+    assert started == ["first"]
+    [(kind, _)] = fake.settlements_for(first)
+    assert kind == "complete"
+    assert report.finished == 1 and report.released == 1 and report.clean
+
+
 async def test_sync_handler_runs_in_a_thread_and_checkpoints_with_heartbeats(
     fake: FakeScheduler,
 ) -> None:
