@@ -105,7 +105,8 @@ class Dispatcher:
         scheduling = config.scheduling
         self._lead_s = scheduling.lead_dispatch_s
         self._batch_max = scheduling.dispatch_batch_max
-        self._wheel: TimingWheel[uuid.UUID, TimerTask] = TimingWheel(
+        # Keyed by the id's int (TimerTask.id_int): a UUID object per timer was ~100 bytes.
+        self._wheel: TimingWheel[int, TimerTask] = TimingWheel(
             clock.monotonic(), tick_s=scheduling.wheel_tick_s, slots=scheduling.wheel_slots
         )
         self._ready = ReadyQueues(tenant_limits=tenant_limits)
@@ -147,7 +148,7 @@ class Dispatcher:
         added = False
         for timer in timers:
             delay_s = (timer.due_at - wall_now).total_seconds() - self._lead_s
-            self._wheel.add(timer.id, mono_now + delay_s, timer)
+            self._wheel.add(timer.id_int, mono_now + delay_s, timer)
             added = True
         if added:
             self._wake.set()
@@ -158,7 +159,9 @@ class Dispatcher:
         missing = [
             t
             for t in timers
-            if t.id not in self._wheel and t.id not in self._ready and t.id not in self._in_round
+            if t.id_int not in self._wheel
+            and t.id not in self._ready
+            and t.id not in self._in_round
         ]
         self.schedule(missing)
         self._stats["adopted"] += len(missing)
@@ -174,7 +177,7 @@ class Dispatcher:
         was_ready = self._ready.remove(task_id)
         if was_ready:
             self._backlog_changed.set()
-        return self._wheel.cancel(task_id) | was_ready
+        return self._wheel.cancel(task_id.int) | was_ready
 
     def drop_shards(self, shards: Iterable[int]) -> int:
         """Forget every task of shards this node no longer owns; how many were dropped.

@@ -320,7 +320,7 @@ def _wheel_deadline(clock: Clock, due_at: datetime) -> float:
     )
     timer = timer_task(scheduled_at=due_at, due_at=due_at)
     dispatcher.schedule([timer])
-    deadline = dispatcher._wheel.deadline_of(timer.id)
+    deadline = dispatcher._wheel.deadline_of(timer.id_int)
     assert deadline is not None
     return deadline
 

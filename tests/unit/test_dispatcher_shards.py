@@ -56,7 +56,7 @@ def test_drop_shards_forgets_their_tasks_on_the_wheel_and_ready_and_no_other() -
     assert dispatcher.drop_shards([1, 2]) == 0
     assert dispatcher.drop_shards([]) == 0
     kept = {t.id for t in due_now + due_later if t.shard == 0}
-    held = {t.id for t in due_now + due_later if t.id in dispatcher._wheel}
+    held = {t.id for t in due_now + due_later if t.id_int in dispatcher._wheel}
     held |= {t.id for t in due_now if t.id in dispatcher._ready}
     assert held == kept
     assert dispatcher.pending() == len(kept)
