@@ -1,7 +1,7 @@
 """The dispatcher: due timers become committed intents, then assignments.
 
-It owns the node's :class:`TimingWheel` (PRELOADED tasks of owned shards, keyed by task
-id, fired ``lead_dispatch_s`` before ``due_at`` on the monotonic clock) and the
+It owns the node's :class:`TimingWheel` (PRELOADED tasks of owned shards, keyed by the
+task id's int, fired ``lead_dispatch_s`` before ``due_at`` on the monotonic clock) and the
 :class:`ReadyQueues` (fired tasks waiting for a worker, chosen by the fairness policy).
 One loop, :meth:`Dispatcher.run`, reads the clock once per turn, advances the wheel,
 matches ready tasks to worker credits, and sleeps until the wheel's next deadline, the

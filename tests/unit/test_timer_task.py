@@ -42,6 +42,14 @@ def test_fields_read_back_equal_to_those_given(
         task_id, scheduled_at, shard, tenant, priority, "q", "t", scheduled_at + jitter, strict
     )
     assert (timer.id, timer.id_int, timer.shard) == (task_id, task_id.int, shard)
+    # Built without UUID.__init__: a UUID in every respect.
+    rebuilt = uuid.UUID(int=task_id.int)
+    assert type(timer.id) is uuid.UUID and hash(timer.id) == hash(rebuilt)
+    assert (str(timer.id), timer.id.is_safe, timer.id.version) == (
+        str(rebuilt),
+        rebuilt.is_safe,
+        rebuilt.version,
+    )
     assert timer.scheduled_at == scheduled_at and timer.scheduled_at.tzinfo is UTC
     assert timer.due_at == scheduled_at + jitter
     assert (timer.tenant_id, timer.priority, timer.queue, timer.type) == (
