@@ -407,6 +407,14 @@ class ReadyQueues:
         self._counters["removed"] += 1
         return True
 
+    def remove_where(self, doomed: Callable[[ReadyTask], bool]) -> int:
+        """Forget every waiting task ``doomed`` accepts (its shard was handed off); how
+        many. O(waiting tasks)."""
+        task_ids = [task_id for task_id, entry in self._waiting.items() if doomed(entry.task)]
+        for task_id in task_ids:
+            self.remove(task_id)
+        return len(task_ids)
+
     def waiting_for(self, queues: frozenset[str], types: frozenset[str]) -> int:
         """How many tasks wait that a worker serving ``queues`` x ``types`` could run."""
         return sum(lane.live for slots in self._slots_for(queues, types) for lane in slots if lane)

@@ -17,13 +17,25 @@ forgets the key: the dead entry is skipped when its bucket is reached, and a swe
 once dead entries outnumber live ones, which keeps cancel O(1) amortised and garbage
 bounded. The wheel never reads a clock: every time is a float on the monotonic clock,
 passed in by the driver, which sleeps until :meth:`TimingWheel.next_deadline`.
+
+Memory is what a node holding a million timers pays for (issue 14, target 7), so a
+pending timer is no object of its own: a bucket is three parallel lists (deadlines,
+keys, items) and the key index maps each key to its live timer's deadline, a float the
+wheel made for that timer alone, so identity tells the live entry from dead ones of the
+same key. That is a dict slot, one float and three list slots per timer (~95 bytes at
+a million), where a tuple per timer with its sequence number cost ~190. No sequence
+number is needed: a bucket's lists are in insertion order (a bucket only receives
+timers added, or cascaded in order from a bucket above, after every timer already in
+it), so a stable sort by deadline keeps ties in insertion order. Only the current
+tick's heap numbers its entries, in the order they entered it.
 """
 
 from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
+from operator import itemgetter
 from typing import ClassVar, Generic, NamedTuple, TypeVar, overload
 
 K = TypeVar("K", bound=Hashable)
@@ -36,16 +48,36 @@ DEFAULT_SLOTS = 512
 # floor keeps a small wheel from sweeping on every other cancel.
 _SWEEP_FLOOR = 1024
 _new_tuple = tuple.__new__
+_by_deadline = itemgetter(0)
 
 
 class Entry(NamedTuple, Generic[K, V]):
-    """One timer. Tuples compare field by field and ``seq`` is unique per wheel, so
-    entries sort by (deadline, insertion order) and never compare keys or items."""
+    """A fired timer, as :meth:`TimingWheel.advance` returns it (built when it fires: a
+    pending timer is no object of its own, see the module docstring)."""
 
     deadline: float
-    seq: int
     key: K
     item: V
+
+
+class _Bucket(Generic[K, V]):
+    """The timers of one bucket as parallel lists, in insertion order."""
+
+    __slots__ = ("deadlines", "items", "keys")
+
+    def __init__(self) -> None:
+        self.deadlines: list[float] = []
+        self.keys: list[K] = []
+        self.items: list[V] = []
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+
+# A timer of the current tick: (deadline, order of entry into the heap, key, item). The
+# sequence number is unique, so heap order is (deadline, insertion order) and keys and
+# items are never compared.
+_NearEntry = tuple[float, int, K, V]
 
 
 class TimingWheel(Generic[K, V]):
@@ -97,17 +129,18 @@ class TimingWheel(Generic[K, V]):
         # The current tick. Timers due at or before it are in _near; every bucket holds
         # timers due strictly after it. It only moves forward (see advance).
         self._cur = 0
-        self._near: list[Entry[K, V]] = []  # a heap
+        self._near: list[_NearEntry[K, V]] = []  # a heap
+        self._seq = 0  # numbers the entries of _near
         # (bucket, entries scanned, their earliest deadline): see _earliest_in.
-        self._hint: tuple[list[Entry[K, V]], int, float] | None = None
-        # _levels[L][slot] is a bucket (list of entries) or None when empty; bit `slot`
-        # of _occupied[L] is set exactly when that bucket is not None.
-        self._levels: list[list[list[Entry[K, V]] | None]] = []
+        self._hint: tuple[_Bucket[K, V], int, float] | None = None
+        # _levels[L][slot] is a bucket or None when empty; bit `slot` of _occupied[L] is
+        # set exactly when that bucket is not None.
+        self._levels: list[list[_Bucket[K, V] | None]] = []
         self._occupied: list[int] = []
-        # The live entry of each pending key. An entry found in a bucket or in _near that
-        # is not `_index[entry.key]` is dead (cancelled or replaced).
-        self._index: dict[K, Entry[K, V]] = {}
-        self._seq = 0
+        # Each pending key -> the deadline object of its live timer. An entry (in a
+        # bucket or in _near) whose deadline `is not` `_index.get(key)` is dead
+        # (cancelled or replaced).
+        self._index: dict[K, float] = {}
         self._garbage = 0
         self._added = 0
         self._replaced = 0
@@ -130,18 +163,22 @@ class TimingWheel(Generic[K, V]):
             tick = math.floor((deadline - self._start) / self._tick_s)
         except (OverflowError, ValueError):  # inf or nan, or finite but beyond any tick
             raise ValueError(f"deadline must be a finite time, got {deadline!r}") from None
-        seq = self._seq
-        self._seq = seq + 1
-        # tuple.__new__ skips the NamedTuple's Python-level __new__, a good part of the
-        # cost of add. The overloads let item be None only when V is None.
-        entry: Entry[K, V] = _new_tuple(Entry, (deadline, seq, key, item))
+        # This timer's own deadline object, the identity that tells it from every other
+        # entry of the key: arithmetic makes a new float (or reuses an operand only when
+        # nothing else refers to it), so it is no object the wheel already holds, even
+        # when the caller passes the same float again.
+        deadline = deadline + 0.0
         index = self._index
         size = len(index)
-        index[key] = entry  # one hash of the key, not two: UUID hashing runs Python code
+        index[key] = deadline  # one hash of the key, not two: UUID hashing runs Python code
         self._added += 1
-        # _place, inlined: this is the hot path of the preloader.
+        # _place, inlined: this is the hot path of the preloader. The overloads let item
+        # be None only when V is None.
         cur = self._cur
         if tick <= cur:
+            seq = self._seq
+            self._seq = seq + 1
+            entry: _NearEntry[K, V] = (deadline, seq, key, item)  # type: ignore[assignment]
             heapq.heappush(self._near, entry)
         else:
             bits = self._bits
@@ -152,10 +189,11 @@ class TimingWheel(Generic[K, V]):
             buckets = self._levels[level]
             bucket = buckets[slot]
             if bucket is None:
-                buckets[slot] = [entry]
+                bucket = buckets[slot] = _Bucket()
                 self._occupied[level] |= 1 << slot
-            else:
-                bucket.append(entry)
+            bucket.deadlines.append(deadline)
+            bucket.keys.append(key)
+            bucket.items.append(item)  # type: ignore[arg-type]
         if len(index) == size:  # the key was pending: its old entry is now dead
             self._replaced += 1
             self._garbage += 1
@@ -171,6 +209,37 @@ class TimingWheel(Generic[K, V]):
         self._maybe_sweep()
         return True
 
+    def cancel_where(self, doomed: Callable[[V], bool]) -> int:
+        """Disarm every pending timer whose item ``doomed`` accepts; how many.
+
+        O(entries held): it looks at every timer, for what is rare (a node dropping the
+        tasks of shards it no longer owns) and would otherwise need an index per timer.
+        """
+        index = self._index
+        keys: list[K] = [
+            key
+            for deadline, _, key, item in self._near
+            if doomed(item) and index.get(key) is deadline
+        ]
+        for buckets in self._levels:
+            for bucket in buckets:
+                if bucket is not None:
+                    keys.extend(
+                        [
+                            key
+                            for deadline, key, item in zip(
+                                bucket.deadlines, bucket.keys, bucket.items, strict=True
+                            )
+                            if doomed(item) and index.get(key) is deadline
+                        ]
+                    )
+        for key in keys:
+            del index[key]
+        self._cancelled += len(keys)
+        self._garbage += len(keys)
+        self._maybe_sweep()
+        return len(keys)
+
     def advance(self, now: float) -> list[Entry[K, V]]:
         """Fire and return every pending timer with ``deadline <= now``, sorted by
         deadline, ties in insertion order. Empty buckets are skipped, not walked: the cost
@@ -184,20 +253,14 @@ class TimingWheel(Generic[K, V]):
                 # Every timer of the old current tick is due: its tick is below target.
                 near, self._near = self._near, []
                 near.sort()
-                self._collect(near, fired)
+                for deadline, _, key, item in near:
+                    self._fire(deadline, key, item, fired)
             self._run_buckets(target, fired)
             self._cur = target
         near = self._near
-        index = self._index
-        while near and near[0].deadline <= now:
-            entry = heapq.heappop(near)
-            live = index.pop(entry.key, None)
-            if live is entry:
-                fired.append(entry)
-            else:
-                self._garbage -= 1
-                if live is not None:
-                    index[entry.key] = live
+        while near and near[0][0] <= now:
+            deadline, _, key, item = heapq.heappop(near)
+            self._fire(deadline, key, item, fired)
         self._expired += len(fired)
         return fired
 
@@ -226,9 +289,9 @@ class TimingWheel(Generic[K, V]):
             return None
         near = self._near
         while near:
-            head = near[0]
-            if index.get(head.key) is head:
-                return head.deadline
+            deadline, _, key, _ = near[0]
+            if index.get(key) is deadline:
+                return deadline
             heapq.heappop(near)
             self._garbage -= 1
         first = self._first_bucket()
@@ -241,8 +304,8 @@ class TimingWheel(Generic[K, V]):
             return self._earliest_in(bucket)
         return self._time_of_tick(self._bucket_start(level, slot))
 
-    def get(self, key: K) -> Entry[K, V] | None:
-        """The pending timer of ``key``, or None."""
+    def deadline_of(self, key: K) -> float | None:
+        """The deadline of the pending timer of ``key``, or None."""
         return self._index.get(key)
 
     def get_stats(self) -> dict[str, int]:
@@ -296,20 +359,21 @@ class TimingWheel(Generic[K, V]):
             time = below
         return time
 
-    def _earliest_in(self, bucket: list[Entry[K, V]]) -> float:
+    def _earliest_in(self, bucket: _Bucket[K, V]) -> float:
         """The smallest deadline in a level-0 bucket, dead entries included.
 
         A bucket only grows until it is reached, so the scan resumes where the previous
         call stopped: a driver asking after every add pays O(1) per add, not O(bucket).
         """
+        deadlines = bucket.deadlines
         hint = self._hint
         if hint is not None and hint[0] is bucket:
             _, seen, earliest = hint
-            if seen < len(bucket):
-                earliest = min(earliest, min(bucket[seen:]).deadline)
+            if seen < len(deadlines):
+                earliest = min(earliest, min(deadlines[seen:]))
         else:
-            earliest = min(bucket).deadline  # tuple order: by deadline first
-        self._hint = (bucket, len(bucket), earliest)
+            earliest = min(deadlines)
+        self._hint = (bucket, len(deadlines), earliest)
         return earliest
 
     def _first_bucket(self) -> tuple[int, int] | None:
@@ -327,29 +391,23 @@ class TimingWheel(Generic[K, V]):
         high = shift + self._bits
         return ((self._cur >> high) << high) | (slot << shift)
 
-    def _place(self, entry: Entry[K, V], tick: int) -> None:
-        cur = self._cur
-        if tick <= cur:
-            heapq.heappush(self._near, entry)
-            return
-        # The highest base-`slots` digit in which tick differs from cur picks the level.
-        level = ((tick ^ cur).bit_length() - 1) // self._bits
-        if level >= len(self._levels):
-            self._grow(level)
-        slot = (tick >> (self._bits * level)) & self._mask
-        buckets = self._levels[level]
-        bucket = buckets[slot]
-        if bucket is None:
-            buckets[slot] = [entry]
-            self._occupied[level] |= 1 << slot
-        else:
-            bucket.append(entry)
-
     def _grow(self, level: int) -> None:
         """Allocate levels up to ``level``: a bucket array of None, no buckets yet."""
         while level >= len(self._levels):
             self._levels.append([None] * self._slots)
             self._occupied.append(0)
+
+    def _fire(self, deadline: float, key: K, item: V, fired: list[Entry[K, V]]) -> None:
+        """Move a due entry out of the index into ``fired`` if live; drop it if dead."""
+        index = self._index
+        # pop-and-check hashes the key once in the common (live) case.
+        live = index.pop(key, None)
+        if live is deadline:
+            fired.append(_new_tuple(Entry, (deadline, key, item)))
+        else:
+            self._garbage -= 1
+            if live is not None:
+                index[key] = live
 
     def _run_buckets(self, target: int, fired: list[Entry[K, V]]) -> None:
         """Reach, in order, every bucket that starts at or before tick ``target``."""
@@ -360,6 +418,7 @@ class TimingWheel(Generic[K, V]):
         start = self._start
         tick_s = self._tick_s
         digit = self._bits
+        mask = self._mask
         while True:
             level = 0
             for bits in occupied:
@@ -385,39 +444,59 @@ class TimingWheel(Generic[K, V]):
             if level == 0:
                 current = bucket  # a level-0 bucket is exactly one tick
             else:
-                current = []
-                for entry in bucket:
-                    if index.get(entry.key) is not entry:
+                # Cascade: re-place the live timers at lower levels, in bucket order so
+                # every lower bucket stays in insertion order. Those of tick `begin`
+                # (the bucket's first) belong to no lower bucket: they are handled below.
+                current = _Bucket()
+                for deadline, key, item in zip(
+                    bucket.deadlines, bucket.keys, bucket.items, strict=True
+                ):
+                    if index.get(key) is not deadline:
                         self._garbage -= 1
                         continue
-                    tick = math.floor((entry.deadline - start) / tick_s)
+                    tick = math.floor((deadline - start) / tick_s)
                     if tick == begin:
-                        current.append(entry)
-                    else:
-                        self._place(entry, tick)  # a lower level: tick > begin
+                        low = current
+                    else:  # a lower level: tick > begin
+                        low_level = ((tick ^ begin).bit_length() - 1) // digit
+                        low_slot = (tick >> (digit * low_level)) & mask
+                        low_buckets = levels[low_level]
+                        found = low_buckets[low_slot]
+                        if found is None:
+                            found = low_buckets[low_slot] = _Bucket()
+                            occupied[low_level] |= 1 << low_slot
+                        low = found
+                    low.deadlines.append(deadline)
+                    low.keys.append(key)
+                    low.items.append(item)
             if begin < target:
+                # Every timer of the bucket is due. A stable sort by deadline keeps ties
+                # in insertion order, which is the bucket's order.
                 due: list[Entry[K, V]] = []
-                self._collect(current, due)
-                due.sort()
+                for deadline, key, item in zip(
+                    current.deadlines, current.keys, current.items, strict=True
+                ):
+                    self._fire(deadline, key, item, due)
+                due.sort(key=_by_deadline)
                 fired.extend(due)
             else:
                 # The bucket of tick `target` becomes the current tick: only the part due
-                # by `now` fires, in advance(). _near was emptied by the caller.
-                current.sort()  # a sorted list is a heap
-                self._near = current
-
-    def _collect(self, entries: list[Entry[K, V]], out: list[Entry[K, V]]) -> None:
-        """Move the live ``entries`` out of the index into ``out``; drop the dead."""
-        index = self._index
-        for entry in entries:
-            # pop-and-check hashes the key once in the common (live) case.
-            live = index.pop(entry.key, None)
-            if live is entry:
-                out.append(entry)
-            else:
-                self._garbage -= 1
-                if live is not None:
-                    index[entry.key] = live
+                # by `now` fires, in advance(). _near was emptied by the caller; its
+                # entries are numbered in bucket (insertion) order, before any timer
+                # added to the current tick from now on.
+                near: list[_NearEntry[K, V]] = []
+                seq = self._seq
+                for deadline, key, item in zip(
+                    current.deadlines, current.keys, current.items, strict=True
+                ):
+                    if index.get(key) is deadline:
+                        near.append((deadline, seq, key, item))
+                        seq += 1
+                    else:
+                        self._garbage -= 1
+                self._seq = seq
+                near.sort()  # a sorted list is a heap
+                self._near = near
 
     def _maybe_sweep(self) -> None:
         if self._garbage > _SWEEP_FLOOR and self._garbage > len(self._index):
@@ -436,13 +515,20 @@ class TimingWheel(Generic[K, V]):
                 slot = low.bit_length() - 1
                 bucket = buckets[slot]
                 assert bucket is not None
-                live = [entry for entry in bucket if index.get(entry.key) is entry]
-                if live:
+                live = _Bucket[K, V]()
+                for deadline, key, item in zip(
+                    bucket.deadlines, bucket.keys, bucket.items, strict=True
+                ):
+                    if index.get(key) is deadline:
+                        live.deadlines.append(deadline)
+                        live.keys.append(key)
+                        live.items.append(item)
+                if len(live):
                     buckets[slot] = live
                 else:
                     buckets[slot] = None
                     bits ^= low
             self._occupied[level] = bits
-        self._near = [entry for entry in self._near if index.get(entry.key) is entry]
+        self._near = [entry for entry in self._near if index.get(entry[2]) is entry[0]]
         heapq.heapify(self._near)
         self._garbage = 0

@@ -320,9 +320,9 @@ def _wheel_deadline(clock: Clock, due_at: datetime) -> float:
     )
     timer = timer_task(scheduled_at=due_at, due_at=due_at)
     dispatcher.schedule([timer])
-    entry = dispatcher._wheel.get(timer.id)
-    assert entry is not None
-    return entry.deadline
+    deadline = dispatcher._wheel.deadline_of(timer.id_int)
+    assert deadline is not None
+    return deadline
 
 
 @pytest.mark.parametrize("step_s", [-600.0, 3600.0, 0.0])

@@ -127,6 +127,22 @@ def test_remove_wins_and_reports_whether_the_task_was_waiting() -> None:
     assert (stats["pushed"], stats["removed"], stats["selected"]) == (2, 1, 1)
 
 
+def test_remove_where_forgets_exactly_the_tasks_it_accepts() -> None:
+    ids, ready = Ids(), ReadyQueues()
+    tasks = [make(ids, TENANTS[i % 3]) for i in range(9)]
+    for task in tasks:
+        ready.push(task, 0.0)
+    assert ready.remove_where(lambda task: task.tenant_id == B) == 3
+    assert ready.remove_where(lambda task: task.tenant_id == B) == 0
+    assert {task.id for task in tasks if task.id in ready} == {
+        task.id for task in tasks if task.tenant_id != B
+    }
+    left = [ready.pop_for(WORKER, 0.0) for _ in range(7)]
+    assert left[-1] is None
+    assert {task.tenant_id for task in left if task is not None} == {A, C}
+    assert ready.get_stats()["removed"] == 3
+
+
 def test_a_repush_replaces_the_waiting_task() -> None:
     ids, ready = Ids(), ReadyQueues()
     old = make(ids, A, BULK, due=5.0)

@@ -60,7 +60,7 @@ def test_timers_from_rows_share_their_repeated_fields_and_keep_their_values() ->
     assert first.tenant_id is second.tenant_id
     assert first.queue is second.queue and first.type is second.type
     assert first.shard is second.shard
-    assert first.due_at is first.scheduled_at
+    assert first.due_at == first.scheduled_at
     assert first.priority is Priority.STANDARD
     assert (first.queue, first.type, first.shard) == ("default", "report.daily", 300)
     jittered = timer_from_row(_row(due_at=datetime(2026, 12, 2, 2, 0, 3, tzinfo=UTC)))

@@ -60,8 +60,8 @@ def test_fires_in_deadline_order_ties_in_insertion_order() -> None:
     wheel.add("early", 0.011)
     wheel.add("same-tick-earlier", 0.0301)
     assert wheel.advance(0.29) == [
-        Entry(0.011, 2, "early", None),
-        Entry(0.0301, 3, "same-tick-earlier", None),
+        Entry(0.011, "early", None),
+        Entry(0.0301, "same-tick-earlier", None),
     ]
     # Added directly into level 0 now, after "tie-first" was armed at a higher level:
     # the tie must still break by insertion order.
@@ -124,13 +124,13 @@ def test_add_of_a_pending_key_replaces_deadline_and_item() -> None:
     wheel.add("k", 50.0, "first")
     wheel.add("k", 10.0, "second")
     assert len(wheel) == 1
-    assert wheel.get("k") == Entry(10.0, 1, "k", "second")
-    assert wheel.advance(10.0) == [Entry(10.0, 1, "k", "second")]
+    assert wheel.deadline_of("k") == 10.0
+    assert wheel.advance(10.0) == [Entry(10.0, "k", "second")]
     assert wheel.advance(100.0) == []  # the replaced timer at 50 s is dead
     wheel.add("k", 120.0, "third")  # a fired key can be armed again
     assert wheel.cancel("k") is True
     wheel.add("k", 130.0, "fourth")  # and re-armed after a cancel
-    assert wheel.advance(200.0) == [Entry(130.0, 3, "k", "fourth")]
+    assert wheel.advance(200.0) == [Entry(130.0, "k", "fourth")]
     stats = wheel.get_stats()
     assert (stats["added"], stats["replaced"], stats["cancelled"], stats["expired"]) == (4, 1, 1, 2)
 
@@ -143,7 +143,7 @@ def test_timer_a_year_away_grows_levels_on_demand_and_fires_on_time() -> None:
     # 3.15e9 ticks need four base-512 digits: four levels, not 3e9 slots.
     assert wheel.get_stats()["levels"] == 4
     assert wheel.advance(1000.0 + YEAR_S - 0.001) == []
-    assert wheel.advance(1000.0 + YEAR_S) == [Entry(1000.0 + YEAR_S, 0, task_id, "payload")]
+    assert wheel.advance(1000.0 + YEAR_S) == [Entry(1000.0 + YEAR_S, task_id, "payload")]
 
 
 def test_big_jumps_skip_empty_ticks() -> None:
@@ -152,8 +152,9 @@ def test_big_jumps_skip_empty_ticks() -> None:
     deadlines = {f"t{i}": 10.0 ** (i % 11) * (1 + i / 7) for i in range(300)}
     for key, deadline in deadlines.items():
         wheel.add(key, deadline)
+    # Ties (none expected) would go in insertion order, the order of `deadlines`.
     assert wheel.advance(1e12) == sorted(
-        (Entry(d, int(k[1:]), k, None) for k, d in deadlines.items()),
+        (Entry(d, k, None) for k, d in deadlines.items()), key=lambda entry: entry.deadline
     )
     assert len(wheel) == 0
 
@@ -336,6 +337,8 @@ class WheelAgainstHeapModel(RuleBasedStateMachine):
         self.heap: list[tuple[float, int, str, int]] = []
         self.live: dict[str, int] = {}  # key -> seq of its pending timer
         self.deadline_of: dict[str, float] = {}
+        self.item_of: dict[str, int] = {}
+        self.used: list[float] = []  # every deadline object handed to the wheel
         self.added = self.cancelled = self.replaced = self.expired = 0
 
     def _model_add(self, key: str, deadline: float, item: int) -> None:
@@ -343,6 +346,8 @@ class WheelAgainstHeapModel(RuleBasedStateMachine):
         heapq.heappush(self.heap, (deadline, self.seq, key, item))
         self.live[key] = self.seq
         self.deadline_of[key] = deadline
+        self.item_of[key] = item
+        self.used.append(deadline)
         self.seq += 1
         self.added += 1
 
@@ -358,7 +363,9 @@ class WheelAgainstHeapModel(RuleBasedStateMachine):
     def _check_advance(self, now: float) -> list[Entry[str, int]]:
         fired = self.wheel.advance(now)
         expected = self._model_due(now)
-        assert [tuple(entry) for entry in fired] == expected
+        # The model's order is (deadline, insertion order): the wheel, which keeps no
+        # sequence numbers in its buckets, must break ties the same way.
+        assert [tuple(entry) for entry in fired] == [(d, k, item) for d, _, k, item in expected]
         # Implied by the equality, stated for the reader: none early, none left due.
         assert all(entry.deadline <= now for entry in fired)
         assert all(d > now for k, d in self.deadline_of.items() if k in self.live)
@@ -377,6 +384,29 @@ class WheelAgainstHeapModel(RuleBasedStateMachine):
         deadline = self.start + (current + ticks) * self.tick_s
         self.wheel.add(key, deadline, item)
         self._model_add(key, deadline, item)
+
+    @precondition(lambda self: bool(self.used))
+    @rule(data=st.data(), key=st.sampled_from(KEYS), item=st.integers(0, 99))
+    def add_with_a_deadline_object_used_before(
+        self, data: st.DataObject, key: str, item: int
+    ) -> None:
+        # The very float object of an earlier timer, live or dead, of this key or
+        # another: a tie in deadline (which must break by insertion order at every
+        # level), and no help to the wheel in telling its entries apart.
+        deadline = data.draw(st.sampled_from(self.used))
+        self.wheel.add(key, deadline, item)
+        self._model_add(key, deadline, item)
+
+    @rule(divisor=st.integers(1, 4), remainder=st.integers(0, 3))
+    def cancel_where(self, divisor: int, remainder: int) -> None:
+        def doomed(item: int) -> bool:
+            return item % divisor == remainder % divisor
+
+        expected = [key for key in self.live if doomed(self.item_of[key])]
+        for key in expected:
+            del self.live[key]
+        self.cancelled += len(expected)
+        assert self.wheel.cancel_where(doomed) == len(expected)
 
     @rule(key=st.sampled_from(KEYS))
     def cancel(self, key: str) -> None:
