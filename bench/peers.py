@@ -198,9 +198,10 @@ class _Chronoshard:
         }
 
     def ready_by(self, total: int, instant: datetime) -> bool:
-        # The node fires a strict task from its wheel: every task must be preloaded (the
-        # warm-up's tasks, long completed, count as loaded).
-        return timing._wait_preloaded(self._node.dsn, total + WARMUP_TASKS, instant)
+        # The node fires a strict task from its wheel: every task must be preloaded. The
+        # count is of tasks due from ``instant`` on, which leaves the warm-up's out
+        # (counting them in, as this did, flagged every run as not loaded in time).
+        return timing._wait_preloaded(self._node.dsn, total, instant)
 
     def completion(self, instant: datetime) -> tuple[int, float]:
         with psycopg.connect(self._node.dsn) as conn:
