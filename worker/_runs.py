@@ -146,13 +146,13 @@ class RunManager:
         self._queues = tuple(queues)
         # What the nodes may send (credits, and Hello's slots) is the handler slots plus
         # the prefetch; the handlers themselves take turns at ``slots`` (._slots).
-        self._slots = slots + prefetch
+        self._offered = slots + prefetch
         self._handler_slots = HandlerSlots(slots) if prefetch else None
         self._clock = clock
         self._drain_grace_s = drain_grace_s
         self._drain_stop_s = drain_stop_s
         self._changed = on_change
-        self.ledger = CreditLedger(self._slots)
+        self.ledger = CreditLedger(self._offered)
         self.runs: dict[RunKey, _Run] = {}
         self.counts: Counter[str] = Counter()
         self.draining = False
@@ -208,7 +208,7 @@ class RunManager:
             worker_id=self.worker_id,
             queues=self._queues,
             task_types=tuple(sorted(self._handlers)),
-            slots=self._slots,
+            slots=self._offered,
             sdk_version=chronoshard.__version__,
         )
 

@@ -131,6 +131,8 @@ class TimerTask:
         return self._fields() == other._fields()
 
     def __hash__(self) -> int:
+        # For sets and dicts in this process, as the frozen dataclass it replaced; never
+        # a shard or a jitter (those are blake2b, core.sharding and core.jitter).
         return hash(self._fields())
 
     def __repr__(self) -> str:

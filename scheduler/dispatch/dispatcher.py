@@ -160,8 +160,8 @@ class Dispatcher:
             t
             for t in timers
             if t.id_int not in self._wheel
-            and t.id not in self._ready
-            and t.id not in self._in_round
+            and (task_id := t.id) not in self._ready
+            and task_id not in self._in_round
         ]
         self.schedule(missing)
         self._stats["adopted"] += len(missing)
