@@ -124,12 +124,16 @@ class CommitCutter:
                 if target and (target[0].self_committing or COMMIT in window):
                     self.cut += 1
                     if target[0].commits:
+                        # The server commits; its answer is dropped, and only once it
+                        # came does the client lose the connection (downstream): cut
+                        # earlier, a read-back could end the backend before it had read
+                        # the COMMIT, which then never happened.
+                        answers_lost.set()
                         server_w.write(data)
                         await server_w.drain()
-                        answers_lost.set()  # the server commits; its answer is dropped
+                        return
                     client_w.close()
-                    if not target[0].commits:
-                        server_w.close()  # the server sees the client gone: rollback
+                    server_w.close()  # the server sees the client gone: rollback
                     return
                 server_w.write(data)
                 await server_w.drain()
@@ -138,7 +142,8 @@ class CommitCutter:
         async def downstream() -> None:
             while data := await server_r.read(65536):
                 if answers_lost.is_set():
-                    break  # the COMMIT's answer (its CommandComplete) never arrives
+                    # The COMMIT's answer: committed, and it never reaches the client.
+                    break
                 client_w.write(data)
                 await client_w.drain()
             server_w.close()
