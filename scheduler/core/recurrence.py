@@ -257,7 +257,12 @@ class Catchup(StrEnum):
 
 
 MAX_SCAN = 100_000
-"""Missed occurrences looked at in one plan; past that, the oldest are skipped unseen."""
+"""Missed occurrences looked at in one plan (bounds its CPU: each is a ``next_after``).
+
+Past that, the plan jumps to the cutoff and the missed ones after the first
+``MAX_SCAN`` are skipped unseen, counted as one: ``LATEST`` and ``ALL`` then keep the
+newest of those seen, not of all missed. Only a schedule of about one per second down
+for more than a day gets there."""
 
 
 @dataclass(frozen=True, slots=True)
