@@ -68,6 +68,8 @@ class Transition:
 class Recurrence(ABC):
     """When a schedule fires, as UTC instants."""
 
+    __slots__ = ()  # so the subclasses' slots are real (an ABC without them adds a __dict__)
+
     @abstractmethod
     def next_after(self, after: datetime) -> datetime | None:
         """The first occurrence strictly after ``after`` (aware), or None if there is none."""
