@@ -30,11 +30,22 @@ from google.protobuf import duration_pb2, timestamp_pb2
 from chronoshard import batching, exact_json, wire
 from chronoshard.errors import ChronoshardError, ProtocolError, error_for, status_code_from_name
 from chronoshard.types import (
+    AlertSeverity,
     AttemptState,
+    BackfillResult,
+    CatchupPolicy,
     JitterMode,
+    OverlapPolicy,
     Priority,
     Resolution,
     RetryPolicy,
+    RunOrigin,
+    Schedule,
+    ScheduleDetails,
+    SchedulePage,
+    ScheduleRun,
+    ScheduleSpec,
+    ScheduleWatch,
     SubmitResult,
     Task,
     TaskAttempt,
@@ -44,7 +55,7 @@ from chronoshard.types import (
     coerce_enum,
     require_aware,
 )
-from chronoshard.v1 import common_pb2, task_service_pb2
+from chronoshard.v1 import common_pb2, schedule_service_pb2, task_service_pb2
 
 _E = TypeVar("_E", bound=StrEnum)
 
@@ -53,6 +64,8 @@ _PRIORITY_PREFIX = "PRIORITY_"
 _JITTER_PREFIX = "JITTER_MODE_"
 _ATTEMPT_PREFIX = "ATTEMPT_STATE_"
 _RESOLUTION_PREFIX = "RESOLUTION_"
+_CATCHUP_PREFIX = "CATCHUP_POLICY_"
+_OVERLAP_PREFIX = "OVERLAP_POLICY_"
 
 
 # --- scalars -----------------------------------------------------------------------------
@@ -467,3 +480,282 @@ def chunk_requests(
 def _batch_item_size(request: task_service_pb2.SubmitTaskRequest) -> int:
     # Each repeated item costs its length plus a tag and a varint length prefix.
     return batching.encoded_size(request) + 6
+
+
+# --- task template (the inverse of submit_request) -----------------------------------------
+
+
+def task_spec_from_pb(msg: task_service_pb2.SubmitTaskRequest) -> TaskSpec:
+    """The spec :func:`submit_request` builds ``msg`` from: ``submit_request`` of the
+    result is ``msg`` again. A schedule's task template travels as a SubmitTaskRequest,
+    and the CLI's ``schedules update`` sends back what it read, so this must lose
+    nothing. Raises ProtocolError for what no TaskSpec holds (a payload that is not an
+    object, an unknown enum value)."""
+    backoff = msg.retry_backoff
+    retry = RetryPolicy(
+        initial_backoff_s=_seconds(backoff, "initial"),
+        max_backoff_s=_seconds(backoff, "max"),
+        multiplier=backoff.multiplier or None,
+    )
+    try:
+        return TaskSpec(
+            type=msg.type,
+            payload=decode_json(msg.payload_json, "payload_json"),
+            at=_datetime(msg, "scheduled_at"),
+            delay_s=_seconds(msg, "delay"),
+            priority=(
+                None
+                if msg.priority == common_pb2.PRIORITY_UNSPECIFIED
+                else _enum_from_pb(
+                    Priority, common_pb2.Priority, _PRIORITY_PREFIX, msg.priority, lower=True
+                )
+            ),
+            queue=msg.queue,
+            max_retries=msg.max_retries if msg.HasField("max_retries") else None,
+            # submit_request leaves retry_backoff unset for a policy of only None fields.
+            retry=None if retry == RetryPolicy() else retry,
+            timeout_s=_seconds(msg, "timeout"),
+            strict_timing=msg.strict_timing,
+            jitter=(
+                None
+                if msg.jitter_mode == common_pb2.JITTER_MODE_UNSPECIFIED
+                else _enum_from_pb(
+                    JitterMode, common_pb2.JitterMode, _JITTER_PREFIX, msg.jitter_mode, lower=True
+                )
+            ),
+            jitter_window_s=_seconds(msg, "jitter_window"),
+            idempotent=msg.idempotent,
+            idempotency_key=_text(msg.idempotency_key),
+            job_id=_text(msg.job_id),
+        )
+    except (TypeError, ValueError) as exc:  # a payload that is no object, ...
+        raise ProtocolError(
+            f"server sent a task template this client cannot read: {exc}", reason="PROTOCOL_ERROR"
+        ) from exc
+
+
+# --- schedules: types -> messages ----------------------------------------------------------
+
+
+def catchup_to_pb(policy: CatchupPolicy | None) -> schedule_service_pb2.CatchupPolicy:
+    if policy is None:
+        return schedule_service_pb2.CATCHUP_POLICY_UNSPECIFIED
+    value: schedule_service_pb2.CatchupPolicy = _enum_to_pb(
+        schedule_service_pb2.CatchupPolicy, _CATCHUP_PREFIX, policy
+    )
+    return value
+
+
+def overlap_to_pb(policy: OverlapPolicy | None) -> schedule_service_pb2.OverlapPolicy:
+    if policy is None:
+        return schedule_service_pb2.OVERLAP_POLICY_UNSPECIFIED
+    value: schedule_service_pb2.OverlapPolicy = _enum_to_pb(
+        schedule_service_pb2.OverlapPolicy, _OVERLAP_PREFIX, policy
+    )
+    return value
+
+
+def watch_to_pb(watch: ScheduleWatch) -> schedule_service_pb2.ScheduleWatch:
+    msg = schedule_service_pb2.ScheduleWatch(
+        disabled=watch.disabled,
+        severity="" if watch.severity is None else watch.severity.value,
+    )
+    if watch.expected_duration_s is not None:
+        msg.expected_duration.CopyFrom(
+            duration(watch.expected_duration_s, "watch.expected_duration_s")
+        )
+    if watch.tolerance_s is not None:
+        msg.tolerance.CopyFrom(duration(watch.tolerance_s, "watch.tolerance_s"))
+    return msg
+
+
+def schedule_spec_to_pb(spec: ScheduleSpec) -> schedule_service_pb2.ScheduleSpec:
+    """The message for a spec; the template is :func:`submit_request` of ``spec.task``
+    (the one request builder). Raises TypeError/ValueError for what cannot be encoded,
+    naming the argument."""
+    try:
+        template = submit_request(spec.task)
+    except (TypeError, ValueError) as exc:
+        raise type(exc)(f"task: {exc}") from exc
+    msg = schedule_service_pb2.ScheduleSpec(
+        name=spec.name,
+        timezone=spec.timezone or "",
+        task_template=template,
+        catchup_policy=catchup_to_pb(spec.catchup),
+        overlap_policy=overlap_to_pb(spec.overlap),
+        job_id=spec.job_id or "",
+        watch=watch_to_pb(spec.watch),
+    )
+    if spec.cron is not None:
+        msg.cron = spec.cron
+    elif spec.interval_s is not None:
+        msg.interval.CopyFrom(duration(spec.interval_s, "interval_s"))
+    _set_time(msg, "start_at", spec.start_at)
+    _set_time(msg, "end_at", spec.end_at)
+    if spec.catchup_limit is not None:
+        limit = spec.catchup_limit
+        # uint32 on the wire: protobuf's own error for -1 would not name the argument.
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 0 <= limit < 2**32:
+            raise ValueError(f"catchup_limit must be an int >= 0, got {limit!r}")
+        msg.catchup_limit = limit
+    if spec.misfire_grace_s is not None:
+        msg.misfire_grace.CopyFrom(duration(spec.misfire_grace_s, "misfire_grace_s"))
+    return msg
+
+
+def backfill_request(
+    schedule: str, start: datetime, end: datetime
+) -> schedule_service_pb2.BackfillScheduleRequest:
+    return schedule_service_pb2.BackfillScheduleRequest(
+        id=schedule, start=timestamp(start, "start"), end=timestamp(end, "end")
+    )
+
+
+def schedule_run_to_pb(run: ScheduleRun) -> schedule_service_pb2.ScheduleRun:
+    """The inverse of :func:`schedule_run_from_pb` (for test doubles and round trips)."""
+    msg = schedule_service_pb2.ScheduleRun(
+        logical_date=timestamp(run.logical_date, "logical_date"),
+        origin=run.origin.value,
+        task_id=run.task_id or "",
+        status=(
+            common_pb2.TASK_STATUS_UNSPECIFIED if run.status is None else status_to_pb(run.status)
+        ),
+    )
+    _set_time(msg, "finished_at", run.finished_at)
+    return msg
+
+
+def schedule_to_pb(schedule: Schedule) -> schedule_service_pb2.Schedule:
+    """The inverse of :func:`schedule_from_pb` (for test doubles and round trips)."""
+    msg = schedule_service_pb2.Schedule(
+        id=schedule.id,
+        tenant_id=schedule.tenant_id,
+        spec=schedule_spec_to_pb(schedule.spec),
+        paused=schedule.paused,
+    )
+    for name in ("next_occurrence", "created_at", "updated_at"):
+        _set_time(msg, name, getattr(schedule, name))
+    return msg
+
+
+# --- schedules: messages -> types ----------------------------------------------------------
+
+
+def _optional_enum(
+    enum: type[_E], pb_enum: Any, prefix: str, value: int, *, lower: bool
+) -> _E | None:
+    """UNSPECIFIED (the field was not given) is None; anything else as _enum_from_pb."""
+    if value == 0:
+        return None
+    return _enum_from_pb(enum, pb_enum, prefix, value, lower=lower)
+
+
+def _string_enum(enum: type[_E], value: str, what: str) -> _E:
+    try:
+        return enum(value)
+    except ValueError:
+        raise ProtocolError(
+            f"server sent {what} {value!r}, which this client does not know "
+            "(is the client older than the server?)",
+            reason="PROTOCOL_ERROR",
+        ) from None
+
+
+def watch_from_pb(msg: schedule_service_pb2.ScheduleWatch) -> ScheduleWatch:
+    return ScheduleWatch(
+        disabled=msg.disabled,
+        expected_duration_s=_seconds(msg, "expected_duration"),
+        tolerance_s=_seconds(msg, "tolerance"),
+        severity=(
+            None if not msg.severity else _string_enum(AlertSeverity, msg.severity, "severity")
+        ),
+    )
+
+
+def schedule_spec_from_pb(msg: schedule_service_pb2.ScheduleSpec) -> ScheduleSpec:
+    """Raises ProtocolError for a spec no :class:`ScheduleSpec` holds (no rule, a
+    template with a time or a key: the contract says the server never sends one)."""
+    rule = msg.WhichOneof("rule")
+    try:
+        return ScheduleSpec(
+            name=msg.name,
+            task=task_spec_from_pb(msg.task_template),
+            cron=msg.cron if rule == "cron" else None,
+            interval_s=_seconds(msg, "interval") if rule == "interval" else None,
+            timezone=_text(msg.timezone),
+            start_at=_datetime(msg, "start_at"),
+            end_at=_datetime(msg, "end_at"),
+            catchup=_optional_enum(
+                CatchupPolicy,
+                schedule_service_pb2.CatchupPolicy,
+                _CATCHUP_PREFIX,
+                msg.catchup_policy,
+                lower=True,
+            ),
+            catchup_limit=msg.catchup_limit if msg.HasField("catchup_limit") else None,
+            overlap=_optional_enum(
+                OverlapPolicy,
+                schedule_service_pb2.OverlapPolicy,
+                _OVERLAP_PREFIX,
+                msg.overlap_policy,
+                lower=True,
+            ),
+            job_id=_text(msg.job_id),
+            watch=watch_from_pb(msg.watch),
+            misfire_grace_s=_seconds(msg, "misfire_grace"),
+        )
+    except (TypeError, ValueError) as exc:
+        raise ProtocolError(
+            f"server sent schedule {msg.name!r} with a spec this client cannot read: {exc}",
+            reason="PROTOCOL_ERROR",
+        ) from exc
+
+
+def schedule_from_pb(msg: schedule_service_pb2.Schedule) -> Schedule:
+    return Schedule(
+        id=msg.id,
+        tenant_id=msg.tenant_id,
+        spec=schedule_spec_from_pb(msg.spec),
+        paused=msg.paused,
+        next_occurrence=_datetime(msg, "next_occurrence"),
+        created_at=_datetime(msg, "created_at"),
+        updated_at=_datetime(msg, "updated_at"),
+    )
+
+
+def schedule_run_from_pb(msg: schedule_service_pb2.ScheduleRun) -> ScheduleRun:
+    logical_date = _datetime(msg, "logical_date")
+    if logical_date is None:  # the key of a run: a run without one is no run
+        raise ProtocolError(
+            "server sent a schedule run without its logical_date", reason="PROTOCOL_ERROR"
+        )
+    return ScheduleRun(
+        logical_date=logical_date,
+        origin=_string_enum(RunOrigin, msg.origin, "run origin"),
+        task_id=_text(msg.task_id),
+        status=_optional_enum(
+            TaskStatus, common_pb2.TaskStatus, _STATUS_PREFIX, msg.status, lower=False
+        ),
+        finished_at=_datetime(msg, "finished_at"),
+    )
+
+
+def schedule_details_from_pb(msg: schedule_service_pb2.GetScheduleResponse) -> ScheduleDetails:
+    return ScheduleDetails(
+        schedule=schedule_from_pb(msg.schedule),
+        next_occurrences=tuple(wire.timestamp_from_pb(t) for t in msg.next_occurrences),
+        runs=tuple(schedule_run_from_pb(r) for r in msg.runs),
+    )
+
+
+def schedule_page_from_pb(msg: schedule_service_pb2.ListSchedulesResponse) -> SchedulePage:
+    return SchedulePage(
+        schedules=tuple(schedule_from_pb(s) for s in msg.schedules),
+        next_page_token=msg.next_page_token or None,
+    )
+
+
+def backfill_result_from_pb(msg: schedule_service_pb2.BackfillScheduleResponse) -> BackfillResult:
+    return BackfillResult(
+        runs=tuple(schedule_run_from_pb(r) for r in msg.runs), existing=msg.existing
+    )

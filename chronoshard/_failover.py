@@ -15,13 +15,20 @@ flight, or answered that it cannot serve it) is tried on another target — each
 most once per call, all within the call's single deadline — only if repeating it cannot
 do harm, because the first attempt may have been applied:
 
-- reads (``GetTask``, ``ListTasks``): always;
+- reads (``GetTask``, ``ListTasks``, ``GetSchedule``, ``ListSchedules``): always;
 - ``CancelTask``: always (cancelling a cancelled task returns it unchanged; a cancel
   request on a running task is recorded once whatever the number of calls);
+- ``PauseSchedule``: always (pausing a paused schedule changes nothing and answers the
+  same);
 - ``SubmitTask``, ``SubmitBatch``: only when every task sent carries an
   ``idempotency_key`` (a repeat returns the original task, with ``created=False``);
 - ``RetryTask``, and submits without keys: never. Their UNAVAILABLE reaches the caller,
-  who alone knows whether to resend (see ``docs/client.md``).
+  who alone knows whether to resend (see ``docs/client.md``);
+- the other ScheduleService calls: never. A repeated ``TriggerSchedule`` runs a second
+  occurrence; a repeated create or delete whose first attempt was applied answers
+  ALREADY_EXISTS or NOT_FOUND, which would misreport what happened; ``ResumeSchedule``,
+  ``UpdateSchedule`` and ``BackfillSchedule`` repeated are not documented to answer as
+  the first attempt did (a backfill's repeat reports its runs as ``existing``).
 
 Other errors (NOT_FOUND, INVALID_ARGUMENT, DEADLINE_EXCEEDED, ...) are the answer, not a
 node's failure, and are raised as they are.
@@ -36,7 +43,9 @@ from dataclasses import dataclass
 
 import grpc
 
-REPEATABLE_ALWAYS = frozenset({"GetTask", "ListTasks", "CancelTask"})
+REPEATABLE_ALWAYS = frozenset(
+    {"GetTask", "ListTasks", "CancelTask", "GetSchedule", "ListSchedules", "PauseSchedule"}
+)
 """Calls that may be sent again after an attempt that may have been applied."""
 REPEATABLE_WITH_KEYS = frozenset({"SubmitTask", "SubmitBatch"})
 """Calls that may be sent again when every task in them has an idempotency key."""

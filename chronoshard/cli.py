@@ -4,10 +4,11 @@ Each subcommand is a :class:`~chronoshard._cli.common.Command` registered in
 :data:`COMMANDS`: a function that adds its arguments to an ``argparse`` parser, a function
 that runs it and returns the exit code, and an epilog of examples for ``--help``. Adding a
 subcommand means writing those and one line in the table; ``main`` never changes. Groups
-(``tasks``, ``tenants``, ``partitions``, ``expect``) register their children the same way,
-one level down. The commands live in :mod:`chronoshard._cli` by what they talk to:
-``tasks`` (TaskService), ``admin`` (AdminService, metrics, WatchdogService), ``ops`` (the
-database and local processes); ``output`` formats tables and JSON.
+(``tasks``, ``schedules``, ``tenants``, ``partitions``, ``expect``) register their
+children the same way, one level down. The commands live in :mod:`chronoshard._cli` by
+what they talk to: ``tasks`` (TaskService), ``schedules`` (ScheduleService), ``admin``
+(AdminService, metrics, WatchdogService), ``ops`` (the database and local processes);
+``output`` formats tables and JSON.
 
 Exit codes are a contract for scripts (``EXIT_CODES_HELP``): 0 ok, 1 the server refused
 or failed (the reason printed on stderr as ``CODE/REASON (field f): message``), 2 usage,
@@ -24,6 +25,7 @@ from typing import TextIO
 
 from chronoshard._cli import admin as _cli_admin
 from chronoshard._cli import ops as _cli_ops
+from chronoshard._cli import schedules as _cli_schedules
 from chronoshard._cli import tasks as _cli_tasks
 from chronoshard._cli.common import (
     API_KEY_ENV,
@@ -73,6 +75,7 @@ getting started:
   . .chronoshard/env                            # in another shell: target, API key, PATH
   chronoshard submit demo.echo --payload '{{"hello": "world"}}' --strict --wait
   chronoshard tasks ls --since 10m
+  chronoshard schedules create heartbeat demo.echo --every 1m --strict
   chronoshard status
 
 Commands that call a scheduler take --target (${TARGET_ENV}, else {DEFAULT_TARGET}) and
@@ -97,6 +100,10 @@ COMMANDS: dict[str, Command] = {
     "tasks": Command(
         "inspect, list, cancel and retry tasks",
         _configure_group(_cli_tasks.TASK_COMMANDS, "tasks_command"),
+    ),
+    "schedules": Command(
+        "create, inspect, change, pause, trigger and backfill recurring schedules",
+        _configure_group(_cli_schedules.SCHEDULE_COMMANDS, "schedules_command"),
     ),
     "status": Command(
         "nodes, shard owners and epochs, wheel sizes, worker sessions, dispatch lateness",

@@ -1,4 +1,5 @@
-"""The Python client of ``TaskService``: submit, inspect, cancel and retry tasks.
+"""The Python client of ``TaskService`` and ``ScheduleService``: submit, inspect, cancel
+and retry tasks; create, read, change and run recurring schedules.
 
 :class:`Client` is the asyncio client; :class:`~chronoshard.sync_client.SyncClient`
 offers the same methods as blocking calls. Both speak the types of
@@ -22,11 +23,12 @@ measured here:
   tasks (and ~3.5 MiB, under the server's 4 MiB limit) into one call.
 
 With several targets the client opens one channel per target and sends each call to a
-connected one, round-robin; any node accepts every TaskService call, so a dead node is
-skipped. A call that a node failed with UNAVAILABLE goes on to another node — within the
-same deadline, each node at most once — when repeating it is harmless: reads, cancels,
-and submits whose every task has an idempotency key (:mod:`chronoshard._failover` holds
-the policy and says why). Anything else the caller decides: errors carry ``retryable``.
+connected one, round-robin; any node accepts every TaskService and ScheduleService call,
+so a dead node is skipped. A call that a node failed with UNAVAILABLE goes on to another
+node — within the same deadline, each node at most once — when repeating it is harmless:
+reads, cancels, pauses, and submits whose every task has an idempotency key
+(:mod:`chronoshard._failover` holds the policy and says why). Anything else the caller
+decides: errors carry ``retryable``.
 
 gRPC's asyncio channels belong to the event loop that created them, so a :class:`Client`
 opens its channels on first use and is then bound to that loop (using it from another loop
@@ -58,10 +60,16 @@ from chronoshard.errors import (
     from_rpc_error,
 )
 from chronoshard.types import (
+    BackfillResult,
     JitterMode,
     Priority,
     Resolution,
     RetryPolicy,
+    Schedule,
+    ScheduleDetails,
+    SchedulePage,
+    ScheduleRun,
+    ScheduleSpec,
     SubmitResult,
     Task,
     TaskPage,
@@ -69,7 +77,12 @@ from chronoshard.types import (
     TaskStatus,
     coerce_enum,
 )
-from chronoshard.v1 import task_service_pb2, task_service_pb2_grpc
+from chronoshard.v1 import (
+    schedule_service_pb2,
+    schedule_service_pb2_grpc,
+    task_service_pb2,
+    task_service_pb2_grpc,
+)
 
 __all__ = [
     "DEFAULT_MAX_IN_FLIGHT",
@@ -171,12 +184,20 @@ def channel_options(
 
 
 class _Endpoint:
-    """One target: its channel, stub, and the semaphore bounding calls in flight on it."""
+    """One target: its channel, the unary methods of its services by RPC name, and the
+    semaphore bounding calls in flight on it (one bound per channel, whatever the
+    service: the limit is the channel's)."""
 
     def __init__(self, target: str, channel: grpc.aio.Channel, max_in_flight: int) -> None:
         self.target = target
         self.channel = channel
-        self.stub = task_service_pb2_grpc.TaskServiceStub(channel)
+        # RPC names are unique across the services, so a call names its method only.
+        self.methods: dict[str, Any] = {
+            **_unary_methods(task_service_pb2_grpc.TaskServiceStub(channel), task_service_pb2),
+            **_unary_methods(
+                schedule_service_pb2_grpc.ScheduleServiceStub(channel), schedule_service_pb2
+            ),
+        }
         self.slots = asyncio.Semaphore(max_in_flight)
 
     def state(self) -> failover.TargetState:
@@ -466,6 +487,103 @@ class Client:
         response = await self._call("ResolveTask", request)
         return convert.task_from_pb(response.task)
 
+    # --- schedules -----------------------------------------------------------------------
+    #
+    # Wherever a schedule is named, its id or its name is accepted (the server resolves
+    # either in the caller's tenant); another tenant's schedule is NotFoundError.
+
+    async def create_schedule(self, spec: ScheduleSpec) -> Schedule:
+        """Create a schedule; its first occurrence is the rule's first after
+        ``spec.start_at`` (or now). A name the tenant already uses raises
+        :class:`AlreadyExistsError`; a field the server refuses, InvalidArgumentError
+        naming it (``spec.cron``, ``spec.timezone``, ...)."""
+        request = schedule_service_pb2.CreateScheduleRequest(spec=_spec_pb(spec))
+        response = await self._call("CreateSchedule", request)
+        return convert.schedule_from_pb(response.schedule)
+
+    async def get_schedule(
+        self, schedule: str | uuid.UUID, *, next_count: int = 0, runs_count: int = 0
+    ) -> ScheduleDetails:
+        """Read one schedule with its next ``next_count`` occurrences (0: 5; at most 100)
+        and its latest ``runs_count`` runs (0: 10; at most 100)."""
+        for argument, count in (("next_count", next_count), ("runs_count", runs_count)):
+            if count < 0:
+                raise ValueError(f"{argument} must be >= 0 (0: the server default), got {count}")
+        request = schedule_service_pb2.GetScheduleRequest(
+            id=str(schedule), next_count=next_count, runs_count=runs_count
+        )
+        return convert.schedule_details_from_pb(await self._call("GetSchedule", request))
+
+    async def list_schedules(
+        self, *, page_size: int = 0, page_token: str | None = None
+    ) -> SchedulePage:
+        """One page of the tenant's schedules, ordered by name. ``page_size`` 0 lets the
+        server choose (100); pass the page's ``next_page_token`` for the next page (None
+        on the last)."""
+        if page_size < 0:
+            raise ValueError(f"page_size must be >= 0 (0: the server default), got {page_size}")
+        request = schedule_service_pb2.ListSchedulesRequest(
+            page_size=page_size, page_token=page_token or ""
+        )
+        return convert.schedule_page_from_pb(await self._call("ListSchedules", request))
+
+    async def iter_schedules(self, *, page_size: int = 0) -> AsyncIterator[Schedule]:
+        """Every schedule of the tenant, following page tokens; one call per page."""
+        token: str | None = None
+        while True:
+            page = await self.list_schedules(page_size=page_size, page_token=token)
+            for schedule in page.schedules:
+                yield schedule
+            if page.next_page_token is None:
+                return
+            token = page.next_page_token
+
+    async def update_schedule(self, schedule: str | uuid.UUID, spec: ScheduleSpec) -> Schedule:
+        """Replace a schedule's whole spec (a new name renames it; the id stays). It takes
+        effect from the next occurrence: occurrences created ahead under the old spec that
+        have not started are withdrawn and created again under the new one. To change one
+        field, read the spec and replace it: ``dataclasses.replace(details.schedule.spec,
+        cron="0 4 * * *")``."""
+        request = schedule_service_pb2.UpdateScheduleRequest(id=str(schedule), spec=_spec_pb(spec))
+        response = await self._call("UpdateSchedule", request)
+        return convert.schedule_from_pb(response.schedule)
+
+    async def pause_schedule(self, schedule: str | uuid.UUID) -> Schedule:
+        """Stop creating occurrences and withdraw those created ahead that have not
+        started; a paused schedule is not alerted on. Pausing a paused one changes
+        nothing."""
+        request = schedule_service_pb2.PauseScheduleRequest(id=str(schedule))
+        return convert.schedule_from_pb((await self._call("PauseSchedule", request)).schedule)
+
+    async def resume_schedule(self, schedule: str | uuid.UUID) -> Schedule:
+        """Resume from now: occurrences that fell in the pause are not caught up."""
+        request = schedule_service_pb2.ResumeScheduleRequest(id=str(schedule))
+        return convert.schedule_from_pb((await self._call("ResumeSchedule", request)).schedule)
+
+    async def delete_schedule(self, schedule: str | uuid.UUID) -> int:
+        """Delete a schedule and its occurrence history; the number of occurrences
+        withdrawn (created ahead, not started). Tasks that ran or run stay."""
+        request = schedule_service_pb2.DeleteScheduleRequest(id=str(schedule))
+        response = await self._call("DeleteSchedule", request)
+        withdrawn: int = response.withdrawn
+        return withdrawn
+
+    async def trigger_schedule(self, schedule: str | uuid.UUID) -> ScheduleRun:
+        """Run one occurrence now (its logical date: now), whatever the rule and a pause;
+        the overlap policy does not apply. A schedule that has ended raises
+        :class:`FailedPreconditionError`."""
+        request = schedule_service_pb2.TriggerScheduleRequest(id=str(schedule))
+        return convert.schedule_run_from_pb((await self._call("TriggerSchedule", request)).run)
+
+    async def backfill_schedule(
+        self, schedule: str | uuid.UUID, start: datetime, end: datetime
+    ) -> BackfillResult:
+        """Run now every occurrence of the rule with ``start <= logical date <= end``
+        (aware datetimes) that has no run yet, each with its own logical date; at most
+        1,000 occurrences per call. The overlap policy does not apply."""
+        request = convert.backfill_request(str(schedule), start, end)
+        return convert.backfill_result_from_pb(await self._call("BackfillSchedule", request))
+
     # --- plumbing ------------------------------------------------------------------------
 
     async def _call(self, method: str, request: Any) -> Any:
@@ -540,7 +658,7 @@ class Client:
         try:
             # grpc wants a relative timeout; what is left of the deadline, never zero.
             remaining = max(deadline - loop.time(), 0.001)
-            rpc = getattr(endpoint.stub, method)
+            rpc = endpoint.methods[method]
             return await rpc(request, timeout=remaining, metadata=self._metadata)
         except grpc.RpcError as exc:
             raise from_rpc_error(exc) from exc
@@ -579,6 +697,18 @@ class Client:
                 channel = grpc.aio.secure_channel(target, credentials, options=self._options)
             self._endpoints.append(_Endpoint(target, channel, self._max_in_flight))
         self._loop = loop
+
+
+def _spec_pb(spec: ScheduleSpec) -> schedule_service_pb2.ScheduleSpec:
+    if not isinstance(spec, ScheduleSpec):
+        raise TypeError(f"spec must be a ScheduleSpec, got {type(spec).__name__}")
+    return convert.schedule_spec_to_pb(spec)
+
+
+def _unary_methods(stub: Any, module: Any) -> dict[str, Any]:
+    """The stub's callables by RPC name, for every method of the module's one service."""
+    [service] = module.DESCRIPTOR.services_by_name.values()
+    return {method.name: getattr(stub, method.name) for method in service.methods}
 
 
 def _keyed(method: str, request: Any) -> bool:

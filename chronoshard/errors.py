@@ -93,8 +93,8 @@ class InvalidArgumentError(ChronoshardError):
 
 
 class NotFoundError(ChronoshardError):
-    """Raised when the task does not exist (NOT_FOUND). A task of another tenant answers
-    the same way, so this never tells whether an id exists elsewhere."""
+    """Raised when the task (or schedule) does not exist (NOT_FOUND). Another tenant's
+    answers the same way, so this never tells whether an id exists elsewhere."""
 
 
 _UUID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
@@ -102,9 +102,10 @@ _UUID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}
 
 class AlreadyExistsError(ChronoshardError):
     """Raised when an idempotency key was reused with a *different* request
-    (ALREADY_EXISTS). A repeat of the same request is not an error: it returns the original
-    task with ``created=False``. ``original_task_id`` is the task id the server named in
-    its message, when it named one (best effort; ``details`` has the full text)."""
+    (ALREADY_EXISTS), or when a schedule is created under a name the tenant already uses.
+    A repeat of the same submit is not an error: it returns the original task with
+    ``created=False``. ``original_task_id`` is the task id the server named in its
+    message, when it named one (best effort; ``details`` has the full text)."""
 
     @property
     def original_task_id(self) -> str | None:

@@ -37,10 +37,16 @@ from chronoshard.client import (
 )
 from chronoshard.errors import ChronoshardError
 from chronoshard.types import (
+    BackfillResult,
     JitterMode,
     Priority,
     Resolution,
     RetryPolicy,
+    Schedule,
+    ScheduleDetails,
+    SchedulePage,
+    ScheduleRun,
+    ScheduleSpec,
     SubmitResult,
     Task,
     TaskPage,
@@ -243,6 +249,58 @@ class SyncClient:
     ) -> Task:
         """Blocking :meth:`Client.resolve`."""
         return self._wait(self._client.resolve(task_id, resolution, reason))
+
+    def create_schedule(self, spec: ScheduleSpec) -> Schedule:
+        """Blocking :meth:`Client.create_schedule`."""
+        return self._wait(self._client.create_schedule(spec))
+
+    def get_schedule(
+        self, schedule: str | uuid.UUID, *, next_count: int = 0, runs_count: int = 0
+    ) -> ScheduleDetails:
+        """Blocking :meth:`Client.get_schedule`."""
+        return self._wait(
+            self._client.get_schedule(schedule, next_count=next_count, runs_count=runs_count)
+        )
+
+    def list_schedules(self, *, page_size: int = 0, page_token: str | None = None) -> SchedulePage:
+        """Blocking :meth:`Client.list_schedules`."""
+        return self._wait(self._client.list_schedules(page_size=page_size, page_token=page_token))
+
+    def iter_schedules(self, *, page_size: int = 0) -> Iterator[Schedule]:
+        """Blocking :meth:`Client.iter_schedules`: fetches one page per step."""
+        token: str | None = None
+        while True:
+            page = self.list_schedules(page_size=page_size, page_token=token)
+            yield from page.schedules
+            if page.next_page_token is None:
+                return
+            token = page.next_page_token
+
+    def update_schedule(self, schedule: str | uuid.UUID, spec: ScheduleSpec) -> Schedule:
+        """Blocking :meth:`Client.update_schedule`."""
+        return self._wait(self._client.update_schedule(schedule, spec))
+
+    def pause_schedule(self, schedule: str | uuid.UUID) -> Schedule:
+        """Blocking :meth:`Client.pause_schedule`."""
+        return self._wait(self._client.pause_schedule(schedule))
+
+    def resume_schedule(self, schedule: str | uuid.UUID) -> Schedule:
+        """Blocking :meth:`Client.resume_schedule`."""
+        return self._wait(self._client.resume_schedule(schedule))
+
+    def delete_schedule(self, schedule: str | uuid.UUID) -> int:
+        """Blocking :meth:`Client.delete_schedule`."""
+        return self._wait(self._client.delete_schedule(schedule))
+
+    def trigger_schedule(self, schedule: str | uuid.UUID) -> ScheduleRun:
+        """Blocking :meth:`Client.trigger_schedule`."""
+        return self._wait(self._client.trigger_schedule(schedule))
+
+    def backfill_schedule(
+        self, schedule: str | uuid.UUID, start: datetime, end: datetime
+    ) -> BackfillResult:
+        """Blocking :meth:`Client.backfill_schedule`."""
+        return self._wait(self._client.backfill_schedule(schedule, start, end))
 
     def _wait(self, call: Coroutine[Any, Any, T]) -> T:
         if not self._finalizer.alive:

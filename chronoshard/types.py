@@ -13,6 +13,11 @@ through JSON as they are.
 from its keyword arguments and ``Client.submit_batch`` takes a list of them, so both paths
 validate the same way. Its checks are the cheap and unambiguous ones (a naive datetime, both
 ``at`` and ``delay_s``, an unknown enum name); everything else is the server's to judge.
+
+:class:`ScheduleSpec` describes a recurring schedule (``Client.create_schedule``,
+``Client.update_schedule``); what each occurrence submits is a :class:`TaskSpec` (its
+``task``), the same description ``submit`` builds, without the fields the occurrence
+decides (``at``, ``delay_s``, ``idempotency_key``) or the schedule owns (``job_id``).
 """
 
 from __future__ import annotations
@@ -24,11 +29,22 @@ from enum import StrEnum
 from typing import Any, TypeVar
 
 __all__ = [
+    "AlertSeverity",
     "AttemptState",
+    "BackfillResult",
+    "CatchupPolicy",
     "JitterMode",
+    "OverlapPolicy",
     "Priority",
     "Resolution",
     "RetryPolicy",
+    "RunOrigin",
+    "Schedule",
+    "ScheduleDetails",
+    "SchedulePage",
+    "ScheduleRun",
+    "ScheduleSpec",
+    "ScheduleWatch",
     "SubmitResult",
     "Task",
     "TaskAttempt",
@@ -303,3 +319,195 @@ def coerce_enum(enum: type[_E], value: object, argument: str) -> _E:
     except ValueError:
         allowed = ", ".join(repr(m.value) for m in enum)
         raise ValueError(f"{argument} must be one of {allowed}, got {value!r}") from None
+
+
+# --- schedules ---------------------------------------------------------------------------
+
+
+class CatchupPolicy(StrEnum):
+    """What a schedule does about occurrences missed while no node could create them
+    (docs/architecture.md#d13); unset on a spec means the server's default, SKIP."""
+
+    SKIP = "skip"
+    """Missed occurrences are not run."""
+    LATEST = "latest"
+    """Only the newest missed occurrence runs."""
+    ALL = "all"
+    """Every missed occurrence runs, up to ``catchup_limit`` (the newest ones)."""
+
+
+class OverlapPolicy(StrEnum):
+    """What an occurrence does while the previous one still runs; unset on a spec means
+    the server's default, ALLOW. SKIP and BUFFER_ONE need the template's ``timeout_s``."""
+
+    ALLOW = "allow"
+    """Runs regardless."""
+    SKIP = "skip"
+    """Is skipped (recorded as a run with no task)."""
+    BUFFER_ONE = "buffer_one"
+    """Waits and runs once the previous one finishes; while one waits, later ones are
+    skipped."""
+
+
+class AlertSeverity(StrEnum):
+    """The severity of the watchdog's alert for a schedule that is late."""
+
+    CRITICAL = "critical"
+    ERROR = "error"
+    WARNING = "warning"
+    INFO = "info"
+
+
+class RunOrigin(StrEnum):
+    """Why a schedule run exists."""
+
+    SCHEDULE = "SCHEDULE"
+    """An occurrence of the rule, created on time."""
+    CATCHUP = "CATCHUP"
+    """A missed occurrence run by the catchup policy."""
+    TRIGGER = "TRIGGER"
+    """``trigger_schedule``."""
+    BACKFILL = "BACKFILL"
+    """``backfill_schedule``."""
+    BUFFERED = "BUFFERED"
+    """An occurrence the BUFFER_ONE overlap policy held until the previous one finished."""
+
+
+@dataclass(frozen=True)
+class ScheduleWatch:
+    """How the watchdog watches a schedule: each occurrence must complete by its logical
+    date + ``expected_duration_s`` + ``tolerance_s``, else one alert opens. ``None``
+    fields take the server's defaults (the template's timeout if set, else 60 s; 60 s;
+    critical)."""
+
+    disabled: bool = False
+    expected_duration_s: float | None = None
+    tolerance_s: float | None = None
+    severity: AlertSeverity | None = None
+
+    def __post_init__(self) -> None:
+        if self.severity is not None:
+            object.__setattr__(
+                self, "severity", coerce_enum(AlertSeverity, self.severity, "watch.severity")
+            )
+
+
+@dataclass(frozen=True)
+class ScheduleSpec:
+    """A recurring schedule, as a client sets it on create and update.
+
+    The rule is a ``cron`` expression (5 fields, 6 with seconds first, or ``@daily`` and
+    the like), read in the IANA ``timezone`` (None: UTC), or a fixed ``interval_s``
+    (occurrences at ``start_at`` + k * interval, whatever the zone): exactly one of the
+    two. ``start_at``/``end_at`` (aware datetimes) bound the occurrences; None: from
+    creation, never ending. ``task`` is what each occurrence submits: a :class:`TaskSpec`
+    without ``at``, ``delay_s``, ``idempotency_key`` (the occurrence decides them) and
+    ``job_id`` (the schedule's ``job_id``; None: the schedule's name). Fields left None
+    take the server's defaults (catchup SKIP, overlap ALLOW, misfire grace 60 s).
+    ``catchup_limit`` is required with ``CatchupPolicy.ALL``; the server judges it.
+    """
+
+    name: str
+    task: TaskSpec
+    cron: str | None = None
+    interval_s: float | None = None
+    timezone: str | None = None
+    start_at: datetime | None = None
+    end_at: datetime | None = None
+    catchup: CatchupPolicy | None = None
+    catchup_limit: int | None = None
+    overlap: OverlapPolicy | None = None
+    job_id: str | None = None
+    watch: ScheduleWatch = ScheduleWatch()
+    misfire_grace_s: float | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str):
+            raise TypeError(f"name must be a str, got {type(self.name).__name__}")
+        if not isinstance(self.task, TaskSpec):
+            raise TypeError(f"task must be a TaskSpec, got {type(self.task).__name__}")
+        if (self.cron is None) == (self.interval_s is None):
+            raise ValueError("give exactly one of cron and interval_s")
+        if self.cron is not None and not isinstance(self.cron, str):
+            raise TypeError(f"cron must be a str, got {type(self.cron).__name__}")
+        for argument in ("start_at", "end_at"):
+            value = getattr(self, argument)
+            if value is not None:
+                if not isinstance(value, datetime):
+                    raise TypeError(f"{argument} must be a datetime, got {type(value).__name__}")
+                require_aware(value, argument)
+        # The occurrence decides these; the server would refuse them, but naming the
+        # argument here is clearer than `spec.task_template.scheduled_at`.
+        for argument, why in (
+            ("at", "each occurrence runs at its own time"),
+            ("delay_s", "each occurrence runs at its own time"),
+            ("idempotency_key", "each occurrence is keyed by its logical date"),
+            ("job_id", "give the schedule's job_id instead"),
+        ):
+            if getattr(self.task, argument) is not None:
+                raise ValueError(f"task.{argument} must be unset in a schedule: {why}")
+        if self.catchup is not None:
+            object.__setattr__(self, "catchup", coerce_enum(CatchupPolicy, self.catchup, "catchup"))
+        if self.overlap is not None:
+            object.__setattr__(self, "overlap", coerce_enum(OverlapPolicy, self.overlap, "overlap"))
+        if not isinstance(self.watch, ScheduleWatch):
+            raise TypeError(f"watch must be a ScheduleWatch, got {type(self.watch).__name__}")
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """A schedule as the server reported it. ``next_occurrence`` is the first occurrence
+    not created yet (None once the schedule has ended)."""
+
+    id: str
+    tenant_id: str
+    spec: ScheduleSpec
+    paused: bool
+    next_occurrence: datetime | None
+    created_at: datetime | None
+    updated_at: datetime | None
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+
+@dataclass(frozen=True)
+class ScheduleRun:
+    """One occurrence that ran or was decided. ``task_id`` is None when the overlap
+    policy skipped it; ``status`` (the task's now) is None then, or once the task is
+    gone (retention)."""
+
+    logical_date: datetime
+    origin: RunOrigin
+    task_id: str | None
+    status: TaskStatus | None
+    finished_at: datetime | None
+
+
+@dataclass(frozen=True)
+class ScheduleDetails:
+    """``Client.get_schedule``: the schedule, its next occurrences from now (UTC
+    instants, soonest first) and its latest runs (newest first)."""
+
+    schedule: Schedule
+    next_occurrences: tuple[datetime, ...]
+    runs: tuple[ScheduleRun, ...]
+
+
+@dataclass(frozen=True)
+class SchedulePage:
+    """One page of ``Client.list_schedules``, ordered by name; ``next_page_token`` is None
+    on the last page."""
+
+    schedules: tuple[Schedule, ...]
+    next_page_token: str | None
+
+
+@dataclass(frozen=True)
+class BackfillResult:
+    """``Client.backfill_schedule``: the runs created (oldest first), and how many
+    occurrences of the range already had a run (left alone)."""
+
+    runs: tuple[ScheduleRun, ...]
+    existing: int

@@ -254,6 +254,38 @@ class ReconcileConfig:
 
 
 @dataclass(frozen=True)
+class SchedulesConfig:
+    # Occurrences are created this far ahead of their time (overlap ALLOW). It must exceed
+    # the time a crashed owner's shard takes to move (etcd.lease_ttl_s and a claim), so
+    # that a crash delays no occurrence; an update withdraws what was created ahead.
+    lookahead_s: float = 60.0
+    # SKIP and BUFFER_ONE decide each occurrence this long before it is due ("does the
+    # previous one still run?" is asked then).
+    overlap_lead_s: float = 2.0
+    # How often the materialiser passes over the owned shards' schedules (and at once
+    # when a schedule of an owned shard changes here).
+    interval_s: float = 1.0
+    # Schedules decided per statement batch.
+    batch: int = 500
+    # Occurrences one schedule may create in one pass (the rest in the next).
+    max_create: int = 1000
+    # While an occurrence waits under BUFFER_ONE, its predecessor is looked at this often.
+    buffer_poll_s: float = 1.0
+
+    def validate(self) -> None:
+        require(self.lookahead_s >= 1, "schedules.lookahead_s", "must be at least 1 second")
+        require(
+            0 < self.overlap_lead_s <= self.lookahead_s,
+            "schedules.overlap_lead_s",
+            "must be positive and at most schedules.lookahead_s",
+        )
+        require(self.interval_s > 0, "schedules.interval_s", "must be positive")
+        require(self.batch >= 1, "schedules.batch", "must be at least 1")
+        require(self.max_create >= 1, "schedules.max_create", "must be at least 1")
+        require(self.buffer_poll_s > 0, "schedules.buffer_poll_s", "must be positive")
+
+
+@dataclass(frozen=True)
 class MaintenanceConfig:
     # Partition maintenance: one node at a time (advisory lock), this often.
     interval_s: float = DEFAULT_MAINTENANCE_INTERVAL_S
@@ -354,6 +386,7 @@ class SchedulerConfig:
     workers: WorkersConfig = field(default_factory=WorkersConfig)
     limits: LimitsConfig = field(default_factory=LimitsConfig)
     reconcile: ReconcileConfig = field(default_factory=ReconcileConfig)
+    schedules: SchedulesConfig = field(default_factory=SchedulesConfig)
     maintenance: MaintenanceConfig = field(default_factory=MaintenanceConfig)
     clock: ClockConfig = field(default_factory=ClockConfig)
 

@@ -279,6 +279,28 @@ class ExpectationManagedByConfig(SchedulerError):
         self.field = "job_id"
 
 
+class ScheduleNotFound(SchedulerError):
+    """Raised when a schedule does not exist or belongs to another tenant."""
+
+    reason = "SCHEDULE_NOT_FOUND"
+    grpc_code_name = "NOT_FOUND"
+
+    def __init__(self, name_or_id: str) -> None:
+        super().__init__(f"schedule {shown(name_or_id)} not found")
+        self.field = "id"
+
+
+class ScheduleExists(SchedulerError):
+    """Raised when a tenant already has a schedule of the name asked for; nothing written."""
+
+    reason = "SCHEDULE_EXISTS"
+    grpc_code_name = "ALREADY_EXISTS"
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"a schedule named {shown(name)} exists")
+        self.field = "spec.name"
+
+
 SETTLE_OUTCOME_ERRORS: dict[str, tuple[str, str]] = {
     "STALE_FENCING_TOKEN": (
         "FAILED_PRECONDITION",

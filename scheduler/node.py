@@ -34,8 +34,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Collection, Coroutine
+from collections.abc import Awaitable, Collection, Coroutine, Sequence
 from dataclasses import dataclass, replace
+from datetime import datetime
 from typing import Any
 
 import grpc
@@ -50,24 +51,30 @@ from chronoshard.scheduler.api.admin import AdminServicer
 from chronoshard.scheduler.api.auth import Authenticator
 from chronoshard.scheduler.api.boundary import RequestDecoding
 from chronoshard.scheduler.api.expectations import WatchdogServiceServicer
+from chronoshard.scheduler.api.schedule_requests import occurrence_task
+from chronoshard.scheduler.api.schedules import ScheduleServiceServicer, pacing_of
 from chronoshard.scheduler.api.server import (
     CLOCK_HEALTH_SERVICE,
     HealthServicer,
     bind,
     server_options,
 )
+from chronoshard.scheduler.api.task_requests import SubmitLimits
 from chronoshard.scheduler.api.tasks import TaskServiceServicer
 from chronoshard.scheduler.api.workers import Gateway
 from chronoshard.scheduler.cluster.clock import ClusterClock
 from chronoshard.scheduler.cluster.coordination import CoordinationError, EtcdCoordinator, NodeInfo
 from chronoshard.scheduler.cluster.liveness import REFRESHES_PER_TIMEOUT, WorkerLiveness
 from chronoshard.scheduler.cluster.maintenance import PartitionMaintenance
+from chronoshard.scheduler.cluster.materialiser import Materialiser
 from chronoshard.scheduler.cluster.reconciler import Reconciler
 from chronoshard.scheduler.cluster.routing import ChangeRouter
 from chronoshard.scheduler.cluster.shards import ShardManager
 from chronoshard.scheduler.cluster.signals import ShardSignals
 from chronoshard.scheduler.config import SchedulerConfig
+from chronoshard.scheduler.core.models import PreparedTask, Task
 from chronoshard.scheduler.core.runs import TimerTask
+from chronoshard.scheduler.core.schedules import Schedule
 from chronoshard.scheduler.dispatch.dispatcher import Dispatcher
 from chronoshard.scheduler.dispatch.preloader import Preloader
 from chronoshard.scheduler.dispatch.sessions import SessionRegistry
@@ -77,11 +84,15 @@ from chronoshard.scheduler.metrics import NodeCollector, SchedulerMetrics, Stats
 from chronoshard.scheduler.store.database import SessionLimits, Store
 from chronoshard.scheduler.store.repairs import RepairStore
 from chronoshard.scheduler.store.runs import RunStore
+from chronoshard.scheduler.store.schedules import ScheduleStore
 from chronoshard.scheduler.store.sessions import WorkerSessionStore
+from chronoshard.scheduler.store.submits import SubmitStore
 from chronoshard.scheduler.store.tenants import TenantStore
 from chronoshard.v1 import (
     admin_service_pb2,
     admin_service_pb2_grpc,
+    schedule_service_pb2,
+    schedule_service_pb2_grpc,
     task_service_pb2,
     task_service_pb2_grpc,
     watchdog_service_pb2,
@@ -119,6 +130,21 @@ class _WorkerPresence:
         return await self._store.workers_seen(node_ids, self._within_s)
 
 
+class _ScheduleChanges:
+    """The ScheduleService's listener: a changed schedule wakes the materialiser (if this
+    node owns its shard); tasks a trigger or backfill created are routed like submits."""
+
+    def __init__(self, materialiser: Materialiser, router: ChangeRouter) -> None:
+        self._materialiser = materialiser
+        self._router = router
+
+    def schedule_changed(self, shard: int) -> None:
+        self._materialiser.schedule_changed(shard)
+
+    def tasks_submitted(self, tasks: Sequence[Task]) -> None:
+        self._router.tasks_submitted(tasks)
+
+
 class SchedulerNode:
     def __init__(self, config: SchedulerConfig, clock: Clock | None = None) -> None:
         self.config = config
@@ -129,6 +155,7 @@ class SchedulerNode:
         self._side_tasks: set[asyncio.Task[None]] = set()
         self._server: grpc.aio.Server | None = None
         self._task_service: TaskServiceServicer | None = None
+        self._submit_limits = SubmitLimits.from_config(config)
         self._health = HealthServicer()
         self._metrics_server: HttpServer | None = None
         self._draining = False
@@ -289,9 +316,39 @@ class SchedulerNode:
             WorkerSessionStore(self.store),
         )
         self.sessions.on_sessions_changed = self._sessions_changed
-        # A claimed shard's previous owner may have left intents it never delivered.
-        self.shards.on_claimed = self.reconciler.wake
+        self.materialiser = Materialiser(
+            config,
+            self.clock,
+            self.store,
+            ScheduleStore(self.store, SubmitStore(self.store)),
+            self.shards,
+            pacing_of(config),
+            self._occurrence_task,
+            self.router.tasks_submitted,
+        )
+
+        def claimed() -> None:
+            # A claimed shard's previous owner may have left intents it never delivered,
+            # and its schedules are ours to go on with.
+            self.reconciler.wake()
+            self.materialiser.wake()
+
+        self.shards.on_claimed = claimed
         self.maintenance = PartitionMaintenance(config.maintenance, self.store)
+
+    def _occurrence_task(
+        self, schedule: Schedule, logical_date: datetime, scheduled_at: datetime, now: datetime
+    ) -> PreparedTask:
+        """The task of one occurrence, built (and validated) as a submit of its template."""
+        return occurrence_task(
+            schedule.spec,
+            tenant_id=schedule.tenant_id,
+            schedule_id=schedule.id,
+            logical_date=logical_date,
+            scheduled_at=scheduled_at,
+            now=now,
+            limits=self._submit_limits,
+        )
 
     def _supervise_loops(self) -> None:
         self._supervise("clock", self.clock.run())
@@ -299,6 +356,7 @@ class SchedulerNode:
         self._supervise("dispatcher", self.dispatcher.run())
         self._supervise("preloader", self.preloader.run())
         self._supervise("reconciler", self.reconciler.run())
+        self._supervise("materialiser", self.materialiser.run())
         self._supervise("liveness", self.liveness.run())
         self._supervise("maintenance", self.maintenance.run())
         self._supervise("tenant-refresh", self.tenant_limits.run())
@@ -340,6 +398,15 @@ class SchedulerNode:
         )
         task_service_pb2_grpc.add_TaskServiceServicer_to_server(api, server)
         names.append(task_service_pb2.DESCRIPTOR.services_by_name["TaskService"].full_name)
+        schedules = ScheduleServiceServicer(
+            config=self.config,
+            store=self.store,
+            authenticator=self.authenticator,
+            clock=self.clock,
+            listener=_ScheduleChanges(self.materialiser, self.router),
+        )
+        schedule_service_pb2_grpc.add_ScheduleServiceServicer_to_server(schedules, server)
+        names.append(schedule_service_pb2.DESCRIPTOR.services_by_name["ScheduleService"].full_name)
         watch = WatchdogServiceServicer(store=self.store, authenticator=self.authenticator)
         watchdog_service_pb2_grpc.add_WatchdogServiceServicer_to_server(watch, server)
         names.append(watchdog_service_pb2.DESCRIPTOR.services_by_name["WatchdogService"].full_name)
@@ -517,6 +584,7 @@ class SchedulerNode:
             StatsFamily("signals", self.signals),
             StatsFamily("clock", self.clock),
             StatsFamily("reconciler", self.reconciler),
+            StatsFamily("materialiser", self.materialiser),
             StatsFamily("liveness", self.liveness),
             StatsFamily("maintenance", self.maintenance),
         ]

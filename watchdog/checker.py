@@ -3,7 +3,9 @@
 Each check, the active replica
 
 1. reads every enabled expectation with its newest completion (one indexed query per
-   batch, :meth:`~.store.WatchdogStore.job_statuses`) and the database's time;
+   batch, :meth:`~.store.WatchdogStore.job_statuses`) and the database's time, and every
+   watched schedule with its due occurrence's inputs
+   (:meth:`~.store.WatchdogStore.schedule_statuses`);
 2. reads the recent canaries with what the scheduler's tables know of them, brings their
    rows up to date (dispatched, completed, LATE) and observes the end-to-end latency of
    each newly completed one;
@@ -47,6 +49,7 @@ from chronoshard.watchdog.incidents import (
     canary_status,
     job_condition,
     plan,
+    schedule_condition,
     seconds_since,
 )
 from chronoshard.watchdog.notifier import Notifier
@@ -55,7 +58,7 @@ from chronoshard.watchdog.store import CanaryUpdate, WatchdogStore
 
 log = logging.getLogger(__name__)
 
-CHECKED_KINDS = (Kind.JOB_OVERDUE, Kind.CANARY_LATE)
+CHECKED_KINDS = (Kind.JOB_OVERDUE, Kind.SCHEDULE_MISSED, Kind.CANARY_LATE)
 RESOLVE_HORIZON_S = 86_400.0
 """A resolve owed for longer than this is not sent any more."""
 CANARY_HISTORY = 100
@@ -73,6 +76,9 @@ class CheckStats:
     last_duration_s: float = 0.0
     expectations: int = 0
     overdue: int = 0
+    # Schedules with watch and not paused, and those of them missing an occurrence.
+    schedules: int = 0
+    missed_schedules: int = 0
     open_alerts: int = 0
     opened: Counter[str] = field(default_factory=Counter)
     resolved: Counter[str] = field(default_factory=Counter)
@@ -82,6 +88,7 @@ class CheckStats:
     def clear_gauges(self) -> None:
         """Forget what the checks saw (the replica stopped leading); counters stay."""
         self.expectations = self.overdue = self.open_alerts = 0
+        self.schedules = self.missed_schedules = 0
         self.seconds_since = {}
 
 
@@ -121,6 +128,19 @@ class Checker:
             if condition is not None:
                 firing.append(condition)
         overdue = len(firing)
+        schedules = await self._store.schedule_statuses(self._config.check_batch_size)
+        for sched in schedules:
+            # Each batch's own now(): the instant its deadline probe used.
+            condition = schedule_condition(
+                sched.schedule,
+                sched.next_at,
+                () if sched.occurrence is None else (sched.occurrence,),
+                sched.last_completed_at,
+                sched.checked_at,
+            )
+            if condition is not None:
+                firing.append(condition)
+        missed = len(firing) - overdue
         if self._config.canary.enabled:
             canary = await self._check_canaries()
             if canary is not None:
@@ -136,6 +156,7 @@ class Checker:
             busy=self._notifier.busy(),
         )
         watched = {s.expectation.dedup_key for s in statuses}
+        watched |= {s.schedule.dedup_key for s in schedules}
         for action in actions:
             await self._apply(action, watched)
 
@@ -149,6 +170,8 @@ class Checker:
         stats.last_duration_s = stats.last_check_monotonic - started
         stats.expectations = len(statuses)
         stats.overdue = overdue
+        stats.schedules = len(schedules)
+        stats.missed_schedules = missed
         stats.open_alerts = len(open_keys)
         stats.seconds_since = since
         return actions
@@ -213,6 +236,10 @@ class Checker:
             if alert.dedup_key in watched:
                 return "a completion arrived"
             return "the expectation was removed or disabled"
+        if alert.kind == Kind.SCHEDULE_MISSED:
+            if alert.dedup_key in watched:
+                return "an occurrence completed"
+            return "the schedule was paused, unwatched or deleted"
         if alert.kind == Kind.CANARY_LATE and not self._config.canary.enabled:
             return "canaries are disabled"
         return "a canary completed on time"

@@ -1,12 +1,16 @@
 """The watchdog's decisions, without I/O: what is wrong now, and what to do about alerts.
 
-Three things can be wrong. A watched job is **overdue** when its newest completion is
+Four things can be wrong. A watched job is **overdue** when its newest completion is
 older than ``interval + tolerance`` (strictly: ``now − last_completed > interval +
 tolerance``); a job that never completed counts from when its expectation was
-registered. A **canary is late** when the newest canary whose outcome is known did not
-complete within its tolerance of its scheduled time. The watchdog's own **database is
-unreachable** when no statement succeeded for longer than the outage tolerance. Each is
-a :class:`Condition` with a stable ``dedup_key``.
+registered. A watched **schedule missed** an occurrence when the newest occurrence
+whose deadline (logical date + expected duration + tolerance) has passed is not
+satisfied: neither its own task nor any run of the schedule's job since its logical
+date completed (:func:`schedule_condition`). A **canary is late** when the newest
+canary whose outcome is known did not complete within its tolerance of its scheduled
+time. The watchdog's own **database is unreachable** when no statement succeeded for
+longer than the outage tolerance. Each is a :class:`Condition` with a stable
+``dedup_key``.
 
 :func:`plan` turns the conditions firing now and the alerts on record into actions, one
 incident at a time: a firing condition without an open alert is opened (once: at most one
@@ -27,7 +31,7 @@ import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field, replace
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
@@ -51,6 +55,7 @@ class Event(StrEnum):
 
 class Kind(StrEnum):
     JOB_OVERDUE = "job_overdue"
+    SCHEDULE_MISSED = "schedule_missed"
     CANARY_LATE = "canary_late"
     DATABASE_UNREACHABLE = "watchdog_database_unreachable"
 
@@ -63,6 +68,12 @@ def job_dedup_key(tenant_id: uuid.UUID, job_id: str) -> str:
     """Stable per (tenant, job): the same key for every incident of the job, which is what
     PagerDuty's dedup_key wants (a resolved key opens a new incident when reused)."""
     return f"chronoshard/job/{tenant_id}/{job_id}"
+
+
+def schedule_dedup_key(schedule_id: uuid.UUID) -> str:
+    """Stable per schedule (its id, not its name: a name can be reused by a new schedule
+    after a delete, which must not inherit the old one's incident)."""
+    return f"chronoshard/schedule/{schedule_id}"
 
 
 # --- what is wrong ---------------------------------------------------------------------------
@@ -151,6 +162,143 @@ def job_condition(
             "registered_at": exp.registered_at,
             "overdue_since": overdue_after(exp, last_completed_at),
             "description": exp.description,
+        },
+    )
+
+
+# --- schedules ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """A watched schedule (``watch AND NOT paused``): every occurrence must complete by
+    its logical date + ``expected_duration_s`` + ``tolerance_s``."""
+
+    id: uuid.UUID
+    tenant_id: uuid.UUID
+    name: str
+    job_id: str
+    expected_duration_s: float
+    tolerance_s: float
+    severity: Severity = Severity.CRITICAL
+    tenant_name: str = ""
+
+    @property
+    def slack_s(self) -> float:
+        """How long after its logical date an occurrence may take to complete."""
+        return self.expected_duration_s + self.tolerance_s
+
+    @property
+    def dedup_key(self) -> str:
+        return schedule_dedup_key(self.id)
+
+    def deadline(self, logical_date: datetime) -> datetime:
+        return logical_date + timedelta(seconds=self.slack_s)
+
+
+@dataclass(frozen=True)
+class Occurrence:
+    """One occurrence of a schedule, as the watchdog sees it.
+
+    ``created`` is False for ``schedules.next_at``: an occurrence whose time came and
+    that no scheduler node created (the materialiser is not running). ``task_id`` is None
+    for one created without a task (the overlap policy skipped it) and for one never
+    created; ``completed_at`` is its own task's completion, if any."""
+
+    logical_date: datetime
+    created: bool = True
+    task_id: uuid.UUID | None = None
+    completed_at: datetime | None = None
+
+
+def deadline_passed(schedule: Schedule, logical_date: datetime, now: datetime) -> bool:
+    """``logical_date + slack <= now``: at the deadline itself the occurrence is due (the
+    same ``<=`` as the query's probe, so the two never disagree about one instant)."""
+    return schedule.deadline(logical_date) <= now
+
+
+def due_occurrence(
+    schedule: Schedule,
+    next_at: datetime | None,
+    created: Iterable[Occurrence],
+    now: datetime,
+) -> Occurrence | None:
+    """The latest occurrence whose deadline has passed, or None (nothing to watch yet).
+
+    ``next_at`` is the first occurrence not yet created, so when its own deadline has
+    passed it is later than every created one, and it is the due occurrence: the
+    schedule missed it whatever became of the earlier ones. Otherwise the newest created
+    occurrence past its deadline is. Every occurrence has its own deadline, so an
+    irregular cron (weekdays only, the last day of a month) needs no interval.
+    """
+    if next_at is not None and deadline_passed(schedule, next_at, now):
+        return Occurrence(logical_date=next_at, created=False)
+    past = [o for o in created if deadline_passed(schedule, o.logical_date, now)]
+    if not past:
+        return None
+    return max(past, key=lambda o: o.logical_date)
+
+
+def occurrence_satisfied(occurrence: Occurrence, last_completed_at: datetime | None) -> bool:
+    """Its own task completed, or some run of the schedule's job completed at or after its
+    logical date (a later occurrence, a trigger, or the run that an overlap-skipped
+    occurrence waited for: that run's work covers the occurrence). The job's completions
+    are the tenant's ``(tenant_id, job_id)`` ledger rows; ``last_completed_at`` is the
+    newest of them."""
+    if occurrence.completed_at is not None:
+        return True
+    return last_completed_at is not None and last_completed_at >= occurrence.logical_date
+
+
+def schedule_condition(
+    schedule: Schedule,
+    next_at: datetime | None,
+    created: Iterable[Occurrence],
+    last_completed_at: datetime | None,
+    now: datetime,
+) -> Condition | None:
+    """The missed condition of ``schedule`` at ``now``, or None while it is on time.
+
+    The condition's key is the schedule's, whichever occurrence is due: while an
+    incident lasts, later occurrences that miss too keep the one alert open (its summary
+    names the first one missed), and the first run that completes ends it."""
+    due = due_occurrence(schedule, next_at, created, now)
+    if due is None or occurrence_satisfied(due, last_completed_at):
+        return None
+    tenant = schedule.tenant_name or str(schedule.tenant_id)
+    # In UTC whatever the session's time zone: the summary is read by people in many.
+    logical_date = due.logical_date.astimezone(UTC)
+    deadline = schedule.deadline(logical_date)
+    if not due.created:
+        why = "no scheduler node created it (are the scheduler nodes running?)"
+    elif due.task_id is None:
+        why = "the overlap policy skipped it and the run before it has not completed"
+    else:
+        why = f"its task {due.task_id} has not completed"
+    return Condition(
+        kind=Kind.SCHEDULE_MISSED,
+        dedup_key=schedule.dedup_key,
+        severity=schedule.severity,
+        summary=(
+            f"schedule {schedule.name!r} of tenant {tenant} missed its run of "
+            f"{logical_date.isoformat()}: nothing completed by its deadline "
+            f"{deadline.isoformat()} (expected duration {schedule.expected_duration_s:g} s "
+            f"+ {schedule.tolerance_s:g} s tolerance); {why}"
+        ),
+        tenant_id=schedule.tenant_id,
+        job_id=schedule.job_id,
+        details={
+            "schedule_id": str(schedule.id),
+            "schedule_name": schedule.name,
+            "tenant_name": schedule.tenant_name,
+            "job_id": schedule.job_id,
+            "logical_date": logical_date,
+            "deadline": deadline,
+            "expected_duration_s": schedule.expected_duration_s,
+            "tolerance_s": schedule.tolerance_s,
+            "occurrence_created": due.created,
+            "task_id": None if due.task_id is None else str(due.task_id),
+            "last_completed_at": last_completed_at,
         },
     )
 

@@ -55,6 +55,12 @@ class WatchdogCollector(Collector):
         )
         yield _gauge("expectations", "enabled expectations checked", checks.expectations)
         yield _gauge("overdue_jobs", "expectations overdue at the last check", checks.overdue)
+        yield _gauge("schedules", "watched schedules (watch, not paused) checked", checks.schedules)
+        yield _gauge(
+            "missed_schedules",
+            "watched schedules missing an occurrence at the last check",
+            checks.missed_schedules,
+        )
         since = GaugeMetricFamily(
             f"{PREFIX}_seconds_since_last_completion",
             "seconds since the job last completed (since registration if never)",
@@ -63,7 +69,7 @@ class WatchdogCollector(Collector):
         for (tenant_id, job_id), seconds in sorted(checks.seconds_since.items()):
             since.add_metric([tenant_id, job_id], seconds)
         yield since
-        yield _gauge("open_alerts", "open job and canary alerts", checks.open_alerts)
+        yield _gauge("open_alerts", "open job, schedule and canary alerts", checks.open_alerts)
         yield _counter("checks", "checks run", checks.checks)
         yield _counter("check_failures", "checks that failed", checks.failures)
         if checks.last_check_unix is not None:

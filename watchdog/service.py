@@ -341,6 +341,7 @@ class Watchdog:
             "checks": self.check_stats.checks,
             "open_alerts": self.check_stats.open_alerts,
             "overdue_jobs": self.check_stats.overdue,
+            "missed_schedules": self.check_stats.missed_schedules,
         }
 
     def _health_page(self) -> Response:

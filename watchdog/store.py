@@ -7,12 +7,13 @@ an alert after its successor took over. The statements are few and small (one pe
 of expectations per check interval), which one connection serves easily.
 
 The queries read the scheduler's tables with plain SQL (``task_completions``,
-``task_attempts``, ``tenants``) and write the watchdog's own (``alerts``,
-``canary_executions``, and the ``expectations`` that come from its config file). The
-newest completion of each expectation is one LATERAL probe into the
-``(tenant_id, job_id, completed_at DESC)`` index: no scan of the ledger, however long it
-grows. Times come from the database's clock (``now()``), the clock that stamped the
-completions.
+``task_attempts``, ``tenants``, ``schedules``, ``schedule_occurrences``) and write the
+watchdog's own (``alerts``, ``canary_executions``, and the ``expectations`` that come
+from its config file). The newest completion of each expectation is one LATERAL probe
+into the ``(tenant_id, job_id, completed_at DESC)`` index: no scan of the ledger, however
+long it grows; a schedule's newest occurrence past its deadline is one backward probe of
+the occurrences' primary key. Times come from the database's clock (``now()``), the
+clock that stamped the completions.
 
 Every call has a deadline; a lost connection or a missed deadline is
 :class:`~.errors.DatabaseUnavailable`.
@@ -40,6 +41,8 @@ from chronoshard.watchdog.incidents import (
     Condition,
     Event,
     Expectation,
+    Occurrence,
+    Schedule,
     Severity,
 )
 from chronoshard.watchdog.sinks import json_ready
@@ -63,6 +66,49 @@ LEFT JOIN LATERAL (
 ) last ON true
 WHERE e.enabled AND (e.tenant_id, e.job_id) > (%(after_tenant)s, %(after_job)s)
 ORDER BY e.tenant_id, e.job_id
+LIMIT %(limit)s
+"""
+
+# Every watched schedule with what decides whether it missed an occurrence, one query per
+# batch and three index probes per schedule, however long the histories grow:
+# - the newest created occurrence past its deadline: a backward probe of the
+#   (schedule_id, logical_date) primary key of schedule_occurrences;
+# - that occurrence's own completion: the unique task_id index of the ledger;
+# - the newest completion of the schedule's (tenant_id, job_id): the same probe as
+#   JOB_STATUSES.
+# next_at (the first occurrence not created) is a column of the row itself. The
+# deadline test is here with now() as well as in incidents.due_occurrence, which gets
+# db_now, the same instant: now() is fixed for the statement.
+SCHEDULE_STATUSES: LiteralString = """
+SELECT now() AS db_now, s.id, s.tenant_id, t.name AS tenant_name, s.name, s.job_id,
+       s.expected_duration_s, s.tolerance_s, s.severity, s.next_at,
+       occ.logical_date, occ.task_id, own.completed_at AS own_completed_at,
+       last.completed_at AS last_completed_at
+FROM schedules s
+JOIN tenants t ON t.id = s.tenant_id
+LEFT JOIN LATERAL (
+    SELECT o.logical_date, o.task_id
+    FROM schedule_occurrences o
+    WHERE o.schedule_id = s.id
+      AND o.logical_date
+          <= now() - make_interval(secs => s.expected_duration_s + s.tolerance_s)
+    ORDER BY o.logical_date DESC
+    LIMIT 1
+) occ ON true
+LEFT JOIN LATERAL (
+    SELECT c.completed_at
+    FROM task_completions c
+    WHERE c.task_id = occ.task_id
+) own ON true
+LEFT JOIN LATERAL (
+    SELECT c.completed_at
+    FROM task_completions c
+    WHERE c.tenant_id = s.tenant_id AND c.job_id = s.job_id
+    ORDER BY c.completed_at DESC
+    LIMIT 1
+) last ON true
+WHERE s.watch AND NOT s.paused AND s.id > %(after)s
+ORDER BY s.id
 LIMIT %(limit)s
 """
 
@@ -198,6 +244,19 @@ WHERE id = %(id)s
 class JobStatus:
     expectation: Expectation
     last_completed_at: datetime | None
+
+
+@dataclass(frozen=True)
+class ScheduleStatus:
+    """A watched schedule as one check read it, at ``checked_at`` (the database's now()
+    of the statement that read it, which its deadline probe used)."""
+
+    schedule: Schedule
+    next_at: datetime | None
+    # The newest created occurrence whose deadline had passed, with its own completion.
+    occurrence: Occurrence | None
+    last_completed_at: datetime | None
+    checked_at: datetime
 
 
 @dataclass(frozen=True)
@@ -351,6 +410,47 @@ class WatchdogStore:
             if len(rows) < batch_size:
                 return db_now, statuses
             after = (rows[-1]["tenant_id"], rows[-1]["job_id"])
+
+    async def schedule_statuses(self, batch_size: int) -> list[ScheduleStatus]:
+        """Every schedule with ``watch AND NOT paused``, its next_at, its newest created
+        occurrence past the deadline and the completions that could satisfy it; one
+        query per batch of ``batch_size``, paged by id."""
+        statuses: list[ScheduleStatus] = []
+        after = uuid.UUID(int=0)  # below every id
+        while True:
+            rows = await self._rows(SCHEDULE_STATUSES, {"after": after, "limit": batch_size})
+            for row in rows:
+                schedule = Schedule(
+                    id=row["id"],
+                    tenant_id=row["tenant_id"],
+                    name=row["name"],
+                    job_id=row["job_id"],
+                    expected_duration_s=row["expected_duration_s"],
+                    tolerance_s=row["tolerance_s"],
+                    severity=Severity(row["severity"]),
+                    tenant_name=row["tenant_name"],
+                )
+                occurrence = (
+                    None
+                    if row["logical_date"] is None
+                    else Occurrence(
+                        logical_date=row["logical_date"],
+                        task_id=row["task_id"],
+                        completed_at=row["own_completed_at"],
+                    )
+                )
+                statuses.append(
+                    ScheduleStatus(
+                        schedule=schedule,
+                        next_at=row["next_at"],
+                        occurrence=occurrence,
+                        last_completed_at=row["last_completed_at"],
+                        checked_at=row["db_now"],
+                    )
+                )
+            if len(rows) < batch_size:
+                return statuses
+            after = rows[-1]["id"]
 
     async def now(self) -> datetime:
         [row] = await self._rows("SELECT now() AS db_now")

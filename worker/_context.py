@@ -131,6 +131,8 @@ class TaskContext:
         worker_id: str,
         timeout_s: float | None = None,
         idempotent: bool = False,
+        logical_date: datetime | None = None,
+        schedule_id: uuid.UUID | None = None,
         now: Callable[[], datetime],
         on_heartbeat: Callable[[HeartbeatRecord], None] | None = None,
         lease: RunLease | None = None,
@@ -149,6 +151,8 @@ class TaskContext:
         self._worker_id = worker_id
         self._timeout_s = timeout_s
         self._idempotent = idempotent
+        self._logical_date = logical_date
+        self._schedule_id = schedule_id
         self._now = now
         self._on_heartbeat = on_heartbeat
         self._lock = threading.Lock()
@@ -179,6 +183,18 @@ class TaskContext:
     def due_at(self) -> datetime:
         """When this attempt was due: scheduled_at plus jitter, moved by retries."""
         return self._due_at
+
+    @property
+    def logical_date(self) -> datetime | None:
+        """The occurrence this run is, when a schedule created the task: the instant its
+        rule fired (UTC), the same across retries, a late catch-up or a backfill (whose
+        ``scheduled_at`` is when it ran). None for a task submitted directly."""
+        return self._logical_date
+
+    @property
+    def schedule_id(self) -> uuid.UUID | None:
+        """The schedule that created the task; None if none did."""
+        return self._schedule_id
 
     @property
     def attempt(self) -> int:
@@ -399,6 +415,10 @@ def build_context(
     except ValueError as exc:
         raise BadAttempt(f"task id {info.task.id!r} is not a UUID") from exc
     try:
+        schedule_id = None if info.schedule_id is None else uuid.UUID(info.schedule_id)
+    except ValueError as exc:
+        raise BadAttempt(f"schedule id {info.schedule_id!r} is not a UUID") from exc
+    try:
         payload = decode_json(info.payload_json, empty={})
     except ValueError as exc:
         raise BadAttempt(f"payload is not valid UTF-8 JSON: {exc}") from exc
@@ -421,6 +441,8 @@ def build_context(
         worker_id=worker_id,
         timeout_s=timeout_s,
         idempotent=info.idempotent,
+        logical_date=info.logical_date,
+        schedule_id=schedule_id,
         now=now,
         on_heartbeat=on_heartbeat,
         lease=lease,

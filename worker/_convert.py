@@ -202,6 +202,10 @@ def _assignment(pb: worker_service_pb2.Assignment) -> Assignment:
         priority="STANDARD" if priority == "UNSPECIFIED" else priority,
         idempotent=pb.idempotent,
         sent_at=wire.timestamp_from_pb(pb.sent_at) if pb.HasField("sent_at") else None,
+        logical_date=wire.timestamp_from_pb(pb.logical_date)
+        if pb.HasField("logical_date")
+        else None,
+        schedule_id=pb.schedule_id or None,
     )
 
 

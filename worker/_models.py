@@ -193,6 +193,9 @@ class Assignment:
     idempotent: bool = False
     # The node's cluster clock when it sent this (None from an older node).
     sent_at: datetime | None = None
+    # Set when a schedule created the task: its occurrence's logical date, and which.
+    logical_date: datetime | None = None
+    schedule_id: str | None = None
 
     @property
     def run_key(self) -> RunKey:

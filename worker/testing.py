@@ -153,6 +153,8 @@ class TaskEnvironment:
         on_heartbeat: Callable[[HeartbeatRecord, TaskEnvironment], None] | None = None,
         lease_s: float | None = None,
         idempotent: bool = False,
+        logical_date: datetime | None = None,
+        schedule_id: uuid.UUID | None = None,
     ) -> None:
         self._clock = clock or SystemClock()
         self._lease_s = lease_s
@@ -171,6 +173,8 @@ class TaskEnvironment:
             trace_context=dict(trace_context or {}),
             queue=queue,
             idempotent=idempotent,
+            logical_date=logical_date,
+            schedule_id=None if schedule_id is None else str(schedule_id),
         )
         self._timeout_s = timeout_s
         self._worker_id = worker_id

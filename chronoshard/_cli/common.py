@@ -13,11 +13,15 @@ import argparse
 import math
 import os
 import re
+import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, TextIO
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TextIO
+
+from chronoshard import exact_json
 
 if TYPE_CHECKING:
     from chronoshard.sync_client import SyncClient
@@ -170,6 +174,41 @@ def add_output(parser: argparse.ArgumentParser) -> None:
         default="table",
         help="table for people (default), json for scripts",
     )
+
+
+def add_payload(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """``--payload JSON`` or ``--payload-file PATH``: a task's payload."""
+    body = parser.add_mutually_exclusive_group()
+    body.add_argument("--payload", metavar="JSON", help="the payload, a JSON object")
+    body.add_argument(
+        "--payload-file", metavar="PATH", help="read the JSON object from a file ('-': stdin)"
+    )
+
+
+def read_payload(args: argparse.Namespace) -> dict[str, Any] | None:
+    """The JSON object of ``--payload`` or ``--payload-file`` (see :func:`add_payload`),
+    numbers exact; None when neither was given."""
+    if args.payload is not None:
+        text, source = args.payload, "--payload"
+    elif args.payload_file is not None:
+        source = f"--payload-file {args.payload_file}"
+        try:
+            text = (
+                sys.stdin.read()
+                if args.payload_file == "-"
+                else Path(args.payload_file).read_text(encoding="utf-8")
+            )
+        except OSError as exc:
+            raise UsageError(f"{source}: {exc.strerror or exc}") from None
+    else:
+        return None
+    try:
+        value = exact_json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        raise UsageError(f"{source} is not JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise UsageError(f"{source} must be a JSON object ({{...}}), got {type(value).__name__}")
+    return value
 
 
 def add_dsn(parser: argparse.ArgumentParser) -> None:

@@ -15,11 +15,12 @@ import dataclasses
 import enum
 import uuid
 from collections.abc import Mapping, Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, tzinfo
 from typing import Any
 
 from chronoshard import exact_json
-from chronoshard.types import Task
+from chronoshard._cli.common import format_s
+from chronoshard.types import Schedule, ScheduleDetails, ScheduleRun, ScheduleSpec, Task
 
 EMPTY = "-"
 
@@ -210,3 +211,150 @@ def attempt_table(task: Task) -> str:
         error = (a.error or "").splitlines()[0][:80] if a.error else None
         rows.append([a.attempt, a.state, a.fencing_token, a.worker_id, a.entered_at, took, error])
     return table(ATTEMPT_HEADERS, rows)
+
+
+# --- schedules ---------------------------------------------------------------------------------
+
+
+def zoned_time(value: datetime, zone: tzinfo) -> str:
+    """An instant as the wall time of ``zone`` with its offset and the zone's abbreviation:
+    ``2030-03-31 03:00:00.000 +02:00 CEST``. The offset is there because a wall time alone
+    is ambiguous in the hour a clock goes back."""
+    local = value.astimezone(zone)
+    offset = local.utcoffset()
+    minutes = 0 if offset is None else int(offset.total_seconds()) // 60
+    sign = "-" if minutes < 0 else "+"
+    hours, rest = divmod(abs(minutes), 60)
+    name = local.tzname() or ""
+    # Zones without an abbreviation of their own name it by its offset ("+0530"): no repeat.
+    suffix = "" if not name or name.lstrip("+-").isdigit() else f" {name}"
+    return f"{local.strftime('%Y-%m-%d %H:%M:%S.%f')[:-3]} {sign}{hours:02d}:{rest:02d}{suffix}"
+
+
+def schedule_rule(spec: ScheduleSpec) -> str:
+    """``cron 30 2 * * *`` or ``every 15m``."""
+    if spec.cron is not None:
+        return f"cron {spec.cron}"
+    return f"every {format_s(spec.interval_s or 0.0)}"
+
+
+def schedule_state(schedule: Schedule) -> str:
+    """``paused``, ``ended`` (no occurrence left to create) or ``active``."""
+    if schedule.paused:
+        return "paused"
+    return "ended" if schedule.next_occurrence is None else "active"
+
+
+SCHEDULE_HEADERS = ("NAME", "RULE", "ZONE", "STATE", "NEXT (UTC)", "TYPE", "ID")
+
+
+def schedule_table(schedules: Sequence[Schedule]) -> str:
+    rows: list[list[object]] = [
+        [
+            s.spec.name,
+            schedule_rule(s.spec),
+            s.spec.timezone or "UTC",
+            schedule_state(s),
+            s.next_occurrence,
+            s.spec.task.type,
+            s.id,
+        ]
+        for s in schedules
+    ]
+    return table(SCHEDULE_HEADERS, rows)
+
+
+def _or_default(value: object, default: str) -> object:
+    """What a spec says, or the server's documented default for an unset field."""
+    return f"{default} (default)" if value is None else value
+
+
+def _duration(seconds: float | None, default: str) -> object:
+    return _or_default(None if seconds is None else format_s(seconds), default)
+
+
+def schedule_fields(schedule: Schedule, now: datetime) -> str:
+    """The spec and the state of a schedule, one field a line."""
+    spec, task, watch = schedule.spec, schedule.spec.task, schedule.spec.watch
+    catchup: object = _or_default(spec.catchup, "skip")
+    if spec.catchup_limit is not None:
+        catchup = f"{catchup}, limit {spec.catchup_limit}"
+    if watch.disabled:
+        watched = "off"
+    else:
+        expected = _duration(watch.expected_duration_s, "the timeout, else 1m")
+        tolerance = _duration(watch.tolerance_s, "1m")
+        severity = _or_default(watch.severity and watch.severity.value, "critical")
+        watched = f"expected {expected}, tolerance {tolerance}, severity {severity}"
+    nxt = schedule.next_occurrence
+    pairs: list[tuple[str, object]] = [
+        ("id", schedule.id),
+        ("name", spec.name),
+        ("state", schedule_state(schedule)),
+        ("rule", schedule_rule(spec)),
+        ("timezone", _or_default(spec.timezone, "UTC")),
+        ("start_at", spec.start_at),
+        ("end_at", spec.end_at),
+        ("next", None if nxt is None else f"{short_time(nxt)} UTC  ({relative(nxt, now)})"),
+        ("type", task.type),
+        ("payload", None if task.payload is None else one_line_json(task.payload)),
+        ("queue", task.queue or "default"),
+        ("priority", _or_default(task.priority, "standard")),
+        ("max_retries", _or_default(task.effective_max_retries, "the server's")),
+        ("timeout", _duration(task.timeout_s, "the server's")),
+        ("strict_timing", "yes" if task.strict_timing else "no (jittered)"),
+        ("idempotent", "yes" if task.idempotent else "no"),
+        ("catchup", catchup),
+        ("overlap", _or_default(spec.overlap, "allow")),
+        ("misfire_grace", _duration(spec.misfire_grace_s, "1m")),
+        ("job_id", spec.job_id or f"{spec.name} (the name)"),
+        ("watch", watched),
+        ("created_at", schedule.created_at),
+        ("updated_at", schedule.updated_at),
+    ]
+    return fields(pairs)
+
+
+def occurrence_table(occurrences: Sequence[datetime], zone: tzinfo | None, zone_name: str) -> str:
+    """The next occurrences in the schedule's zone (wall time and offset) and in UTC;
+    without ``zone`` (not known to this machine's tz database) in UTC only."""
+    if zone is None:
+        return table(("#", "UTC"), [[i, t] for i, t in enumerate(occurrences, 1)])
+    return table(
+        ("#", f"IN {zone_name}", "UTC"),
+        [[i, zoned_time(t, zone), t] for i, t in enumerate(occurrences, 1)],
+    )
+
+
+RUN_HEADERS = ("LOGICAL DATE (UTC)", "ORIGIN", "STATUS", "TASK", "FINISHED (UTC)")
+
+
+def run_status(run: ScheduleRun) -> str:
+    """The task's status; ``skipped`` when the overlap policy created none, ``gone`` when
+    its task is no longer kept."""
+    if run.status is not None:
+        return run.status.value
+    return "skipped" if run.task_id is None else "gone"
+
+
+def run_table(runs: Sequence[ScheduleRun]) -> str:
+    return table(
+        RUN_HEADERS,
+        [[r.logical_date, r.origin, run_status(r), r.task_id, r.finished_at] for r in runs],
+    )
+
+
+def schedule_details(details: ScheduleDetails, zone: tzinfo | None, now: datetime) -> str:
+    """``schedules get``: the fields, the next occurrences, the latest runs."""
+    spec = details.schedule.spec
+    parts = [schedule_fields(details.schedule, now), ""]
+    if details.next_occurrences:
+        parts.append("next occurrences:")
+        parts.append(occurrence_table(details.next_occurrences, zone, spec.timezone or "UTC"))
+    else:
+        parts.append("no next occurrences" + (" (paused)" if details.schedule.paused else ""))
+    if zone is None:
+        parts.append(f"(zone {spec.timezone} is not in this machine's tz database: UTC only)")
+    parts.append("")
+    parts.append(f"latest runs:\n{run_table(details.runs)}" if details.runs else "no runs yet")
+    return "\n".join(parts)

@@ -12,10 +12,8 @@ import argparse
 import sys
 import time
 from datetime import UTC, datetime
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, TextIO
 
-from chronoshard import exact_json
 from chronoshard._cli import output
 from chronoshard._cli.common import (
     EXIT_FAILURE,
@@ -23,6 +21,7 @@ from chronoshard._cli.common import (
     Command,
     UsageError,
     add_api,
+    add_payload,
     aware_time,
     client,
     duration_s,
@@ -30,6 +29,7 @@ from chronoshard._cli.common import (
     non_negative_int,
     positive_duration_s,
     positive_int,
+    read_payload,
     time_bound,
 )
 
@@ -58,11 +58,7 @@ around their time (jitter, default window 240 s); --jitter-window narrows it."""
 
 def configure_submit(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("type", help="task type, as registered by a worker (@worker.task(...))")
-    body = parser.add_mutually_exclusive_group()
-    body.add_argument("--payload", metavar="JSON", help="the payload, a JSON object")
-    body.add_argument(
-        "--payload-file", metavar="PATH", help="read the JSON object from a file ('-': stdin)"
-    )
+    add_payload(parser)
     when = parser.add_mutually_exclusive_group()
     when.add_argument(
         "--at", type=aware_time, metavar="TIME", help="run at this ISO 8601 time (with Z or +HH:MM)"
@@ -115,32 +111,8 @@ def configure_submit(parser: argparse.ArgumentParser) -> None:
     add_api(parser)
 
 
-def _payload(args: argparse.Namespace) -> dict[str, Any] | None:
-    if args.payload is not None:
-        text, source = args.payload, "--payload"
-    elif args.payload_file is not None:
-        source = f"--payload-file {args.payload_file}"
-        try:
-            text = (
-                sys.stdin.read()
-                if args.payload_file == "-"
-                else Path(args.payload_file).read_text(encoding="utf-8")
-            )
-        except OSError as exc:
-            raise UsageError(f"{source}: {exc.strerror or exc}") from None
-    else:
-        return None
-    try:
-        value = exact_json.loads(text)
-    except (ValueError, RecursionError) as exc:
-        raise UsageError(f"{source} is not JSON: {exc}") from None
-    if not isinstance(value, dict):
-        raise UsageError(f"{source} must be a JSON object ({{...}}), got {type(value).__name__}")
-    return value
-
-
 def run_submit(args: argparse.Namespace, out: TextIO) -> int:
-    payload = _payload(args)
+    payload = read_payload(args)
     with client(args) as c:
         try:
             submitted = c.submit(

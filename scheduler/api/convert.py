@@ -10,6 +10,8 @@ hold and what it resolves to is :mod:`.task_requests`.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import re
 import uuid
 from datetime import UTC, datetime
@@ -224,3 +226,28 @@ def attempt_to_pb(attempt: TaskAttempt) -> common_pb2.TaskAttempt:
     if attempt.finished_at is not None:
         msg.finished_at.CopyFrom(ts_to_pb(attempt.finished_at))
     return msg
+
+
+MAX_NAME_TOKEN_CHARS = 1024
+
+
+def name_page_token_to_pb(last: str) -> str:
+    """A page token of a list ordered by a name (job ids, schedule names): opaque to
+    clients, where the next page starts inside the caller's own tenant."""
+    return base64.urlsafe_b64encode(last.encode("utf-8")).decode("ascii").rstrip("=")
+
+
+def name_page_token_from_pb(token: str) -> str:
+    """The name a :func:`name_page_token_to_pb` token holds; "" for the first page."""
+    if token == "":
+        return ""
+    try:
+        if len(token) > MAX_NAME_TOKEN_CHARS:
+            raise ValueError("too long")
+        raw = base64.b64decode(token + "=" * (-len(token) % 4), altchars=b"-_", validate=True)
+        after = raw.decode("utf-8")
+        if "\x00" in after:  # no name has one; PostgreSQL text cannot hold it
+            raise ValueError("NUL")
+        return after
+    except (ValueError, binascii.Error, UnicodeDecodeError):
+        raise InvalidArgument("page_token", "not a token this server issued") from None

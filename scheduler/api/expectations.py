@@ -18,8 +18,6 @@ Expectations defined in the watchdog's config file live in the same table with
 
 from __future__ import annotations
 
-import base64
-import binascii
 import logging
 import math
 import unicodedata
@@ -145,26 +143,6 @@ def expectation_to_pb(expectation: Expectation) -> watchdog_service_pb2.Expectat
     )
 
 
-def page_token_to_pb(last_job_id: str) -> str:
-    """Opaque to clients: where the next page starts (inside the caller's own tenant)."""
-    return base64.urlsafe_b64encode(last_job_id.encode("utf-8")).decode("ascii").rstrip("=")
-
-
-def page_token_from_pb(token: str) -> str:
-    if token == "":
-        return ""
-    try:
-        if len(token) > MAX_PAGE_TOKEN_CHARS:
-            raise ValueError("too long")
-        raw = base64.b64decode(token + "=" * (-len(token) % 4), altchars=b"-_", validate=True)
-        after = raw.decode("utf-8")
-        if "\x00" in after:  # no job id has one; PostgreSQL text cannot hold it
-            raise ValueError("NUL")
-        return after
-    except (ValueError, binascii.Error, UnicodeDecodeError):
-        raise InvalidArgument("page_token", "not a token this server issued") from None
-
-
 # --- the servicer ----------------------------------------------------------------------------
 
 
@@ -218,14 +196,14 @@ class WatchdogServiceServicer(watchdog_service_pb2_grpc.WatchdogServiceServicer)
     async def _list(
         self, tenant: Tenant, request: watchdog_service_pb2.ListExpectationsRequest
     ) -> watchdog_service_pb2.ListExpectationsResponse:
-        after = page_token_from_pb(request.page_token)
+        after = convert.name_page_token_from_pb(request.page_token)
         page_size = task_requests.page_size_from_pb(request.page_size, MAX_PAGE_SIZE)
         page = await self._expectations.list_page(tenant.id, after=after, limit=page_size)
         response = watchdog_service_pb2.ListExpectationsResponse(
             expectations=[expectation_to_pb(e) for e in page.expectations]
         )
         if page.more:
-            response.next_page_token = page_token_to_pb(page.expectations[-1].job_id)
+            response.next_page_token = convert.name_page_token_to_pb(page.expectations[-1].job_id)
         return response
 
     async def _delete(

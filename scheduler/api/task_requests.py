@@ -119,7 +119,7 @@ def submit_from_pb(
         PayloadTooLarge: ``payload_json`` is over ``limits.payload_limit_bytes``, as sent
             or as it would be stored.
     """
-    task_type = _text(req.type, prefix + "type", MAX_TYPE_LENGTH)
+    task_type = optional_text(req.type, prefix + "type", MAX_TYPE_LENGTH)
     if task_type is None:
         raise InvalidArgument(prefix + "type", "is required")
     payload: dict[str, Any] = {}
@@ -149,8 +149,10 @@ def submit_from_pb(
         timeout_s=timeout_s,
         strict_timing=req.strict_timing,
         idempotent=req.idempotent,
-        idempotency_key=_text(req.idempotency_key, prefix + "idempotency_key", MAX_KEY_LENGTH),
-        job_id=_text(req.job_id, prefix + "job_id", MAX_KEY_LENGTH),
+        idempotency_key=optional_text(
+            req.idempotency_key, prefix + "idempotency_key", MAX_KEY_LENGTH
+        ),
+        job_id=optional_text(req.job_id, prefix + "job_id", MAX_KEY_LENGTH),
         jitter_mode=timing.mode,
         backoff_initial_s=initial_s,
         backoff_max_s=max_s,
@@ -220,7 +222,7 @@ def _timeout_from_pb(
     """The request's ``timeout`` (positive, at most :data:`MAX_DELAY_S`), else the node's
     default, which the configuration keeps positive and finite."""
     if req.HasField("timeout"):
-        return _duration(req.timeout, prefix + "timeout", positive=True)
+        return request_duration(req.timeout, prefix + "timeout", positive=True)
     return limits.default_timeout_s
 
 
@@ -254,7 +256,9 @@ def _timing_from_pb(
         mode = JitterMode.NONE
     window_s: float | None = None
     if req.HasField("jitter_window"):
-        window_s = _duration(req.jitter_window, prefix + "jitter_window", limit_s=MAX_WINDOW_S)
+        window_s = request_duration(
+            req.jitter_window, prefix + "jitter_window", limit_s=MAX_WINDOW_S
+        )
     due_at = jittered_due(
         scheduled_at,
         tenant_id,
@@ -280,7 +284,7 @@ def _when_from_pb(
             raise InvalidArgument(field, "is more than 10 years ahead")
         return at, {"at": at.isoformat()}
     if kind == "delay":
-        delay_s = _duration(req.delay, prefix + "delay")
+        delay_s = request_duration(req.delay, prefix + "delay")
         # Exact integers, not the float: two retries of one request must fingerprint alike.
         return now + timedelta(seconds=delay_s), {"delay": [req.delay.seconds, req.delay.nanos]}
     return now, "now"
@@ -295,12 +299,12 @@ def _backoff_from_pb(
     field = prefix + "retry_backoff."
     initial_s = DEFAULT_BACKOFF_INITIAL_S
     if backoff.HasField("initial"):
-        initial_s = _duration(backoff.initial, field + "initial", positive=True)
+        initial_s = request_duration(backoff.initial, field + "initial", positive=True)
     # An unset max follows a large initial up, rather than refusing a request that only
     # asked for a long first wait.
     max_s = max(DEFAULT_BACKOFF_MAX_S, initial_s)
     if backoff.HasField("max"):
-        max_s = _duration(backoff.max, field + "max")
+        max_s = request_duration(backoff.max, field + "max")
         if max_s < initial_s:
             raise InvalidArgument(
                 field + "max", f"must be at least initial ({seconds_text(initial_s)})"
@@ -311,7 +315,7 @@ def _backoff_from_pb(
     return initial_s, max_s, multiplier
 
 
-def _duration(
+def request_duration(
     value: duration_pb2.Duration,
     field: str,
     *,
@@ -338,10 +342,10 @@ def _duration(
 
 def duration_arg_from_pb(value: duration_pb2.Duration, field: str) -> float:
     """A non-negative request duration of at most :data:`MAX_DELAY_S` (``RetryTask.delay``)."""
-    return _duration(value, field)
+    return request_duration(value, field)
 
 
-def _text(value: str, field: str, max_chars: int) -> str | None:
+def optional_text(value: str, field: str, max_chars: int) -> str | None:
     """An optional short identifier: empty means unset; no control characters."""
     if value == "":
         return None
@@ -413,9 +417,9 @@ def list_filter_from_pb(req: task_service_pb2.ListTasksRequest) -> TaskFilter:
     due = _range_from_pb(req, "due_at")
     return TaskFilter(
         statuses=tuple(statuses),
-        type=_text(req.type, "type", MAX_TYPE_LENGTH),
-        queue=_text(req.queue, "queue", MAX_TYPE_LENGTH),
-        job_id=_text(req.job_id, "job_id", MAX_KEY_LENGTH),
+        type=optional_text(req.type, "type", MAX_TYPE_LENGTH),
+        queue=optional_text(req.queue, "queue", MAX_TYPE_LENGTH),
+        job_id=optional_text(req.job_id, "job_id", MAX_KEY_LENGTH),
         scheduled_from=scheduled[0],
         scheduled_before=scheduled[1],
         due_from=due[0],

@@ -258,13 +258,16 @@ class Catchup(StrEnum):
     ALL = "ALL"
 
 
-MAX_SCAN = 100_000
-"""Missed occurrences looked at in one plan (bounds its CPU: each is a ``next_after``).
+SCAN_MARGIN = 1000
+"""How many missed occurrences beyond those a policy keeps a plan looks at.
 
-Past that, the plan jumps to the cutoff and the missed ones after the first
-``MAX_SCAN`` are skipped unseen, counted as one: ``LATEST`` and ``ALL`` then keep the
-newest of those seen, not of all missed. Only a schedule of about one per second down
-for more than a day gets there."""
+A cluster down for a day under a schedule of one per second missed 86,400: walking them
+all costs seconds of CPU (each is a ``next_after``). A plan that is that far behind
+jumps instead, to ``(kept + SCAN_MARGIN)`` periods before the cutoff (the period
+measured between the first two missed), and counts what it jumped over by that period.
+Behind by fewer, every missed occurrence is walked and counted exactly; past it the
+count is an estimate, and an irregular rule whose first gap is shorter than its later
+ones may keep fewer than ``catchup_limit`` under ``ALL``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -272,7 +275,7 @@ class Plan:
     """What one materialisation pass creates.
 
     ``create`` are the logical dates to create, in order; ``missed`` how many older
-    occurrences the catchup policy passed over (at least; capped by :data:`MAX_SCAN`);
+    occurrences the catchup policy passed over (estimated when far behind: :data:`SCAN_MARGIN`);
     ``cursor`` the last occurrence considered, where the next pass starts (exclusive).
     """
 
@@ -306,15 +309,10 @@ def plan(
     missed: list[datetime] = []
     due: list[datetime] = []
     seen = cursor
-    skipped = 0
-    at = rule.next_after(cursor)
+    keep = 0 if catchup is Catchup.SKIP else 1 if catchup is Catchup.LATEST else catchup_limit
+    at, skipped = _far_behind(rule, rule.next_after(cursor), cutoff, keep)
     while at is not None and at <= horizon and len(due) < max_create:
         if at < cutoff:
-            if len(missed) >= MAX_SCAN:
-                # Too many to look at: jump to the cutoff; what lies between is skipped.
-                skipped += 1
-                at = rule.next_after(cutoff - _ONE_MICROSECOND)
-                continue
             missed.append(at)
         else:
             due.append(at)
@@ -330,3 +328,21 @@ def plan(
     if create and len(kept + due) > max_create:
         seen = create[-1]
     return Plan(tuple(create), len(missed) - len(kept) + skipped, seen)
+
+
+def _far_behind(
+    rule: Recurrence, first: datetime | None, cutoff: datetime, keep: int
+) -> tuple[datetime | None, int]:
+    """Where a plan starts walking, and how many missed occurrences it jumped over
+    (:data:`SCAN_MARGIN`): ``first`` itself unless it lies more than ``keep +
+    SCAN_MARGIN`` periods before ``cutoff``."""
+    if first is None or first >= cutoff:
+        return first, 0
+    following = rule.next_after(first)
+    if following is None:
+        return first, 0
+    period = max(following - first, _ONE_MICROSECOND)
+    start = cutoff - period * (keep + SCAN_MARGIN)
+    if start <= first:
+        return first, 0
+    return rule.next_after(start), (start - first) // period + 1

@@ -331,6 +331,10 @@ class SessionRegistry:
             assignment.lease_expires_at.CopyFrom(convert.ts_to_pb(task.lease_expires_at))
         if task.timeout_s is not None:
             assignment.timeout.CopyFrom(convert.duration_to_pb(task.timeout_s))
+        if task.logical_date is not None:
+            assignment.logical_date.CopyFrom(convert.ts_to_pb(task.logical_date))
+        if task.schedule_id is not None:
+            assignment.schedule_id = str(task.schedule_id)
         if not session.send(worker_service_pb2.SchedulerMessage(assignment=assignment)):
             return False
         session.assigned[task.id] = (timer, task.fencing_token)

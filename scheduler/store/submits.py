@@ -406,6 +406,14 @@ class SubmitStore:
             for tenant_id, key, task_id, at, fingerprint in await cur.fetchall()
         }
 
+    async def insert_in(
+        self, conn: Connection, requests: Sequence[Request]
+    ) -> dict[uuid.UUID, Task]:
+        """Insert keyless ``requests`` in the caller's transaction (a schedule's
+        occurrences, whose key is their occurrence row): the tasks inserted, by id. A
+        request of a tenant that does not exist is left out."""
+        return await self._insert_new(conn, requests)
+
     async def _insert_new(
         self, conn: Connection, requests: Sequence[Request]
     ) -> dict[uuid.UUID, Task]:

@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from chronoshard.scheduler.core.recurrence import (
+    SCAN_MARGIN,
     Catchup,
     Cron,
     Interval,
@@ -332,3 +333,40 @@ def test_repeated_passes_create_each_occurrence_at_most_once_and_miss_none_due(
     cutoff = now - timedelta(seconds=30)
     due = [c for c in MINUTELY.between(DOWN_FROM, cursor, 10_000) if c >= cutoff]
     assert set(due) <= set(created)
+
+
+def test_far_behind_a_plan_jumps_and_keeps_the_newest() -> None:
+    # A day down under one occurrence per second: 86,400 missed. The plan looks at about
+    # SCAN_MARGIN of them, not all, and still keeps exactly the newest ones.
+    every_second = Interval(NOW, timedelta(seconds=1))
+    cursor = NOW + timedelta(seconds=10)
+    now = cursor + timedelta(days=1)
+    cutoff = now - timedelta(seconds=30)
+    calls = 0
+
+    class Counting(Interval):
+        def next_after(self, after: datetime) -> datetime | None:
+            nonlocal calls
+            calls += 1
+            return super().next_after(after)
+
+    counted = Counting(every_second.anchor, every_second.every)
+    for catchup, limit in ((Catchup.SKIP, 1), (Catchup.LATEST, 1), (Catchup.ALL, 5)):
+        calls = 0
+        result = plan(
+            counted,
+            cursor,
+            now,
+            lookahead=timedelta(seconds=2),
+            misfire_grace=timedelta(seconds=30),
+            catchup=catchup,
+            catchup_limit=limit,
+        )
+        assert calls < SCAN_MARGIN + limit + 100
+        kept = [c for c in result.create if c < cutoff]
+        newest_missed = every_second.between(cutoff - timedelta(seconds=limit + 1), cutoff, 100)
+        newest_missed = [c for c in newest_missed if c < cutoff][-limit:]
+        assert kept == ([] if catchup is Catchup.SKIP else newest_missed)
+        # The estimate is exact for a fixed interval: every second in (cursor, cutoff).
+        missed_total = int((cutoff - cursor).total_seconds()) - 1
+        assert result.missed + len(kept) == missed_total

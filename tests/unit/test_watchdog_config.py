@@ -12,9 +12,13 @@ import pytest
 from google.protobuf import duration_pb2
 
 from chronoshard import cli
+from chronoshard.scheduler.api.convert import (
+    name_page_token_from_pb as page_token_from_pb,
+)
+from chronoshard.scheduler.api.convert import (
+    name_page_token_to_pb as page_token_to_pb,
+)
 from chronoshard.scheduler.api.expectations import (
-    page_token_from_pb,
-    page_token_to_pb,
     spec_from_pb,
 )
 from chronoshard.scheduler.errors import InvalidArgument

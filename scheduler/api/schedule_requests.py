@@ -1,0 +1,276 @@
+"""What a ScheduleService request may hold and what it resolves to: pure, ``now`` passed in.
+
+:func:`spec_from_pb` validates a whole ``ScheduleSpec`` before anything is written, each
+refusal ``INVALID_ARGUMENT`` naming the field as the request spells it (``spec.cron``,
+``spec.task_template.timeout``, ...). The task template is validated by the very
+function that validates a submit (:func:`.task_requests.submit_from_pb`), run once here
+on a trial occurrence, and again per occurrence by :func:`occurrence_task`: a template
+is what a submit would be, so no second set of rules exists for it.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from dataclasses import replace
+from datetime import datetime, timedelta
+
+from google.protobuf.message import DecodeError
+
+from chronoshard.scheduler.api.convert import ts_from_pb
+from chronoshard.scheduler.api.task_requests import (
+    MAX_DELAY_S,
+    SubmitLimits,
+    optional_text,
+    request_duration,
+    submit_from_pb,
+)
+from chronoshard.scheduler.core.ids import new_task_id
+from chronoshard.scheduler.core.models import MAX_KEY_LENGTH, PreparedTask
+from chronoshard.scheduler.core.recurrence import Catchup, Cron, Interval, zone_named
+from chronoshard.scheduler.core.schedules import Overlap, ScheduleSpec
+from chronoshard.scheduler.errors import InvalidArgument
+from chronoshard.v1 import schedule_service_pb2, task_service_pb2
+
+MAX_NAME_CHARS = 200
+MAX_CATCHUP_LIMIT = 10_000
+MAX_BACKFILL = 1000
+"""Occurrences one BackfillSchedule call may create."""
+DEFAULT_MISFIRE_GRACE_S = 60.0
+MAX_MISFIRE_GRACE_S = 86_400.0
+DEFAULT_EXPECTED_DURATION_S = 60.0
+DEFAULT_TOLERANCE_S = 60.0
+DEFAULT_RUNS = 10
+DEFAULT_NEXT = 5
+MAX_LISTED = 100
+SEVERITIES = ("critical", "error", "warning", "info")
+
+_CATCHUP = {
+    schedule_service_pb2.CATCHUP_POLICY_UNSPECIFIED: Catchup.SKIP,
+    schedule_service_pb2.CATCHUP_POLICY_SKIP: Catchup.SKIP,
+    schedule_service_pb2.CATCHUP_POLICY_LATEST: Catchup.LATEST,
+    schedule_service_pb2.CATCHUP_POLICY_ALL: Catchup.ALL,
+}
+_OVERLAP = {
+    schedule_service_pb2.OVERLAP_POLICY_UNSPECIFIED: Overlap.ALLOW,
+    schedule_service_pb2.OVERLAP_POLICY_ALLOW: Overlap.ALLOW,
+    schedule_service_pb2.OVERLAP_POLICY_SKIP: Overlap.SKIP,
+    schedule_service_pb2.OVERLAP_POLICY_BUFFER_ONE: Overlap.BUFFER_ONE,
+}
+
+
+def spec_from_pb(
+    pb: schedule_service_pb2.ScheduleSpec,
+    *,
+    tenant_id: uuid.UUID,
+    now: datetime,
+    limits: SubmitLimits,
+    prefix: str = "spec.",
+) -> ScheduleSpec:
+    """The validated spec ``pb`` asks for (module docstring).
+
+    Raises:
+        InvalidArgument: a field is invalid; ``field`` names it (``prefix`` first).
+    """
+    name = optional_text(pb.name, prefix + "name", MAX_NAME_CHARS)
+    if name is None:
+        raise InvalidArgument(prefix + "name", "is required")
+    zone = pb.timezone or "UTC"
+    _renamed(prefix, lambda: zone_named(zone))
+    start_at = ts_from_pb(pb.start_at, prefix + "start_at") if pb.HasField("start_at") else None
+    end_at = ts_from_pb(pb.end_at, prefix + "end_at") if pb.HasField("end_at") else None
+    if end_at is not None:
+        if start_at is not None and end_at <= start_at:
+            raise InvalidArgument(prefix + "end_at", "must be after start_at")
+        if end_at <= now:
+            raise InvalidArgument(prefix + "end_at", "is in the past")
+    cron, interval_s = _rule_from_pb(pb, zone, start_at or now, now, prefix)
+    template = _template_from_pb(pb, tenant_id, now, limits, prefix)
+    catchup = _CATCHUP.get(pb.catchup_policy)
+    if catchup is None:
+        raise InvalidArgument(prefix + "catchup_policy", "is not a known policy")
+    catchup_limit = _catchup_limit(pb, catchup, prefix)
+    overlap = _OVERLAP.get(pb.overlap_policy)
+    if overlap is None:
+        raise InvalidArgument(prefix + "overlap_policy", "is not a known policy")
+    if overlap is not Overlap.ALLOW and not pb.task_template.HasField("timeout"):
+        # "The previous occurrence still runs" must end: a hung one would otherwise
+        # hold every later occurrence back for the server's default timeout, or forever.
+        raise InvalidArgument(
+            prefix + "task_template.timeout",
+            f"is required with overlap policy {overlap}: it bounds how long an occurrence "
+            "can hold back the next",
+        )
+    job_id = optional_text(pb.job_id, prefix + "job_id", MAX_KEY_LENGTH) or name
+    grace_s = DEFAULT_MISFIRE_GRACE_S
+    if pb.HasField("misfire_grace"):
+        grace_s = request_duration(
+            pb.misfire_grace, prefix + "misfire_grace", limit_s=MAX_MISFIRE_GRACE_S
+        )
+    watch = pb.watch
+    expected_s = (
+        request_duration(watch.expected_duration, prefix + "watch.expected_duration")
+        if watch.HasField("expected_duration")
+        else (
+            request_duration(pb.task_template.timeout, prefix + "task_template.timeout")
+            if pb.task_template.HasField("timeout")
+            else DEFAULT_EXPECTED_DURATION_S
+        )
+    )
+    tolerance_s = (
+        request_duration(watch.tolerance, prefix + "watch.tolerance")
+        if watch.HasField("tolerance")
+        else DEFAULT_TOLERANCE_S
+    )
+    severity = watch.severity or "critical"
+    if severity not in SEVERITIES:
+        raise InvalidArgument(prefix + "watch.severity", f"must be one of {', '.join(SEVERITIES)}")
+    return ScheduleSpec(
+        name=name,
+        cron=cron,
+        interval_s=interval_s,
+        timezone=zone,
+        start_at=start_at,
+        end_at=end_at,
+        template=template,
+        catchup=catchup,
+        catchup_limit=catchup_limit,
+        misfire_grace_s=grace_s,
+        overlap=overlap,
+        job_id=job_id,
+        watch=not watch.disabled,
+        expected_duration_s=expected_s,
+        tolerance_s=tolerance_s,
+        severity=severity,
+    )
+
+
+def _renamed(prefix: str, check: Callable[[], object]) -> None:
+    """Run ``check``; a refusal names its field under ``prefix``."""
+    try:
+        check()
+    except InvalidArgument as exc:
+        raise InvalidArgument(prefix + exc.field, exc.message) from None
+
+
+def _rule_from_pb(
+    pb: schedule_service_pb2.ScheduleSpec,
+    zone: str,
+    anchor: datetime,
+    now: datetime,
+    prefix: str,
+) -> tuple[str | None, float | None]:
+    kind = pb.WhichOneof("rule")
+    if kind == "cron":
+        expression = pb.cron.strip()
+        _renamed(prefix, lambda: Cron(expression, zone, now=now))
+        return expression, None
+    if kind == "interval":
+        every_s = request_duration(pb.interval, prefix + "interval", positive=True)
+        _renamed(prefix, lambda: Interval(anchor, timedelta(seconds=every_s)))
+        return None, every_s
+    raise InvalidArgument(prefix + "cron", "a cron expression or an interval is required")
+
+
+def _template_from_pb(
+    pb: schedule_service_pb2.ScheduleSpec,
+    tenant_id: uuid.UUID,
+    now: datetime,
+    limits: SubmitLimits,
+    prefix: str,
+) -> bytes:
+    """The template's bytes, after validating it as the submit of one occurrence."""
+    field = prefix + "task_template"
+    if not pb.HasField("task_template"):
+        raise InvalidArgument(field, "is required")
+    template = pb.task_template
+    if template.WhichOneof("when") is not None:
+        raise InvalidArgument(
+            field + "." + str(template.WhichOneof("when")), "is set by each occurrence"
+        )
+    if template.idempotency_key:
+        raise InvalidArgument(
+            field + ".idempotency_key", "must be empty: (schedule, logical date) keys each run"
+        )
+    if template.job_id:
+        raise InvalidArgument(field + ".job_id", "must be empty: set the schedule's job_id")
+    submit_from_pb(
+        template, tenant_id=tenant_id, task_id=new_task_id(), now=now, limits=limits,
+        prefix=field + ".",
+    )  # fmt: skip
+    return template.SerializeToString(deterministic=True)
+
+
+def _catchup_limit(pb: schedule_service_pb2.ScheduleSpec, catchup: Catchup, prefix: str) -> int:
+    field = prefix + "catchup_limit"
+    if not pb.HasField("catchup_limit"):
+        if catchup is Catchup.ALL:
+            raise InvalidArgument(field, "is required with catchup policy ALL")
+        return 1
+    if not 1 <= pb.catchup_limit <= MAX_CATCHUP_LIMIT:
+        raise InvalidArgument(field, f"must be between 1 and {MAX_CATCHUP_LIMIT}")
+    return pb.catchup_limit
+
+
+def occurrence_task(
+    spec: ScheduleSpec,
+    *,
+    tenant_id: uuid.UUID,
+    schedule_id: uuid.UUID,
+    logical_date: datetime,
+    scheduled_at: datetime,
+    now: datetime,
+    limits: SubmitLimits,
+) -> PreparedTask:
+    """The task of one occurrence: the template submitted at ``scheduled_at`` with the
+    schedule's job, id and the occurrence's logical date.
+
+    Raises:
+        InvalidArgument: the stored template no longer passes (the node's limits changed
+            since it was accepted); the field is named under ``task_template.``.
+    """
+    try:
+        request = task_service_pb2.SubmitTaskRequest.FromString(spec.template)
+    except DecodeError:
+        raise InvalidArgument("task_template", "cannot be decoded") from None
+    request.scheduled_at.FromDatetime(scheduled_at)
+    request.job_id = spec.job_id
+    prepared = submit_from_pb(
+        request,
+        tenant_id=tenant_id,
+        task_id=new_task_id(),
+        now=now,
+        limits=limits,
+        prefix="task_template.",
+    )
+    new = replace(prepared.new, schedule_id=schedule_id, logical_date=logical_date)
+    return replace(prepared, new=new)
+
+
+def template_to_pb(spec: ScheduleSpec) -> task_service_pb2.SubmitTaskRequest:
+    return task_service_pb2.SubmitTaskRequest.FromString(spec.template)
+
+
+def count_from_pb(value: int, field: str, default: int) -> int:
+    if value == 0:
+        return default
+    if value > MAX_LISTED:
+        raise InvalidArgument(field, f"must be at most {MAX_LISTED}")
+    return value
+
+
+def backfill_range_from_pb(
+    req: schedule_service_pb2.BackfillScheduleRequest, now: datetime
+) -> tuple[datetime, datetime]:
+    if not req.HasField("start"):
+        raise InvalidArgument("start", "is required")
+    if not req.HasField("end"):
+        raise InvalidArgument("end", "is required")
+    start, end = ts_from_pb(req.start, "start"), ts_from_pb(req.end, "end")
+    if end < start:
+        raise InvalidArgument("end", "must not be before start")
+    if end > now:
+        raise InvalidArgument("end", "is in the future: occurrences ahead are the schedule's")
+    if start < now - timedelta(seconds=MAX_DELAY_S):
+        raise InvalidArgument("start", "is more than 10 years in the past")
+    return start, end

@@ -1,0 +1,302 @@
+"""``chronoshard schedules``' pure parts: the options of create and update turned into a
+spec, and the rendering of ``get`` (zone-local wall times with their offsets, across
+daylight-saving changes). No server: values in, strings out."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+from zoneinfo import ZoneInfo
+
+import pytest
+
+from chronoshard import cli
+from chronoshard._cli import output
+from chronoshard._cli.common import UsageError
+from chronoshard._cli.schedules import schedule_zone, spec_from_args
+from chronoshard.types import (
+    AlertSeverity,
+    CatchupPolicy,
+    OverlapPolicy,
+    Priority,
+    RetryPolicy,
+    RunOrigin,
+    Schedule,
+    ScheduleDetails,
+    ScheduleRun,
+    ScheduleSpec,
+    ScheduleWatch,
+    TaskSpec,
+    TaskStatus,
+)
+
+NOW = datetime(2030, 1, 2, 3, 4, 5, tzinfo=UTC)
+BERLIN = ZoneInfo("Europe/Berlin")
+
+
+def _args(*argv: str) -> object:
+    return cli.build_parser().parse_args(["schedules", *argv])
+
+
+def test_create_options_become_the_spec() -> None:
+    args = _args(
+        "create", "nightly", "--cron", "30 2 * * *", "--tz", "Europe/Berlin",
+        "--start", "2030-01-01T00:00:00Z", "--end", "2031-01-01T00:00:00+01:00",
+        "report.build", "--payload", '{"n": 12345678901234567890}', "--queue", "reports",
+        "--priority", "bulk", "--max-retries", "2", "--timeout", "20m", "--strict",
+        "--jitter-window", "30s", "--idempotent", "--catchup", "all", "--catchup-limit", "7",
+        "--overlap", "buffer_one", "--misfire-grace", "2m", "--job-id", "nightly-job",
+        "--expected-duration", "15m", "--tolerance", "90s", "--severity", "warning",
+    )  # fmt: skip
+    assert spec_from_args(args, None) == ScheduleSpec(  # type: ignore[arg-type]
+        name="nightly",
+        task=TaskSpec(
+            type="report.build",
+            payload={"n": 12345678901234567890},
+            queue="reports",
+            priority=Priority.BULK,
+            max_retries=2,
+            timeout_s=1200.0,
+            strict_timing=True,
+            jitter_window_s=30.0,
+            idempotent=True,
+        ),
+        cron="30 2 * * *",
+        timezone="Europe/Berlin",
+        start_at=datetime(2030, 1, 1, tzinfo=UTC),
+        end_at=datetime(2030, 12, 31, 23, tzinfo=UTC),
+        catchup=CatchupPolicy.ALL,
+        catchup_limit=7,
+        overlap=OverlapPolicy.BUFFER_ONE,
+        job_id="nightly-job",
+        watch=ScheduleWatch(
+            expected_duration_s=900.0, tolerance_s=90.0, severity=AlertSeverity.WARNING
+        ),
+        misfire_grace_s=120.0,
+    )
+
+
+def test_create_with_an_interval_and_defaults_leaves_choices_to_the_server() -> None:
+    spec = spec_from_args(_args("create", "beat", "demo.echo", "--every", "5m", "--no-watch"), None)  # type: ignore[arg-type]
+    assert spec == ScheduleSpec(
+        name="beat",
+        task=TaskSpec(type="demo.echo"),
+        interval_s=300.0,
+        watch=ScheduleWatch(disabled=True),
+    )
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["create", "n", "t"],  # no rule
+        ["create", "n", "t", "--cron", "@daily", "--every", "1m"],
+        ["create", "n", "t", "--every", "0s"],
+        ["create", "n", "t", "--cron", "@daily", "--start", "2030-01-01T00:00:00"],  # no offset
+        ["create", "n", "t", "--cron", "@daily", "--catchup", "some"],
+        ["backfill", "n", "--from", "2030-01-01T00:00:00Z"],  # --to is required
+        ["get", "n", "--next", "101"],
+        ["frobnicate"],
+    ],
+)
+def test_bad_command_lines_are_usage_errors(argv: list[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        _args(*argv)
+    assert exited.value.code == cli.EXIT_USAGE
+
+
+def test_a_payload_that_is_no_object_is_a_usage_error() -> None:
+    args = _args("create", "n", "t", "--cron", "@daily", "--payload", "[1]")
+    with pytest.raises(UsageError, match="JSON object"):
+        spec_from_args(args, None)  # type: ignore[arg-type]
+
+
+CURRENT = ScheduleSpec(
+    name="nightly",
+    task=TaskSpec(
+        type="report.build",
+        payload={"a": 1},
+        max_retries=3,
+        retry=RetryPolicy(initial_backoff_s=2.0),
+        timeout_s=600.0,
+        strict_timing=True,
+    ),
+    cron="30 2 * * *",
+    timezone="Europe/Berlin",
+    catchup=CatchupPolicy.LATEST,
+    watch=ScheduleWatch(tolerance_s=60.0),
+)
+
+
+def test_update_applies_only_the_options_given() -> None:
+    assert spec_from_args(_args("update", "nightly"), CURRENT) == CURRENT  # type: ignore[arg-type]
+    changed = spec_from_args(
+        _args(
+            "update", "nightly", "--every", "1h", "--name", "hourly", "--type", "report.small",
+            "--no-strict", "--max-retries", "0", "--no-watch", "--overlap", "skip",
+        ),  # type: ignore[arg-type]
+        CURRENT,
+    )  # fmt: skip
+    assert changed == ScheduleSpec(
+        name="hourly",
+        task=TaskSpec(
+            type="report.small",
+            payload={"a": 1},
+            max_retries=0,
+            # --max-retries wins: the policy keeps only its backoff.
+            retry=RetryPolicy(initial_backoff_s=2.0),
+            timeout_s=600.0,
+            strict_timing=False,
+        ),
+        interval_s=3600.0,
+        timezone="Europe/Berlin",
+        catchup=CatchupPolicy.LATEST,
+        overlap=OverlapPolicy.SKIP,
+        watch=ScheduleWatch(disabled=True, tolerance_s=60.0),
+    )
+    back_to_cron = spec_from_args(_args("update", "hourly", "--cron", "@daily"), changed)  # type: ignore[arg-type]
+    assert (back_to_cron.cron, back_to_cron.interval_s) == ("@daily", None)
+
+
+# --- rendering -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("instant", "zone", "text"),
+    [
+        # Berlin's clocks go forward at 01:00 UTC on 2030-03-31: CET +01:00, then CEST +02:00.
+        (datetime(2030, 3, 31, 0, 30, tzinfo=UTC), BERLIN, "2030-03-31 01:30:00.000 +01:00 CET"),
+        (datetime(2030, 3, 31, 1, 0, tzinfo=UTC), BERLIN, "2030-03-31 03:00:00.000 +02:00 CEST"),
+        # ... and back at 01:00 UTC on 2030-10-27: the wall time 02:30 happens twice, told
+        # apart by the offset.
+        (datetime(2030, 10, 27, 0, 30, tzinfo=UTC), BERLIN, "2030-10-27 02:30:00.000 +02:00 CEST"),
+        (datetime(2030, 10, 27, 1, 30, tzinfo=UTC), BERLIN, "2030-10-27 02:30:00.000 +01:00 CET"),
+        (NOW, ZoneInfo("America/New_York"), "2030-01-01 22:04:05.000 -05:00 EST"),
+        (NOW, ZoneInfo("Australia/Lord_Howe"), "2030-01-02 14:04:05.000 +11:00"),
+        (NOW, ZoneInfo("Asia/Kolkata"), "2030-01-02 08:34:05.000 +05:30 IST"),
+        (NOW, UTC, "2030-01-02 03:04:05.000 +00:00 UTC"),
+    ],
+)
+def test_zoned_times_show_the_wall_time_and_its_offset(
+    instant: datetime, zone: ZoneInfo, text: str
+) -> None:
+    assert output.zoned_time(instant, zone) == text
+
+
+def _schedule(spec: ScheduleSpec = CURRENT, **overrides: object) -> Schedule:
+    values: dict[str, object] = {
+        "id": "0190a7d2-6a3b-7c4d-8e5f-6a7b8c9d0e1f",
+        "tenant_id": "t",
+        "spec": spec,
+        "paused": False,
+        "next_occurrence": datetime(2030, 3, 31, 0, 30, tzinfo=UTC),
+        "created_at": NOW - timedelta(days=1),
+        "updated_at": NOW,
+    }
+    values.update(overrides)
+    return Schedule(**values)  # type: ignore[arg-type]
+
+
+def test_get_shows_the_next_occurrences_in_the_zone_and_in_utc_across_a_dst_change() -> None:
+    # 02:30 Berlin daily around the spring change: on 2030-03-31 02:30 does not exist,
+    # and the occurrence is at the change itself (03:00 CEST, docs/architecture.md#d13).
+    next_occurrences = (
+        datetime(2030, 3, 30, 1, 30, tzinfo=UTC),
+        datetime(2030, 3, 31, 1, 0, tzinfo=UTC),
+        datetime(2030, 4, 1, 0, 30, tzinfo=UTC),
+    )
+    runs = (
+        ScheduleRun(
+            logical_date=datetime(2030, 3, 29, 1, 30, tzinfo=UTC),
+            origin=RunOrigin.SCHEDULE,
+            task_id="0190a7d2-6a3b-7c4d-8e5f-000000000002",
+            status=TaskStatus.COMPLETED,
+            finished_at=datetime(2030, 3, 29, 1, 31, tzinfo=UTC),
+        ),
+        ScheduleRun(
+            logical_date=datetime(2030, 3, 28, 1, 30, tzinfo=UTC),
+            origin=RunOrigin.CATCHUP,
+            task_id=None,
+            status=None,
+            finished_at=None,
+        ),
+    )
+    details = ScheduleDetails(_schedule(), next_occurrences, runs)
+    text = output.schedule_details(details, schedule_zone("Europe/Berlin"), NOW)
+    lines = text.splitlines()
+    start = lines.index("next occurrences:")
+    assert lines[start + 1 : start + 5] == [
+        "#  IN Europe/Berlin                     UTC",
+        "1  2030-03-30 02:30:00.000 +01:00 CET   2030-03-30 01:30:00.000",
+        "2  2030-03-31 03:00:00.000 +02:00 CEST  2030-03-31 01:00:00.000",
+        "3  2030-04-01 02:30:00.000 +02:00 CEST  2030-04-01 00:30:00.000",
+    ]
+    start = lines.index("latest runs:")
+    assert lines[start + 1].split() == [
+        "LOGICAL", "DATE", "(UTC)", "ORIGIN", "STATUS", "TASK", "FINISHED", "(UTC)",
+    ]  # fmt: skip
+    assert (
+        "COMPLETED" in lines[start + 2]
+        and "0190a7d2-6a3b-7c4d-8e5f-000000000002" in lines[start + 2]
+    )
+    assert lines[start + 3].split()[2:4] == ["CATCHUP", "skipped"]
+    fields = dict(line.split(":", 1) for line in lines[: lines.index("")])
+    assert fields["rule"].strip() == "cron 30 2 * * *"
+    assert fields["timezone"].strip() == "Europe/Berlin"
+    assert fields["state"].strip() == "active"
+    assert fields["catchup"].strip() == "latest"
+    assert fields["overlap"].strip() == "allow (default)"
+    assert fields["job_id"].strip() == "nightly (the name)"
+    assert fields["watch"].strip() == (
+        "expected the timeout, else 1m (default), tolerance 1m, severity critical (default)"
+    )
+
+
+def test_get_of_a_zone_this_machine_does_not_know_shows_utc_only() -> None:
+    assert schedule_zone("Mars/Olympus_Mons") is None
+    assert schedule_zone(None) is UTC
+    details = ScheduleDetails(_schedule(), (datetime(2030, 3, 30, 1, 30, tzinfo=UTC),), ())
+    text = output.schedule_details(details, None, NOW)
+    assert "#  UTC\n1  2030-03-30 01:30:00.000" in text
+    assert "not in this machine's tz database" in text and "no runs yet" in text
+
+
+def test_states_and_rules_in_the_list() -> None:
+    interval = ScheduleSpec(name="beat", task=TaskSpec(type="demo.echo"), interval_s=90.0)
+    rows = output.schedule_table(
+        [
+            _schedule(),
+            _schedule(interval, paused=True),
+            _schedule(interval, next_occurrence=None),
+        ]
+    ).splitlines()
+    assert rows[0].split() == ["NAME", "RULE", "ZONE", "STATE", "NEXT", "(UTC)", "TYPE", "ID"]
+    assert "cron 30 2 * * *" in rows[1] and "Europe/Berlin" in rows[1] and "active" in rows[1]
+    assert "every 90s" in rows[2] and " UTC " in rows[2] and "paused" in rows[2]
+    assert "ended" in rows[3]
+
+
+def test_json_documents_use_the_client_field_names() -> None:
+    run = ScheduleRun(
+        logical_date=NOW, origin=RunOrigin.TRIGGER, task_id="x", status=None, finished_at=None
+    )
+    document = json.loads(output.dumps(ScheduleDetails(_schedule(), (NOW,), (run,))))
+    assert set(document) == {"schedule", "next_occurrences", "runs"}
+    assert document["next_occurrences"] == ["2030-01-02T03:04:05.000Z"]
+    assert document["runs"] == [
+        {
+            "logical_date": "2030-01-02T03:04:05.000Z",
+            "origin": "TRIGGER",
+            "task_id": "x",
+            "status": None,
+            "finished_at": None,
+        }
+    ]
+    spec = document["schedule"]["spec"]
+    assert (spec["name"], spec["cron"], spec["interval_s"], spec["catchup"]) == (
+        "nightly", "30 2 * * *", None, "latest",
+    )  # fmt: skip
+    assert spec["task"]["type"] == "report.build" and spec["task"]["timeout_s"] == 600.0
+    assert spec["watch"] == {
+        "disabled": False, "expected_duration_s": None, "tolerance_s": 60.0, "severity": None,
+    }  # fmt: skip
