@@ -26,7 +26,16 @@ SELECT chronoshard_ensure_partitions(
 );
 
 -- name: detach_old_partitions
-SELECT chronoshard_detach_old_partitions(make_interval(days => %(retention_days)s::integer));
+-- The schedules' occurrence records go by the same retention, by age (their tasks are in
+-- the partitions dropped; a record whose task's partition is kept goes all the same).
+WITH dropped AS (
+    SELECT chronoshard_detach_old_partitions(make_interval(days => %(retention_days)s::integer))
+        AS name
+), occurrences AS (
+    DELETE FROM schedule_occurrences
+    WHERE created_at < now() - make_interval(days => %(retention_days)s::integer)
+)
+SELECT name FROM dropped;
 
 -- name: never_analyzed_tables
 -- The hot tables (every partition of `tasks`, and `task_attempts`) that took rows but

@@ -32,6 +32,7 @@ from chronoshard.scheduler.config import SchedulerConfig, SchedulesConfig, Sched
 from chronoshard.scheduler.core.models import PreparedTask, Task, Tenant
 from chronoshard.scheduler.core.schedules import Schedule
 from chronoshard.scheduler.store.database import Store
+from chronoshard.scheduler.store.partitions import detach_old_partitions
 from chronoshard.scheduler.store.schedules import ScheduleStore
 from chronoshard.scheduler.store.submits import SubmitStore
 from chronoshard.scheduler.store.tenants import TenantStore
@@ -517,3 +518,16 @@ async def test_delete_withdraws_what_has_not_started(env: Env) -> None:
         env.stub.GetSchedule(pb.GetScheduleRequest(id=made.id), metadata=env.auth),
         grpc.StatusCode.NOT_FOUND,
     )
+
+
+async def test_retention_drops_old_occurrence_records(env: Env) -> None:
+    made = await env.create(name="tick", every_s=1)
+    await env.passes()
+    await env.sql(
+        "UPDATE schedule_occurrences SET created_at = now() - interval '31 days'"
+        " WHERE logical_date <= %(at)s",
+        {"at": START + timedelta(seconds=4)},
+    )
+    await asyncio.to_thread(detach_old_partitions, env.dsn, 30)
+    dates = [o[0] for o in await env.occurrences(made.id)]
+    assert dates == [START + timedelta(seconds=k) for k in range(5, 11)]
