@@ -36,7 +36,6 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Collection, Coroutine, Sequence
 from dataclasses import dataclass, replace
-from datetime import datetime
 from typing import Any
 
 import grpc
@@ -51,7 +50,7 @@ from chronoshard.scheduler.api.admin import AdminServicer
 from chronoshard.scheduler.api.auth import Authenticator
 from chronoshard.scheduler.api.boundary import RequestDecoding
 from chronoshard.scheduler.api.expectations import WatchdogServiceServicer
-from chronoshard.scheduler.api.schedule_requests import occurrence_task
+from chronoshard.scheduler.api.schedule_requests import occurrence_builder
 from chronoshard.scheduler.api.schedules import ScheduleServiceServicer, pacing_of
 from chronoshard.scheduler.api.server import (
     CLOCK_HEALTH_SERVICE,
@@ -72,9 +71,8 @@ from chronoshard.scheduler.cluster.routing import ChangeRouter
 from chronoshard.scheduler.cluster.shards import ShardManager
 from chronoshard.scheduler.cluster.signals import ShardSignals
 from chronoshard.scheduler.config import SchedulerConfig
-from chronoshard.scheduler.core.models import PreparedTask, Task
+from chronoshard.scheduler.core.models import Task
 from chronoshard.scheduler.core.runs import TimerTask
-from chronoshard.scheduler.core.schedules import Schedule
 from chronoshard.scheduler.dispatch.dispatcher import Dispatcher
 from chronoshard.scheduler.dispatch.preloader import Preloader
 from chronoshard.scheduler.dispatch.sessions import SessionRegistry
@@ -155,7 +153,6 @@ class SchedulerNode:
         self._side_tasks: set[asyncio.Task[None]] = set()
         self._server: grpc.aio.Server | None = None
         self._task_service: TaskServiceServicer | None = None
-        self._submit_limits = SubmitLimits.from_config(config)
         self._health = HealthServicer()
         self._metrics_server: HttpServer | None = None
         self._draining = False
@@ -323,7 +320,7 @@ class SchedulerNode:
             ScheduleStore(self.store, SubmitStore(self.store)),
             self.shards,
             pacing_of(config),
-            self._occurrence_task,
+            occurrence_builder(SubmitLimits.from_config(config)),
             self.router.tasks_submitted,
         )
 
@@ -335,20 +332,6 @@ class SchedulerNode:
 
         self.shards.on_claimed = claimed
         self.maintenance = PartitionMaintenance(config.maintenance, self.store)
-
-    def _occurrence_task(
-        self, schedule: Schedule, logical_date: datetime, scheduled_at: datetime, now: datetime
-    ) -> PreparedTask:
-        """The task of one occurrence, built (and validated) as a submit of its template."""
-        return occurrence_task(
-            schedule.spec,
-            tenant_id=schedule.tenant_id,
-            schedule_id=schedule.id,
-            logical_date=logical_date,
-            scheduled_at=scheduled_at,
-            now=now,
-            limits=self._submit_limits,
-        )
 
     def _supervise_loops(self) -> None:
         self._supervise("clock", self.clock.run())

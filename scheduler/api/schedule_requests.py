@@ -28,7 +28,7 @@ from chronoshard.scheduler.api.task_requests import (
 from chronoshard.scheduler.core.ids import new_task_id
 from chronoshard.scheduler.core.models import MAX_KEY_LENGTH, PreparedTask
 from chronoshard.scheduler.core.recurrence import Catchup, Cron, Interval, zone_named
-from chronoshard.scheduler.core.schedules import Overlap, ScheduleSpec
+from chronoshard.scheduler.core.schedules import Overlap, Schedule, ScheduleSpec
 from chronoshard.scheduler.errors import InvalidArgument
 from chronoshard.v1 import schedule_service_pb2, task_service_pb2
 
@@ -245,6 +245,28 @@ def occurrence_task(
     )
     new = replace(prepared.new, schedule_id=schedule_id, logical_date=logical_date)
     return replace(prepared, new=new)
+
+
+def occurrence_builder(
+    limits: SubmitLimits,
+) -> Callable[[Schedule, datetime, datetime, datetime], PreparedTask]:
+    """:func:`occurrence_task` for ``schedule`` as ``(schedule, logical_date,
+    scheduled_at, now)``: what the materialiser and the servicer's explicit runs call."""
+
+    def build(
+        schedule: Schedule, logical_date: datetime, scheduled_at: datetime, now: datetime
+    ) -> PreparedTask:
+        return occurrence_task(
+            schedule.spec,
+            tenant_id=schedule.tenant_id,
+            schedule_id=schedule.id,
+            logical_date=logical_date,
+            scheduled_at=scheduled_at,
+            now=now,
+            limits=limits,
+        )
+
+    return build
 
 
 def template_to_pb(spec: ScheduleSpec) -> task_service_pb2.SubmitTaskRequest:

@@ -102,6 +102,7 @@ class ScheduleServiceServicer(schedule_service_pb2_grpc.ScheduleServiceServicer)
         self._listener: ScheduleListener = listener or _NoListener()
         self._clock = clock or SystemClock()
         self._limits = SubmitLimits.from_config(config)
+        self._build_task = schedule_requests.occurrence_builder(self._limits)
         self._pacing = pacing_of(config)
         self._shard_count = config.scheduling.shard_count
         self._max_page_size = config.limits.max_list_page_size
@@ -342,15 +343,7 @@ class ScheduleServiceServicer(schedule_service_pb2_grpc.ScheduleServiceServicer)
         self, schedule: Schedule, logical_date: datetime, now: datetime
     ) -> PreparedTask:
         """The task of an explicit run: now, with the occurrence's logical date."""
-        return schedule_requests.occurrence_task(
-            schedule.spec,
-            tenant_id=schedule.tenant_id,
-            schedule_id=schedule.id,
-            logical_date=logical_date,
-            scheduled_at=now,
-            now=now,
-            limits=self._limits,
-        )
+        return self._build_task(schedule, logical_date, now, now)
 
     async def _found(self, tenant: Tenant, name_or_id: str) -> Schedule:
         schedule = await self._schedules.get(tenant.id, _name_or_id(name_or_id))

@@ -24,13 +24,12 @@ from google.protobuf import duration_pb2, timestamp_pb2
 
 from chronoshard.clock import FakeClock
 from chronoshard.scheduler.api.auth import Authenticator
-from chronoshard.scheduler.api.schedule_requests import occurrence_task
+from chronoshard.scheduler.api.schedule_requests import occurrence_builder
 from chronoshard.scheduler.api.schedules import ScheduleServiceServicer, pacing_of
 from chronoshard.scheduler.api.task_requests import SubmitLimits
 from chronoshard.scheduler.cluster.materialiser import Materialiser
 from chronoshard.scheduler.config import SchedulerConfig, SchedulesConfig, SchedulingConfig
-from chronoshard.scheduler.core.models import PreparedTask, Task, Tenant
-from chronoshard.scheduler.core.schedules import Schedule
+from chronoshard.scheduler.core.models import Task, Tenant
 from chronoshard.scheduler.store.database import Store
 from chronoshard.scheduler.store.partitions import detach_old_partitions
 from chronoshard.scheduler.store.schedules import ScheduleStore
@@ -199,17 +198,6 @@ async def env(store: Store, fresh_db_dsn: str) -> AsyncIterator[Env]:
     limits = SubmitLimits.from_config(CONFIG)
     created: list[Task] = []
 
-    def build(schedule: Schedule, at: datetime, run_at: datetime, now: datetime) -> PreparedTask:
-        return occurrence_task(
-            schedule.spec,
-            tenant_id=schedule.tenant_id,
-            schedule_id=schedule.id,
-            logical_date=at,
-            scheduled_at=run_at,
-            now=now,
-            limits=limits,
-        )
-
     materialiser = Materialiser(
         CONFIG,
         clock,
@@ -217,7 +205,7 @@ async def env(store: Store, fresh_db_dsn: str) -> AsyncIterator[Env]:
         ScheduleStore(store, SubmitStore(store)),
         shards,
         pacing_of(CONFIG),
-        build,
+        occurrence_builder(limits),
         created.extend,
     )
     server = grpc.aio.server()
