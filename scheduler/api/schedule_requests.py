@@ -26,6 +26,7 @@ from chronoshard.scheduler.api.task_requests import (
     submit_from_pb,
 )
 from chronoshard.scheduler.core.ids import new_task_id
+from chronoshard.scheduler.core.jitter import JitterMode
 from chronoshard.scheduler.core.models import MAX_KEY_LENGTH, PreparedTask
 from chronoshard.scheduler.core.recurrence import Catchup, Cron, Interval, zone_named
 from chronoshard.scheduler.core.schedules import Overlap, Schedule, ScheduleSpec
@@ -85,7 +86,7 @@ def spec_from_pb(
         if end_at <= now:
             raise InvalidArgument(prefix + "end_at", "is in the past")
     cron, interval_s = _rule_from_pb(pb, zone, start_at or now, now, prefix)
-    template = _template_from_pb(pb, tenant_id, now, limits, prefix)
+    template, trial = _template_from_pb(pb, tenant_id, now, limits, prefix)
     catchup = _CATCHUP.get(pb.catchup_policy)
     if catchup is None:
         raise InvalidArgument(prefix + "catchup_policy", "is not a known policy")
@@ -120,7 +121,7 @@ def spec_from_pb(
     tolerance_s = (
         request_duration(watch.tolerance, prefix + "watch.tolerance")
         if watch.HasField("tolerance")
-        else DEFAULT_TOLERANCE_S
+        else DEFAULT_TOLERANCE_S + _latest_start_s(trial, pb.task_template, limits)
     )
     severity = watch.severity or "critical"
     if severity not in SEVERITIES:
@@ -178,8 +179,9 @@ def _template_from_pb(
     now: datetime,
     limits: SubmitLimits,
     prefix: str,
-) -> bytes:
-    """The template's bytes, after validating it as the submit of one occurrence."""
+) -> tuple[bytes, PreparedTask]:
+    """The template's bytes, after validating it as the submit of one occurrence (the
+    trial occurrence returned beside them)."""
     field = prefix + "task_template"
     if not pb.HasField("task_template"):
         raise InvalidArgument(field, "is required")
@@ -194,11 +196,27 @@ def _template_from_pb(
         )
     if template.job_id:
         raise InvalidArgument(field + ".job_id", "must be empty: set the schedule's job_id")
-    submit_from_pb(
+    trial = submit_from_pb(
         template, tenant_id=tenant_id, task_id=new_task_id(), now=now, limits=limits,
         prefix=field + ".",
     )  # fmt: skip
-    return template.SerializeToString(deterministic=True)
+    return template.SerializeToString(deterministic=True), trial
+
+
+def _latest_start_s(
+    trial: PreparedTask, template: task_service_pb2.SubmitTaskRequest, limits: SubmitLimits
+) -> float:
+    """How long after its logical date a jittered occurrence may start: the default
+    tolerance of the watch makes room for it, so jitter never reads as a missed run."""
+    window_s = (
+        request_duration(template.jitter_window, "jitter_window")
+        if template.HasField("jitter_window")
+        else limits.jitter_window_s
+    )
+    mode = trial.new.jitter_mode
+    if mode is JitterMode.NONE:
+        return 0.0
+    return window_s if mode is JitterMode.DELAY_ONLY else window_s / 2
 
 
 def _catchup_limit(pb: schedule_service_pb2.ScheduleSpec, catchup: Catchup, prefix: str) -> int:

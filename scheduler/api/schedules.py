@@ -205,7 +205,10 @@ class ScheduleServiceServicer(schedule_service_pb2_grpc.ScheduleServiceServicer)
         schedule = await self._found(tenant, request.id)
         now = self._clock.now()
         rule = rule_of(schedule.spec, schedule.anchor_at, now)
-        after = max(now, schedule.cursor_at) if schedule.paused else schedule.cursor_at
+        # From now (those created ahead included), and never before the start.
+        after = now
+        if schedule.spec.start_at is not None:
+            after = max(after, schedule.spec.start_at - timedelta(microseconds=1))
         nexts = upcoming(rule, after, schedule.spec.end_at, next_count)
         runs = await self._schedules.runs(schedule.id, runs_count)
         return pb.GetScheduleResponse(

@@ -519,3 +519,17 @@ async def test_retention_drops_old_occurrence_records(env: Env) -> None:
     await asyncio.to_thread(detach_old_partitions, env.dsn, 30)
     dates = [o[0] for o in await env.occurrences(made.id)]
     assert dates == [START + timedelta(seconds=k) for k in range(5, 11)]
+
+
+async def test_the_watch_defaults_make_room_for_jitter_and_get_starts_at_start(env: Env) -> None:
+    jittered = task_service_pb2.SubmitTaskRequest(type="report", jitter_window=_dur(100))
+    made = await env.create(
+        name="spread", cron="0 * * * *", template=jittered, start_at=START + timedelta(days=1)
+    )
+    # Symmetric jitter starts up to half the window late: 60 s + 50 s.
+    assert made.spec.watch.tolerance.seconds == 110
+    strict = await env.create(name="strict", cron="0 * * * *")
+    assert strict.spec.watch.tolerance.seconds == 60
+    got = await env.stub.GetSchedule(pb.GetScheduleRequest(id="spread"), metadata=env.auth)
+    first = got.next_occurrences[0].ToDatetime(tzinfo=UTC)
+    assert first == START + timedelta(days=1)
