@@ -8,7 +8,8 @@ the versions and the parameters, says which of issue 9's targets it met, and wit
 ``bench/README.md`` for what each workload measures and the numbers measured here.
 
 Workloads: submit-single, submit-batch, stampede N, steady RATE, wheel, idle, failover,
-heartbeats, and peers (Chronoshard against Celery and Procrastinate, issue 14).
+heartbeats, schedules (10,000 recurring schedules, issue 15), and peers (Chronoshard
+against Celery and Procrastinate, issue 14).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from bench import idle, peers, submit, timing
+from bench import idle, peers, schedules, submit, timing
 from bench._cluster import Infrastructure, infrastructure
 from bench._report import Report, Target, document, machine, render
 from bench._standalone import scratch
@@ -246,6 +247,26 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--window-s", type=float, default=60.0)
     p.add_argument("--idle-window-s", type=float, default=30.0)
     p.set_defaults(run=_heartbeats)
+
+    p = sub.add_parser("schedules", parents=[common], help="10,000 recurring schedules")
+    p.add_argument("--schedules", type=int, default=10_000, help="of one tenant")
+    p.add_argument("--minutes", type=float, default=3.0, help="of steady state measured")
+    p.add_argument(
+        "--variants",
+        type=lambda s: s.split(","),
+        default=list(schedules.VARIANTS),
+        help="minute (all at :00), seconds (spread over the minute); comma-separated",
+    )
+    p.add_argument("--concurrency", type=int, default=16, help="create calls in flight")
+    p.add_argument("--slots", type=int, default=200, help="per worker process")
+    p.add_argument(
+        "--lookahead-s", type=float, default=None, help="schedules.lookahead_s of the node"
+    )
+    p.set_defaults(
+        run=lambda a, i: schedules.schedules(
+            i, a.schedules, a.minutes, a.variants, a.concurrency, a.slots, a.lookahead_s
+        )
+    )
 
     peers.add_parser(sub, common)
     return parser

@@ -10,6 +10,11 @@ the process. One INSERT per handler would make the ledger, not the scheduler, se
 pace of a 100,000-task stampede. The ledger is bookkeeping: the benchmark waits for it to
 hold every row before checking, and a worker killed mid-run would lose its last buffer
 (no benchmark kills workers).
+
+``bench.occurrence`` (``python -m bench schedules``) is ``bench.record`` for the
+occurrences of a schedule: it notes its start with the schedule and the occurrence's
+logical date, into ``bench_occurrence_runs`` (created by that workload,
+``bench/schedules.py``), through the same buffered COPY.
 """
 
 from __future__ import annotations
@@ -30,8 +35,14 @@ FLUSH_INTERVAL_S = 0.02
 worker = Worker([], slots=SLOTS, prefetch=PREFETCH)
 
 Row = tuple[uuid.UUID, int, int, str, datetime, datetime, str]
+OccurrenceRow = tuple[uuid.UUID | None, datetime | None, uuid.UUID, int, str, datetime, datetime]
 _buffer: list[Row] = []
+_occurrences: list[OccurrenceRow] = []
 _flusher: asyncio.Task[None] | None = None
+_OCCURRENCE_COPY = (
+    "COPY bench_occurrence_runs (schedule_id, logical_date, task_id, attempt, worker_id,"
+    " started_at, due_at) FROM STDIN"
+)
 
 
 async def _flush_forever() -> None:
@@ -41,19 +52,30 @@ async def _flush_forever() -> None:
     async with conn:
         while True:
             await asyncio.sleep(FLUSH_INTERVAL_S)
-            if not _buffer:
-                continue
-            rows = _buffer[:]
-            del _buffer[: len(rows)]
-            async with (
-                conn.cursor() as cur,
-                cur.copy(
-                    "COPY effects (task_id, attempt, token, worker_id, started_at, due_at,"
-                    " outcome) FROM STDIN"
-                ) as copy,
-            ):
-                for row in rows:
-                    await copy.write_row(row)
+            if _buffer:
+                rows = _buffer[:]
+                del _buffer[: len(rows)]
+                async with (
+                    conn.cursor() as cur,
+                    cur.copy(
+                        "COPY effects (task_id, attempt, token, worker_id, started_at, due_at,"
+                        " outcome) FROM STDIN"
+                    ) as copy,
+                ):
+                    for row in rows:
+                        await copy.write_row(row)
+            if _occurrences:
+                occurrences = _occurrences[:]
+                del _occurrences[: len(occurrences)]
+                async with conn.cursor() as cur, cur.copy(_OCCURRENCE_COPY) as copy:
+                    for occurrence in occurrences:
+                        await copy.write_row(occurrence)
+
+
+def _ensure_flusher() -> None:
+    global _flusher
+    if _flusher is None or _flusher.done():
+        _flusher = asyncio.get_running_loop().create_task(_flush_forever())
 
 
 @worker.task("bench.noop")
@@ -64,9 +86,7 @@ async def noop(ctx: TaskContext) -> None:
 @worker.task("bench.record")
 async def record(ctx: TaskContext) -> dict[str, Any]:
     started_at = datetime.now(UTC)
-    global _flusher
-    if _flusher is None or _flusher.done():
-        _flusher = asyncio.get_running_loop().create_task(_flush_forever())
+    _ensure_flusher()
     _buffer.append(
         (
             ctx.task_id,
@@ -82,3 +102,20 @@ async def record(ctx: TaskContext) -> dict[str, Any]:
     if hold_ms > 0:
         await asyncio.sleep(hold_ms / 1000)
     return {}
+
+
+@worker.task("bench.occurrence")
+async def occurrence(ctx: TaskContext) -> None:
+    started_at = datetime.now(UTC)
+    _ensure_flusher()
+    _occurrences.append(
+        (
+            ctx.schedule_id,
+            ctx.logical_date,
+            ctx.task_id,
+            ctx.attempt,
+            ctx.worker_id,
+            started_at,
+            ctx.due_at,
+        )
+    )

@@ -15,6 +15,7 @@ import importlib.util
 import json
 import sys
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -260,3 +261,54 @@ def _redis_unreachable(url: str) -> str | None:
     finally:
         client.close()
     return None
+
+
+def test_schedules_at_a_tiny_size(
+    bench_main: ModuleType,
+    postgres_server: PostgresServer,
+    etcd: EtcdProcess,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # The spread variant over a 6 s window (a lookahead of 2 s): ~10 s. The ``minute``
+    # variant differs only in its crons and the expected dates, checked below without a
+    # node (its window must hold a whole minute).
+    argv = [
+        "schedules",
+        "--schedules",
+        "120",
+        "--minutes",
+        "0.1",
+        "--variants",
+        "seconds",
+        "--lookahead-s",
+        "2",
+    ]
+    _, report = run(bench_main, argv, postgres_server, etcd, tmp_path, capsys)
+    [row] = report["rows"]
+    assert row["variant"] == "seconds"
+    assert row["schedules"] == 120
+    # 120 schedules at 60 distinct seconds: two per second, 6 seconds in the window.
+    assert row["occurrences in window"] == row["started"] == 12
+    assert row["exactly once"] is True
+    assert row["missing / doubled / unexpected"] == "0 / 0 / 0"
+    assert row["creates/s"] > 0 and row["schedules MiB"] > 0
+
+
+def test_schedules_expected_dates(bench_main: ModuleType) -> None:
+    schedules = importlib.import_module("bench.schedules")
+    start = datetime(2026, 12, 3, 10, 0, tzinfo=UTC)
+    end = start + timedelta(minutes=2)
+    assert schedules.cron_of("minute", 7) == "* * * * *"
+    assert schedules.cron_of("seconds", 61) == "1 * * * * *"
+    assert schedules.expected_dates("minute", 7, start, end) == [
+        start,
+        start + timedelta(minutes=1),
+    ]
+    assert schedules.expected_dates("seconds", 61, start + timedelta(seconds=30), end) == [
+        start + timedelta(minutes=1, seconds=1)
+    ]
+    assert schedules.window_start(start + timedelta(seconds=5), 3) == start + timedelta(minutes=1)
+    assert schedules.window_start(start + timedelta(seconds=5.5), 0.1) == start + timedelta(
+        seconds=6
+    )
