@@ -73,6 +73,7 @@ from chronoshard.scheduler.cluster.signals import ShardSignals
 from chronoshard.scheduler.config import SchedulerConfig
 from chronoshard.scheduler.core.models import Task
 from chronoshard.scheduler.core.runs import TimerTask
+from chronoshard.scheduler.core.schedules import Schedule
 from chronoshard.scheduler.dispatch.dispatcher import Dispatcher
 from chronoshard.scheduler.dispatch.preloader import Preloader
 from chronoshard.scheduler.dispatch.sessions import SessionRegistry
@@ -136,8 +137,8 @@ class _ScheduleChanges:
         self._materialiser = materialiser
         self._router = router
 
-    def schedule_changed(self, shard: int) -> None:
-        self._materialiser.schedule_changed(shard)
+    def schedule_changed(self, schedule: Schedule) -> None:
+        self._materialiser.schedule_changed(schedule)
 
     def tasks_submitted(self, tasks: Sequence[Task]) -> None:
         self._router.tasks_submitted(tasks)

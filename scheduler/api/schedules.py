@@ -56,8 +56,8 @@ Context: TypeAlias = grpc.aio.ServicerContext[Any, Any]
 class ScheduleListener(Protocol):
     """What the node hears from the ScheduleService, after each commit."""
 
-    def schedule_changed(self, shard: int) -> None:
-        """A schedule of ``shard`` may need its materialiser sooner than planned."""
+    def schedule_changed(self, schedule: Schedule) -> None:
+        """``schedule`` changed: its ``materialise_at`` may come before the next pass."""
         ...
 
     def tasks_submitted(self, tasks: Sequence[Task]) -> None:
@@ -66,7 +66,7 @@ class ScheduleListener(Protocol):
 
 
 class _NoListener:
-    def schedule_changed(self, shard: int) -> None:
+    def schedule_changed(self, schedule: Schedule) -> None:
         pass
 
     def tasks_submitted(self, tasks: Sequence[Task]) -> None:
@@ -175,7 +175,7 @@ class ScheduleServiceServicer(schedule_service_pb2_grpc.ScheduleServiceServicer)
         schedule_id = new_task_id()
         anchor_at = spec.start_at or now
         cursor_at, next_at, materialise_at = first_instants(
-            spec, rule_of(spec, anchor_at, now), now, self._pacing
+            schedule_id, spec, rule_of(spec, anchor_at, now), now, self._pacing
         )
         shard = shard_of(schedule_id, self._shard_count)
         created = await self._schedules.insert(
@@ -192,7 +192,7 @@ class ScheduleServiceServicer(schedule_service_pb2_grpc.ScheduleServiceServicer)
         )
         if created is None:
             raise ScheduleExists(spec.name)
-        self._listener.schedule_changed(shard)
+        self._listener.schedule_changed(created)
         return pb.CreateScheduleResponse(schedule=schedule_to_pb(created))
 
     async def _get(self, tenant: Tenant, request: pb.GetScheduleRequest) -> pb.GetScheduleResponse:
@@ -242,7 +242,7 @@ class ScheduleServiceServicer(schedule_service_pb2_grpc.ScheduleServiceServicer)
             if spec.start_at is not None:
                 cursor = max(cursor, spec.start_at - timedelta(microseconds=1))
             cursor_at, next_at, materialise_at = restart(
-                spec, rule_of(spec, anchor_at, now), cursor, now, self._pacing
+                old.id, spec, rule_of(spec, anchor_at, now), cursor, now, self._pacing
             )
             updated = await self._schedules.update_spec(
                 conn,
@@ -257,7 +257,7 @@ class ScheduleServiceServicer(schedule_service_pb2_grpc.ScheduleServiceServicer)
             )
             if updated is None:
                 raise ScheduleExists(spec.name)
-        self._listener.schedule_changed(updated.shard)
+        self._listener.schedule_changed(updated)
         return pb.UpdateScheduleResponse(schedule=schedule_to_pb(updated))
 
     async def _pause(
@@ -281,7 +281,7 @@ class ScheduleServiceServicer(schedule_service_pb2_grpc.ScheduleServiceServicer)
                 # From now: what fell in the pause is not caught up.
                 cursor = max(now, schedule.cursor_at)
                 schedule = await self._set_paused(conn, schedule, cursor, now, paused=False)
-        self._listener.schedule_changed(schedule.shard)
+        self._listener.schedule_changed(schedule)
         return pb.ResumeScheduleResponse(schedule=schedule_to_pb(schedule))
 
     async def _delete(
@@ -372,7 +372,9 @@ class ScheduleServiceServicer(schedule_service_pb2_grpc.ScheduleServiceServicer)
         self, conn: Connection, schedule: Schedule, cursor: datetime, now: datetime, *, paused: bool
     ) -> Schedule:
         rule = rule_of(schedule.spec, schedule.anchor_at, now)
-        cursor_at, next_at, materialise_at = restart(schedule.spec, rule, cursor, now, self._pacing)
+        cursor_at, next_at, materialise_at = restart(
+            schedule.id, schedule.spec, rule, cursor, now, self._pacing
+        )
         return await self._schedules.set_paused(
             conn,
             schedule.id,

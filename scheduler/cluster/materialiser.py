@@ -95,9 +95,13 @@ class Materialiser:
     def wake(self) -> None:
         self._wake.set()
 
-    def schedule_changed(self, shard: int) -> None:
-        """A schedule of ``shard`` changed here: look now if the shard is ours."""
-        if self._shards.owns(shard):
+    def schedule_changed(self, schedule: Schedule) -> None:
+        """``schedule`` changed here: look now if it is ours and due before the next
+        pass. Only then: 10,000 creates woke 1,500 passes that found nothing to do."""
+        at = schedule.materialise_at
+        if at is None or schedule.paused or not self._shards.owns(schedule.shard):
+            return
+        if at <= self._clock.now() + timedelta(seconds=self._interval_s):
             self._wake.set()
 
     async def run(self) -> None:

@@ -157,6 +157,23 @@ class Pacing:
     max_create: int
 
 
+SPREAD_SLOTS = 1000
+
+
+def lead(schedule_id: uuid.UUID, overlap: Overlap, pacing: Pacing) -> timedelta:
+    """How long before an occurrence the materialiser decides it.
+
+    ``SKIP`` and ``BUFFER_ONE``: ``overlap_lead``. ``ALLOW``: ``lookahead`` plus a share
+    of half a lookahead fixed by the schedule's id, so that many schedules of one rule
+    (10,000 ``* * * * *``) are materialised over 30 s rather than in one pass, which
+    with a lookahead of exactly one period fell on the very second their previous
+    occurrence was dispatched (issue 15's bench: max lateness 5.7 s against 2.2 s)."""
+    if overlap is not Overlap.ALLOW:
+        return pacing.overlap_lead
+    share = (schedule_id.int % SPREAD_SLOTS) / SPREAD_SLOTS
+    return pacing.lookahead + pacing.lookahead * share / 2
+
+
 def run_at(logical_date: datetime, now: datetime) -> datetime:
     """``scheduled_at`` of an occurrence: its own instant, unless older than MAX_PAST."""
     return logical_date if logical_date >= now - MAX_PAST else now
@@ -185,12 +202,13 @@ def step(
         buffered = None
         running = True
     one_at_a_time = spec.overlap is not Overlap.ALLOW
+    ahead = lead(schedule.id, spec.overlap, pacing)
     grace = timedelta(seconds=spec.misfire_grace_s)
     planned = plan(
         rule,
         schedule.cursor_at,
         now,
-        lookahead=pacing.overlap_lead if one_at_a_time else pacing.lookahead,
+        lookahead=ahead,
         misfire_grace=grace,
         catchup=spec.catchup,
         catchup_limit=spec.catchup_limit,
@@ -207,12 +225,12 @@ def step(
             buffered = at  # recorded when it runs, with origin BUFFERED
         else:
             decided.append(Occurrence(at, run_at(at, now), origin, run=False))
-    next_at = next_within(rule, cursor, spec.end_at)
+    next_at = planned.following
     return Step(
         occurrences=tuple(decided),
         cursor_at=cursor,
         next_at=next_at,
-        materialise_at=_look_again(next_at, buffered, now, pacing, one_at_a_time),
+        materialise_at=_look_again(next_at, buffered, now, pacing, ahead),
         buffered_at=buffered,
         missed=planned.missed,
     )
@@ -223,37 +241,42 @@ def _look_again(
     buffered: datetime | None,
     now: datetime,
     pacing: Pacing,
-    one_at_a_time: bool,
+    ahead: timedelta,
 ) -> datetime | None:
     """When the schedule next needs the materialiser: its next occurrence minus the
-    lead it is decided at, sooner while an occurrence waits for its predecessor, never
-    once it has ended with nothing buffered."""
+    lead it is decided at (:func:`lead`), sooner while an occurrence waits for its
+    predecessor, never once it has ended with nothing buffered."""
     candidates: list[datetime] = []
     if next_at is not None:
-        candidates.append(next_at - (pacing.overlap_lead if one_at_a_time else pacing.lookahead))
+        candidates.append(next_at - ahead)
     if buffered is not None:
         candidates.append(now + pacing.buffer_poll)
     return min(candidates) if candidates else None
 
 
 def first_instants(
-    spec: ScheduleSpec, rule: Recurrence, now: datetime, pacing: Pacing
+    schedule_id: uuid.UUID, spec: ScheduleSpec, rule: Recurrence, now: datetime, pacing: Pacing
 ) -> tuple[datetime, datetime | None, datetime | None]:
     """``(cursor_at, next_at, materialise_at)`` of a new schedule: its first occurrence
     is the rule's first at or after ``start_at``, else after ``now``. A start in the
     past leaves the occurrences since then to the catchup policy."""
     cursor = now if spec.start_at is None else spec.start_at - timedelta(microseconds=1)
-    return restart(spec, rule, cursor, now, pacing)
+    return restart(schedule_id, spec, rule, cursor, now, pacing)
 
 
 def restart(
-    spec: ScheduleSpec, rule: Recurrence, cursor: datetime, now: datetime, pacing: Pacing
+    schedule_id: uuid.UUID,
+    spec: ScheduleSpec,
+    rule: Recurrence,
+    cursor: datetime,
+    now: datetime,
+    pacing: Pacing,
 ) -> tuple[datetime, datetime | None, datetime | None]:
     """``(cursor_at, next_at, materialise_at)`` of a schedule going on from ``cursor``
     (updated, paused or resumed: what lies before ``cursor`` is not caught up)."""
     next_at = next_within(rule, cursor, spec.end_at)
-    one_at_a_time = spec.overlap is not Overlap.ALLOW
-    return cursor, next_at, _look_again(next_at, None, now, pacing, one_at_a_time)
+    ahead = lead(schedule_id, spec.overlap, pacing)
+    return cursor, next_at, _look_again(next_at, None, now, pacing, ahead)
 
 
 def backfill_dates(rule: Recurrence, start: datetime, end: datetime, limit: int) -> list[datetime]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -30,6 +31,7 @@ from chronoshard.scheduler.api.task_requests import SubmitLimits
 from chronoshard.scheduler.cluster.materialiser import Materialiser
 from chronoshard.scheduler.config import SchedulerConfig, SchedulesConfig, SchedulingConfig
 from chronoshard.scheduler.core.models import Task, Tenant
+from chronoshard.scheduler.core.schedules import Overlap, Schedule, lead
 from chronoshard.scheduler.store.database import Store
 from chronoshard.scheduler.store.partitions import detach_old_partitions
 from chronoshard.scheduler.store.schedules import ScheduleStore
@@ -76,8 +78,8 @@ class Recorder:
     changed: list[int] = field(default_factory=list)
     submitted: list[Task] = field(default_factory=list)
 
-    def schedule_changed(self, shard: int) -> None:
-        self.changed.append(shard)
+    def schedule_changed(self, schedule: Schedule) -> None:
+        self.changed.append(schedule.shard)
 
     def tasks_submitted(self, tasks: Sequence[Task]) -> None:
         self.submitted.extend(tasks)
@@ -235,6 +237,12 @@ async def env(store: Store, fresh_db_dsn: str) -> AsyncIterator[Env]:
     await server.stop(grace=None)
 
 
+def ahead(made: pb.Schedule) -> int:
+    """How many every-second occurrences one pass creates: the schedule's lead (the
+    lookahead plus its share of the spread), in whole seconds."""
+    return int(lead(uuid.UUID(made.id), Overlap.ALLOW, pacing_of(CONFIG)).total_seconds())
+
+
 async def _refused(call: Awaitable[Any], code: grpc.StatusCode) -> common_pb2.ErrorInfo:
     with pytest.raises(grpc.aio.AioRpcError) as raised:
         await call
@@ -337,12 +345,13 @@ async def test_every_second_creates_each_occurrence_once_ahead(env: Env) -> None
     made = await env.create(name="tick", every_s=1)
     await env.passes(3)  # repeated passes at one instant create nothing more
     first = await env.occurrences(made.id)
-    assert len(first) == 10  # lookahead 10 s
-    assert [o[0] for o in first] == [START + timedelta(seconds=k) for k in range(1, 11)]
+    n = ahead(made)  # the lookahead, 10 s, and the schedule's share of the spread
+    assert 10 <= n < 15
+    assert [o[0] for o in first] == [START + timedelta(seconds=k) for k in range(1, n + 1)]
     env.clock.advance(5)
     await env.passes()
     tasks = await env.tasks(made.id)
-    assert [t[0] for t in tasks] == [START + timedelta(seconds=k) for k in range(1, 16)]
+    assert [t[0] for t in tasks] == [START + timedelta(seconds=k) for k in range(1, n + 6)]
     # Each occurrence runs at its own instant, strict, with its logical date.
     assert all(logical == scheduled for logical, scheduled, _ in tasks)
     assert env.created and {t.logical_date for t in env.created} == {t[0] for t in tasks}
@@ -352,7 +361,7 @@ async def test_two_materialisers_at_once_create_nothing_twice(env: Env) -> None:
     made = await env.create(name="tick", every_s=1)
     await asyncio.gather(*(env.materialiser.pass_once() for _ in range(4)))
     tasks = await env.tasks(made.id)
-    assert len(tasks) == len({t[0] for t in tasks}) == 10
+    assert len(tasks) == len({t[0] for t in tasks}) == ahead(made)
 
 
 async def test_a_stale_epoch_writes_nothing(env: Env) -> None:
@@ -427,22 +436,23 @@ async def test_overlap_skip_and_buffer_one(env: Env) -> None:
 async def test_update_takes_effect_from_the_next_occurrence(env: Env) -> None:
     made = await env.create(name="tick", every_s=1, payload=b'{"v": 1}')
     await env.passes()
-    assert len(await env.tasks(made.id)) == 10
+    n = ahead(made)
+    assert len(await env.tasks(made.id)) == n
     spec = _spec(name="tick", every_s=1, payload=b'{"v": 2}')
     await env.stub.UpdateSchedule(
         pb.UpdateScheduleRequest(id=made.id, spec=spec), metadata=env.auth
     )
     statuses = [t[2] for t in await env.tasks(made.id)]
-    assert statuses == ["CANCELLED"] * 10  # none had started
+    assert statuses == ["CANCELLED"] * n  # none had started
     await env.passes()
     rows = await env.sql(
         "SELECT payload->>'v', count(*) FROM tasks"
         " WHERE schedule_id = %(s)s AND status = 'SCHEDULED' GROUP BY 1",
         {"s": made.id},
     )
-    assert rows == [("2", 10)]
+    assert rows == [("2", n)]
     # One occurrence row per logical date, each pointing at its live task.
-    assert len(await env.occurrences(made.id)) == 10
+    assert len(await env.occurrences(made.id)) == n
 
 
 async def test_pause_withdraws_and_resume_does_not_catch_up(env: Env) -> None:
@@ -498,9 +508,9 @@ async def test_delete_withdraws_what_has_not_started(env: Env) -> None:
         {"s": made.id, "at": START + timedelta(seconds=1)},
     )
     deleted = await env.stub.DeleteSchedule(pb.DeleteScheduleRequest(id="tick"), metadata=env.auth)
-    assert deleted.withdrawn == 9
+    assert deleted.withdrawn == ahead(made) - 1
     statuses = sorted(t[2] for t in await env.tasks(made.id))
-    assert statuses == ["CANCELLED"] * 9 + ["RUNNING"]
+    assert statuses == ["CANCELLED"] * (ahead(made) - 1) + ["RUNNING"]
     assert await env.sql("SELECT count(*) FROM schedule_occurrences") == [(0,)]
     await _refused(
         env.stub.GetSchedule(pb.GetScheduleRequest(id=made.id), metadata=env.auth),
@@ -518,7 +528,7 @@ async def test_retention_drops_old_occurrence_records(env: Env) -> None:
     )
     await asyncio.to_thread(detach_old_partitions, env.dsn, 30)
     dates = [o[0] for o in await env.occurrences(made.id)]
-    assert dates == [START + timedelta(seconds=k) for k in range(5, 11)]
+    assert dates == [START + timedelta(seconds=k) for k in range(5, ahead(made) + 1)]
 
 
 async def test_the_watch_defaults_make_room_for_jitter_and_get_starts_at_start(env: Env) -> None:

@@ -21,6 +21,7 @@ from chronoshard.scheduler.core.schedules import (
     Schedule,
     ScheduleSpec,
     first_instants,
+    lead,
     run_at,
     step,
     upcoming,
@@ -59,9 +60,10 @@ def _spec(overlap: Overlap, catchup: Catchup, limit: int, every_s: float) -> Sch
 
 def _schedule(spec: ScheduleSpec) -> Schedule:
     rule = Interval(START, timedelta(seconds=spec.interval_s or 1))
-    cursor, next_at, materialise_at = first_instants(spec, rule, START, PACING)
+    schedule_id = uuid.uuid4()
+    cursor, next_at, materialise_at = first_instants(schedule_id, spec, rule, START, PACING)
     return Schedule(
-        id=uuid.uuid4(),
+        id=schedule_id,
         tenant_id=uuid.uuid4(),
         shard=0,
         spec=spec,
@@ -133,8 +135,9 @@ def test_passes_create_each_occurrence_once_and_respect_overlap(
         # What is left to decide is after the cursor, and next_at is its first.
         assert result.next_at == rule.next_after(result.cursor_at)
         if result.materialise_at is not None and result.next_at is not None:
-            lead = PACING.lookahead if overlap is Overlap.ALLOW else PACING.overlap_lead
-            assert result.materialise_at <= result.next_at - lead
+            ahead = lead(schedule.id, overlap, PACING)
+            assert result.materialise_at <= result.next_at - ahead
+            assert ahead <= PACING.lookahead * 1.5
         last = schedule.last_task
         if any(o.run for o in result.occurrences):
             last = TaskRef(now, uuid.uuid4())
