@@ -83,14 +83,18 @@ def test_assignment_with_and_without_optional_fields() -> None:
         queue="q",
         priority=common_pb2.PRIORITY_BULK,
         idempotent=True,
+        logical_date=_ts(AT),
+        schedule_id=REF.id,
     )
     a = from_pb(pb.SchedulerMessage(assignment=full))
     assert isinstance(a, Assignment)
     assert (a.timeout_s, a.lease_expires_at, a.priority, a.queue) == (1.5, AT, "BULK", "q")
     assert a.trace_context == {"traceparent": "x"} and a.idempotent
+    assert (a.logical_date, a.schedule_id) == (AT, REF.id)
     bare = from_pb(pb.SchedulerMessage(assignment=pb.Assignment(task=full.task, due_at=_ts(AT))))
     assert isinstance(bare, Assignment)
     assert (bare.timeout_s, bare.lease_expires_at, bare.priority) == (None, None, "STANDARD")
+    assert (bare.logical_date, bare.schedule_id) == (None, None)
 
 
 def test_welcome_receipt_and_unknown_messages() -> None:
