@@ -569,9 +569,8 @@ class Client:
         return withdrawn
 
     async def trigger_schedule(self, schedule: str | uuid.UUID) -> ScheduleRun:
-        """Run one occurrence now (its logical date: now), whatever the rule and a pause;
-        the overlap policy does not apply. A schedule that has ended raises
-        :class:`FailedPreconditionError`."""
+        """Run one occurrence now (its logical date: now), whatever the rule, a pause or
+        the schedule's end; the overlap policy does not apply."""
         request = schedule_service_pb2.TriggerScheduleRequest(id=str(schedule))
         return convert.schedule_run_from_pb((await self._call("TriggerSchedule", request)).run)
 

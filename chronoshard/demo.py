@@ -6,6 +6,8 @@
 - ``demo.flaky`` fails its first ``payload["failures"]`` attempts (default 2), then
   succeeds: watch the retries with ``chronoshard tasks get ID --attempts``.
 - ``demo.fail`` always fails: it ends DEAD_LETTER after its retries.
+- ``demo.tick`` is what the demo's schedule runs (``chronoshard schedules get
+  demo.heartbeat``): it prints the occurrence's logical date and returns it.
 
 Every handler's result also carries ``"late_ms"``: how long after the task's due time
 the handler started, on this worker's clock. ``chronoshard dev --demo`` shows these.
@@ -59,3 +61,13 @@ async def flaky(ctx: TaskContext) -> dict[str, Any]:
 @worker.task("demo.fail")
 async def fail(ctx: TaskContext) -> None:
     raise RuntimeError("demo.fail always fails (on purpose: look at its attempts)")
+
+
+@worker.task("demo.tick")
+async def tick(ctx: TaskContext) -> dict[str, Any]:
+    """One occurrence of a schedule: its logical date is the time it stands for (the
+    same on a retry, a catch-up or a backfill), not the time it happens to run."""
+    late = lateness_ms(ctx)
+    when = None if ctx.logical_date is None else ctx.logical_date.isoformat()
+    print(f"demo.tick: occurrence {when} of schedule {ctx.schedule_id}", flush=True)
+    return {"logical_date": when, "late_ms": late}

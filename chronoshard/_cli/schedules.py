@@ -35,7 +35,7 @@ from chronoshard._cli.common import (
 )
 
 if TYPE_CHECKING:
-    from chronoshard.types import Schedule, ScheduleRun, ScheduleSpec
+    from chronoshard.types import Schedule, ScheduleRun, ScheduleSpec, TaskSpec
 
 DEFAULT_LIST_LIMIT = 50
 MAX_LIST_PAGE = 1000
@@ -44,6 +44,7 @@ DEFAULT_RUNS = 10
 MAX_GET_COUNT = 100  # GetScheduleRequest.next_count and runs_count
 
 SEVERITIES = ("critical", "error", "warning", "info")
+DEFAULT_EXPECTED_S = 60.0  # ScheduleWatch.expected_duration unset, no timeout
 
 # --- create / update: one set of options, one spec builder ------------------------------
 
@@ -191,6 +192,15 @@ def spec_from_args(args: argparse.Namespace, base: ScheduleSpec | None) -> Sched
         }
         if args.watch is not None:
             watch_changes["disabled"] = not args.watch
+        if (
+            base is not None
+            and args.timeout is not None
+            and args.expected_duration is None
+            and base.watch.expected_duration_s == _default_expected_s(base.task)
+        ):
+            # The server stores the default it chose (the timeout, else 1m): an expected
+            # duration that followed the old timeout follows the new one.
+            watch_changes["expected_duration_s"] = None
         watch = dataclasses.replace(watch, **watch_changes)
 
         changes: dict[str, Any] = {
@@ -207,6 +217,15 @@ def spec_from_args(args: argparse.Namespace, base: ScheduleSpec | None) -> Sched
             )
             if value is not None
         }
+        if (
+            base is not None
+            and args.catchup == "all"
+            and base.catchup != "all"
+            and args.catchup_limit is None
+        ):
+            # The limit read back is the server's default for another policy (1), not a
+            # choice: --catchup all asks for one, as it does on create.
+            changes["catchup_limit"] = None
         if args.cron is not None:
             changes.update(cron=args.cron, interval_s=None)
         elif args.every is not None:
@@ -218,6 +237,11 @@ def spec_from_args(args: argparse.Namespace, base: ScheduleSpec | None) -> Sched
         return dataclasses.replace(base, task=task, watch=watch, **changes)
     except (TypeError, ValueError) as exc:
         raise UsageError(str(exc)) from None
+
+
+def _default_expected_s(task: TaskSpec) -> float:
+    """The expected duration the server gives a schedule that names none."""
+    return DEFAULT_EXPECTED_S if task.timeout_s is None else task.timeout_s
 
 
 def _print_schedule(args: argparse.Namespace, out: TextIO, verb: str, schedule: Schedule) -> None:
@@ -265,8 +289,13 @@ examples:
   chronoshard schedules update heartbeat --every 1m --watch --tolerance 2m
 
 Reads the schedule, applies the options given, and sends the whole spec: what is not
-given keeps its value. The change takes effect from the next occurrence (occurrences
-created ahead under the old spec that have not started are withdrawn and made again)."""
+given keeps its value, including the defaults the server filled in at creation (the job
+id stays the old name on a rename: give --job-id to change it; the tolerance keeps its
+value when the jitter changes). Two follow the options they derive from: an expected
+duration that was the old --timeout follows a new one, and --catchup all asks for
+--catchup-limit unless the policy was all already. The change takes effect from the
+next occurrence (occurrences created ahead under the old spec that have not started are
+withdrawn and made again)."""
 
 
 def configure_update(parser: argparse.ArgumentParser) -> None:
@@ -290,7 +319,8 @@ examples:
   chronoshard schedules ls
   chronoshard schedules ls -o json | jq -r '.schedules[] | select(.paused) | .spec.name'
 
-Ordered by name. STATE is active, paused, or ended (past its end: nothing left to run)."""
+Ordered by name. STATE is active, paused, or ended (every occurrence up to its end is
+created; the last ones may still be due: they are created ahead of their time)."""
 
 
 def configure_ls(parser: argparse.ArgumentParser) -> None:
@@ -426,8 +456,8 @@ examples:
   chronoshard schedules trigger nightly-report
   chronoshard schedules trigger nightly-report -o json | jq -r .task_id
 
-Runs one occurrence now (logical date: now), whatever the rule and a pause; the overlap
-policy does not apply. A schedule that has ended is refused (exit 1, FAILED_PRECONDITION)."""
+Runs one occurrence now (logical date: now), whatever the rule, a pause or the end; the
+overlap policy does not apply."""
 
 
 def _run_line(run_: ScheduleRun) -> str:
@@ -449,10 +479,11 @@ def run_trigger(args: argparse.Namespace, out: TextIO) -> int:
 
 BACKFILL_EPILOG = """\
 examples:
-  chronoshard schedules backfill nightly-report --from 2030-01-01T00:00:00Z \\
-      --to 2030-01-07T23:59:59Z
+  chronoshard schedules backfill nightly-report --from 2026-01-01T00:00:00Z \\
+      --to 2026-01-07T23:59:59Z
 
-Runs now every occurrence of the rule with FROM <= logical date <= TO that has no run
+Runs now every occurrence of the rule with FROM <= logical date <= TO (TO not in the
+future: occurrences ahead are the schedule's) that has no run
 yet, each with its own logical date (at most 1,000 per call: split a longer range).
 Occurrences that already ran are left alone and counted. The overlap policy does not
 apply."""

@@ -638,6 +638,18 @@ class DevCluster:
             f"    . {env_file}     # CHRONOSHARD_TARGET, CHRONOSHARD_API_KEY, PATH",
             '    chronoshard submit demo.echo --payload \'{"hello": "world"}\' --strict --wait',
             "    chronoshard tasks ls --since 10m",
+            *(
+                [
+                    "    chronoshard schedules get demo.heartbeat   "
+                    "# the demo's schedule: next occurrences, last runs"
+                ]
+                if self.options.demo
+                else [
+                    "    chronoshard schedules create tick demo.tick --cron '*/10 * * * * *' "
+                    "--strict"
+                ]
+            ),
+            "    chronoshard schedules ls",
             "    chronoshard status",
             "",
             "  Ctrl-C stops everything.",

@@ -4,9 +4,12 @@ The plan (:func:`demo_plan`) is pure: given ``now`` and a seeded random generato
 returns what to submit — strict tasks spread over the next ~20 s, jittered ones with a
 10 s window, flaky ones that fail once or twice and are retried, a few that always fail
 and end dead-lettered (something to investigate with ``tasks get --attempts``), and slow
-ones that heartbeat. A repeating job (``demo.heartbeat``) is resubmitted for every 5 s
-slot with the slot in its idempotency key, so a restart never doubles an occurrence; it
-stands in for a cron schedule until schedules exist.
+ones that heartbeat. Beside them, a real schedule (``demo.heartbeat``, cron
+``*/5 * * * * *``: every 5 s) is created through the client (:func:`heartbeat_schedule`);
+the cluster's materialiser creates its occurrences, the demo worker's ``demo.tick``
+prints each one's logical date, and the demo prints a line per occurrence that ran. The
+schedule stays in the dev database: a later ``chronoshard dev --demo`` puts it back to
+this spec (and resumes it) instead of making a second one.
 
 :class:`DemoProgress` is pure too: it folds the tasks read back into counts per kind and
 the lateness the demo worker measured (``late_ms`` in each result: handler start minus
@@ -27,7 +30,7 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, TextIO
 
 from chronoshard._cli import output
-from chronoshard.types import RetryPolicy, Task, TaskSpec
+from chronoshard.types import RetryPolicy, ScheduleSpec, Task, TaskSpec
 
 if TYPE_CHECKING:
     from chronoshard.sync_client import SyncClient
@@ -41,11 +44,15 @@ FIRST_AT_S = 3.0
 """The first demo task is due this long after submission: the table is on screen first."""
 SPREAD_S = 20.0
 JITTER_WINDOW_S = 10.0
-HEARTBEAT_JOB = "demo.heartbeat"
+HEARTBEAT_SCHEDULE = "demo.heartbeat"
 HEARTBEAT_EVERY_S = 5
+HEARTBEAT_CRON = f"*/{HEARTBEAT_EVERY_S} * * * * *"
+"""Six fields, seconds first: at :00, :05, :10, ... of every minute."""
 POLL_S = 1.0
 PLAIN_EVERY_S = 2.0
-KINDS = ("strict", "jittered", "flaky", "failing", "slow", "repeating")
+SCHEDULED = "schedule"
+"""The kind of the schedule's occurrences in the table."""
+KINDS = ("strict", "jittered", "flaky", "failing", "slow", SCHEDULED)
 
 # What each status counts as in the table.
 _COLUMN = {
@@ -140,22 +147,24 @@ def demo_plan(now: datetime, rng: random.Random, run_id: str) -> list[PlannedTas
     return plan
 
 
-def heartbeat_spec(slot: int) -> TaskSpec:
-    """The repeating job's occurrence for 5-second ``slot`` (unix time // 5): due at the
-    slot's start, keyed by it, so submitting it twice creates it once."""
-    at = datetime.fromtimestamp(slot * HEARTBEAT_EVERY_S, UTC)
-    return TaskSpec(
-        "demo.echo",
-        {"job": HEARTBEAT_JOB, "slot": slot},
-        at=at,
-        strict_timing=True,
-        job_id=HEARTBEAT_JOB,
-        idempotency_key=f"{HEARTBEAT_JOB}/{slot}",
+def heartbeat_schedule() -> ScheduleSpec:
+    """The demo's schedule: ``demo.tick`` every 5 s, on the second (strict: no jitter),
+    watched by the watchdog like any schedule (job id: its name)."""
+    return ScheduleSpec(
+        name=HEARTBEAT_SCHEDULE,
+        cron=HEARTBEAT_CRON,
+        task=TaskSpec("demo.tick", {"demo": HEARTBEAT_SCHEDULE}, strict_timing=True, timeout_s=30),
     )
 
 
-def heartbeat_slot(now: datetime) -> int:
-    return int(now.timestamp()) // HEARTBEAT_EVERY_S
+def occurrence_line(task: Task) -> str:
+    """``chronoshard dev --demo``'s line for an occurrence of the schedule that ran."""
+    late = task.result.get("late_ms") if isinstance(task.result, dict) else None
+    lateness = output.millis(late / 1000) if isinstance(late, int | float) else output.EMPTY
+    return (
+        f"demo: {HEARTBEAT_SCHEDULE} occurrence {output.short_time(task.logical_date)} UTC "
+        f"{task.status.value.lower()} (late {lateness}, task {task.id})"
+    )
 
 
 @dataclass
@@ -197,15 +206,26 @@ class DemoProgress:
         return found
 
     def batch_settled(self) -> bool:
-        """Every task of the batch (not the repeating job) is in a terminal state."""
+        """Every task of the batch (not the schedule's) is in a terminal state."""
         return all(
             (task := self.latest.get(task_id)) is not None and task.status.is_terminal
             for task_id, kind in self.kinds.items()
-            if kind != "repeating"
+            if kind != SCHEDULED
         )
 
     def batch_size(self) -> int:
-        return sum(n for kind, n in self.total_by_kind.items() if kind != "repeating")
+        return sum(n for kind, n in self.total_by_kind.items() if kind != SCHEDULED)
+
+    def finished_occurrences(self) -> list[Task]:
+        """The schedule's occurrences that reached a terminal state, oldest first."""
+        done = [
+            task
+            for task_id, kind in self.kinds.items()
+            if kind == SCHEDULED
+            and (task := self.latest.get(task_id)) is not None
+            and task.status.is_terminal
+        ]
+        return sorted(done, key=lambda t: (t.logical_date or t.scheduled_at, t.id))
 
     def dead_lettered(self) -> list[Task]:
         return [t for t in self.latest.values() if t.status.value == "DEAD_LETTER"]
@@ -231,21 +251,26 @@ class DemoProgress:
         return output.table((*headers, "LATE p50", "LATE p99", "LATE max"), rows)
 
     def line(self) -> str:
-        counts = self.column_counts()
+        """The batch's progress (the schedule's occurrences, created ahead of their time,
+        are the table's last row and a line each once the batch settled)."""
+        batch_kinds = [kind for kind in KINDS if kind != SCHEDULED]
+        counts: Counter[str] = Counter()
+        for kind in batch_kinds:
+            counts.update(self.column_counts(kind))
         settled = counts["completed"] + counts["dead"]
-        p50, p99, worst = _quantiles(self.lateness_s())
+        p50, p99, worst = _quantiles([s for kind in batch_kinds for s in self.lateness_s(kind)])
         return (
-            f"demo: {settled}/{len(self.kinds)} settled ({counts['completed']} completed, "
+            f"demo: {settled}/{self.batch_size()} settled ({counts['completed']} completed, "
             f"{counts['dead']} dead-lettered), {counts['running']} running, "
             f"{counts['retrying']} retrying, {counts['waiting']} waiting; lateness "
             f"p50 {output.millis(p50)} p99 {output.millis(p99)} max {output.millis(worst)}"
         )
 
     def settled_line(self) -> str:
-        batch = [t for t, k in self.kinds.items() if k != "repeating"]
+        batch = [t for t, k in self.kinds.items() if k != SCHEDULED]
         done = Counter(self.latest[t].status.value for t in batch if t in self.latest)
         p50, p99, worst = _quantiles(
-            [s for kind in KINDS if kind != "repeating" for s in self.lateness_s(kind)]
+            [s for kind in KINDS if kind != SCHEDULED for s in self.lateness_s(kind)]
         )
         return (
             f"demo: all {len(batch)} tasks settled: {done['COMPLETED']} completed, "
@@ -264,15 +289,18 @@ def _quantiles(values: Sequence[float]) -> tuple[float | None, float | None, flo
 
 
 class DemoRun:
-    """Submits the demo, then :meth:`tick` (about once a second) polls and prints."""
+    """Submits the demo and creates its schedule, then :meth:`tick` (about once a
+    second) polls and prints."""
 
     def __init__(self, client: SyncClient, out: TextIO, *, tty: bool) -> None:
         self._client = client
         self._out = out
         self._tty = tty
         self.progress = DemoProgress()
+        self.schedule_id: str | None = None
         self._since = datetime.now(UTC)
-        self._next_slot = 0
+        self._printed: set[str] = set()
+        """Occurrences whose line was printed (task ids)."""
         self._drawn_lines = 0
         self._last_plain = ""
         self._last_plain_at = 0.0
@@ -292,33 +320,52 @@ class DemoRun:
             self.progress.submitted(result.task.id, planned.kind)
         self._print(
             f"demo: submitted {self.progress.batch_size()} tasks (due over the next "
-            f"{FIRST_AT_S + SPREAD_S:g} s) and job {HEARTBEAT_JOB} every "
-            f"{HEARTBEAT_EVERY_S} s"
+            f"{FIRST_AT_S + SPREAD_S:g} s)"
         )
-        self._next_slot = heartbeat_slot(now) + 1
+        try:
+            self.schedule_id = self._ensure_schedule()
+        except ChronoshardError as exc:
+            self._print(f"demo: the schedule {HEARTBEAT_SCHEDULE} could not be made: {exc}")
+            return
+        self._print(
+            f"demo: schedule {HEARTBEAT_SCHEDULE} runs demo.tick every {HEARTBEAT_EVERY_S} s "
+            f"(cron {HEARTBEAT_CRON!r}); see it with: chronoshard schedules get "
+            f"{HEARTBEAT_SCHEDULE}"
+        )
+
+    def _ensure_schedule(self) -> str:
+        """The demo schedule's id: created, or (left by an earlier run) put back to the
+        demo's spec and resumed."""
+        from chronoshard.errors import AlreadyExistsError
+
+        spec = heartbeat_schedule()
+        try:
+            return self._client.create_schedule(spec).id
+        except AlreadyExistsError:
+            schedule = self._client.update_schedule(HEARTBEAT_SCHEDULE, spec)
+            if schedule.paused:
+                schedule = self._client.resume_schedule(schedule.id)
+            return schedule.id
 
     def tick(self, now: datetime, monotonic: float) -> None:
-        """Submit the repeating job's next occurrence when its slot nears, read the
-        tasks back, and print; call errors are printed, never raised (the cluster keeps
-        running)."""
+        """Read the tasks back (the batch's and the schedule's occurrences) and print;
+        call errors are printed, never raised (the cluster keeps running)."""
         from chronoshard.errors import ChronoshardError
 
         try:
-            if heartbeat_slot(now) + 1 >= self._next_slot:
-                [result] = self._client.submit_batch([heartbeat_spec(self._next_slot)])
-                if isinstance(result, ChronoshardError):
-                    raise result
-                self.progress.submitted(result.task.id, "repeating")
-                self._next_slot += 1
-            # Once the batch settled only the repeating job moves: read just its recent
+            # Once the batch settled only the schedule moves: read just its recent
             # occurrences instead of everything since the start.
             since = now - timedelta(seconds=30) if self._announced else self._since
-            self.progress.observe(
+            tasks = list(
                 self._client.iter_tasks(scheduled_from=since, page_size=1000, include_payloads=True)
             )
         except ChronoshardError as exc:
             self._print(f"demo: {exc}")
             return
+        for task in tasks:
+            if self.schedule_id is not None and task.schedule_id == self.schedule_id:
+                self.progress.submitted(task.id, SCHEDULED)
+        self.progress.observe(tasks)
         self._show(monotonic)
 
     def _show(self, monotonic: float) -> None:
@@ -342,10 +389,18 @@ class DemoRun:
                 self._print(
                     f"demo: why did one fail?  chronoshard tasks get {dead[0].id} --attempts"
                 )
-            self._print(
-                f"demo: {HEARTBEAT_JOB} keeps running every {HEARTBEAT_EVERY_S} s "
-                f"(chronoshard tasks ls --job-id {HEARTBEAT_JOB} --since 1m)"
-            )
+            if self.schedule_id is not None:
+                self._print(
+                    f"demo: {HEARTBEAT_SCHEDULE} keeps firing every {HEARTBEAT_EVERY_S} s "
+                    f"(chronoshard schedules get {HEARTBEAT_SCHEDULE}; stop it with "
+                    f"chronoshard schedules pause {HEARTBEAT_SCHEDULE})"
+                )
+        if self._announced:
+            # Under the table (which no longer moves): one line per occurrence that ran.
+            for task in self.progress.finished_occurrences():
+                if task.id not in self._printed:
+                    self._printed.add(task.id)
+                    self._print(occurrence_line(task))
 
     def _redraw(self, text: str) -> None:
         if self._announced:

@@ -44,6 +44,10 @@ SIGKILL_STOP_BOUND_S = 2 * CHILD_STOP_GRACE_S
 grace period unless a process hangs; see chronoshard._dev.lifeline)."""
 SETTLED = re.compile(r"demo: all (\d+) tasks settled: (\d+) completed, (\d+) dead-lettered")
 BANNER_DONE = re.compile(r"Ctrl-C stops everything")
+OCCURRENCE = re.compile(
+    r"demo: demo\.heartbeat occurrence \d{4}-\d\d-\d\d \d\d:\d\d:(\d\d)\.(\d{3}) UTC completed"
+)
+OCCURRENCE_WAIT_S = 30.0
 
 
 @pytest.fixture(scope="module")
@@ -218,6 +222,15 @@ def test_dev_demo_settles_and_ctrl_c_with_a_dead_tee_leaves_nothing_behind(
         failing = _dev_demo.FAILING_TASKS
         assert (total, completed, dead) == (planned, planned - failing, failing)
         assert "--attempts" in log.read_text()  # it shows how to look into a failure
+
+        # The demo's schedule is a real one: the materialiser creates its occurrences (on
+        # the 5 s grid of its cron), the worker runs them, the demo prints each.
+        assert "chronoshard schedules get demo.heartbeat" in banner
+        assert "demo: schedule demo.heartbeat runs demo.tick every 5 s" in log.read_text()
+        fired = wait_for_output(proc, log, OCCURRENCE, OCCURRENCE_WAIT_S)
+        assert int(fired.group(1)) % _dev_demo.HEARTBEAT_EVERY_S == 0 and fired.group(2) == "000"
+        worker_log = (data_dir / "logs" / "demo-worker.log").read_text()
+        assert "demo.tick: occurrence " in worker_log  # the handler printed ctx.logical_date
     finally:
         # Ctrl-C: tee dies at once; the launcher's next line goes into a broken pipe.
         tee_signals = signal_state(tee.pid)  # read first: a tee that outlives SIGINT says why

@@ -4,6 +4,7 @@ daylight-saving changes). No server: values in, strings out."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo
@@ -156,6 +157,52 @@ def test_update_applies_only_the_options_given() -> None:
     )
     back_to_cron = spec_from_args(_args("update", "hourly", "--cron", "@daily"), changed)  # type: ignore[arg-type]
     assert (back_to_cron.cron, back_to_cron.interval_s) == ("@daily", None)
+
+
+# As the server answers a spec created with none of them: its defaults filled in.
+AS_STORED = ScheduleSpec(
+    name="nightly",
+    task=TaskSpec(type="report.build", timeout_s=600.0),
+    cron="30 2 * * *",
+    timezone="UTC",
+    catchup=CatchupPolicy.SKIP,
+    catchup_limit=1,
+    overlap=OverlapPolicy.ALLOW,
+    job_id="nightly",
+    watch=ScheduleWatch(expected_duration_s=600.0, tolerance_s=60.0, severity="critical"),
+    misfire_grace_s=60.0,
+)
+
+
+def test_update_to_catchup_all_asks_for_a_limit_the_server_only_defaulted() -> None:
+    # The limit 1 read back is the server's default for SKIP, not a choice: sent back with
+    # ALL it would pass silently; without it the server names spec.catchup_limit.
+    turned = spec_from_args(_args("update", "nightly", "--catchup", "all"), AS_STORED)  # type: ignore[arg-type]
+    assert (turned.catchup, turned.catchup_limit) == (CatchupPolicy.ALL, None)
+    given = spec_from_args(
+        _args("update", "nightly", "--catchup", "all", "--catchup-limit", "4"),  # type: ignore[arg-type]
+        AS_STORED,
+    )
+    assert given.catchup_limit == 4
+    # Already ALL: its limit was chosen, and stays.
+    already = dataclasses.replace(AS_STORED, catchup=CatchupPolicy.ALL, catchup_limit=9)
+    kept = spec_from_args(_args("update", "nightly", "--catchup", "all"), already)  # type: ignore[arg-type]
+    assert kept.catchup_limit == 9
+
+
+def test_update_of_the_timeout_moves_an_expected_duration_that_followed_it() -> None:
+    followed = spec_from_args(_args("update", "nightly", "--timeout", "20m"), AS_STORED)  # type: ignore[arg-type]
+    assert followed.task.timeout_s == 1200.0 and followed.watch.expected_duration_s is None
+    chosen = dataclasses.replace(AS_STORED, watch=ScheduleWatch(expected_duration_s=300.0))
+    kept = spec_from_args(_args("update", "nightly", "--timeout", "20m"), chosen)  # type: ignore[arg-type]
+    assert kept.watch.expected_duration_s == 300.0
+    explicit = spec_from_args(
+        _args("update", "nightly", "--timeout", "20m", "--expected-duration", "2m"),  # type: ignore[arg-type]
+        AS_STORED,
+    )
+    assert explicit.watch.expected_duration_s == 120.0
+    untouched = spec_from_args(_args("update", "nightly", "--cron", "@daily"), AS_STORED)  # type: ignore[arg-type]
+    assert untouched.watch == AS_STORED.watch
 
 
 # --- rendering -----------------------------------------------------------------------------------
