@@ -10,6 +10,10 @@ which node should own which shard (:mod:`.rendezvous`) and how a planned move pr
 (:mod:`.retry`, :mod:`.backoff`); the hierarchical timing wheel (:mod:`.timing_wheel`)
 and the fairness selector that fills worker slots (:mod:`.fairness`); how a dispatch
 round spends credits and what it does with its choices (:mod:`.rounds`); what the
-reconciler does with in-flight work it finds (:mod:`.repairs`). The other rooms
+reconciler does with in-flight work it finds (:mod:`.repairs`); when a recurring
+schedule fires across zones and daylight saving (:mod:`.recurrence`) and what its
+materialiser decides at an instant (:mod:`.schedules`); the rules of a workflow DAG:
+validation, unlock, upstream failure, run state, retry (:mod:`.workflows`, not wired to
+the API yet). The other rooms
 call these with what they read and do what they answer.
 """

@@ -21,12 +21,12 @@ from enum import StrEnum
 from chronoshard.scheduler.core.models import TaskRef
 from chronoshard.scheduler.core.runs import TimerTask
 from chronoshard.scheduler.core.states import (
-    TERMINAL,
     AttemptState,
     TaskEvent,
     TaskStatus,
     transition,
 )
+from chronoshard.scheduler.core.workflows import RunState, run_state
 
 
 class Verdict(StrEnum):
@@ -161,32 +161,12 @@ def decide(
     )
 
 
-class RunState(StrEnum):
-    """``workflow_runs.state``."""
-
-    RUNNING = "RUNNING"
-    SUCCEEDED = "SUCCEEDED"
-    FAILED = "FAILED"
-    CANCELLED = "CANCELLED"
-
-
-_FAILED_TASKS = frozenset({TaskStatus.DEAD_LETTER, TaskStatus.UPSTREAM_FAILED})
-
-
 def workflow_outcome(statuses: Collection[TaskStatus]) -> RunState | None:
     """The terminal state of a run whose tasks are in ``statuses`` (each distinct status
-    once is enough), or None while any of them can still change on its own.
-
-    A failed task fails the run; otherwise a cancelled one cancels it; a run whose every
-    task completed (or that has none) succeeded.
-    """
-    if any(s not in TERMINAL for s in statuses):
-        return None
-    if any(s in _FAILED_TASKS for s in statuses):
-        return RunState.FAILED
-    if TaskStatus.CANCELLED in statuses:
-        return RunState.CANCELLED
-    return RunState.SUCCEEDED
+    once is enough), or None while any of them can still change on its own: the
+    workflow rule (:func:`.workflows.run_state`), as the reconciler's repair asks it."""
+    state = run_state(statuses)
+    return None if state is RunState.RUNNING else state
 
 
 # ---- what the shell writes and reads -----------------------------------------------------
