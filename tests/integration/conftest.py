@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import pytest
 from fixtures.stores import EPOCH, OWNER, SHARD, new_tenant
 
+from chronoshard import cli
 from chronoshard.scheduler.core.models import Tenant
 from chronoshard.scheduler.store.database import Store
 from chronoshard.scheduler.store.runs import RunStore
@@ -63,3 +64,10 @@ def runs(store: Store) -> RunStore:
 @pytest.fixture
 async def tenant(store: Store) -> Tenant:
     return await new_tenant(store)
+
+
+@pytest.fixture
+def no_cli_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No CHRONOSHARD_* variable of the CLI's reaches a test that runs it."""
+    for name in (cli.TARGET_ENV, cli.API_KEY_ENV, cli.DSN_ENV):
+        monkeypatch.delenv(name, raising=False)

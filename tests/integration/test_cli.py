@@ -5,17 +5,15 @@ rely on — JSON output, exit codes, errors on stderr."""
 from __future__ import annotations
 
 import asyncio
-import io
-import json
 import uuid
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
+from fixtures.cli_runs import run
 from harness.cluster import Cluster, running_cluster
 
 from chronoshard import cli
@@ -24,22 +22,6 @@ from chronoshard.worker import TaskContext, Worker
 
 SHARDS = 4
 NODE = "node-1"
-
-
-@dataclass
-class Ran:
-    code: int
-    out: str
-    err: str
-
-    def json(self) -> Any:
-        return json.loads(self.out)
-
-
-@pytest.fixture
-def no_cli_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in (cli.TARGET_ENV, cli.API_KEY_ENV, cli.DSN_ENV):
-        monkeypatch.delenv(name, raising=False)
 
 
 @pytest.fixture
@@ -94,18 +76,6 @@ async def worker(cluster: Cluster) -> AsyncIterator[Worker]:
     finally:
         made.stop()
         await running
-
-
-async def run(capsys: pytest.CaptureFixture[str], *args: str, stdin: str | None = None) -> Ran:
-    """``chronoshard ARGS`` in a thread (its client blocks; the worker runs on this loop)."""
-    out = io.StringIO()
-
-    def call() -> int:
-        return cli.main(list(args), out=out)
-
-    capsys.readouterr()
-    code = await asyncio.to_thread(call)
-    return Ran(code, out.getvalue(), capsys.readouterr().err)
 
 
 async def test_submit_get_ls_cancel_and_tenancy(

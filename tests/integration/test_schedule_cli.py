@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import io
-import json
 import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
@@ -23,6 +21,7 @@ from zoneinfo import ZoneInfo
 
 import psycopg
 import pytest
+from fixtures.cli_runs import run
 from fixtures.waiting import eventually
 from harness.cluster import Cluster, running_cluster
 
@@ -47,22 +46,6 @@ from chronoshard.worker import TaskContext, Worker
 SHARDS = 4
 NODE = "node-1"
 BERLIN = ZoneInfo("Europe/Berlin")
-
-
-@dataclass
-class Ran:
-    code: int
-    out: str
-    err: str
-
-    def json(self) -> Any:
-        return json.loads(self.out)
-
-
-@pytest.fixture
-def no_cli_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in (cli.TARGET_ENV, cli.API_KEY_ENV, cli.DSN_ENV):
-        monkeypatch.delenv(name, raising=False)
 
 
 @pytest.fixture
@@ -119,18 +102,6 @@ async def worker(cluster: Cluster) -> AsyncIterator[Seen]:
 
 def _common(cluster: Cluster, key: str | None = None) -> list[str]:
     return ["--target", cluster.nodes[NODE].address, "--api-key", key or cluster.api_key]
-
-
-async def run(capsys: pytest.CaptureFixture[str], *args: str) -> Ran:
-    """``chronoshard ARGS`` in a thread (its client blocks; the worker runs on this loop)."""
-    out = io.StringIO()
-
-    def call() -> int:
-        return cli.main(list(args), out=out)
-
-    capsys.readouterr()
-    code = await asyncio.to_thread(call)
-    return Ran(code, out.getvalue(), capsys.readouterr().err)
 
 
 def sql(cluster: Cluster, query: str, *params: Any) -> list[tuple[Any, ...]]:

@@ -17,10 +17,10 @@ from typing import Any, LiteralString
 
 import psycopg
 import pytest
+from fixtures.rows import sql, tenant_row
 from psycopg.rows import dict_row
 
 from chronoshard.clock import SystemClock
-from chronoshard.scheduler.core.api_keys import hash_api_key, new_api_key
 from chronoshard.watchdog.canary import CanaryStats
 from chronoshard.watchdog.checker import Checker, CheckStats
 from chronoshard.watchdog.config import DatabaseConfig, WatchdogConfig
@@ -39,22 +39,6 @@ from chronoshard.watchdog.store import SCHEDULE_STATUSES, WatchdogStore
 EXPECTED_S = 60.0
 TOLERANCE_S = 30.0
 SLACK_S = EXPECTED_S + TOLERANCE_S
-
-
-async def sql(dsn: str, query: LiteralString, params: Any = None) -> list[tuple[Any, ...]]:
-    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
-        cur = await conn.execute(query, params)
-        return await cur.fetchall() if cur.description else []
-
-
-async def new_tenant(dsn: str, name: str | None = None) -> uuid.UUID:
-    rows = await sql(
-        dsn,
-        "INSERT INTO tenants (name, tier, rate_limit_rps, max_concurrent_workers, home_region,"
-        " api_key_hash) VALUES (%s, 'standard', 100, 10, 'local', %s) RETURNING id",
-        (name or f"t-{uuid.uuid4().hex[:8]}", hash_api_key(new_api_key())),
-    )
-    return uuid.UUID(str(rows[0][0]))
 
 
 async def new_schedule(
@@ -218,7 +202,7 @@ def resolved(actions: list[Action]) -> list[str]:
 async def test_an_occurrence_past_its_deadline_alerts_once_and_resolves_when_it_completes(
     harness: Harness,
 ) -> None:
-    acme = await new_tenant(harness.dsn, "acme")
+    acme = await tenant_row(harness.dsn, "acme")
     sid = await new_schedule(harness.dsn, acme, "nightly-report")
     key = schedule_dedup_key(sid)
     # Its previous run completed on time; the current one is running, within its slack.
@@ -270,7 +254,7 @@ async def test_an_occurrence_past_its_deadline_alerts_once_and_resolves_when_it_
 async def test_a_later_run_of_the_job_satisfies_an_occurrence_but_earlier_or_foreign_do_not(
     harness: Harness,
 ) -> None:
-    acme, other = await new_tenant(harness.dsn), await new_tenant(harness.dsn)
+    acme, other = await tenant_row(harness.dsn), await tenant_row(harness.dsn)
     sid = await new_schedule(harness.dsn, acme, "hourly", job_id="etl")
     key = schedule_dedup_key(sid)
     # Skipped by the overlap policy (no task of its own): the run before it must finish.
@@ -288,7 +272,7 @@ async def test_a_later_run_of_the_job_satisfies_an_occurrence_but_earlier_or_for
 
 
 async def test_a_schedule_nobody_materialised_alerts(harness: Harness) -> None:
-    acme = await new_tenant(harness.dsn, "acme")
+    acme = await tenant_row(harness.dsn, "acme")
     # Every scheduler node is dead: next_at is long past and no occurrence was created
     # for it; the occurrence before it ran fine, which must not hide the missed one.
     sid = await new_schedule(harness.dsn, acme, "compliance", next_in_s=-(SLACK_S + 5))
@@ -329,7 +313,7 @@ async def test_a_schedule_nobody_materialised_alerts(harness: Harness) -> None:
 
 
 async def test_paused_and_unwatched_schedules_are_not_alerted_on(harness: Harness) -> None:
-    acme = await new_tenant(harness.dsn)
+    acme = await tenant_row(harness.dsn)
     paused = await new_schedule(harness.dsn, acme, "paused", paused=True, next_in_s=-1000)
     unwatched = await new_schedule(harness.dsn, acme, "unwatched", watch=False, next_in_s=-1000)
     for sid in (paused, unwatched):
@@ -343,7 +327,7 @@ async def test_paused_and_unwatched_schedules_are_not_alerted_on(harness: Harnes
 async def test_pausing_unwatching_or_deleting_a_schedule_resolves_its_alert(
     harness: Harness,
 ) -> None:
-    acme = await new_tenant(harness.dsn)
+    acme = await tenant_row(harness.dsn)
     ids = {}
     for name in ("to-pause", "to-unwatch", "to-delete", "still-missing"):
         ids[name] = await new_schedule(harness.dsn, acme, name)
@@ -367,7 +351,7 @@ async def test_pausing_unwatching_or_deleting_a_schedule_resolves_its_alert(
 
 
 async def test_expectations_are_checked_as_before_beside_schedules(harness: Harness) -> None:
-    acme = await new_tenant(harness.dsn)
+    acme = await tenant_row(harness.dsn)
     await sql(
         harness.dsn,
         "INSERT INTO expectations (tenant_id, job_id, interval_s, tolerance_s, created_at)"
@@ -387,7 +371,7 @@ async def test_expectations_are_checked_as_before_beside_schedules(harness: Harn
 
 
 async def test_schedule_statuses_page_through_every_watched_schedule(harness: Harness) -> None:
-    acme = await new_tenant(harness.dsn)
+    acme = await tenant_row(harness.dsn)
     watched = {await new_schedule(harness.dsn, acme, f"s{i}") for i in range(5)}
     await new_schedule(harness.dsn, acme, "paused", paused=True)
 
@@ -400,7 +384,7 @@ async def test_each_schedule_costs_index_probes_not_scans(fresh_db_dsn: str) -> 
     """2,000 schedules with 100 occurrences each and a ledger of 200,000 completions:
     the plan probes the occurrences' primary key and the ledger's indexes per schedule
     (the same plan holds at 10,000 schedules and 1M occurrences, docs/watchdog.md)."""
-    acme = await new_tenant(fresh_db_dsn)
+    acme = await tenant_row(fresh_db_dsn)
     await sql(
         fresh_db_dsn,
         "INSERT INTO schedules (id, tenant_id, name, shard, interval_s, timezone, anchor_at,"

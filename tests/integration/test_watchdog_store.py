@@ -9,13 +9,13 @@ import asyncio
 import uuid
 from collections.abc import AsyncIterator
 from datetime import datetime, timedelta
-from typing import Any, LiteralString
+from typing import LiteralString
 
 import psycopg
 import pytest
+from fixtures.rows import sql, tenant_row
 
 from chronoshard.clock import SystemClock
-from chronoshard.scheduler.core.api_keys import hash_api_key, new_api_key
 from chronoshard.watchdog.config import DatabaseConfig as WatchdogDatabase
 from chronoshard.watchdog.config import (
     ElectionConfig,
@@ -32,22 +32,6 @@ from chronoshard.watchdog.incidents import (
     Severity,
 )
 from chronoshard.watchdog.store import CanaryUpdate, WatchdogStore
-
-
-async def sql(dsn: str, query: LiteralString, params: Any = None) -> list[tuple[Any, ...]]:
-    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
-        cur = await conn.execute(query, params)
-        return await cur.fetchall() if cur.description else []
-
-
-async def tenant(dsn: str, name: str | None = None) -> uuid.UUID:
-    rows = await sql(
-        dsn,
-        "INSERT INTO tenants (name, tier, rate_limit_rps, max_concurrent_workers, home_region,"
-        " api_key_hash) VALUES (%s, 'standard', 100, 10, 'local', %s) RETURNING id",
-        (name or f"t-{uuid.uuid4().hex[:8]}", hash_api_key(new_api_key())),
-    )
-    return uuid.UUID(str(rows[0][0]))
 
 
 async def expect(dsn: str, tenant_id: uuid.UUID, job_id: str, interval_s: float = 60) -> None:
@@ -78,7 +62,7 @@ async def store(fresh_db_dsn: str) -> AsyncIterator[WatchdogStore]:
 async def test_job_statuses_page_through_every_expectation_with_its_newest_completion(
     fresh_db_dsn: str, store: WatchdogStore
 ) -> None:
-    acme, other = await tenant(fresh_db_dsn, "acme"), await tenant(fresh_db_dsn)
+    acme, other = await tenant_row(fresh_db_dsn, "acme"), await tenant_row(fresh_db_dsn)
     for job in ("a", "b", "c", "d", "e"):
         await expect(fresh_db_dsn, acme, job)
     await expect(fresh_db_dsn, other, "a")
@@ -104,7 +88,7 @@ async def test_job_statuses_page_through_every_expectation_with_its_newest_compl
 async def test_the_newest_completion_is_found_through_the_index(
     fresh_db_dsn: str, store: WatchdogStore
 ) -> None:
-    acme = await tenant(fresh_db_dsn)
+    acme = await tenant_row(fresh_db_dsn)
     await expect(fresh_db_dsn, acme, "job-1")
     await sql(
         fresh_db_dsn,
@@ -157,7 +141,7 @@ async def test_one_open_alert_per_key_resolve_and_owed_notifications(
 async def test_config_expectations_are_written_kept_and_removed(
     fresh_db_dsn: str, store: WatchdogStore
 ) -> None:
-    acme = await tenant(fresh_db_dsn, "acme-cfg")
+    acme = await tenant_row(fresh_db_dsn, "acme-cfg")
     await expect(fresh_db_dsn, acme, "from-api")
     wanted = [
         ExpectationConfig(tenant="acme-cfg", job_id="nightly", interval_s=86400, tolerance_s=60),
@@ -188,7 +172,7 @@ async def test_config_expectations_are_written_kept_and_removed(
 async def test_canaries_learn_dispatch_and_completion_from_the_scheduler_tables(
     fresh_db_dsn: str, store: WatchdogStore
 ) -> None:
-    acme = await tenant(fresh_db_dsn)
+    acme = await tenant_row(fresh_db_dsn)
     done_id, lost_id, failed_id = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
     done_task = uuid.uuid4()
     scheduled = await store.insert_canary(done_id)
