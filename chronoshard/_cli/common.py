@@ -14,12 +14,12 @@ import math
 import os
 import re
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO, TypeVar
 
 from chronoshard import exact_json
 
@@ -281,3 +281,17 @@ def client(args: argparse.Namespace) -> Iterator[SyncClient]:
 
 def call_metadata(args: argparse.Namespace) -> tuple[tuple[str, str], ...]:
     return (("authorization", f"Bearer {require_api_key(args)}"),)
+
+
+_Item = TypeVar("_Item")
+
+
+def first_of(items: Iterable[_Item], limit: int) -> tuple[list[_Item], bool]:
+    """The first ``limit`` of ``items`` and whether more exist. Callers page with
+    ``page_size = limit + 1``: the one row more tells, in the same call."""
+    found: list[_Item] = []
+    for item in items:
+        if len(found) == limit:
+            return found, True
+        found.append(item)
+    return found, False

@@ -27,6 +27,7 @@ from chronoshard._cli.common import (
     add_payload,
     aware_time,
     client,
+    first_of,
     non_negative_duration_s,
     non_negative_int,
     positive_duration_s,
@@ -334,15 +335,9 @@ def configure_ls(parser: argparse.ArgumentParser) -> None:
 
 
 def run_ls(args: argparse.Namespace, out: TextIO) -> int:
-    found: list[Schedule] = []
-    more = False
     with client(args) as c:
-        # One row more than asked tells whether more exist, in the same call.
-        for schedule in c.iter_schedules(page_size=min(args.limit + 1, MAX_LIST_PAGE)):
-            if len(found) == args.limit:
-                more = True
-                break
-            found.append(schedule)
+        pages = c.iter_schedules(page_size=min(args.limit + 1, MAX_LIST_PAGE))
+        found, more = first_of(pages, args.limit)
     if args.output == "json":
         print(output.dumps({"schedules": found, "more": more}), file=out)
         return EXIT_OK

@@ -25,6 +25,7 @@ from chronoshard._cli.common import (
     aware_time,
     client,
     duration_s,
+    first_of,
     non_negative_duration_s,
     non_negative_int,
     positive_duration_s,
@@ -283,24 +284,18 @@ def run_ls(args: argparse.Namespace, out: TextIO) -> int:
     statuses = _statuses(args.status)
     if args.since and args.until and args.until < args.since:
         raise UsageError("--until is before --since")
-    found: list[Task] = []
-    more = False
     with client(args) as c:
-        for task in c.iter_tasks(
+        tasks = c.iter_tasks(
             statuses=statuses,
             type=args.type,
             queue=args.queue,
             job_id=args.job_id,
             scheduled_from=args.since,
             scheduled_before=args.until,
-            # One row more than asked tells whether more match, in the same call.
             page_size=min(args.limit + 1, MAX_LIST_PAGE),
             include_payloads=args.payloads,
-        ):
-            if len(found) == args.limit:
-                more = True
-                break
-            found.append(task)
+        )
+        found, more = first_of(tasks, args.limit)
     if args.output == "json":
         print(output.dumps({"tasks": found, "more": more}), file=out)
         return EXIT_OK
