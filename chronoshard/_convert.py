@@ -52,10 +52,21 @@ from chronoshard.types import (
     TaskPage,
     TaskSpec,
     TaskStatus,
+    TriggerRule,
+    Workflow,
+    WorkflowCancelResult,
+    WorkflowCreateResult,
+    WorkflowDetail,
+    WorkflowEdge,
+    WorkflowPage,
+    WorkflowRetryResult,
+    WorkflowState,
+    WorkflowTask,
+    WorkflowTaskState,
     coerce_enum,
     require_aware,
 )
-from chronoshard.v1 import common_pb2, schedule_service_pb2, task_service_pb2
+from chronoshard.v1 import common_pb2, schedule_service_pb2, task_service_pb2, workflow_service_pb2
 
 _E = TypeVar("_E", bound=StrEnum)
 
@@ -66,6 +77,8 @@ _ATTEMPT_PREFIX = "ATTEMPT_STATE_"
 _RESOLUTION_PREFIX = "RESOLUTION_"
 _CATCHUP_PREFIX = "CATCHUP_POLICY_"
 _OVERLAP_PREFIX = "OVERLAP_POLICY_"
+_TRIGGER_PREFIX = "TRIGGER_RULE_"
+_WORKFLOW_STATE_PREFIX = "WORKFLOW_STATE_"
 
 
 # --- scalars -----------------------------------------------------------------------------
@@ -759,3 +772,276 @@ def backfill_result_from_pb(msg: schedule_service_pb2.BackfillScheduleResponse) 
     return BackfillResult(
         runs=tuple(schedule_run_from_pb(r) for r in msg.runs), existing=msg.existing
     )
+
+
+# --- workflows: types -> messages ----------------------------------------------------------
+
+
+def trigger_rule_to_pb(rule: TriggerRule | str) -> workflow_service_pb2.TriggerRule:
+    """Always the rule itself, never UNSPECIFIED: what was sent is what is stored.
+    Raises ValueError naming the choices for a string that is no TriggerRule."""
+    member = coerce_enum(TriggerRule, rule, "trigger_rule")
+    value: workflow_service_pb2.TriggerRule = _enum_to_pb(
+        workflow_service_pb2.TriggerRule, _TRIGGER_PREFIX, member
+    )
+    return value
+
+
+def workflow_state_to_pb(state: WorkflowState | str | None) -> workflow_service_pb2.WorkflowState:
+    """None is UNSPECIFIED (a list filter of "any state")."""
+    if state is None:
+        return workflow_service_pb2.WORKFLOW_STATE_UNSPECIFIED
+    member = coerce_enum(WorkflowState, state, "state")
+    value: workflow_service_pb2.WorkflowState = _enum_to_pb(
+        workflow_service_pb2.WorkflowState, _WORKFLOW_STATE_PREFIX, member
+    )
+    return value
+
+
+def workflow_task_to_pb(task: WorkflowTask) -> workflow_service_pb2.WorkflowTask:
+    """The task's spec through :func:`submit_request`, the one request builder."""
+    if not isinstance(task, WorkflowTask):
+        raise TypeError(f"must be a WorkflowTask, got {type(task).__name__}")
+    try:
+        template = submit_request(task.task)
+    except (TypeError, ValueError) as exc:
+        raise type(exc)(f"task: {exc}") from exc
+    return workflow_service_pb2.WorkflowTask(
+        ref=task.ref, task=template, trigger_rule=trigger_rule_to_pb(task.trigger_rule)
+    )
+
+
+def workflow_edge_to_pb(edge: WorkflowEdge | tuple[str, str]) -> workflow_service_pb2.WorkflowEdge:
+    """An edge, or a ``(parent, child)`` pair of refs."""
+    if isinstance(edge, WorkflowEdge):
+        parent, child = edge.parent, edge.child
+    elif isinstance(edge, tuple) and len(edge) == 2:
+        parent, child = edge
+    else:
+        raise TypeError(
+            f"must be a WorkflowEdge or a (parent, child) pair, got {type(edge).__name__}"
+        )
+    if not isinstance(parent, str) or not isinstance(child, str):
+        raise TypeError("parent and child must be refs (str)")
+    return workflow_service_pb2.WorkflowEdge(parent=parent, child=child)
+
+
+def create_workflow_request(
+    name: str,
+    tasks: Iterable[WorkflowTask],
+    edges: Iterable[WorkflowEdge | tuple[str, str]],
+    *,
+    at: datetime | None,
+    delay_s: float | None,
+    idempotency_key: str | None,
+) -> workflow_service_pb2.CreateWorkflowRequest:
+    """The whole request, built before any call. Raises TypeError/ValueError naming the
+    item at fault (``tasks[3]: task: payload ...``, ``edges[7]: ...``): the indices are
+    the request's, which are the ones the server's own errors name."""
+    if not isinstance(name, str):
+        raise TypeError(f"name must be a str, got {type(name).__name__}")
+    if at is not None and delay_s is not None:
+        raise ValueError("give at most one of at and delay_s")
+    request = workflow_service_pb2.CreateWorkflowRequest(
+        name=name, idempotency_key=idempotency_key or ""
+    )
+    for index, task in enumerate(tasks):
+        try:
+            request.tasks.append(workflow_task_to_pb(task))
+        except (TypeError, ValueError) as exc:
+            raise type(exc)(f"tasks[{index}]: {exc}") from exc
+    for index, edge in enumerate(edges):
+        try:
+            request.edges.append(workflow_edge_to_pb(edge))
+        except (TypeError, ValueError) as exc:
+            raise type(exc)(f"edges[{index}]: {exc}") from exc
+    if at is not None:
+        request.scheduled_at.CopyFrom(timestamp(at, "at"))
+    elif delay_s is not None:
+        request.delay.CopyFrom(duration(delay_s, "delay_s"))
+    return request
+
+
+def list_workflows_request(
+    state: WorkflowState | str | None, page_size: int, page_token: str | None
+) -> workflow_service_pb2.ListWorkflowsRequest:
+    if page_size < 0:
+        raise ValueError(f"page_size must be >= 0 (0: the server default), got {page_size}")
+    return workflow_service_pb2.ListWorkflowsRequest(
+        page_size=page_size, page_token=page_token or "", state=workflow_state_to_pb(state)
+    )
+
+
+def workflow_to_pb(workflow: Workflow) -> workflow_service_pb2.Workflow:
+    """The inverse of :func:`workflow_from_pb` (for test doubles and round trips)."""
+    msg = workflow_service_pb2.Workflow(
+        id=workflow.id,
+        tenant_id=workflow.tenant_id,
+        name=workflow.name,
+        state=workflow_state_to_pb(workflow.state),
+        task_count=workflow.task_count,
+        edge_count=workflow.edge_count,
+        idempotency_key=workflow.idempotency_key or "",
+    )
+    for name in ("scheduled_at", "created_at", "finished_at"):
+        _set_time(msg, name, getattr(workflow, name))
+    return msg
+
+
+def workflow_create_result_to_pb(
+    result: WorkflowCreateResult,
+) -> workflow_service_pb2.CreateWorkflowResponse:
+    """The inverse of :func:`workflow_create_result_from_pb`."""
+    return workflow_service_pb2.CreateWorkflowResponse(
+        workflow=workflow_to_pb(result.workflow),
+        task_ids=dict(result.task_ids),
+        created=result.created,
+    )
+
+
+def workflow_task_state_to_pb(state: WorkflowTaskState) -> workflow_service_pb2.WorkflowTaskState:
+    """The inverse of :func:`workflow_task_state_from_pb`."""
+    return workflow_service_pb2.WorkflowTaskState(
+        ref=state.ref,
+        task=task_to_pb(state.task),
+        trigger_rule=trigger_rule_to_pb(state.trigger_rule),
+        upstream_cause=state.upstream_cause or "",
+    )
+
+
+def workflow_detail_to_pb(detail: WorkflowDetail) -> workflow_service_pb2.GetWorkflowResponse:
+    """The inverse of :func:`workflow_detail_from_pb`."""
+    return workflow_service_pb2.GetWorkflowResponse(
+        workflow=workflow_to_pb(detail.workflow),
+        tasks=[workflow_task_state_to_pb(t) for t in detail.tasks],
+        edges=[workflow_edge_to_pb(e) for e in detail.edges],
+    )
+
+
+def workflow_page_to_pb(page: WorkflowPage) -> workflow_service_pb2.ListWorkflowsResponse:
+    """The inverse of :func:`workflow_page_from_pb`."""
+    return workflow_service_pb2.ListWorkflowsResponse(
+        workflows=[workflow_to_pb(w) for w in page.workflows],
+        next_page_token=page.next_page_token or "",
+    )
+
+
+def workflow_cancel_result_to_pb(
+    result: WorkflowCancelResult,
+) -> workflow_service_pb2.CancelWorkflowResponse:
+    """The inverse of :func:`workflow_cancel_result_from_pb`."""
+    return workflow_service_pb2.CancelWorkflowResponse(
+        workflow=workflow_to_pb(result.workflow),
+        cancelled=result.cancelled,
+        stopping=result.stopping,
+    )
+
+
+def workflow_retry_result_to_pb(
+    result: WorkflowRetryResult,
+) -> workflow_service_pb2.RetryWorkflowResponse:
+    """The inverse of :func:`workflow_retry_result_from_pb`."""
+    return workflow_service_pb2.RetryWorkflowResponse(
+        workflow=workflow_to_pb(result.workflow), reopened=result.reopened
+    )
+
+
+# --- workflows: messages -> types ----------------------------------------------------------
+
+
+def _trigger_rule_from_pb(value: int) -> TriggerRule:
+    # The proto documents UNSPECIFIED as "not given: ALL_SUCCESS".
+    if value == workflow_service_pb2.TRIGGER_RULE_UNSPECIFIED:
+        return TriggerRule.ALL_SUCCESS
+    return _enum_from_pb(
+        TriggerRule, workflow_service_pb2.TriggerRule, _TRIGGER_PREFIX, value, lower=True
+    )
+
+
+def workflow_task_from_pb(msg: workflow_service_pb2.WorkflowTask) -> WorkflowTask:
+    """The inverse of :func:`workflow_task_to_pb` (for test doubles of the server and
+    round trips). Raises ProtocolError for a task no WorkflowTask holds (a template with
+    a time or a key of its own)."""
+    try:
+        return WorkflowTask(
+            ref=msg.ref,
+            task=task_spec_from_pb(msg.task),
+            trigger_rule=_trigger_rule_from_pb(msg.trigger_rule),
+        )
+    except (TypeError, ValueError) as exc:
+        raise ProtocolError(
+            f"workflow task {msg.ref!r} cannot be read: {exc}", reason="PROTOCOL_ERROR"
+        ) from exc
+
+
+def workflow_from_pb(msg: workflow_service_pb2.Workflow) -> Workflow:
+    return Workflow(
+        id=msg.id,
+        tenant_id=msg.tenant_id,
+        name=msg.name,
+        state=_enum_from_pb(
+            WorkflowState,
+            workflow_service_pb2.WorkflowState,
+            _WORKFLOW_STATE_PREFIX,
+            msg.state,
+            lower=False,
+        ),
+        scheduled_at=_datetime(msg, "scheduled_at"),
+        created_at=_datetime(msg, "created_at"),
+        finished_at=_datetime(msg, "finished_at"),
+        task_count=msg.task_count,
+        edge_count=msg.edge_count,
+        idempotency_key=_text(msg.idempotency_key),
+    )
+
+
+def workflow_create_result_from_pb(
+    msg: workflow_service_pb2.CreateWorkflowResponse,
+) -> WorkflowCreateResult:
+    return WorkflowCreateResult(
+        workflow=workflow_from_pb(msg.workflow),
+        task_ids=dict(msg.task_ids),
+        created=msg.created,
+    )
+
+
+def workflow_edge_from_pb(msg: workflow_service_pb2.WorkflowEdge) -> WorkflowEdge:
+    return WorkflowEdge(parent=msg.parent, child=msg.child)
+
+
+def workflow_task_state_from_pb(msg: workflow_service_pb2.WorkflowTaskState) -> WorkflowTaskState:
+    return WorkflowTaskState(
+        ref=msg.ref,
+        task=task_from_pb(msg.task),
+        trigger_rule=_trigger_rule_from_pb(msg.trigger_rule),
+        upstream_cause=_text(msg.upstream_cause),
+    )
+
+
+def workflow_detail_from_pb(msg: workflow_service_pb2.GetWorkflowResponse) -> WorkflowDetail:
+    return WorkflowDetail(
+        workflow=workflow_from_pb(msg.workflow),
+        tasks=tuple(workflow_task_state_from_pb(t) for t in msg.tasks),
+        edges=tuple(workflow_edge_from_pb(e) for e in msg.edges),
+    )
+
+
+def workflow_page_from_pb(msg: workflow_service_pb2.ListWorkflowsResponse) -> WorkflowPage:
+    return WorkflowPage(
+        workflows=tuple(workflow_from_pb(w) for w in msg.workflows),
+        next_page_token=msg.next_page_token or None,
+    )
+
+
+def workflow_cancel_result_from_pb(
+    msg: workflow_service_pb2.CancelWorkflowResponse,
+) -> WorkflowCancelResult:
+    return WorkflowCancelResult(
+        workflow=workflow_from_pb(msg.workflow), cancelled=msg.cancelled, stopping=msg.stopping
+    )
+
+
+def workflow_retry_result_from_pb(
+    msg: workflow_service_pb2.RetryWorkflowResponse,
+) -> WorkflowRetryResult:
+    return WorkflowRetryResult(workflow=workflow_from_pb(msg.workflow), reopened=msg.reopened)

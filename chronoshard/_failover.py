@@ -15,14 +15,21 @@ flight, or answered that it cannot serve it) is tried on another target — each
 most once per call, all within the call's single deadline — only if repeating it cannot
 do harm, because the first attempt may have been applied:
 
-- reads (``GetTask``, ``ListTasks``, ``GetSchedule``, ``ListSchedules``): always;
+- reads (``GetTask``, ``ListTasks``, ``GetSchedule``, ``ListSchedules``,
+  ``GetWorkflow``, ``ListWorkflows``): always;
 - ``CancelTask``: always (cancelling a cancelled task returns it unchanged; a cancel
   request on a running task is recorded once whatever the number of calls);
+- ``CancelWorkflow``: always, for the same reasons (a finished workflow is returned
+  unchanged). Only its counts can differ: a repeat whose first attempt was applied
+  reports what the repeat itself cancelled;
 - ``PauseSchedule``: always (pausing a paused schedule changes nothing and answers the
   same);
-- ``SubmitTask``, ``SubmitBatch``: only when every task sent carries an
-  ``idempotency_key`` (a repeat returns the original task, with ``created=False``);
-- ``RetryTask``, and submits without keys: never. Their UNAVAILABLE reaches the caller,
+- ``SubmitTask``, ``SubmitBatch``, ``CreateWorkflow``: only when every task sent
+  carries an ``idempotency_key`` (the workflow's own covers all of its tasks; a repeat
+  returns the original, with ``created=False``);
+- ``RetryTask``, ``RetryWorkflow``, and submits or creates without keys: never (a
+  repeated workflow retry whose first attempt was applied finds the run RUNNING and
+  answers FAILED_PRECONDITION). Their UNAVAILABLE reaches the caller,
   who alone knows whether to resend (see ``docs/client.md``);
 - the other ScheduleService calls: never. A repeated ``TriggerSchedule`` runs a second
   occurrence; a repeated create or delete whose first attempt was applied answers
@@ -44,10 +51,20 @@ from dataclasses import dataclass
 import grpc
 
 REPEATABLE_ALWAYS = frozenset(
-    {"GetTask", "ListTasks", "CancelTask", "GetSchedule", "ListSchedules", "PauseSchedule"}
+    {
+        "GetTask",
+        "ListTasks",
+        "CancelTask",
+        "GetSchedule",
+        "ListSchedules",
+        "PauseSchedule",
+        "GetWorkflow",
+        "ListWorkflows",
+        "CancelWorkflow",
+    }
 )
 """Calls that may be sent again after an attempt that may have been applied."""
-REPEATABLE_WITH_KEYS = frozenset({"SubmitTask", "SubmitBatch"})
+REPEATABLE_WITH_KEYS = frozenset({"SubmitTask", "SubmitBatch", "CreateWorkflow"})
 """Calls that may be sent again when every task in them has an idempotency key."""
 
 

@@ -4,9 +4,10 @@ Each subcommand is a :class:`~chronoshard._cli.common.Command` registered in
 :data:`COMMANDS`: a function that adds its arguments to an ``argparse`` parser, a function
 that runs it and returns the exit code, and an epilog of examples for ``--help``. Adding a
 subcommand means writing those and one line in the table; ``main`` never changes. Groups
-(``tasks``, ``schedules``, ``tenants``, ``partitions``, ``expect``) register their
-children the same way, one level down. The commands live in :mod:`chronoshard._cli` by
-what they talk to: ``tasks`` (TaskService), ``schedules`` (ScheduleService), ``admin``
+(``tasks``, ``schedules``, ``workflows``, ``tenants``, ``partitions``, ``expect``)
+register their children the same way, one level down. The commands live in
+:mod:`chronoshard._cli` by what they talk to: ``tasks`` (TaskService), ``schedules``
+(ScheduleService), ``workflows`` (WorkflowService), ``admin``
 (AdminService, metrics, WatchdogService), ``ops`` (the database and local processes);
 ``output`` formats tables and JSON.
 
@@ -27,6 +28,7 @@ from chronoshard._cli import admin as _cli_admin
 from chronoshard._cli import ops as _cli_ops
 from chronoshard._cli import schedules as _cli_schedules
 from chronoshard._cli import tasks as _cli_tasks
+from chronoshard._cli import workflows as _cli_workflows
 from chronoshard._cli.common import (
     API_KEY_ENV,
     DEFAULT_TARGET,
@@ -76,6 +78,7 @@ getting started:
   chronoshard submit demo.echo --payload '{{"hello": "world"}}' --strict --wait
   chronoshard tasks ls --since 10m
   chronoshard schedules create heartbeat demo.echo --every 1m --strict
+  chronoshard workflows submit etl.yaml           # a DAG of tasks from a file
   chronoshard status
 
 Commands that call a scheduler take --target (${TARGET_ENV}, else {DEFAULT_TARGET}) and
@@ -104,6 +107,10 @@ COMMANDS: dict[str, Command] = {
     "schedules": Command(
         "create, inspect, change, pause, trigger and backfill recurring schedules",
         _configure_group(_cli_schedules.SCHEDULE_COMMANDS, "schedules_command"),
+    ),
+    "workflows": Command(
+        "submit, inspect, list, cancel and retry workflows (DAGs of tasks)",
+        _configure_group(_cli_workflows.WORKFLOW_COMMANDS, "workflows_command"),
     ),
     "status": Command(
         "nodes, shard owners and epochs, wheel sizes, worker sessions, dispatch lateness",

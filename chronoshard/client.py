@@ -1,5 +1,6 @@
-"""The Python client of ``TaskService`` and ``ScheduleService``: submit, inspect, cancel
-and retry tasks; create, read, change and run recurring schedules.
+"""The Python client of ``TaskService``, ``ScheduleService`` and ``WorkflowService``:
+submit, inspect, cancel and retry tasks; create, read, change and run recurring
+schedules; create, read, cancel and retry DAG workflows.
 
 :class:`Client` is the asyncio client; :class:`~chronoshard.sync_client.SyncClient`
 offers the same methods as blocking calls. Both speak the types of
@@ -23,10 +24,10 @@ measured here:
   tasks (and ~3.5 MiB, under the server's 4 MiB limit) into one call.
 
 With several targets the client opens one channel per target and sends each call to a
-connected one, round-robin; any node accepts every TaskService and ScheduleService call,
+connected one, round-robin; any node accepts every call of the three services,
 so a dead node is skipped. A call that a node failed with UNAVAILABLE goes on to another
 node — within the same deadline, each node at most once — when repeating it is harmless:
-reads, cancels, pauses, and submits whose every task has an idempotency key
+reads, cancels, pauses, and submits (and workflow creates) with idempotency keys
 (:mod:`chronoshard._failover` holds the policy and says why). Anything else the caller
 decides: errors carry ``retryable``.
 
@@ -75,6 +76,15 @@ from chronoshard.types import (
     TaskPage,
     TaskSpec,
     TaskStatus,
+    Workflow,
+    WorkflowCancelResult,
+    WorkflowCreateResult,
+    WorkflowDetail,
+    WorkflowEdge,
+    WorkflowPage,
+    WorkflowRetryResult,
+    WorkflowState,
+    WorkflowTask,
     coerce_enum,
 )
 from chronoshard.v1 import (
@@ -82,6 +92,8 @@ from chronoshard.v1 import (
     schedule_service_pb2_grpc,
     task_service_pb2,
     task_service_pb2_grpc,
+    workflow_service_pb2,
+    workflow_service_pb2_grpc,
 )
 
 __all__ = [
@@ -196,6 +208,9 @@ class _Endpoint:
             **_unary_methods(task_service_pb2_grpc.TaskServiceStub(channel), task_service_pb2),
             **_unary_methods(
                 schedule_service_pb2_grpc.ScheduleServiceStub(channel), schedule_service_pb2
+            ),
+            **_unary_methods(
+                workflow_service_pb2_grpc.WorkflowServiceStub(channel), workflow_service_pb2
             ),
         }
         self.slots = asyncio.Semaphore(max_in_flight)
@@ -583,6 +598,88 @@ class Client:
         request = convert.backfill_request(str(schedule), start, end)
         return convert.backfill_result_from_pb(await self._call("BackfillSchedule", request))
 
+    # --- workflows -----------------------------------------------------------------------
+    #
+    # A workflow is named by its id; another tenant's workflow is NotFoundError.
+
+    async def create_workflow(
+        self,
+        name: str,
+        tasks: Iterable[WorkflowTask],
+        edges: Iterable[WorkflowEdge | tuple[str, str]] = (),
+        *,
+        at: datetime | None = None,
+        delay_s: float | None = None,
+        idempotency_key: str | None = None,
+    ) -> WorkflowCreateResult:
+        """Create a workflow: ``tasks`` named by their refs and ``edges`` parent -> child
+        between refs (:class:`WorkflowEdge` or ``(parent, child)`` pairs), all in one
+        transaction or nothing. ``at`` (aware) or ``delay_s`` says when the tasks without
+        parents are due (each after its own jitter); neither means now. With an
+        ``idempotency_key``, repeating the same request returns the original workflow
+        with ``created=False`` (a different request under the key: AlreadyExistsError).
+
+        Raises TypeError/ValueError naming the item (``tasks[3]: ...``) before any call
+        for what cannot be encoded; InvalidArgumentError for what the server refuses,
+        naming the request field (``tasks[3].ref``, ``edges[7].child``, ``edges`` for a
+        cycle, whose message names one).
+        """
+        request = convert.create_workflow_request(
+            name, tasks, edges, at=at, delay_s=delay_s, idempotency_key=idempotency_key
+        )
+        response = await self._call("CreateWorkflow", request)
+        return convert.workflow_create_result_from_pb(response)
+
+    async def get_workflow(self, workflow_id: str | uuid.UUID) -> WorkflowDetail:
+        """Read one workflow: the run, its tasks as they are now (parents before
+        children) and its edges."""
+        request = workflow_service_pb2.GetWorkflowRequest(id=str(workflow_id))
+        return convert.workflow_detail_from_pb(await self._call("GetWorkflow", request))
+
+    async def list_workflows(
+        self,
+        *,
+        state: WorkflowState | str | None = None,
+        page_size: int = 0,
+        page_token: str | None = None,
+    ) -> WorkflowPage:
+        """One page of the tenant's workflows, newest first; ``state`` keeps only runs in
+        that state. ``page_size`` 0 lets the server choose (100); pass the page's
+        ``next_page_token`` for the next page (None on the last)."""
+        request = convert.list_workflows_request(state, page_size, page_token)
+        return convert.workflow_page_from_pb(await self._call("ListWorkflows", request))
+
+    async def iter_workflows(
+        self, *, state: WorkflowState | str | None = None, page_size: int = 0
+    ) -> AsyncIterator[Workflow]:
+        """Every workflow of the tenant (in ``state``), newest first, following page
+        tokens; one call per page."""
+        token: str | None = None
+        while True:
+            page = await self.list_workflows(state=state, page_size=page_size, page_token=token)
+            for workflow in page.workflows:
+                yield workflow
+            if page.next_page_token is None:
+                return
+            token = page.next_page_token
+
+    async def cancel_workflow(
+        self, workflow_id: str | uuid.UUID, reason: str = ""
+    ) -> WorkflowCancelResult:
+        """Cancel every task of the run that is not terminal: waiting ones at once
+        (CANCELLED), running ones cooperatively (their workers are asked to stop).
+        ``reason`` is each cancelled task's last error (empty: "workflow cancelled").
+        Cancelling a finished workflow changes nothing and returns it."""
+        request = workflow_service_pb2.CancelWorkflowRequest(id=str(workflow_id), reason=reason)
+        return convert.workflow_cancel_result_from_pb(await self._call("CancelWorkflow", request))
+
+    async def retry_workflow(self, workflow_id: str | uuid.UUID) -> WorkflowRetryResult:
+        """Retry a finished run from its failures on: every task that did not complete
+        goes back to SCHEDULED; what completed is kept, not run again. A SUCCEEDED run
+        comes back unchanged; a RUNNING one raises :class:`FailedPreconditionError`."""
+        request = workflow_service_pb2.RetryWorkflowRequest(id=str(workflow_id))
+        return convert.workflow_retry_result_from_pb(await self._call("RetryWorkflow", request))
+
     # --- plumbing ------------------------------------------------------------------------
 
     async def _call(self, method: str, request: Any) -> Any:
@@ -711,8 +808,9 @@ def _unary_methods(stub: Any, module: Any) -> dict[str, Any]:
 
 
 def _keyed(method: str, request: Any) -> bool:
-    """Whether every task a submit request carries has an idempotency key."""
-    if method == "SubmitTask":
+    """Whether every task a submit request carries has an idempotency key (a workflow's
+    key covers all of its tasks)."""
+    if method in ("SubmitTask", "CreateWorkflow"):
         return bool(request.idempotency_key)
     if method == "SubmitBatch":
         return all(task.idempotency_key for task in request.tasks)

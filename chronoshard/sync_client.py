@@ -52,6 +52,15 @@ from chronoshard.types import (
     TaskPage,
     TaskSpec,
     TaskStatus,
+    Workflow,
+    WorkflowCancelResult,
+    WorkflowCreateResult,
+    WorkflowDetail,
+    WorkflowEdge,
+    WorkflowPage,
+    WorkflowRetryResult,
+    WorkflowState,
+    WorkflowTask,
 )
 
 __all__ = ["SyncClient"]
@@ -301,6 +310,67 @@ class SyncClient:
     ) -> BackfillResult:
         """Blocking :meth:`Client.backfill_schedule`."""
         return self._wait(self._client.backfill_schedule(schedule, start, end))
+
+    def create_workflow(
+        self,
+        name: str,
+        tasks: Iterable[WorkflowTask],
+        edges: Iterable[WorkflowEdge | tuple[str, str]] = (),
+        *,
+        at: datetime | None = None,
+        delay_s: float | None = None,
+        idempotency_key: str | None = None,
+    ) -> WorkflowCreateResult:
+        """Blocking :meth:`Client.create_workflow`."""
+        # Materialised here: lazy iterables would be consumed on the loop's thread.
+        return self._wait(
+            self._client.create_workflow(
+                name,
+                builtins.list(tasks),
+                builtins.list(edges),
+                at=at,
+                delay_s=delay_s,
+                idempotency_key=idempotency_key,
+            )
+        )
+
+    def get_workflow(self, workflow_id: str | uuid.UUID) -> WorkflowDetail:
+        """Blocking :meth:`Client.get_workflow`."""
+        return self._wait(self._client.get_workflow(workflow_id))
+
+    def list_workflows(
+        self,
+        *,
+        state: WorkflowState | str | None = None,
+        page_size: int = 0,
+        page_token: str | None = None,
+    ) -> WorkflowPage:
+        """Blocking :meth:`Client.list_workflows`."""
+        return self._wait(
+            self._client.list_workflows(state=state, page_size=page_size, page_token=page_token)
+        )
+
+    def iter_workflows(
+        self, *, state: WorkflowState | str | None = None, page_size: int = 0
+    ) -> Iterator[Workflow]:
+        """Blocking :meth:`Client.iter_workflows`: fetches one page per step."""
+        token: str | None = None
+        while True:
+            page = self.list_workflows(state=state, page_size=page_size, page_token=token)
+            yield from page.workflows
+            if page.next_page_token is None:
+                return
+            token = page.next_page_token
+
+    def cancel_workflow(
+        self, workflow_id: str | uuid.UUID, reason: str = ""
+    ) -> WorkflowCancelResult:
+        """Blocking :meth:`Client.cancel_workflow`."""
+        return self._wait(self._client.cancel_workflow(workflow_id, reason))
+
+    def retry_workflow(self, workflow_id: str | uuid.UUID) -> WorkflowRetryResult:
+        """Blocking :meth:`Client.retry_workflow`."""
+        return self._wait(self._client.retry_workflow(workflow_id))
 
     def _wait(self, call: Coroutine[Any, Any, T]) -> T:
         if not self._finalizer.alive:

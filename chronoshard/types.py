@@ -18,6 +18,10 @@ validate the same way. Its checks are the cheap and unambiguous ones (a naive da
 ``Client.update_schedule``); what each occurrence submits is a :class:`TaskSpec` (its
 ``task``), the same description ``submit`` builds, without the fields the occurrence
 decides (``at``, ``delay_s``, ``idempotency_key``) or the schedule owns (``job_id``).
+
+A workflow (``Client.create_workflow``) is :class:`WorkflowTask` items, each a
+:class:`TaskSpec` named by a local ``ref``, and :class:`WorkflowEdge` items between refs;
+its tasks carry no time or key of their own (the workflow's start and key apply to all).
 """
 
 from __future__ import annotations
@@ -51,6 +55,17 @@ __all__ = [
     "TaskPage",
     "TaskSpec",
     "TaskStatus",
+    "TriggerRule",
+    "Workflow",
+    "WorkflowCancelResult",
+    "WorkflowCreateResult",
+    "WorkflowDetail",
+    "WorkflowEdge",
+    "WorkflowPage",
+    "WorkflowRetryResult",
+    "WorkflowState",
+    "WorkflowTask",
+    "WorkflowTaskState",
     "require_aware",
 ]
 
@@ -511,3 +526,149 @@ class BackfillResult:
 
     runs: tuple[ScheduleRun, ...]
     existing: int
+
+
+# --- workflows ---------------------------------------------------------------------------
+
+
+class TriggerRule(StrEnum):
+    """When a task of a workflow runs, given its parents (docs/architecture.md#d9)."""
+
+    ALL_SUCCESS = "all_success"
+    """When every parent COMPLETED; a parent that ends DEAD_LETTER, CANCELLED or
+    UPSTREAM_FAILED makes this task UPSTREAM_FAILED at once."""
+    ALL_DONE = "all_done"
+    """When every parent is terminal, whatever its outcome."""
+
+
+class WorkflowState(StrEnum):
+    """The state of a workflow run, read off its tasks' states."""
+
+    RUNNING = "RUNNING"
+    """Some task is not terminal."""
+    SUCCEEDED = "SUCCEEDED"
+    """Every task COMPLETED."""
+    FAILED = "FAILED"
+    """Some task ended DEAD_LETTER or UPSTREAM_FAILED."""
+    CANCELLED = "CANCELLED"
+    """Every task that did not complete was cancelled."""
+
+    @property
+    def is_finished(self) -> bool:
+        """True once no task of the run is left to run (what ``retry_workflow`` needs)."""
+        return self is not WorkflowState.RUNNING
+
+
+@dataclass(frozen=True)
+class WorkflowTask:
+    """One task of a workflow to create: a :class:`TaskSpec` named by ``ref``, unique in
+    the workflow (1-100 of ``[A-Za-z0-9_.-]``, starting with a letter or digit; the
+    server judges it). The spec has no ``at``, ``delay_s`` or ``idempotency_key``: the
+    workflow's start and key apply to all of its tasks."""
+
+    ref: str
+    task: TaskSpec
+    trigger_rule: TriggerRule = TriggerRule.ALL_SUCCESS
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.ref, str):
+            raise TypeError(f"ref must be a str, got {type(self.ref).__name__}")
+        if not isinstance(self.task, TaskSpec):
+            raise TypeError(f"task must be a TaskSpec, got {type(self.task).__name__}")
+        # The server would refuse them as `tasks[i].task.scheduled_at`; the argument's own
+        # name says more.
+        for argument, why in (
+            ("at", "the workflow's start applies to all of its tasks"),
+            ("delay_s", "the workflow's start applies to all of its tasks"),
+            ("idempotency_key", "the workflow's key applies to all of its tasks"),
+        ):
+            if getattr(self.task, argument) is not None:
+                raise ValueError(f"task.{argument} must be unset in a workflow: {why}")
+        object.__setattr__(
+            self, "trigger_rule", coerce_enum(TriggerRule, self.trigger_rule, "trigger_rule")
+        )
+
+
+@dataclass(frozen=True)
+class WorkflowEdge:
+    """``child`` runs after ``parent`` (both refs of the same workflow)."""
+
+    parent: str
+    child: str
+
+
+@dataclass(frozen=True)
+class Workflow:
+    """A workflow run as the server reported it. ``scheduled_at`` is when its tasks
+    without parents were due (before jitter); ``finished_at`` is None while it runs."""
+
+    id: str
+    tenant_id: str
+    name: str
+    state: WorkflowState
+    scheduled_at: datetime | None
+    created_at: datetime | None
+    finished_at: datetime | None
+    task_count: int
+    edge_count: int
+    idempotency_key: str | None
+
+
+@dataclass(frozen=True)
+class WorkflowCreateResult:
+    """``Client.create_workflow``: the run, each ref's task id, and False in ``created``
+    when an idempotency key repeat returned the workflow created earlier."""
+
+    workflow: Workflow
+    task_ids: Mapping[str, str]
+    created: bool
+
+
+@dataclass(frozen=True)
+class WorkflowTaskState:
+    """A task of a workflow as it is now. ``upstream_cause`` is set when the task is
+    UPSTREAM_FAILED: the ref of the task whose failure (DEAD_LETTER or CANCELLED) it
+    descends from."""
+
+    ref: str
+    task: Task
+    trigger_rule: TriggerRule
+    upstream_cause: str | None
+
+
+@dataclass(frozen=True)
+class WorkflowDetail:
+    """``Client.get_workflow``: the run, its tasks (parents before children) and its
+    edges."""
+
+    workflow: Workflow
+    tasks: tuple[WorkflowTaskState, ...]
+    edges: tuple[WorkflowEdge, ...]
+
+
+@dataclass(frozen=True)
+class WorkflowPage:
+    """One page of ``Client.list_workflows``, newest first; ``next_page_token`` is None
+    on the last page."""
+
+    workflows: tuple[Workflow, ...]
+    next_page_token: str | None
+
+
+@dataclass(frozen=True)
+class WorkflowCancelResult:
+    """``Client.cancel_workflow``: the run, the tasks cancelled at once, and the running
+    ones asked to stop (they end CANCELLED when their workers acknowledge)."""
+
+    workflow: Workflow
+    cancelled: int
+    stopping: int
+
+
+@dataclass(frozen=True)
+class WorkflowRetryResult:
+    """``Client.retry_workflow``: the run and how many of its tasks went back to
+    SCHEDULED."""
+
+    workflow: Workflow
+    reopened: int

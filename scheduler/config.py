@@ -286,6 +286,22 @@ class SchedulesConfig:
 
 
 @dataclass(frozen=True)
+class WorkflowsConfig:
+    # The most bytes of parents' results one assignment carries (their JSON text, summed
+    # in the workflow's order): past it, the later parents come with omitted = true and
+    # no result (the handler reads them with GetTask). A 1,000-wide fan-in of small
+    # results fits; one of large results does not make a 1 GiB message.
+    max_parent_results_bytes: int = 1_048_576
+
+    def validate(self) -> None:
+        require(
+            0 <= self.max_parent_results_bytes <= 64 * 1_048_576,
+            "workflows.max_parent_results_bytes",
+            "must be between 0 and 64 MiB",
+        )
+
+
+@dataclass(frozen=True)
 class MaintenanceConfig:
     # Partition maintenance: one node at a time (advisory lock), this often.
     interval_s: float = DEFAULT_MAINTENANCE_INTERVAL_S
@@ -387,6 +403,7 @@ class SchedulerConfig:
     limits: LimitsConfig = field(default_factory=LimitsConfig)
     reconcile: ReconcileConfig = field(default_factory=ReconcileConfig)
     schedules: SchedulesConfig = field(default_factory=SchedulesConfig)
+    workflows: WorkflowsConfig = field(default_factory=WorkflowsConfig)
     maintenance: MaintenanceConfig = field(default_factory=MaintenanceConfig)
     clock: ClockConfig = field(default_factory=ClockConfig)
 

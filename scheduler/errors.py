@@ -301,6 +301,62 @@ class ScheduleExists(SchedulerError):
         self.field = "spec.name"
 
 
+class WorkflowNotFound(SchedulerError):
+    """Raised when a workflow does not exist or belongs to another tenant."""
+
+    reason = "WORKFLOW_NOT_FOUND"
+    grpc_code_name = "NOT_FOUND"
+
+    def __init__(self, workflow_id: uuid.UUID | str) -> None:
+        super().__init__(f"workflow {shown(str(workflow_id))} not found")
+        self.field = "id"
+
+
+class WorkflowStillRunning(SchedulerError):
+    """Raised when ``RetryWorkflow`` names a run that has not finished: a task still live
+    below a failure cannot be reopened under its worker. Nothing was written."""
+
+    reason = "WORKFLOW_RUNNING"
+    grpc_code_name = "FAILED_PRECONDITION"
+
+    def __init__(self, workflow_id: uuid.UUID) -> None:
+        super().__init__(
+            f"workflow {workflow_id} is still running: wait for it to finish, or cancel "
+            "it, then retry"
+        )
+        self.field = "id"
+
+
+class WorkflowKeyReused(SchedulerError):
+    """Raised when a workflow create reuses an idempotency key of the tenant's for a
+    different request. A repeat of the same request returns the original run."""
+
+    reason = "IDEMPOTENCY_KEY_REUSED"
+    grpc_code_name = "ALREADY_EXISTS"
+
+    def __init__(self, key: str, original: uuid.UUID) -> None:
+        super().__init__(
+            f"idempotency key {shown(key)} was already used by workflow {original} "
+            "with a different request"
+        )
+        self.field = "idempotency_key"
+
+
+class PartOfWorkflow(SchedulerError):
+    """Raised when ``RetryTask`` names a task of a workflow: reopening it alone would
+    leave its UPSTREAM_FAILED descendants failed and the run finished. Nothing written."""
+
+    reason = "PART_OF_WORKFLOW"
+    grpc_code_name = "FAILED_PRECONDITION"
+
+    def __init__(self, task_id: uuid.UUID, workflow_id: uuid.UUID) -> None:
+        super().__init__(
+            f"task {task_id} belongs to workflow {workflow_id}: retry the workflow "
+            "(RetryWorkflow), which reopens it with its descendants"
+        )
+        self.field = "id"
+
+
 SETTLE_OUTCOME_ERRORS: dict[str, tuple[str, str]] = {
     "STALE_FENCING_TOKEN": (
         "FAILED_PRECONDITION",

@@ -61,6 +61,7 @@ from chronoshard.scheduler.api.server import (
 from chronoshard.scheduler.api.task_requests import SubmitLimits
 from chronoshard.scheduler.api.tasks import TaskServiceServicer
 from chronoshard.scheduler.api.workers import Gateway
+from chronoshard.scheduler.api.workflows import WorkflowServiceServicer
 from chronoshard.scheduler.cluster.clock import ClusterClock
 from chronoshard.scheduler.cluster.coordination import CoordinationError, EtcdCoordinator, NodeInfo
 from chronoshard.scheduler.cluster.liveness import REFRESHES_PER_TIMEOUT, WorkerLiveness
@@ -98,6 +99,8 @@ from chronoshard.v1 import (
     watchdog_service_pb2_grpc,
     worker_service_pb2,
     worker_service_pb2_grpc,
+    workflow_service_pb2,
+    workflow_service_pb2_grpc,
 )
 
 log = logging.getLogger(__name__)
@@ -169,7 +172,10 @@ class SchedulerNode:
         config = self.config
         shard_count = await self._connect()
         self.sessions = SessionRegistry(
-            config.node_id, self.clock, send_queue=config.grpc.worker_send_queue
+            config.node_id,
+            self.clock,
+            send_queue=config.grpc.worker_send_queue,
+            max_parent_results_bytes=config.workflows.max_parent_results_bytes,
         )
         # WorkerService and AdminService calls need an API key (api/access.py); TaskService
         # and WatchdogService check theirs in the servicer, scoped to the key's tenant.
@@ -391,6 +397,15 @@ class SchedulerNode:
         )
         schedule_service_pb2_grpc.add_ScheduleServiceServicer_to_server(schedules, server)
         names.append(schedule_service_pb2.DESCRIPTOR.services_by_name["ScheduleService"].full_name)
+        workflows = WorkflowServiceServicer(
+            config=self.config,
+            store=self.store,
+            authenticator=self.authenticator,
+            clock=self.clock,
+            listener=self.router,
+        )
+        workflow_service_pb2_grpc.add_WorkflowServiceServicer_to_server(workflows, server)
+        names.append(workflow_service_pb2.DESCRIPTOR.services_by_name["WorkflowService"].full_name)
         watch = WatchdogServiceServicer(store=self.store, authenticator=self.authenticator)
         watchdog_service_pb2_grpc.add_WatchdogServiceServicer_to_server(watch, server)
         names.append(watchdog_service_pb2.DESCRIPTOR.services_by_name["WatchdogService"].full_name)

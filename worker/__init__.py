@@ -21,7 +21,13 @@ files). The user guide is ``docs/worker-sdk.md``; the wire protocol is
 ``docs/worker-protocol.md``.
 """
 
-from chronoshard.worker._context import UNSET, HeartbeatRecord, StopReason, TaskContext
+from chronoshard.worker._context import (
+    UNSET,
+    HeartbeatRecord,
+    ParentResult,
+    StopReason,
+    TaskContext,
+)
 from chronoshard.worker._errors import (
     RESULT_REFUSED,
     CheckpointRefused,
@@ -45,6 +51,7 @@ __all__ = [
     "LeaseLost",
     "LoadError",
     "NonRetryableError",
+    "ParentResult",
     "StopReason",
     "TLSConfig",
     "TaskCancelled",

@@ -1,7 +1,8 @@
 """The task context: what a handler knows about its attempt and how it talks back.
 
 Every handler receives one :class:`TaskContext`. It is read-only data about the attempt
-(ids, attempt number, decoded payload and checkpoint, fencing token, trace context) plus
+(ids, attempt number, decoded payload and checkpoint, fencing token, trace context, and
+for a workflow task its workflow, ref and parents' results) plus
 three channels back to the SDK:
 
 - ``heartbeat(checkpoint=..., progress=...)`` records a checkpoint (sent with the
@@ -40,7 +41,7 @@ from chronoshard import exact_json, json_documents
 from chronoshard.wire import DEFAULT_QUEUE
 from chronoshard.worker._errors import CheckpointRefused, LeaseLost, TaskCancelled
 from chronoshard.worker._lease import RunLease
-from chronoshard.worker._models import Assignment
+from chronoshard.worker._models import AssignedParent, Assignment
 
 
 class _Unset(enum.Enum):
@@ -104,6 +105,26 @@ def decode_json(data: bytes, *, empty: Any) -> Any:
     return exact_json.loads(data.decode("utf-8"))
 
 
+@dataclass(frozen=True)
+class ParentResult:
+    """One parent of a workflow task, as the child sees it (``ctx.parents[ref]``).
+
+    ``status`` is the parent's terminal status: ``"COMPLETED"``, or under the
+    ``all_done`` trigger rule any other terminal one (``"DEAD_LETTER"``,
+    ``"CANCELLED"``, ``"UPSTREAM_FAILED"``). ``result`` is what the parent's handler
+    returned, decoded as a payload is (exact numbers); None when it returned nothing,
+    did not complete, or when ``omitted`` is true: the node left the result out to keep
+    the assignment within ``workflows.max_parent_results_bytes`` (read it with
+    ``GetTask(task_id)`` if the child needs it).
+    """
+
+    ref: str
+    task_id: uuid.UUID
+    status: str
+    result: Any = None
+    omitted: bool = False
+
+
 @dataclass
 class _CheckpointState:
     value: bytes | None = None  # latest checkpoint recorded in this attempt
@@ -133,6 +154,9 @@ class TaskContext:
         idempotent: bool = False,
         logical_date: datetime | None = None,
         schedule_id: uuid.UUID | None = None,
+        workflow_id: uuid.UUID | None = None,
+        workflow_ref: str | None = None,
+        parents: Mapping[str, ParentResult] | None = None,
         now: Callable[[], datetime],
         on_heartbeat: Callable[[HeartbeatRecord], None] | None = None,
         lease: RunLease | None = None,
@@ -153,6 +177,10 @@ class TaskContext:
         self._idempotent = idempotent
         self._logical_date = logical_date
         self._schedule_id = schedule_id
+        self._workflow_id = workflow_id
+        self._workflow_ref = workflow_ref
+        # Read-only and in the order given (the workflow's): a handler may iterate it.
+        self._parents: Mapping[str, ParentResult] = MappingProxyType(dict(parents or {}))
         self._now = now
         self._on_heartbeat = on_heartbeat
         self._lock = threading.Lock()
@@ -195,6 +223,24 @@ class TaskContext:
     def schedule_id(self) -> uuid.UUID | None:
         """The schedule that created the task; None if none did."""
         return self._schedule_id
+
+    @property
+    def workflow_id(self) -> uuid.UUID | None:
+        """The workflow the task belongs to; None for a task outside any workflow."""
+        return self._workflow_id
+
+    @property
+    def workflow_ref(self) -> str | None:
+        """The task's reference in its workflow (``"B"`` of the edge ``A -> B``); None
+        outside a workflow."""
+        return self._workflow_ref
+
+    @property
+    def parents(self) -> Mapping[str, ParentResult]:
+        """The task's workflow parents by ref, in the workflow's order: what each one
+        returned (see :class:`ParentResult`). Empty for a root task and outside a
+        workflow. Read-only."""
+        return self._parents
 
     @property
     def attempt(self) -> int:
@@ -397,7 +443,49 @@ class TaskContext:
 
 
 class BadAttempt(ValueError):
-    """The assignment cannot be handed to a handler (payload or checkpoint not JSON)."""
+    """The assignment cannot be handed to a handler (payload or checkpoint not JSON, an
+    id that is not a UUID, a malformed workflow parent)."""
+
+
+def _parse_uuid(value: str, what: str) -> uuid.UUID:
+    try:
+        return uuid.UUID(value)
+    except ValueError as exc:
+        raise BadAttempt(f"{what} {value!r} is not a UUID") from exc
+
+
+def _parse_optional_uuid(value: str | None, what: str) -> uuid.UUID | None:
+    return None if value is None else _parse_uuid(value, what)
+
+
+def _decode_parents(parents: tuple[AssignedParent, ...]) -> dict[str, ParentResult]:
+    """The parents keyed by ref. A parent the SDK cannot describe truthfully (no ref, a
+    ref given twice, an id that is not a UUID, a result that is not JSON) refuses the
+    attempt: a handler must not act on a half-read view of its upstream."""
+    out: dict[str, ParentResult] = {}
+    for parent in parents:
+        if not parent.ref:
+            raise BadAttempt("a workflow parent has no ref")
+        if parent.ref in out:
+            raise BadAttempt(f"workflow parent {parent.ref!r} is given twice")
+        task_id = _parse_uuid(parent.task_id, f"workflow parent {parent.ref!r}'s task id")
+        if parent.omitted:
+            result = None  # whatever bytes came along are not the result
+        else:
+            try:
+                result = decode_json(parent.result_json, empty=None)
+            except ValueError as exc:
+                raise BadAttempt(
+                    f"workflow parent {parent.ref!r}'s result is not valid UTF-8 JSON: {exc}"
+                ) from exc
+        out[parent.ref] = ParentResult(
+            ref=parent.ref,
+            task_id=task_id,
+            status=parent.status,
+            result=result,
+            omitted=parent.omitted,
+        )
+    return out
 
 
 def build_context(
@@ -410,14 +498,10 @@ def build_context(
     lease: RunLease | None = None,
 ) -> TaskContext:
     """Decode the attempt's JSON and build its context. Raises BadAttempt."""
-    try:
-        task_id = uuid.UUID(info.task.id)
-    except ValueError as exc:
-        raise BadAttempt(f"task id {info.task.id!r} is not a UUID") from exc
-    try:
-        schedule_id = None if info.schedule_id is None else uuid.UUID(info.schedule_id)
-    except ValueError as exc:
-        raise BadAttempt(f"schedule id {info.schedule_id!r} is not a UUID") from exc
+    task_id = _parse_uuid(info.task.id, "task id")
+    schedule_id = _parse_optional_uuid(info.schedule_id, "schedule id")
+    workflow_id = _parse_optional_uuid(info.workflow_id, "workflow id")
+    parents = _decode_parents(info.parent_results)
     try:
         payload = decode_json(info.payload_json, empty={})
     except ValueError as exc:
@@ -443,6 +527,9 @@ def build_context(
         idempotent=info.idempotent,
         logical_date=info.logical_date,
         schedule_id=schedule_id,
+        workflow_id=workflow_id,
+        workflow_ref=info.workflow_ref,
+        parents=parents,
         now=now,
         on_heartbeat=on_heartbeat,
         lease=lease,

@@ -16,6 +16,7 @@ from chronoshard import wire
 from chronoshard.v1 import admin_service_pb2, common_pb2, worker_service_pb2
 from chronoshard.worker._models import (
     Ack,
+    AssignedParent,
     Assignment,
     Backlog,
     Cancel,
@@ -182,6 +183,25 @@ def from_pb_many(msg: worker_service_pb2.SchedulerMessage) -> list[Inbound]:
     return out
 
 
+def _task_status_name(value: int) -> str:
+    """A TaskStatus without its prefix. A value newer than this SDK's enum is kept as
+    its number ("11"): a status added by a newer node must not fail the assignment."""
+    try:
+        return common_pb2.TaskStatus.Name(value).removeprefix("TASK_STATUS_")
+    except ValueError:
+        return str(value)
+
+
+def _parent(pb: worker_service_pb2.ParentResult) -> AssignedParent:
+    return AssignedParent(
+        ref=pb.ref,
+        task_id=pb.task_id,
+        status=_task_status_name(pb.status),
+        result_json=pb.result_json,
+        omitted=pb.omitted,
+    )
+
+
 def _assignment(pb: worker_service_pb2.Assignment) -> Assignment:
     priority = common_pb2.Priority.Name(pb.priority).removeprefix("PRIORITY_")
     return Assignment(
@@ -206,6 +226,9 @@ def _assignment(pb: worker_service_pb2.Assignment) -> Assignment:
         if pb.HasField("logical_date")
         else None,
         schedule_id=pb.schedule_id or None,
+        workflow_id=pb.workflow_id or None,
+        workflow_ref=pb.workflow_ref or None,
+        parent_results=tuple(_parent(p) for p in pb.parent_results),
     )
 
 

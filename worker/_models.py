@@ -176,6 +176,19 @@ class Welcome:
 
 
 @dataclass(frozen=True, slots=True)
+class AssignedParent:
+    """One workflow parent as the Assignment carries it (still undecoded: build_context
+    turns it into the public ``ParentResult``, refusing a malformed one)."""
+
+    ref: str
+    task_id: str
+    # The TaskStatus name without its prefix ("COMPLETED", "DEAD_LETTER", ...).
+    status: str
+    result_json: bytes = b""
+    omitted: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class Assignment:
     task: TaskRef
     type: str
@@ -196,6 +209,11 @@ class Assignment:
     # Set when a schedule created the task: its occurrence's logical date, and which.
     logical_date: datetime | None = None
     schedule_id: str | None = None
+    # Set when the task belongs to a workflow: which, its ref there, and what its
+    # parents returned (in the workflow's order; empty for a root).
+    workflow_id: str | None = None
+    workflow_ref: str | None = None
+    parent_results: tuple[AssignedParent, ...] = ()
 
     @property
     def run_key(self) -> RunKey:

@@ -23,6 +23,12 @@ every ``ctx.heartbeat``) or before ``run`` (the attempt then never starts)::
 
 ``lease_s`` gives the attempt a lease that no heartbeat renews: it lapses ``lease_s`` after
 the start on the environment's clock, as a worker's would behind a partition.
+
+A workflow task's upstream is ``parents=``, by ref: a plain value is a COMPLETED parent
+that returned it, a :class:`ParentResult` says more (another status, ``omitted``)::
+
+    outcome = await run_task(merge, parents={"left": [1, 2], "right": [3]})
+    assert outcome.result == [1, 2, 3]
 """
 
 from __future__ import annotations
@@ -41,6 +47,7 @@ from chronoshard.worker._context import (
     UNSET,
     BadAttempt,
     HeartbeatRecord,
+    ParentResult,
     StopReason,
     build_context,
     decode_json,
@@ -58,9 +65,9 @@ from chronoshard.worker._execution import (
     handler_spec,
 )
 from chronoshard.worker._lease import RunLease
-from chronoshard.worker._models import Assignment, TaskRef
+from chronoshard.worker._models import AssignedParent, Assignment, TaskRef
 
-__all__ = ["HeartbeatRecord", "TaskEnvironment", "TaskOutcome", "run_task"]
+__all__ = ["HeartbeatRecord", "ParentResult", "TaskEnvironment", "TaskOutcome", "run_task"]
 
 
 @dataclass(frozen=True)
@@ -129,8 +136,43 @@ def _outcome(result: Outcome, heartbeats: tuple[HeartbeatRecord, ...]) -> TaskOu
             return TaskOutcome(status, heartbeats=heartbeats)
 
 
+def _assigned_parents(parents: Mapping[str, Any] | None) -> tuple[AssignedParent, ...]:
+    """``parents=`` as a node would send them: each result JSON-encoded, so the handler
+    sees it after the same round trip (and decoding) as on a worker."""
+    out: list[AssignedParent] = []
+    for ref, value in (parents or {}).items():
+        if not ref:
+            raise ValueError("parents: a ref must not be empty")
+        if isinstance(value, ParentResult):
+            if value.ref != ref:
+                raise ValueError(f"parents[{ref!r}] is the ParentResult of {value.ref!r}")
+            out.append(
+                AssignedParent(
+                    ref=ref,
+                    task_id=str(value.task_id),
+                    status=value.status,
+                    result_json=b"" if value.omitted else encode_json(value.result),
+                    omitted=value.omitted,
+                )
+            )
+        else:
+            out.append(
+                AssignedParent(
+                    ref=ref,
+                    task_id=str(uuid.uuid4()),
+                    status="COMPLETED",
+                    result_json=encode_json(value),
+                )
+            )
+    return tuple(out)
+
+
 class TaskEnvironment:
-    """One attempt's settings, and the controls the scheduler would have over it."""
+    """One attempt's settings, and the controls the scheduler would have over it.
+
+    ``parents`` (by ref: a value a COMPLETED parent returned, or a :class:`ParentResult`)
+    makes the attempt a workflow task; ``workflow_id`` is then a fresh id unless given.
+    """
 
     def __init__(
         self,
@@ -155,8 +197,15 @@ class TaskEnvironment:
         idempotent: bool = False,
         logical_date: datetime | None = None,
         schedule_id: uuid.UUID | None = None,
+        parents: Mapping[str, Any] | None = None,
+        workflow_id: uuid.UUID | None = None,
+        workflow_ref: str | None = None,
     ) -> None:
         self._clock = clock or SystemClock()
+        assigned_parents = _assigned_parents(parents)
+        # A task with parents (or a ref) is a workflow's: as on a cluster, it has an id.
+        if workflow_id is None and (assigned_parents or workflow_ref is not None):
+            workflow_id = uuid.uuid4()
         self._lease_s = lease_s
         now = self._clock.now()
         self._assignment = Assignment(
@@ -175,6 +224,9 @@ class TaskEnvironment:
             idempotent=idempotent,
             logical_date=logical_date,
             schedule_id=None if schedule_id is None else str(schedule_id),
+            workflow_id=None if workflow_id is None else str(workflow_id),
+            workflow_ref=workflow_ref,
+            parent_results=assigned_parents,
         )
         self._timeout_s = timeout_s
         self._worker_id = worker_id
@@ -293,8 +345,10 @@ async def run_task(
     cancel_after_s: float | None = None,
     task_type: str = "test",
     clock: Clock | None = None,
+    parents: Mapping[str, Any] | None = None,
 ) -> TaskOutcome:
-    """Run ``handler`` once on ``payload``; ``cancel_after_s`` delivers a Cancel then."""
+    """Run ``handler`` once on ``payload``; ``cancel_after_s`` delivers a Cancel then;
+    ``parents`` as :class:`TaskEnvironment` takes them."""
     env = TaskEnvironment(
         payload,
         task_type=task_type,
@@ -303,6 +357,7 @@ async def run_task(
         checkpoint=checkpoint,
         timeout_s=timeout_s,
         clock=clock,
+        parents=parents,
     )
     timer = (
         asyncio.get_running_loop().call_later(cancel_after_s, env.cancel)

@@ -55,7 +55,7 @@ from chronoshard.scheduler.core.models import (
 )
 from chronoshard.scheduler.core.sharding import shard_of
 from chronoshard.scheduler.errors import InvalidArgument, seconds_text
-from chronoshard.v1 import task_service_pb2
+from chronoshard.v1 import task_service_pb2, workflow_service_pb2
 from chronoshard.wire import DEFAULT_QUEUE
 
 # --- TaskService requests --------------------------------------------------------------
@@ -128,7 +128,7 @@ def submit_from_pb(
             req.payload_json, prefix + "payload_json", limits.payload_limit_bytes, object_only=True
         )
     # In this order: of several bad fields, a client hears of the one it always heard of.
-    when = _when_from_pb(req, now, prefix)
+    when = when_from_pb(req, now, prefix)
     queue = req.queue or DEFAULT_QUEUE
     if not QUEUE_PATTERN.match(queue):
         raise InvalidArgument(prefix + "queue", f"must match {QUEUE_PATTERN.pattern}")
@@ -270,10 +270,13 @@ def _timing_from_pb(
     return _Timing(scheduled_at, due_at, mode, asked, window_s)
 
 
-def _when_from_pb(
-    req: task_service_pb2.SubmitTaskRequest, now: datetime, prefix: str
+def when_from_pb(
+    req: task_service_pb2.SubmitTaskRequest | workflow_service_pb2.CreateWorkflowRequest,
+    now: datetime,
+    prefix: str,
 ) -> tuple[datetime, object]:
-    """The instant to run at and how the request said it (for the fingerprint)."""
+    """The instant to run at and how the request said it (for the fingerprint): a
+    submit's, or a workflow's (the same ``when`` oneof)."""
     kind = req.WhichOneof("when")
     if kind == "scheduled_at":
         field = prefix + "scheduled_at"

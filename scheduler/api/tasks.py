@@ -37,6 +37,7 @@ import grpc
 from chronoshard.clock import Clock, SystemClock
 from chronoshard.scheduler.api import boundary, convert, task_requests
 from chronoshard.scheduler.api.auth import Authenticator
+from chronoshard.scheduler.cluster.routing import ChangedTask
 from chronoshard.scheduler.config import SchedulerConfig
 from chronoshard.scheduler.core.ids import new_task_id, unix_ms
 from chronoshard.scheduler.core.listing import PageCursor
@@ -69,8 +70,9 @@ Context: TypeAlias = grpc.aio.ServicerContext[Any, Any]
 class SubmitListener(Protocol):
     """What the node hears from the API, after each commit."""
 
-    def tasks_submitted(self, tasks: Sequence[Task]) -> None:
-        """Tasks became SCHEDULED: created by a submit, or re-queued by RetryTask.
+    def tasks_submitted(self, tasks: Sequence[ChangedTask]) -> None:
+        """Tasks became SCHEDULED: created by a submit, re-queued by RetryTask, or
+        workflow children a cancel or resolution released.
 
         The node wakes its preloader if one of them is due within the lookahead."""
         ...
@@ -83,7 +85,7 @@ class SubmitListener(Protocol):
 
 
 class _NoListener:
-    def tasks_submitted(self, tasks: Sequence[Task]) -> None:
+    def tasks_submitted(self, tasks: Sequence[ChangedTask]) -> None:
         pass
 
     def cancel_requested(self, task: Task, reason: str) -> None:
@@ -262,6 +264,8 @@ class TaskServiceServicer(task_service_pb2_grpc.TaskServiceServicer):
             # A repeated request keeps the first reason; tell the node the stored one.
             told = result.task.cancel_reason or reason
             self._notify(lambda: self._listener.cancel_requested(result.task, told))
+        if result.due:
+            self._notify(lambda: self._listener.tasks_submitted(result.due))
         return task_service_pb2.CancelTaskResponse(task=convert.task_to_pb(result.task))
 
     async def _retry_task(
@@ -282,7 +286,7 @@ class TaskServiceServicer(task_service_pb2_grpc.TaskServiceServicer):
         task_id = convert.uuid_from_pb(request.id, "id")
         resolution = convert.resolution_from_pb(request.resolution)
         reason = task_requests.reason_from_pb(request.reason, default="no reason given")
-        task, written = await self._queries.resolve_task(
+        task, written, due = await self._queries.resolve_task(
             tenant.id, task_id, resolution, reason, self._clock.now()
         )
         if written:
@@ -299,6 +303,8 @@ class TaskServiceServicer(task_service_pb2_grpc.TaskServiceServicer):
             )
             if task.status is TaskStatus.SCHEDULED:
                 self._notify(lambda: self._listener.tasks_submitted([task]))
+            if due:
+                self._notify(lambda: self._listener.tasks_submitted(due))
         return task_service_pb2.ResolveTaskResponse(task=convert.task_to_pb(task))
 
     # --- helpers --------------------------------------------------------------------------

@@ -122,6 +122,8 @@ class Wheel(Protocol):
 
     def tasks_ready_again(self, tasks: Sequence[TimerTask]) -> None: ...
 
+    def task_due(self, shard: int, due_at: datetime) -> None: ...
+
     def preloaded_unknown(self) -> None: ...
 
 
@@ -326,6 +328,8 @@ class Reconciler:
         self._stats["redispatched"] += len(result.ready)
         if result.ready:
             self._wheel.tasks_ready_again(result.ready)
+        for shard, due_at in result.released:
+            self._wheel.task_due(shard, due_at)
 
     async def _finish_runs(self, epochs: Mapping[int, int]) -> int:
         candidates = await self._runs.scan_runs(self._run_cursor, WORKFLOW_SCAN_LIMIT)

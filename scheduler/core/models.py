@@ -157,6 +157,8 @@ class Task:
     finished_at: datetime | None
     cancel_requested_at: datetime | None
     cancel_reason: str | None
+    upstream_cause: uuid.UUID | None
+    """For UPSTREAM_FAILED: the workflow task whose failure it descends from."""
 
     @property
     def ref(self) -> TaskRef:
@@ -214,6 +216,7 @@ def inserted_task(
         finished_at=None,
         cancel_requested_at=None,
         cancel_reason=None,
+        upstream_cause=None,
     )
 
 

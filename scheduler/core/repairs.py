@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Collection
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from enum import StrEnum
 
@@ -189,6 +189,8 @@ class RepairResult:
     """Tasks now OUTCOME_UNKNOWN."""
     applied: frozenset[uuid.UUID]
     lost_shards: frozenset[int]
+    released: list[tuple[int, datetime]] = field(default_factory=list)
+    """(shard, due_at) of workflow tasks a cancel here made due (``all_done`` children)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any, Generic, TypeVar
@@ -18,6 +18,7 @@ from typing import Any, Generic, TypeVar
 from chronoshard.scheduler.core.models import Priority, Task, TaskRef
 from chronoshard.scheduler.core.retry import FailureReport
 from chronoshard.scheduler.core.states import AttemptState, TaskStatus
+from chronoshard.scheduler.core.workflows import Place
 from chronoshard.wire import UNIX_EPOCH
 
 _MICROSECOND = timedelta(microseconds=1)
@@ -241,10 +242,13 @@ class LeaseUpdate:
 
 
 @dataclass(frozen=True, slots=True)
-class FailureResult:
+class SettleResult:
+    """What a batch of completions or failures did."""
+
     outcomes: dict[uuid.UUID, SettleOutcome]
-    retrying: list[tuple[int, datetime]]
-    """(shard, due_at) of tasks that went to RETRYING: the preloader must see them."""
+    due: list[tuple[int, datetime]]
+    """(shard, due_at) of tasks that became due: failures that went to RETRYING, and
+    workflow children their parents' outcomes released. Their shard's owner must hear."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -254,6 +258,8 @@ class IntentResult:
     unwritten: frozenset[uuid.UUID] = frozenset()
     """Read back after an unknown commit: intents that did not commit (still PRELOADED),
     to be chosen again. Every other intent not in ``dispatched`` moved on."""
+    places: Mapping[uuid.UUID, Place] = field(default_factory=dict)
+    """The dispatched workflow tasks' refs and parents (their assignments carry them)."""
 
 
 def intent_committed(row: Mapping[str, Any], worker_id: str, epoch: int) -> bool | None:

@@ -98,6 +98,9 @@ class TaskEvent(StrEnum):
     """An operator declared an attempt whose outcome is unknown failed (dead-lettered)."""
     UPSTREAM_FAIL = "UPSTREAM_FAIL"
     """A workflow parent was dead-lettered; this blocked task will never run."""
+    WORKFLOW_RETRY = "WORKFLOW_RETRY"
+    """A finished workflow is retried from its failures on (``RetryWorkflow``): each of
+    its tasks that did not complete waits again for its reopened parents."""
 
 
 class AttemptState(StrEnum):
@@ -162,6 +165,9 @@ TRANSITIONS: Mapping[tuple[TaskStatus, TaskEvent], TaskStatus] = MappingProxyTyp
         (_S.RETRYING, _E.EXHAUST): _S.DEAD_LETTER,
         (_S.RETRYING, _E.CANCEL): _S.CANCELLED,
         (_S.DEAD_LETTER, _E.OPERATOR_RETRY): _S.SCHEDULED,
+        (_S.DEAD_LETTER, _E.WORKFLOW_RETRY): _S.SCHEDULED,
+        (_S.CANCELLED, _E.WORKFLOW_RETRY): _S.SCHEDULED,
+        (_S.UPSTREAM_FAILED, _E.WORKFLOW_RETRY): _S.SCHEDULED,
         # Issue 12: unknown outcomes of non-idempotent attempts are not guessed.
         (_S.DISPATCHED, _E.ATTEMPT_LOST): _S.OUTCOME_UNKNOWN,
         (_S.RUNNING, _E.ATTEMPT_LOST): _S.OUTCOME_UNKNOWN,
@@ -177,7 +183,8 @@ TRANSITIONS: Mapping[tuple[TaskStatus, TaskEvent], TaskStatus] = MappingProxyTyp
 TERMINAL: frozenset[TaskStatus] = frozenset(
     {_S.COMPLETED, _S.CANCELLED, _S.DEAD_LETTER, _S.UPSTREAM_FAILED}
 )
-"""States nothing automatic ever leaves. Only an operator reopens a DEAD_LETTER task."""
+"""States nothing automatic ever leaves. Only an operator reopens one: a DEAD_LETTER task
+by ``RetryTask``, any failed task of a finished workflow by ``RetryWorkflow``."""
 
 
 def _index_sources() -> dict[TaskEvent, frozenset[TaskStatus]]:

@@ -49,6 +49,7 @@ tests check them against.
 from __future__ import annotations
 
 import re
+import uuid
 from collections import deque
 from collections.abc import Collection, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -408,6 +409,45 @@ def released_by(dag: Dag[K], finished: Iterable[K]) -> dict[K, int]:
         for child in dag.children[task]:
             released[child] = released.get(child, 0) + 1
     return released
+
+
+# ---- what a dispatched task learns --------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Parent:
+    """A parent of a task being dispatched, as its assignment tells the handler."""
+
+    task_id: uuid.UUID
+    ref: str
+    status: TaskStatus
+    result_json: str | None
+    """What it returned (JSON text as stored), None if nothing."""
+
+
+@dataclass(frozen=True, slots=True)
+class Place:
+    """A workflow task's place in its run: its ref and its parents, in the run's order."""
+
+    ref: str
+    parents: tuple[Parent, ...] = ()
+
+
+def bounded_results(parents: Sequence[Parent], max_bytes: int) -> list[tuple[Parent, bool]]:
+    """Each parent with whether its result is carried: in order, while the results'
+    total UTF-8 size stays within ``max_bytes`` (``workflows.max_parent_results_bytes``);
+    every parent after the first that does not fit is left out too, so a handler sees
+    "the first N in the run's order", never a gap it must notice."""
+    carried: list[tuple[Parent, bool]] = []
+    total = 0
+    fits = True
+    for parent in parents:
+        size = len(parent.result_json.encode()) if parent.result_json is not None else 0
+        fits = fits and total + size <= max_bytes
+        if fits:
+            total += size
+        carried.append((parent, fits))
+    return carried
 
 
 # ---- the run ---------------------------------------------------------------------------

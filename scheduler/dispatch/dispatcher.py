@@ -236,7 +236,7 @@ class Dispatcher:
             # Released through this node, owned by another: its wheel must hear of them.
             self.on_remote_ready(elsewhere)
 
-    def retry_scheduled(self, shard: int, due_at: datetime) -> None:
+    def task_due(self, shard: int, due_at: datetime) -> None:
         self._shards.retry_due(shard, due_at)
 
     def task_ended(self, task: TimerTask) -> None:
@@ -321,7 +321,7 @@ class Dispatcher:
                 # Fault injection (test builds): half the batch is on its way, half not.
                 await faults.crash_when(CrashPoint.INSIDE_BATCH, self._sessions.outboxes_empty)
             timer = _timer(ready)
-            if self._sessions.send_assignment(session, task, timer):
+            if self._sessions.send_assignment(session, task, timer, result.places.get(task.id)):
                 self._stats["dispatched"] += 1
                 if self._on_dispatched is not None:
                     self._on_dispatched(timer, (wall_now - timer.due_at).total_seconds())

@@ -40,9 +40,11 @@ from typing import ClassVar, Protocol
 
 from chronoshard.clock import Clock
 from chronoshard.scheduler.api import convert
+from chronoshard.scheduler.config import WorkflowsConfig
 from chronoshard.scheduler.core.fairness import WorkerOffer
 from chronoshard.scheduler.core.models import Task, TaskRef
 from chronoshard.scheduler.core.runs import TimerTask
+from chronoshard.scheduler.core.workflows import Place, bounded_results
 from chronoshard.v1 import worker_service_pb2
 
 log = logging.getLogger(__name__)
@@ -139,10 +141,18 @@ class SessionRegistry:
 
     STATS_GAUGES: ClassVar[frozenset[str]] = frozenset()
 
-    def __init__(self, node_id: str, clock: Clock, *, send_queue: int) -> None:
+    def __init__(
+        self,
+        node_id: str,
+        clock: Clock,
+        *,
+        send_queue: int,
+        max_parent_results_bytes: int = WorkflowsConfig.max_parent_results_bytes,
+    ) -> None:
         self._node_id = node_id
         self._clock = clock
         self._send_queue = send_queue
+        self._max_parent_results_bytes = max_parent_results_bytes
         self._listener: SessionListener | None = None
         # Called when a session opens or closes (a new stream hears its backlog at once).
         self.on_sessions_changed: Callable[[], None] | None = None
@@ -307,8 +317,11 @@ class SessionRegistry:
 
     # ---- what the dispatcher and the node send -------------------------------------------
 
-    def send_assignment(self, session: WorkerSession, task: Task, timer: TimerTask) -> bool:
-        """Send a committed intent to its worker; False if the session is gone."""
+    def send_assignment(
+        self, session: WorkerSession, task: Task, timer: TimerTask, place: Place | None = None
+    ) -> bool:
+        """Send a committed intent to its worker; False if the session is gone. A
+        workflow task's ``place`` gives its ref and its parents' results."""
         if session.closed or session.session_id not in self._sessions:
             return False
         assignment = worker_service_pb2.Assignment(
@@ -335,11 +348,27 @@ class SessionRegistry:
             assignment.logical_date.CopyFrom(convert.ts_to_pb(task.logical_date))
         if task.schedule_id is not None:
             assignment.schedule_id = str(task.schedule_id)
+        if task.workflow_id is not None:
+            assignment.workflow_id = str(task.workflow_id)
+        if place is not None:
+            self._add_place(assignment, place)
         if not session.send(worker_service_pb2.SchedulerMessage(assignment=assignment)):
             return False
         session.assigned[task.id] = (timer, task.fencing_token)
         self._stats["assignments_sent"] += 1
         return True
+
+    def _add_place(self, assignment: worker_service_pb2.Assignment, place: Place) -> None:
+        assignment.workflow_ref = place.ref
+        for parent, carried in bounded_results(place.parents, self._max_parent_results_bytes):
+            result = assignment.parent_results.add(
+                ref=parent.ref,
+                task_id=str(parent.task_id),
+                status=convert.status_to_pb(parent.status),
+                omitted=not carried,
+            )
+            if carried and parent.result_json is not None:
+                result.result_json = parent.result_json.encode()
 
     def send_cancel(self, task_id: uuid.UUID, reason: str) -> bool:
         """Ask the worker running ``task_id`` (if its session is here) to stop it."""

@@ -28,11 +28,11 @@ from chronoshard.scheduler.core.runs import (
     Beat,
     Completion,
     Failure,
-    FailureResult,
     LeaseUpdate,
     Release,
     Settle,
     SettleOutcome,
+    SettleResult,
     TimerTask,
 )
 from chronoshard.scheduler.dispatch.group_commit import GroupCommitter
@@ -45,7 +45,10 @@ class SettlementListener(Protocol):
 
     def tasks_ready_again(self, tasks: Sequence[TimerTask]) -> None: ...
 
-    def retry_scheduled(self, shard: int, due_at: datetime) -> None: ...
+    def task_due(self, shard: int, due_at: datetime) -> None:
+        """A task of ``shard`` became due at ``due_at`` (a retry scheduled, a workflow
+        child released): its preloader must see it."""
+        ...
 
     def preloaded_unknown(self) -> None: ...
 
@@ -135,8 +138,9 @@ class Settlements:
         return [outcomes[a.ref.id] for a in acks]
 
     async def _complete_batch(self, completions: Sequence[Completion]) -> list[SettleOutcome]:
-        outcomes = await self._store.complete(completions)
-        return [outcomes[c.ref.id] for c in completions]
+        result = await self._store.complete(completions)
+        self._tell_due(result)
+        return [result.outcomes[c.ref.id] for c in completions]
 
     async def _beat_batch(self, batches: Sequence[Sequence[Beat]]) -> list[LeaseUpdate]:
         flat = [beat for batch in batches for beat in batch]
@@ -149,10 +153,13 @@ class Settlements:
         return [update] * len(batches)
 
     async def _fail_batch(self, failures: Sequence[Failure]) -> list[SettleOutcome]:
-        result: FailureResult = await self._store.fail(failures, self._clock.now())
-        for shard, due_at in result.retrying:
-            self._listener.retry_scheduled(shard, due_at)
+        result = await self._store.fail(failures, self._clock.now())
+        self._tell_due(result)
         return [result.outcomes[f.ref.id] for f in failures]
+
+    def _tell_due(self, result: SettleResult) -> None:
+        for shard, due_at in result.due:
+            self._listener.task_due(shard, due_at)
 
     async def _release_batch(self, releases: Sequence[Release]) -> list[SettleOutcome]:
         try:

@@ -28,6 +28,7 @@ from chronoshard.scheduler.core.states import TaskStatus
 from chronoshard.scheduler.store import queries
 from chronoshard.scheduler.store.database import Store
 from chronoshard.scheduler.store.runs import batch_keys, timer_from_row
+from chronoshard.scheduler.store.workflow_progress import finished_rows, settle
 
 _BEFORE_EVERY_RUN = (datetime.fromisoformat("0001-01-01T00:00:00+00:00"), uuid.UUID(int=0))
 
@@ -112,10 +113,19 @@ class RepairStore:
                 },
             )
             rows = await cur.fetchall()
+            # A cancelled workflow task settles its run in this transaction.
+            released = await settle(conn, finished_rows(rows))
         ready = [timer_from_row(r) for r in rows if r["status"] == TaskStatus.PRELOADED]
         cancelled = [r["id"] for r in rows if r["status"] == TaskStatus.CANCELLED]
         unknown = [r["id"] for r in rows if r["status"] == TaskStatus.OUTCOME_UNKNOWN]
-        return RepairResult(ready, cancelled, unknown, frozenset(r["id"] for r in rows), lost)
+        return RepairResult(
+            ready,
+            cancelled,
+            unknown,
+            frozenset(r["id"] for r in rows),
+            lost,
+            [(t.shard, t.due_at) for t in released],
+        )
 
     async def scan_runs(
         self, after: tuple[datetime, uuid.UUID] | None, limit: int

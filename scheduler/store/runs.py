@@ -34,7 +34,6 @@ from chronoshard.scheduler.core.runs import (
     Beat,
     Completion,
     Failure,
-    FailureResult,
     Intent,
     IntentResult,
     Interner,
@@ -42,13 +41,16 @@ from chronoshard.scheduler.core.runs import (
     Release,
     Settle,
     SettleOutcome,
+    SettleResult,
     TimerTask,
     intent_committed,
 )
 from chronoshard.scheduler.core.states import TaskStatus
+from chronoshard.scheduler.core.workflows import Place
 from chronoshard.scheduler.errors import StoreUnavailable
 from chronoshard.scheduler.store import queries
 from chronoshard.scheduler.store.database import Connection, Store, task_from_row
+from chronoshard.scheduler.store.workflow_progress import finished_rows, places, settle
 from chronoshard.wire import DEFAULT_LEASE_MARGIN_S
 
 log = logging.getLogger(__name__)
@@ -275,13 +277,13 @@ class RunStore:
 
         Only after this returns may the assignments be sent (intent before action).
         """
-        rows, lost = await self._on_owned_intents(
+        rows, lost, places = await self._on_owned_intents(
             "write_intents",
             epochs,
             intents,
             lambda mine: {"worker_ids": [i.worker_id for i in mine], "lease_s": lease_s},
         )
-        return IntentResult([task_from_row(r) for r in rows], lost)
+        return IntentResult([task_from_row(r) for r in rows], lost, places=places)
 
     async def _on_owned_intents(
         self,
@@ -289,16 +291,19 @@ class RunStore:
         epochs: Mapping[int, int],
         intents: Sequence[Intent],
         params: Callable[[list[Intent]], dict[str, Any]] = lambda mine: {},
-    ) -> tuple[list[dict[str, Any]], frozenset[int]]:
+    ) -> tuple[list[dict[str, Any]], frozenset[int], dict[uuid.UUID, Place]]:
         """Run ``query`` for the intents of shards whose epoch is still ours, in one
-        transaction under their fence; its rows, and the shards found lost."""
+        transaction under their fence; its rows (``tasks`` rows), the shards found lost,
+        and the places of the workflow tasks among the rows (read in the same
+        transaction: a read failing after the intents committed would lose the
+        assignments)."""
         shards = {i.task.shard: epochs[i.task.shard] for i in intents if i.task.shard in epochs}
         async with self._store.transaction() as conn:
             owned = await self._store.owned_shards(conn, shards)
             lost = frozenset(shards.keys() - owned)
             mine = [i for i in intents if i.task.shard in owned]
             if not mine:
-                return [], lost
+                return [], lost, {}
             cur = conn.cursor(row_factory=dict_row)
             await cur.execute(
                 self._q[query],
@@ -308,7 +313,9 @@ class RunStore:
                     **params(mine),
                 },
             )
-            return await cur.fetchall(), lost
+            rows = await cur.fetchall()
+            in_runs = [row["id"] for row in rows if row["workflow_id"] is not None]
+            return rows, lost, (await places(conn, in_runs) if in_runs else {})
 
     async def read_back_intents(
         self, epochs: Mapping[int, int], intents: Sequence[Intent]
@@ -316,7 +323,7 @@ class RunStore:
         """What became of ``intents`` whose :meth:`write_intents` commit outcome was
         unknown (:func:`intent_committed` for each), read under the shards' fence."""
         await self._store.end_lost_transactions()
-        found, lost = await self._on_owned_intents("intent_outcomes", epochs, intents)
+        found, lost, found_places = await self._on_owned_intents("intent_outcomes", epochs, intents)
         rows = {r["id"]: r for r in found}
         dispatched: list[Task] = []
         unwritten: set[uuid.UUID] = set()
@@ -329,7 +336,7 @@ class RunStore:
                 dispatched.append(task_from_row(row))
             elif committed is False:
                 unwritten.add(intent.task.id)
-        return IntentResult(dispatched, lost, frozenset(unwritten))
+        return IntentResult(dispatched, lost, frozenset(unwritten), places=found_places)
 
     # ---- worker settlements (token-fenced, any node) ----------------------------------
 
@@ -371,21 +378,24 @@ class RunStore:
         )
 
     @_retry_rollbacks
-    async def complete(self, completions: Sequence[Completion]) -> dict[uuid.UUID, SettleOutcome]:
+    async def complete(self, completions: Sequence[Completion]) -> SettleResult:
         if not completions:
-            return {}
+            return SettleResult({}, [])
         async with self._store.transaction() as conn:
-            cur = await conn.execute(
+            cur = conn.cursor(row_factory=dict_row)
+            await cur.execute(
                 self._q["complete"],
                 {**_refs(completions), "results": [c.result_json for c in completions]},
             )
-            moved = {row[0] for row in await cur.fetchall()}
-            return await self._classify(conn, completions, moved, "complete")
+            rows = await cur.fetchall()
+            released = await settle(conn, finished_rows(rows))
+            outcomes = await self._classify(conn, completions, {r["id"] for r in rows}, "complete")
+        return SettleResult(outcomes, [(t.shard, t.due_at) for t in released])
 
     @_retry_rollbacks
-    async def fail(self, failures: Sequence[Failure], now: datetime) -> FailureResult:
+    async def fail(self, failures: Sequence[Failure], now: datetime) -> SettleResult:
         if not failures:
-            return FailureResult({}, [])
+            return SettleResult({}, [])
         by_id = {f.ref.id: f for f in failures}
         async with self._store.transaction() as conn:
             cur = conn.cursor(row_factory=dict_row)
@@ -404,10 +414,11 @@ class RunStore:
                     cancel_requested=row["cancel_requested"],
                 )
                 decided.append((failure, decide(budget, failure.report, now)))
-            retrying: list[tuple[int, datetime]] = []
+            due: list[tuple[int, datetime]] = []
             moved: set[uuid.UUID] = set()
             if decided:
-                applied = await conn.execute(
+                applied = conn.cursor(row_factory=dict_row)
+                await applied.execute(
                     self._q["apply_failures"],
                     {
                         **_refs(f for f, _ in decided),
@@ -418,12 +429,15 @@ class RunStore:
                         "retry_counts": [d.retry_count for _, d in decided],
                     },
                 )
-                for task_id, shard, status, due_at in await applied.fetchall():
-                    moved.add(task_id)
-                    if status == TaskStatus.RETRYING:
-                        retrying.append((shard, due_at))
+                moved_rows = await applied.fetchall()
+                for row in moved_rows:
+                    moved.add(row["id"])
+                    if row["status"] == TaskStatus.RETRYING:
+                        due.append((row["shard"], row["due_at"]))
+                released = await settle(conn, finished_rows(moved_rows))
+                due.extend((t.shard, t.due_at) for t in released)
             outcomes = await self._classify(conn, failures, moved, "fail")
-        return FailureResult(outcomes, retrying)
+        return SettleResult(outcomes, due)
 
     @_retry_rollbacks
     async def release(

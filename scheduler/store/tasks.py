@@ -28,7 +28,8 @@ as it is.
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -41,15 +42,31 @@ from chronoshard.scheduler.core.states import Resolution, TaskEvent, TaskStatus
 from chronoshard.scheduler.errors import (
     CompareAndSetLost,
     NothingToResolve,
+    PartOfWorkflow,
     TaskAlreadyFinished,
     TaskNotFound,
 )
 from chronoshard.scheduler.store import queries
 from chronoshard.scheduler.store.database import Store, task_from_row
+from chronoshard.scheduler.store.workflow_progress import DueTask, finished_rows, settle
 
 COOPERATIVE_CANCEL: frozenset[TaskStatus] = frozenset({TaskStatus.RUNNING})
 """States whose cancel must be acknowledged by the worker running the handler."""
 IMMEDIATE_CANCEL: frozenset[TaskStatus] = states.sources(TaskEvent.CANCEL) - COOPERATIVE_CANCEL
+
+
+def cancel_params(
+    tenant_id: uuid.UUID, scheduled_at: datetime, ids: Sequence[uuid.UUID], reason: str
+) -> dict[str, Any]:
+    """The ``cancel_task`` statement's parameters: tasks ``ids``, all at ``scheduled_at``."""
+    return {
+        "tenant_id": tenant_id,
+        "scheduled_at": scheduled_at,
+        "ids": list(ids),
+        "sources": sorted(str(s) for s in states.sources(TaskEvent.CANCEL)),
+        "immediate": sorted(str(s) for s in IMMEDIATE_CANCEL),
+        "reason": reason,
+    }
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +74,8 @@ class CancelResult:
     task: Task
     changed: bool
     """False when the task was already CANCELLED and nothing was written."""
+    due: list[DueTask] = field(default_factory=list)
+    """Workflow tasks its cancel made due (``all_done`` children)."""
 
 
 class TaskQueries:
@@ -113,18 +132,11 @@ class TaskQueries:
             return CancelResult(task, changed=False)
         if task.status in states.TERMINAL:
             raise TaskAlreadyFinished(task_id, str(task.status))
-        params = {
-            "tenant_id": tenant_id,
-            "scheduled_at": task.scheduled_at,
-            "id": task.id,
-            "sources": sorted(str(s) for s in states.sources(TaskEvent.CANCEL)),
-            "immediate": sorted(str(s) for s in IMMEDIATE_CANCEL),
-            "reason": reason,
-        }
-        moved = await self._write_one("cancel_task", params)
+        params = cancel_params(tenant_id, task.scheduled_at, [task.id], reason)
+        moved, due = await self._write_one("cancel_task", params)
         if moved is None:
             raise CompareAndSetLost(f"task {task_id} changed state while being cancelled")
-        return CancelResult(moved, changed=True)
+        return CancelResult(moved, changed=True, due=due)
 
     async def retry_task(self, tenant_id: uuid.UUID, task_id: uuid.UUID, due_at: datetime) -> Task:
         """Send a DEAD_LETTER task back to SCHEDULED, due at ``due_at``, with its retry
@@ -139,11 +151,13 @@ class TaskQueries:
         task = await self._get(tenant_id, task_id)
         if task.status is TaskStatus.OUTCOME_UNKNOWN:
             reason = "retried by an operator (RetryTask)"
-            resolved, _ = await self.resolve_task(
+            resolved, _, _ = await self.resolve_task(
                 tenant_id, task_id, Resolution.RETRY, reason, due_at
             )
             return resolved
         states.transition(task.status, TaskEvent.OPERATOR_RETRY)
+        if task.workflow_id is not None:
+            raise PartOfWorkflow(task.id, task.workflow_id)
         params = {
             "tenant_id": tenant_id,
             "scheduled_at": task.scheduled_at,
@@ -151,7 +165,7 @@ class TaskQueries:
             "sources": sorted(str(s) for s in states.sources(TaskEvent.OPERATOR_RETRY)),
             "due_at": due_at,
         }
-        moved = await self._write_one("retry_task", params)
+        moved, _ = await self._write_one("retry_task", params)
         if moved is None:
             raise CompareAndSetLost(f"task {task_id} changed state while being retried")
         return moved
@@ -163,9 +177,10 @@ class TaskQueries:
         resolution: Resolution,
         reason: str,
         due_at: datetime,
-    ) -> tuple[Task, bool]:
-        """Resolve an OUTCOME_UNKNOWN task; the task after it, and whether this call wrote
-        (False: a repeat of a resolution already applied, nothing written).
+    ) -> tuple[Task, bool, list[DueTask]]:
+        """Resolve an OUTCOME_UNKNOWN task; the task after it, whether this call wrote
+        (False: a repeat of a resolution already applied, nothing written), and the
+        workflow tasks a MARK_FAILED made due (``all_done`` children).
 
         Raises:
             TaskNotFound: no such task in this tenant.
@@ -178,7 +193,7 @@ class TaskQueries:
             attempts = await self._store.get_attempts(task.id)
             resolved = [a for a in attempts if a.resolution is not None]
             if resolved and resolved[-1].resolution is resolution:
-                return task, False
+                return task, False, []
             raise NothingToResolve(task_id, str(task.status))
         target = states.transition(task.status, resolution.event)
         note = (
@@ -195,10 +210,10 @@ class TaskQueries:
             "resolution": str(resolution),
             "note": note,
         }
-        moved = await self._write_one("resolve_task", params)
+        moved, due = await self._write_one("resolve_task", params)
         if moved is None:
             raise CompareAndSetLost(f"task {task_id} changed state while being resolved")
-        return moved, True
+        return moved, True, due
 
     async def _get(self, tenant_id: uuid.UUID, task_id: uuid.UUID) -> Task:
         task = await self._store.get_task(tenant_id, task_id)
@@ -206,9 +221,16 @@ class TaskQueries:
             raise TaskNotFound(task_id)
         return task
 
-    async def _write_one(self, name: str, params: dict[str, Any]) -> Task | None:
+    async def _write_one(
+        self, name: str, params: dict[str, Any]
+    ) -> tuple[Task | None, list[DueTask]]:
+        """The one row ``name`` moved, and what it made due: a workflow task it made
+        terminal settles its run in the same transaction (:mod:`.workflow_progress`)."""
         async with self._store.transaction() as conn:
             cur = conn.cursor(row_factory=dict_row)
             await cur.execute(self._q[name], params)
             row = await cur.fetchone()
-        return None if row is None else task_from_row(row)
+            if row is None:
+                return None, []
+            due = await settle(conn, finished_rows([row]))
+        return task_from_row(row), due

@@ -237,14 +237,14 @@ async def test_a_late_settlement_of_the_same_attempt_makes_the_outcome_known(
     reconciler, _ = _reconciler(store, Sessions(), Wheel())
     assert (await reconciler.reconcile_once()).outcome_unknown == 1
     # A stale token is still refused, and changes nothing.
-    assert await runs.complete([Completion(task.ref, 2, None)]) == {
+    assert (await runs.complete([Completion(task.ref, 2, None)])).outcomes == {
         new.id: SettleOutcome.STALE_FENCING_TOKEN
     }
     # A late ack says nothing about the outcome: OK, and the row stays held.
     assert await runs.ack([Beat(task.ref, 1, None)]) == {new.id: SettleOutcome.OK}
     assert (await _row(store, new.id))["status"] == "OUTCOME_UNKNOWN"
     if settlement == "complete":
-        outcome = await runs.complete([Completion(task.ref, 1, '{"done": true}')])
+        outcome = (await runs.complete([Completion(task.ref, 1, '{"done": true}')])).outcomes
         expected = ("COMPLETED", AttemptState.SUCCEEDED)
     elif settlement == "fail":
         report = FailureReport(retryable=True, timed_out=False, cancelled=False)
@@ -263,7 +263,9 @@ async def test_a_late_settlement_of_the_same_attempt_makes_the_outcome_known(
     assert (row["status"], attempt.state) == expected
     # Its repeat is an idempotent OK, as for any settlement.
     if settlement == "complete":
-        assert await runs.complete([Completion(task.ref, 1, None)]) == {new.id: SettleOutcome.OK}
+        assert (await runs.complete([Completion(task.ref, 1, None)])).outcomes == {
+            new.id: SettleOutcome.OK
+        }
 
 
 async def test_a_heartbeat_for_a_lease_past_its_margin_is_refused(
@@ -318,7 +320,9 @@ async def test_a_completion_between_the_read_and_the_write_wins(
 
     async def complete_first(epochs: Mapping[int, int], repairs: Sequence[Any]) -> Any:
         # The worker's completion commits after the scan, before the compare-and-set.
-        outcome = await runs.complete([Completion(task.ref, task.fencing_token, '{"ok": 1}')])
+        outcome = (
+            await runs.complete([Completion(task.ref, task.fencing_token, '{"ok": 1}')])
+        ).outcomes
         assert outcome == {new.id: SettleOutcome.OK}
         return await real_repair(epochs, repairs)
 
@@ -378,9 +382,11 @@ async def test_a_stale_completion_after_redispatch_marks_the_attempt_fenced(
     reconciler, _ = _reconciler(store, Sessions(), Wheel())
     assert (await reconciler.reconcile_once()).redispatched == 1
     [winner] = await _dispatch(runs, "w-winner")
-    assert await runs.complete([Completion(winner.ref, 2, None)]) == {new.id: SettleOutcome.OK}
+    assert (await runs.complete([Completion(winner.ref, 2, None)])).outcomes == {
+        new.id: SettleOutcome.OK
+    }
     # The paused worker wakes up and reports under its superseded token.
-    assert await runs.complete([Completion(zombie.ref, 1, None)]) == {
+    assert (await runs.complete([Completion(zombie.ref, 1, None)])).outcomes == {
         new.id: SettleOutcome.STALE_FENCING_TOKEN
     }
     states = [(a.fencing_token, a.state) for a in await store.get_attempts(new.id)]
@@ -408,7 +414,8 @@ async def _workflow(store: Store, tenant: Tenant, statuses: list[str]) -> uuid.U
     run_id = uuid.uuid4()
     await _sql(
         store,
-        "INSERT INTO workflow_runs (id, tenant_id, state) VALUES (%s, %s, 'RUNNING')",
+        "INSERT INTO workflow_runs (id, tenant_id, state, scheduled_at, task_count, edge_count)"
+        " VALUES (%s, %s, 'RUNNING', now(), 1, 0)",
         run_id,
         tenant.id,
     )

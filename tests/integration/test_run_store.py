@@ -117,13 +117,15 @@ async def test_ack_heartbeat_complete_and_the_ledger(
     assert stale.extended == frozenset()
     row = await _row(store, new.id)
     assert row["status"] == "RUNNING" and bytes(row["checkpoint"]) == b'{"row": 7}'
-    outcome = await runs.complete([Completion(task.ref, 1, '{"sent": true}')])
+    outcome = (await runs.complete([Completion(task.ref, 1, '{"sent": true}')])).outcomes
     assert outcome == {new.id: SettleOutcome.OK}
     row = await _row(store, new.id)
     assert row["status"] == "COMPLETED" and row["result_payload"] == {"sent": True}
     # Completion is idempotent for the winning token, refused for any other.
-    assert await runs.complete([Completion(task.ref, 1, None)]) == {new.id: SettleOutcome.OK}
-    assert await runs.complete([Completion(task.ref, 0, None)]) == {
+    assert (await runs.complete([Completion(task.ref, 1, None)])).outcomes == {
+        new.id: SettleOutcome.OK
+    }
+    assert (await runs.complete([Completion(task.ref, 0, None)])).outcomes == {
         new.id: SettleOutcome.STALE_FENCING_TOKEN
     }
     async with store.connection() as conn:
@@ -150,7 +152,7 @@ async def test_a_stale_completion_changes_nothing(
     [second] = result.dispatched
     assert second.fencing_token == 2
     before = await _row(store, new.id)
-    assert await runs.complete([Completion(first.ref, 1, '{"zombie": 1}')]) == {
+    assert (await runs.complete([Completion(first.ref, 1, '{"zombie": 1}')])).outcomes == {
         new.id: SettleOutcome.STALE_FENCING_TOKEN
     }
     assert await _row(store, new.id) == before
@@ -163,14 +165,14 @@ async def test_failures_retry_with_backoff_then_dead_letter(
     [task] = await _dispatch(runs)
     result = await runs.fail([Failure(task.ref, 1, "boom", ERROR)], datetime.now(UTC))
     assert result.outcomes == {new.id: SettleOutcome.OK}
-    assert [shard for shard, _ in result.retrying] == [SHARD]
+    assert [shard for shard, _ in result.due] == [SHARD]
     row = await _row(store, new.id)
     assert (row["status"], row["retry_count"], row["last_error"]) == ("RETRYING", 1, "boom")
     assert row["scheduled_at"] == new.scheduled_at and row["due_at"] > new.due_at
     [task] = await _dispatch(runs)
     assert task.attempt == 2 and task.fencing_token == 2
     result = await runs.fail([Failure(task.ref, 2, "boom again", ERROR)], datetime.now(UTC))
-    assert result.retrying == []
+    assert result.due == []
     row = await _row(store, new.id)
     assert row["status"] == "DEAD_LETTER" and row["finished_at"] is not None
     states = [a.state for a in await store.get_attempts(new.id)]

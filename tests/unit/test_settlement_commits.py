@@ -22,11 +22,11 @@ from chronoshard.scheduler.core.runs import (
     Beat,
     Completion,
     Failure,
-    FailureResult,
     LeaseUpdate,
     Release,
     Settle,
     SettleOutcome,
+    SettleResult,
     TimerTask,
 )
 from chronoshard.scheduler.core.states import AttemptState
@@ -52,15 +52,15 @@ class Store:
         self.calls.append(("ack", list(acks)))
         return {a.ref.id: SettleOutcome.OK for a in acks}
 
-    async def complete(self, done: Sequence[Completion]) -> dict[uuid.UUID, SettleOutcome]:
+    async def complete(self, done: Sequence[Completion]) -> SettleResult:
         self.calls.append(("complete", list(done)))
-        return {c.ref.id: SettleOutcome.STALE_FENCING_TOKEN for c in done}
+        return SettleResult({c.ref.id: SettleOutcome.STALE_FENCING_TOKEN for c in done}, [])
 
-    async def fail(self, failures: Sequence[Failure], now: datetime) -> FailureResult:
+    async def fail(self, failures: Sequence[Failure], now: datetime) -> SettleResult:
         self.calls.append(("fail", list(failures)))
-        return FailureResult(
+        return SettleResult(
             outcomes={f.ref.id: SettleOutcome.OK for f in failures},
-            retrying=[(3, now)],
+            due=[(3, now)],
         )
 
     async def release(
@@ -91,7 +91,7 @@ class Listener:
     def tasks_ready_again(self, tasks: Sequence[TimerTask]) -> None:
         self.ready_again.extend(tasks)
 
-    def retry_scheduled(self, shard: int, due_at: datetime) -> None:
+    def task_due(self, shard: int, due_at: datetime) -> None:
         self.retries.append((shard, due_at))
 
     def preloaded_unknown(self) -> None:

@@ -65,6 +65,10 @@ DESIGN_TABLE: dict[tuple[str, str], str] = {
     ("OUTCOME_UNKNOWN", "OPERATOR_RETRY"): "SCHEDULED",
     ("OUTCOME_UNKNOWN", "OPERATOR_FAIL"): "DEAD_LETTER",
     ("OUTCOME_UNKNOWN", "CANCEL"): "CANCELLED",
+    # Issue 16 (docs/architecture.md#d9): RetryWorkflow reopens a finished run's failures.
+    ("DEAD_LETTER", "WORKFLOW_RETRY"): "SCHEDULED",
+    ("CANCELLED", "WORKFLOW_RETRY"): "SCHEDULED",
+    ("UPSTREAM_FAILED", "WORKFLOW_RETRY"): "SCHEDULED",
 }
 DESIGN_TERMINAL = {"COMPLETED", "CANCELLED", "DEAD_LETTER", "UPSTREAM_FAILED"}
 
@@ -208,9 +212,12 @@ def test_implied_ack_matches_the_completion_write_of_design_section_5() -> None:
 
 def test_allowed_events_of_terminal_states() -> None:
     assert allowed_events(TaskStatus.COMPLETED) == frozenset()
-    assert allowed_events(TaskStatus.CANCELLED) == frozenset()
-    assert allowed_events(TaskStatus.UPSTREAM_FAILED) == frozenset()
-    assert allowed_events(TaskStatus.DEAD_LETTER) == {TaskEvent.OPERATOR_RETRY}
+    assert allowed_events(TaskStatus.CANCELLED) == {TaskEvent.WORKFLOW_RETRY}
+    assert allowed_events(TaskStatus.UPSTREAM_FAILED) == {TaskEvent.WORKFLOW_RETRY}
+    assert allowed_events(TaskStatus.DEAD_LETTER) == {
+        TaskEvent.OPERATOR_RETRY,
+        TaskEvent.WORKFLOW_RETRY,
+    }
 
 
 @PROPERTY_SETTINGS
@@ -232,10 +239,13 @@ def test_random_event_sequences_stay_inside_the_declared_states(
 
 @PROPERTY_SETTINGS
 @given(st.sampled_from(sorted(TERMINAL)), events, st.booleans())
-def test_terminal_states_never_change_except_operator_retry(
+def test_terminal_states_never_change_except_by_an_operators_retry(
     current: TaskStatus, event: TaskEvent, implied_ack: bool
 ) -> None:
-    if (current, event) == (TaskStatus.DEAD_LETTER, TaskEvent.OPERATOR_RETRY):
+    reopens = (current, event) == (TaskStatus.DEAD_LETTER, TaskEvent.OPERATOR_RETRY) or (
+        event is TaskEvent.WORKFLOW_RETRY and current is not TaskStatus.COMPLETED
+    )
+    if reopens:
         assert transition(current, event, implied_ack=implied_ack) is TaskStatus.SCHEDULED
     else:
         with pytest.raises(InvalidTransition):

@@ -106,7 +106,8 @@ WITH decided AS (
       AND t.updated_at = d.updated_at
       AND t.shard = ANY(%(shards)s::smallint[])
     RETURNING t.id, t.scheduled_at, t.shard, t.tenant_id, t.priority, t.queue, t.type,
-              t.due_at, t.strict_timing, t.status, t.attempt, d.attempt_state, d.reason
+              t.due_at, t.strict_timing, t.status, t.attempt, t.workflow_id, d.attempt_state,
+              d.reason
 ), attempts AS (
     UPDATE task_attempts AS ta
     SET state = moved.attempt_state, finished_at = now(), error = moved.reason
@@ -116,7 +117,7 @@ WITH decided AS (
       AND ta.state IN ('DISPATCHED', 'RUNNING')
 )
 SELECT id, scheduled_at, shard, tenant_id, priority, queue, type, due_at, strict_timing,
-       status
+       status, workflow_id
 FROM moved;
 
 -- name: scan_runs

@@ -284,7 +284,8 @@ WITH done AS (
     FROM locked AS c
     WHERE t.scheduled_at = c.scheduled_at
       AND t.id = c.id
-    RETURNING t.id, t.attempt, t.job_id, t.tenant_id, t.finished_at, t.shard
+    RETURNING t.id, t.attempt, t.job_id, t.tenant_id, t.finished_at, t.shard, t.scheduled_at,
+              t.workflow_id
 ), attempts AS (
     UPDATE task_attempts AS ta
     SET state = 'SUCCEEDED', finished_at = now()
@@ -296,7 +297,9 @@ WITH done AS (
     FROM moved
     WHERE job_id IS NOT NULL
 )
-SELECT id, shard FROM moved;
+-- workflow_id: a workflow task's completion settles its run in this transaction
+-- (store/workflow_progress.py).
+SELECT id, shard, scheduled_at, workflow_id, 'COMPLETED' AS status FROM moved;
 
 -- name: lock_for_failure
 -- Failure needs the row's retry budget and backoff to decide RETRYING or DEAD_LETTER:
@@ -357,13 +360,15 @@ WITH decided AS (
     FROM locked AS d
     WHERE t.scheduled_at = d.scheduled_at
       AND t.id = d.id
-    RETURNING t.id, t.attempt, t.shard, t.status, t.due_at, d.attempt_state, d.error
+    RETURNING t.id, t.attempt, t.shard, t.status, t.due_at, t.scheduled_at, t.workflow_id,
+              d.attempt_state, d.error
 )
 UPDATE task_attempts AS ta
 SET state = moved.attempt_state, finished_at = now(), error = moved.error
 FROM moved
 WHERE ta.task_id = moved.id AND ta.attempt = moved.attempt
-RETURNING moved.id, moved.shard, moved.status, moved.due_at;
+RETURNING moved.id, moved.shard, moved.status, moved.due_at, moved.scheduled_at,
+          moved.workflow_id;
 
 -- name: release
 -- The worker gives the task back (drain with checkpoint, cannot run it, or the node

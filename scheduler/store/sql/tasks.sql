@@ -42,7 +42,8 @@ LIMIT %(limit)s;
 -- locks it (SET expressions read the old row): an %(immediate)s state becomes CANCELLED
 -- at once, with its live attempt; RUNNING stays RUNNING with the request recorded, and
 -- the worker's acknowledgement finishes it (handled by the worker gateway). A repeated
--- request keeps the first request's time and reason.
+-- request keeps the first request's time and reason. One task (CancelTask) or every
+-- live task of a workflow (CancelWorkflow: its tasks share one scheduled_at).
 WITH moved AS (
     UPDATE tasks AS t
     SET status = CASE WHEN t.status = ANY(%(immediate)s::text[]) THEN 'CANCELLED'
@@ -57,7 +58,7 @@ WITH moved AS (
         cancel_reason = COALESCE(t.cancel_reason, %(reason)s::text),
         updated_at = now()
     WHERE t.scheduled_at = %(scheduled_at)s
-      AND t.id = %(id)s
+      AND t.id = ANY(%(ids)s::uuid[])
       AND t.tenant_id = %(tenant_id)s
       AND t.status = ANY(%(sources)s::text[])
     RETURNING t.*
