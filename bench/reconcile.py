@@ -152,8 +152,9 @@ FROM tasks WHERE type LIKE 'bench-live-%%' AND status IN ('DISPATCHED', 'RUNNING
 # hour, not in flight, but the run scan must look at them).
 RUNS_SQL = """
 WITH runs AS (
-    INSERT INTO workflow_runs (id, tenant_id, state)
-    SELECT gen_random_uuid(), %(tenant)s, 'RUNNING' FROM generate_series(1, %(runs)s)
+    INSERT INTO workflow_runs (id, tenant_id, state, scheduled_at, task_count, edge_count)
+    SELECT gen_random_uuid(), %(tenant)s, 'RUNNING', now() + interval '2 days', 3, 0
+    FROM generate_series(1, %(runs)s)
     RETURNING id
 )
 INSERT INTO tasks (id, tenant_id, type, scheduled_at, due_at, status, max_retries,
@@ -170,8 +171,9 @@ FROM runs CROSS JOIN generate_series(1, 3);
 # in finished workflow runs (one run per 100 such tasks).
 HISTORY_SQL = """
 WITH runs AS (
-    INSERT INTO workflow_runs (id, tenant_id, state, finished_at)
-    SELECT gen_random_uuid(), %(tenant)s, 'SUCCEEDED', now()
+    INSERT INTO workflow_runs (id, tenant_id, state, finished_at, scheduled_at, task_count,
+                               edge_count)
+    SELECT gen_random_uuid(), %(tenant)s, 'SUCCEEDED', now(), now(), 100, 0
     FROM generate_series(1, greatest(1, %(count)s / 10000))
     RETURNING id
 ), run_list AS (

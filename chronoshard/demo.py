@@ -8,6 +8,8 @@
 - ``demo.fail`` always fails: it ends DEAD_LETTER after its retries.
 - ``demo.tick`` is what the demo's schedule runs (``chronoshard schedules get
   demo.heartbeat``): it prints the occurrence's logical date and returns it.
+- ``demo.gather`` ends the demo's workflow: it returns what its parents returned
+  (``ctx.parents``), by their refs.
 
 Every handler's result also carries ``"late_ms"``: how long after the task's due time
 the handler started, on this worker's clock. ``chronoshard dev --demo`` shows these.
@@ -71,3 +73,13 @@ async def tick(ctx: TaskContext) -> dict[str, Any]:
     when = None if ctx.logical_date is None else ctx.logical_date.isoformat()
     print(f"demo.tick: occurrence {when} of schedule {ctx.schedule_id}", flush=True)
     return {"logical_date": when, "late_ms": late}
+
+
+@worker.task("demo.gather")
+async def gather(ctx: TaskContext) -> dict[str, Any]:
+    """The last task of a workflow: its parents' results arrive with the assignment, so
+    the pipeline needs no side store to pass small values down."""
+    late = lateness_ms(ctx)
+    seen = {ref: parent.result for ref, parent in ctx.parents.items()}
+    print(f"demo.gather: {ctx.workflow_ref} of workflow {ctx.workflow_id} got {seen}", flush=True)
+    return {"from": seen, "late_ms": late}

@@ -73,7 +73,8 @@ LIMIT %(limit)s
 # batch and three index probes per schedule, however long the histories grow:
 # - the newest created occurrence past its deadline: a backward probe of the
 #   (schedule_id, logical_date) primary key of schedule_occurrences;
-# - that occurrence's own completion: the unique task_id index of the ledger;
+# - that occurrence's own completion (its task's, or its workflow run's): the unique
+#   task_id index of the ledger;
 # - the newest completion of the schedule's (tenant_id, job_id): the same probe as
 #   JOB_STATUSES.
 # next_at (the first occurrence not created) is a column of the row itself. The
@@ -87,7 +88,9 @@ SELECT now() AS db_now, s.id, s.tenant_id, t.name AS tenant_name, s.name, s.job_
 FROM schedules s
 JOIN tenants t ON t.id = s.tenant_id
 LEFT JOIN LATERAL (
-    SELECT o.logical_date, o.task_id
+    -- A workflow schedule's occurrence is its run: a run that succeeded is in the ledger
+    -- under its own id.
+    SELECT o.logical_date, COALESCE(o.task_id, o.workflow_id) AS task_id
     FROM schedule_occurrences o
     WHERE o.schedule_id = s.id
       AND o.logical_date

@@ -30,7 +30,15 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, TextIO
 
 from chronoshard._cli import output
-from chronoshard.types import RetryPolicy, ScheduleSpec, Task, TaskSpec
+from chronoshard.types import (
+    RetryPolicy,
+    ScheduleSpec,
+    Task,
+    TaskSpec,
+    WorkflowDetail,
+    WorkflowEdge,
+    WorkflowTask,
+)
 
 if TYPE_CHECKING:
     from chronoshard.sync_client import SyncClient
@@ -155,6 +163,32 @@ def heartbeat_schedule() -> ScheduleSpec:
         cron=HEARTBEAT_CRON,
         task=TaskSpec("demo.tick", {"demo": HEARTBEAT_SCHEDULE}, strict_timing=True, timeout_s=30),
     )
+
+
+PIPELINE = "demo.pipeline"
+PIPELINE_EDGES = (
+    ("fetch", "invoice"),
+    ("fetch", "credit-check"),
+    ("invoice", "summary"),
+    ("credit-check", "summary"),
+)
+
+
+def pipeline_workflow(run_id: str) -> tuple[list[WorkflowTask], list[WorkflowEdge]]:
+    """The demo's workflow: fetch, then invoice and credit-check in parallel, then a
+    summary that gathers what both returned (``demo.gather`` reads ``ctx.parents``)."""
+    tasks = [
+        WorkflowTask(ref, TaskSpec("demo.echo", {"run": run_id, "step": ref}, strict_timing=True))
+        for ref in ("fetch", "invoice", "credit-check")
+    ]
+    tasks.append(WorkflowTask("summary", TaskSpec("demo.gather", {"run": run_id})))
+    return tasks, [WorkflowEdge(parent, child) for parent, child in PIPELINE_EDGES]
+
+
+def pipeline_line(detail: WorkflowDetail) -> str:
+    """``chronoshard dev --demo``'s line once its workflow finished."""
+    order = " -> ".join(f"{t.ref} {t.task.status.value.lower()}" for t in detail.tasks)
+    return f"demo: workflow {PIPELINE} {detail.workflow.state.value.lower()} ({order})"
 
 
 def occurrence_line(task: Task) -> str:
@@ -298,6 +332,8 @@ class DemoRun:
         self._tty = tty
         self.progress = DemoProgress()
         self.schedule_id: str | None = None
+        self.workflow_id: str | None = None
+        self._workflow_reported = False
         self._since = datetime.now(UTC)
         self._printed: set[str] = set()
         """Occurrences whose line was printed (task ids)."""
@@ -322,6 +358,17 @@ class DemoRun:
             f"demo: submitted {self.progress.batch_size()} tasks (due over the next "
             f"{FIRST_AT_S + SPREAD_S:g} s)"
         )
+        try:
+            tasks, edges = pipeline_workflow(run_id)
+            self.workflow_id = self._client.create_workflow(PIPELINE, tasks, edges).workflow.id
+        except ChronoshardError as exc:
+            self._print(f"demo: the workflow {PIPELINE} could not be made: {exc}")
+        else:
+            self._print(
+                f"demo: workflow {PIPELINE} runs fetch, then invoice and credit-check in "
+                f"parallel, then summary; see it with: chronoshard workflows get "
+                f"{self.workflow_id}"
+            )
         try:
             self.schedule_id = self._ensure_schedule()
         except ChronoshardError as exc:
@@ -367,6 +414,22 @@ class DemoRun:
                 self.progress.submitted(task.id, SCHEDULED)
         self.progress.observe(tasks)
         self._show(monotonic)
+        self._report_workflow()
+
+    def _report_workflow(self) -> None:
+        """Once, when the demo's workflow has finished: its state and its tasks'."""
+        from chronoshard.errors import ChronoshardError
+
+        if self.workflow_id is None or self._workflow_reported or not self._announced:
+            return
+        try:
+            detail = self._client.get_workflow(self.workflow_id)
+        except ChronoshardError as exc:
+            self._print(f"demo: {exc}")
+            return
+        if detail.workflow.state.is_finished:
+            self._workflow_reported = True
+            self._print(pipeline_line(detail))
 
     def _show(self, monotonic: float) -> None:
         settled = self.progress.batch_settled()

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
 from google.protobuf.message import DecodeError
 
+from chronoshard.scheduler.api import workflow_requests
 from chronoshard.scheduler.api.convert import ts_from_pb
 from chronoshard.scheduler.api.task_requests import (
     MAX_DELAY_S,
@@ -31,7 +32,8 @@ from chronoshard.scheduler.core.models import MAX_KEY_LENGTH, PreparedTask
 from chronoshard.scheduler.core.recurrence import Catchup, Cron, Interval, zone_named
 from chronoshard.scheduler.core.schedules import Overlap, Schedule, ScheduleSpec
 from chronoshard.scheduler.errors import InvalidArgument
-from chronoshard.v1 import schedule_service_pb2, task_service_pb2
+from chronoshard.scheduler.store.workflows import NewRun
+from chronoshard.v1 import schedule_service_pb2, task_service_pb2, workflow_service_pb2
 
 MAX_NAME_CHARS = 200
 MAX_CATCHUP_LIMIT = 10_000
@@ -86,7 +88,11 @@ def spec_from_pb(
         if end_at <= now:
             raise InvalidArgument(prefix + "end_at", "is in the past")
     cron, interval_s = _rule_from_pb(pb, zone, start_at or now, now, prefix)
-    template, trial = _template_from_pb(pb, tenant_id, now, limits, prefix)
+    facts = (
+        _workflow_template_from_pb(pb, tenant_id, now, limits, prefix)
+        if pb.HasField("workflow_template")
+        else _template_from_pb(pb, tenant_id, now, limits, prefix)
+    )
     catchup = _CATCHUP.get(pb.catchup_policy)
     if catchup is None:
         raise InvalidArgument(prefix + "catchup_policy", "is not a known policy")
@@ -94,11 +100,11 @@ def spec_from_pb(
     overlap = _OVERLAP.get(pb.overlap_policy)
     if overlap is None:
         raise InvalidArgument(prefix + "overlap_policy", "is not a known policy")
-    if overlap is not Overlap.ALLOW and not pb.task_template.HasField("timeout"):
+    if overlap is not Overlap.ALLOW and facts.untimed is not None:
         # "The previous occurrence still runs" must end: a hung one would otherwise
         # hold every later occurrence back for the server's default timeout, or forever.
         raise InvalidArgument(
-            prefix + "task_template.timeout",
+            facts.untimed,
             f"is required with overlap policy {overlap}: it bounds how long an occurrence "
             "can hold back the next",
         )
@@ -112,16 +118,12 @@ def spec_from_pb(
     expected_s = (
         request_duration(watch.expected_duration, prefix + "watch.expected_duration")
         if watch.HasField("expected_duration")
-        else (
-            request_duration(pb.task_template.timeout, prefix + "task_template.timeout")
-            if pb.task_template.HasField("timeout")
-            else DEFAULT_EXPECTED_DURATION_S
-        )
+        else facts.expected_s
     )
     tolerance_s = (
         request_duration(watch.tolerance, prefix + "watch.tolerance")
         if watch.HasField("tolerance")
-        else DEFAULT_TOLERANCE_S + _latest_start_s(trial, pb.task_template, limits)
+        else DEFAULT_TOLERANCE_S + facts.latest_start_s
     )
     severity = watch.severity or "critical"
     if severity not in SEVERITIES:
@@ -133,7 +135,7 @@ def spec_from_pb(
         timezone=zone,
         start_at=start_at,
         end_at=end_at,
-        template=template,
+        template=facts.template,
         catchup=catchup,
         catchup_limit=catchup_limit,
         misfire_grace_s=grace_s,
@@ -143,6 +145,7 @@ def spec_from_pb(
         expected_duration_s=expected_s,
         tolerance_s=tolerance_s,
         severity=severity,
+        creates_workflow=facts.creates_workflow,
     )
 
 
@@ -173,18 +176,32 @@ def _rule_from_pb(
     raise InvalidArgument(prefix + "cron", "a cron expression or an interval is required")
 
 
+@dataclass(frozen=True, slots=True)
+class _TemplateFacts:
+    """A validated template and what the rest of the spec's defaults read off it."""
+
+    template: bytes
+    creates_workflow: bool
+    untimed: str | None
+    """The field of a task without a timeout (SKIP and BUFFER_ONE need one), if any."""
+    expected_s: float
+    """The watch's default expected duration: the task's timeout, or the sum of the
+    timeouts along the workflow's longest chain; 60 s when one is missing."""
+    latest_start_s: float
+    """How late a jittered occurrence (its first tasks) may start."""
+
+
 def _template_from_pb(
     pb: schedule_service_pb2.ScheduleSpec,
     tenant_id: uuid.UUID,
     now: datetime,
     limits: SubmitLimits,
     prefix: str,
-) -> tuple[bytes, PreparedTask]:
-    """The template's bytes, after validating it as the submit of one occurrence (the
-    trial occurrence returned beside them)."""
+) -> _TemplateFacts:
+    """The task template, validated as the submit of one occurrence."""
     field = prefix + "task_template"
     if not pb.HasField("task_template"):
-        raise InvalidArgument(field, "is required")
+        raise InvalidArgument(field, "is required (or a workflow_template)")
     template = pb.task_template
     if template.WhichOneof("when") is not None:
         raise InvalidArgument(
@@ -200,7 +217,80 @@ def _template_from_pb(
         template, tenant_id=tenant_id, task_id=new_task_id(), now=now, limits=limits,
         prefix=field + ".",
     )  # fmt: skip
-    return template.SerializeToString(deterministic=True), trial
+    return _TemplateFacts(
+        template=template.SerializeToString(deterministic=True),
+        creates_workflow=False,
+        untimed=None if template.HasField("timeout") else field + ".timeout",
+        expected_s=DEFAULT_EXPECTED_DURATION_S if trial.new.timeout_s is None
+        else trial.new.timeout_s,
+        latest_start_s=_latest_start_s(trial, template, limits),
+    )  # fmt: skip
+
+
+def _workflow_template_from_pb(
+    pb: schedule_service_pb2.ScheduleSpec,
+    tenant_id: uuid.UUID,
+    now: datetime,
+    limits: SubmitLimits,
+    prefix: str,
+) -> _TemplateFacts:
+    """The workflow template, validated as the create of one occurrence's run."""
+    field = prefix + "workflow_template"
+    if pb.HasField("task_template"):
+        raise InvalidArgument(field, "set task_template or workflow_template, not both")
+    template = pb.workflow_template
+    if template.WhichOneof("when") is not None:
+        raise InvalidArgument(
+            field + "." + str(template.WhichOneof("when")), "is set by each occurrence"
+        )
+    if template.idempotency_key:
+        raise InvalidArgument(
+            field + ".idempotency_key", "must be empty: (schedule, logical date) keys each run"
+        )
+    if template.job_id:
+        raise InvalidArgument(field + ".job_id", "must be empty: set the schedule's job_id")
+    trial: list[NewRun] = []
+    _renamed(
+        field + ".",
+        lambda: trial.append(
+            workflow_requests.create_from_pb(template, tenant_id=tenant_id, now=now, limits=limits)
+        ),
+    )
+    run = trial[0]
+    untimed = next(
+        (
+            f"{field}.tasks[{i}].task.timeout"
+            for i, task in enumerate(template.tasks)
+            if not task.task.HasField("timeout")
+        ),
+        None,
+    )
+    by_ref = {task.ref: task.task for task in template.tasks}
+    roots = [(ref, p) for ref, _, p in run.tasks if p.new.unresolved_dependencies == 0]
+    return _TemplateFacts(
+        template=template.SerializeToString(deterministic=True),
+        creates_workflow=True,
+        untimed=untimed,
+        expected_s=_longest_chain_s(run) or DEFAULT_EXPECTED_DURATION_S,
+        latest_start_s=max(_latest_start_s(p, by_ref[ref], limits) for ref, p in roots),
+    )
+
+
+def _longest_chain_s(run: NewRun) -> float | None:
+    """The sum of the timeouts along the run's longest chain of tasks (the longest it can
+    take without retries), or None when a task has no timeout."""
+    timeouts = {p.new.id: p.new.timeout_s for _, _, p in run.tasks}
+    if any(timeout is None for timeout in timeouts.values()):
+        return None
+    parents: dict[uuid.UUID, list[uuid.UUID]] = {task_id: [] for task_id in timeouts}
+    for parent, child in run.edges:
+        parents[child].append(parent)
+    done: dict[uuid.UUID, float] = {}
+    for _, _, p in run.tasks:  # parents before children
+        task_id = p.new.id
+        before = max((done[parent] for parent in parents[task_id]), default=0.0)
+        done[task_id] = before + float(timeouts[task_id] or 0.0)
+    return max(done.values())
 
 
 def _latest_start_s(
@@ -265,16 +355,66 @@ def occurrence_task(
     return replace(prepared, new=new)
 
 
+def occurrence_run(
+    spec: ScheduleSpec,
+    *,
+    tenant_id: uuid.UUID,
+    schedule_id: uuid.UUID,
+    logical_date: datetime,
+    scheduled_at: datetime,
+    now: datetime,
+    limits: SubmitLimits,
+) -> NewRun:
+    """The workflow run of one occurrence: the template created at ``scheduled_at``, the
+    run completing the schedule's job, every task carrying the schedule's id and the
+    occurrence's logical date.
+
+    Raises:
+        InvalidArgument: the stored template no longer passes; the field is named under
+            ``workflow_template.``.
+    """
+    try:
+        request = workflow_service_pb2.CreateWorkflowRequest.FromString(spec.template)
+    except DecodeError:
+        raise InvalidArgument("workflow_template", "cannot be decoded") from None
+    request.scheduled_at.FromDatetime(scheduled_at)
+    request.name = request.name or spec.name
+    request.job_id = spec.job_id
+    built: list[NewRun] = []
+    _renamed(
+        "workflow_template.",
+        lambda: built.append(
+            workflow_requests.create_from_pb(request, tenant_id=tenant_id, now=now, limits=limits)
+        ),
+    )
+    run = built[0]
+    tasks = [
+        (
+            ref,
+            rule,
+            replace(p, new=replace(p.new, schedule_id=schedule_id, logical_date=logical_date)),
+        )
+        for ref, rule, p in run.tasks
+    ]
+    return replace(run, tasks=tasks, schedule_id=schedule_id, logical_date=logical_date)
+
+
+Occurrence = PreparedTask | NewRun
+"""What an occurrence creates: one task, or a workflow run."""
+
+
 def occurrence_builder(
     limits: SubmitLimits,
-) -> Callable[[Schedule, datetime, datetime, datetime], PreparedTask]:
-    """:func:`occurrence_task` for ``schedule`` as ``(schedule, logical_date,
-    scheduled_at, now)``: what the materialiser and the servicer's explicit runs call."""
+) -> Callable[[Schedule, datetime, datetime, datetime], Occurrence]:
+    """:func:`occurrence_task` (or :func:`occurrence_run`) for ``schedule`` as
+    ``(schedule, logical_date, scheduled_at, now)``: what the materialiser and the
+    servicer's explicit runs call."""
 
     def build(
         schedule: Schedule, logical_date: datetime, scheduled_at: datetime, now: datetime
-    ) -> PreparedTask:
-        return occurrence_task(
+    ) -> Occurrence:
+        make = occurrence_run if schedule.spec.creates_workflow else occurrence_task
+        return make(
             schedule.spec,
             tenant_id=schedule.tenant_id,
             schedule_id=schedule.id,
@@ -289,6 +429,10 @@ def occurrence_builder(
 
 def template_to_pb(spec: ScheduleSpec) -> task_service_pb2.SubmitTaskRequest:
     return task_service_pb2.SubmitTaskRequest.FromString(spec.template)
+
+
+def workflow_template_to_pb(spec: ScheduleSpec) -> workflow_service_pb2.CreateWorkflowRequest:
+    return workflow_service_pb2.CreateWorkflowRequest.FromString(spec.template)
 
 
 def count_from_pb(value: int, field: str, default: int) -> int:

@@ -23,10 +23,11 @@ from chronoshard import wire
 from chronoshard.clock import Clock, SystemClock
 from chronoshard.scheduler.api import boundary, convert, schedule_requests
 from chronoshard.scheduler.api.auth import Authenticator
+from chronoshard.scheduler.api.schedule_requests import Occurrence
 from chronoshard.scheduler.api.task_requests import SubmitLimits
 from chronoshard.scheduler.config import SchedulerConfig
 from chronoshard.scheduler.core.ids import new_task_id
-from chronoshard.scheduler.core.models import PreparedTask, Task, Tenant
+from chronoshard.scheduler.core.models import Task, Tenant
 from chronoshard.scheduler.core.recurrence import Catchup
 from chronoshard.scheduler.core.schedules import (
     Origin,
@@ -301,14 +302,14 @@ class ScheduleServiceServicer(schedule_service_pb2_grpc.ScheduleServiceServicer)
         now = self._clock.now()
         prepared = self._occurrence(schedule, now, now)
         async with self._store.transaction() as conn:
-            tasks = await self._schedules.insert_runs(
+            runs, due = await self._schedules.insert_runs(
                 conn, tenant.id, schedule.id, [(now, Origin.TRIGGER, prepared)]
             )
-        if not tasks:
+        if not runs:
             # Another run holds this very microsecond: the schedule ran at it already.
             raise InvalidArgument("id", "an occurrence at this instant exists; try again")
-        self._listener.tasks_submitted(tasks)
-        return pb.TriggerScheduleResponse(run=run_to_pb(_created_run(tasks[0], Origin.TRIGGER)))
+        self._listener.tasks_submitted(due)
+        return pb.TriggerScheduleResponse(run=run_to_pb(runs[0]))
 
     async def _backfill(
         self, tenant: Tenant, request: pb.BackfillScheduleRequest
@@ -327,12 +328,10 @@ class ScheduleServiceServicer(schedule_service_pb2_grpc.ScheduleServiceServicer)
             return pb.BackfillScheduleResponse()
         runs = [(at, Origin.BACKFILL, self._occurrence(schedule, at, now)) for at in dates]
         async with self._store.transaction() as conn:
-            tasks = await self._schedules.insert_runs(conn, tenant.id, schedule.id, runs)
-        self._listener.tasks_submitted(tasks)
-        created = sorted(tasks, key=lambda t: t.logical_date or now)
+            created, due = await self._schedules.insert_runs(conn, tenant.id, schedule.id, runs)
+        self._listener.tasks_submitted(due)
         return pb.BackfillScheduleResponse(
-            runs=[run_to_pb(_created_run(t, Origin.BACKFILL)) for t in created],
-            existing=len(dates) - len(tasks),
+            runs=[run_to_pb(run) for run in created], existing=len(dates) - len(created)
         )
 
     # --- shared steps ---------------------------------------------------------------------
@@ -342,10 +341,8 @@ class ScheduleServiceServicer(schedule_service_pb2_grpc.ScheduleServiceServicer)
             spec, tenant_id=tenant.id, now=now, limits=self._limits
         )
 
-    def _occurrence(
-        self, schedule: Schedule, logical_date: datetime, now: datetime
-    ) -> PreparedTask:
-        """The task of an explicit run: now, with the occurrence's logical date."""
+    def _occurrence(self, schedule: Schedule, logical_date: datetime, now: datetime) -> Occurrence:
+        """The task (or run) of an explicit run: now, with the occurrence's logical date."""
         return self._build_task(schedule, logical_date, now, now)
 
     async def _found(self, tenant: Tenant, name_or_id: str) -> Schedule:
@@ -397,11 +394,6 @@ def _name_or_id(value: str) -> str:
     return value
 
 
-def _created_run(task: Task, origin: Origin) -> ScheduleRun:
-    assert task.logical_date is not None
-    return ScheduleRun(task.logical_date, origin, task.id, task.status, None)
-
-
 # --- conversions ------------------------------------------------------------------------
 
 _CATCHUP_TO_PB = {
@@ -420,7 +412,6 @@ def spec_to_pb(spec: ScheduleSpec) -> pb.ScheduleSpec:
     out = pb.ScheduleSpec(
         name=spec.name,
         timezone=spec.timezone,
-        task_template=schedule_requests.template_to_pb(spec),
         catchup_policy=_CATCHUP_TO_PB[spec.catchup],
         catchup_limit=spec.catchup_limit,
         overlap_policy=_OVERLAP_TO_PB[spec.overlap],
@@ -433,6 +424,10 @@ def spec_to_pb(spec: ScheduleSpec) -> pb.ScheduleSpec:
         ),
         misfire_grace=wire.duration_to_pb(spec.misfire_grace_s),
     )
+    if spec.creates_workflow:
+        out.workflow_template.CopyFrom(schedule_requests.workflow_template_to_pb(spec))
+    else:
+        out.task_template.CopyFrom(schedule_requests.template_to_pb(spec))
     if spec.cron is not None:
         out.cron = spec.cron
     elif spec.interval_s is not None:
@@ -463,6 +458,7 @@ def run_to_pb(run: ScheduleRun) -> pb.ScheduleRun:
         logical_date=convert.ts_to_pb(run.logical_date),
         origin=str(run.origin),
         task_id="" if run.task_id is None else str(run.task_id),
+        workflow_id="" if run.workflow_id is None else str(run.workflow_id),
     )
     if run.status is not None:
         out.status = convert.status_to_pb(run.status)  # type: ignore[assignment]

@@ -127,6 +127,7 @@ def create_from_pb(
         edges=[(ids[edge.parent], ids[edge.child]) for edge in req.edges],
         idempotency_key=key,
         fingerprint=None if key is None else fingerprint(req),
+        job_id=task_requests.optional_text(req.job_id, "job_id", MAX_KEY_LENGTH),
     )
 
 

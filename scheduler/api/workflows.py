@@ -236,7 +236,11 @@ def workflow_to_pb(run: WorkflowRun) -> pb.Workflow:
         task_count=run.task_count,
         edge_count=run.edge_count,
         idempotency_key=run.idempotency_key or "",
+        job_id=run.job_id or "",
+        schedule_id="" if run.schedule_id is None else str(run.schedule_id),
     )
+    if run.logical_date is not None:
+        out.logical_date.CopyFrom(convert.ts_to_pb(run.logical_date))
     if run.finished_at is not None:
         out.finished_at.CopyFrom(convert.ts_to_pb(run.finished_at))
     return out

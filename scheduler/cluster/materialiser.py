@@ -39,14 +39,16 @@ from chronoshard.scheduler.core.schedules import Pacing, Schedule, rule_of, step
 from chronoshard.scheduler.errors import InvalidArgument, StoreUnavailable
 from chronoshard.scheduler.store.database import Store
 from chronoshard.scheduler.store.schedules import DueSchedule, ScheduleStore, Written
+from chronoshard.scheduler.store.workflows import NewRun
 
 log = logging.getLogger(__name__)
 
 RETRY_BROKEN_TEMPLATE = timedelta(seconds=60)
 _RULE_CACHE_LIMIT = 100_000
 
-BuildTask = Callable[[Schedule, datetime, datetime, datetime], PreparedTask]
-"""``(schedule, logical_date, scheduled_at, now)`` -> the occurrence's task."""
+BuildTask = Callable[[Schedule, datetime, datetime, datetime], PreparedTask | NewRun]
+"""``(schedule, logical_date, scheduled_at, now)`` -> the occurrence's task, or its
+workflow run."""
 
 
 class OwnedShards(Protocol):

@@ -60,7 +60,8 @@ class ScheduleSpec:
     start_at: datetime | None
     end_at: datetime | None
     template: bytes
-    """The ``SubmitTaskRequest`` every occurrence submits, serialised."""
+    """What every occurrence creates, serialised: a ``SubmitTaskRequest``, or a
+    ``CreateWorkflowRequest`` when :attr:`creates_workflow`."""
     catchup: Catchup
     catchup_limit: int
     misfire_grace_s: float
@@ -70,6 +71,8 @@ class ScheduleSpec:
     expected_duration_s: float
     tolerance_s: float
     severity: str
+    creates_workflow: bool = False
+    """Each occurrence creates a workflow run (docs/architecture.md#d9), not one task."""
 
 
 @dataclass(frozen=True, slots=True)

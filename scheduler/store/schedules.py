@@ -28,9 +28,12 @@ from chronoshard.scheduler.core.models import PreparedTask, Task, TaskRef
 from chronoshard.scheduler.core.recurrence import Catchup
 from chronoshard.scheduler.core.schedules import Origin, Overlap, Schedule, ScheduleSpec
 from chronoshard.scheduler.core.states import TaskStatus
+from chronoshard.scheduler.core.workflows import RunState
 from chronoshard.scheduler.store import queries
 from chronoshard.scheduler.store.database import Connection, Store
 from chronoshard.scheduler.store.submits import SubmitStore
+from chronoshard.scheduler.store.workflow_progress import finish_runs
+from chronoshard.scheduler.store.workflows import NewRun, WorkflowStore
 
 WITHDRAWN_REASON = "withdrawn: the schedule changed before this occurrence started"
 
@@ -44,6 +47,17 @@ class ScheduleRun:
     task_id: uuid.UUID | None
     status: TaskStatus | None
     finished_at: datetime | None
+    workflow_id: uuid.UUID | None = None
+    """The run a workflow schedule's occurrence created (``status`` then reads the run's
+    state as a task's: :data:`RUN_AS_TASK_STATUS`)."""
+
+
+RUN_AS_TASK_STATUS = {
+    RunState.RUNNING: TaskStatus.RUNNING,
+    RunState.SUCCEEDED: TaskStatus.COMPLETED,
+    RunState.FAILED: TaskStatus.DEAD_LETTER,
+    RunState.CANCELLED: TaskStatus.CANCELLED,
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,15 +70,49 @@ class DueSchedule:
 class Written:
     """One schedule's step as the materialiser hands it to :meth:`ScheduleStore.advance`.
 
-    ``occurrences`` pairs each decided occurrence with its task (None: skipped)."""
+    ``occurrences`` pairs each decided occurrence with its task or workflow run (None:
+    skipped)."""
 
     schedule_id: uuid.UUID
     tenant_id: uuid.UUID
-    occurrences: Sequence[tuple[datetime, Origin, PreparedTask | None]]
+    occurrences: Sequence[tuple[datetime, Origin, PreparedTask | NewRun | None]]
     cursor_at: datetime
     next_at: datetime | None
     materialise_at: datetime | None
     buffered_at: datetime | None
+
+
+@dataclass
+class _Created:
+    """What a write of occurrences made."""
+
+    tasks: list[Task]
+    """The occurrences' own tasks (task schedules)."""
+    due: list[Task]
+    """What the router must hear of: those tasks, and the runs' tasks without parents."""
+    runs: dict[tuple[uuid.UUID, datetime], uuid.UUID]
+    """The runs created, by (schedule, logical date)."""
+
+    def last_runs(self) -> dict[uuid.UUID, uuid.UUID]:
+        """Each schedule's newest run: what its overlap policy asks about next."""
+        newest: dict[uuid.UUID, tuple[datetime, uuid.UUID]] = {}
+        for (schedule_id, at), run_id in self.runs.items():
+            if schedule_id not in newest or at >= newest[schedule_id][0]:
+                newest[schedule_id] = (at, run_id)
+        return {schedule_id: run_id for schedule_id, (_, run_id) in newest.items()}
+
+    def schedule_runs(self, origin: Origin) -> list[ScheduleRun]:
+        """The occurrences created, as runs of ``origin``, oldest first."""
+        made = [
+            ScheduleRun(t.logical_date, origin, t.id, t.status, None)
+            for t in self.tasks
+            if t.logical_date is not None
+        ]
+        made += [
+            ScheduleRun(at, origin, None, TaskStatus.RUNNING, None, workflow_id=run_id)
+            for (_, at), run_id in self.runs.items()
+        ]
+        return sorted(made, key=lambda r: r.logical_date)
 
 
 def schedule_from_row(row: Mapping[str, Any]) -> Schedule:
@@ -75,7 +123,10 @@ def schedule_from_row(row: Mapping[str, Any]) -> Schedule:
         timezone=row["timezone"],
         start_at=row["start_at"],
         end_at=row["end_at"],
-        template=bytes(row["task_template"]),
+        template=bytes(
+            row["task_template"] if row["workflow_template"] is None else row["workflow_template"]
+        ),
+        creates_workflow=row["workflow_template"] is not None,
         catchup=Catchup(row["catchup_policy"]),
         catchup_limit=row["catchup_limit"],
         misfire_grace_s=row["misfire_grace_s"],
@@ -116,7 +167,8 @@ def _spec_params(spec: ScheduleSpec) -> dict[str, Any]:
         "timezone": spec.timezone,
         "start_at": spec.start_at,
         "end_at": spec.end_at,
-        "task_template": spec.template,
+        "task_template": None if spec.creates_workflow else spec.template,
+        "workflow_template": spec.template if spec.creates_workflow else None,
         "catchup_policy": str(spec.catchup),
         "catchup_limit": spec.catchup_limit,
         "misfire_grace_s": spec.misfire_grace_s,
@@ -144,6 +196,7 @@ class ScheduleStore:
     def __init__(self, store: Store, submits: SubmitStore) -> None:
         self._store = store
         self._submits = submits
+        self._workflows = WorkflowStore(store, submits)
         self._q = queries.load("schedules.sql")
 
     # --- the ScheduleService ----------------------------------------------------------
@@ -179,10 +232,26 @@ class ScheduleStore:
                     logical_date=at,
                     origin=Origin(origin),
                     task_id=task_id,
-                    status=None if status is None else TaskStatus(status),
-                    finished_at=finished_at,
+                    status=(
+                        RUN_AS_TASK_STATUS[RunState(run_state)]
+                        if run_state is not None
+                        else None
+                        if status is None
+                        else TaskStatus(status)
+                    ),
+                    finished_at=finished_at if workflow_id is None else run_finished_at,
+                    workflow_id=workflow_id,
                 )
-                for at, origin, task_id, status, finished_at in await cur.fetchall()
+                for (
+                    at,
+                    origin,
+                    task_id,
+                    status,
+                    finished_at,
+                    workflow_id,
+                    run_state,
+                    run_finished_at,
+                ) in await cur.fetchall()
             ]
 
     async def lock(
@@ -204,7 +273,10 @@ class ScheduleStore:
             self._q["withdraw_ahead"],
             {"schedule_id": schedule_id, "after": after, "reason": WITHDRAWN_REASON},
         )
-        withdrawn = [(task_id, shard) for task_id, shard in await cur.fetchall()]
+        rows = await cur.fetchall()
+        withdrawn = [(task_id, shard) for task_id, shard, _ in rows]
+        # A withdrawn workflow occurrence's run has no task left: it ends CANCELLED.
+        await finish_runs(conn, sorted({run for _, _, run in rows if run is not None}))
         cur = await conn.execute(self._q["newest_occurrence"], {"schedule_id": schedule_id})
         row = await cur.fetchone()
         return withdrawn, None if row is None else row[0]
@@ -246,12 +318,14 @@ class ScheduleStore:
         conn: Connection,
         tenant_id: uuid.UUID,
         schedule_id: uuid.UUID,
-        runs: Sequence[tuple[datetime, Origin, PreparedTask]],
-    ) -> list[Task]:
+        runs: Sequence[tuple[datetime, Origin, PreparedTask | NewRun]],
+    ) -> tuple[list[ScheduleRun], list[Task]]:
         """Occurrences created outside the materialiser (trigger, backfill): those whose
-        logical date has no occurrence yet, with their tasks. The tasks inserted."""
+        logical date has no occurrence yet, with their tasks or runs. The runs created
+        (oldest first) and the tasks the router must hear of."""
         written = Written(schedule_id, tenant_id, runs, runs[0][0], None, None, None)
-        return await self._write_occurrences(conn, [written])
+        created = await self._write_occurrences(conn, [written])
+        return created.schedule_runs(runs[0][1]), created.due
 
     # --- the materialiser -------------------------------------------------------------
 
@@ -276,12 +350,14 @@ class ScheduleStore:
         return due, lost
 
     async def advance(self, conn: Connection, steps: Sequence[Written]) -> list[Task]:
-        """Write the steps of the schedules :meth:`due` returned: occurrences, tasks, and
-        each schedule's new instants. The tasks inserted."""
-        tasks = await self._write_occurrences(conn, steps)
-        # The newest task each schedule inserted: what the overlap policy asks about next.
+        """Write the steps of the schedules :meth:`due` returned: occurrences, tasks (and
+        runs), and each schedule's new instants. The tasks that are due (a run's: those
+        without parents)."""
+        written = await self._write_occurrences(conn, steps)
+        last_runs = written.last_runs()
+        # The newest task or run each schedule made: what the overlap policy asks about.
         last: dict[uuid.UUID, TaskRef] = {}
-        for task in tasks:
+        for task in written.tasks:
             assert task.schedule_id is not None
             previous = last.get(task.schedule_id)
             if previous is None or task.scheduled_at >= previous.scheduled_at:
@@ -301,18 +377,21 @@ class ScheduleStore:
                     last[s.schedule_id].scheduled_at if s.schedule_id in last else None
                     for s in steps
                 ],
+                "last_workflow_ids": [last_runs.get(s.schedule_id) for s in steps],
             },
         )
-        return tasks
+        return written.due
 
-    async def _write_occurrences(self, conn: Connection, steps: Sequence[Written]) -> list[Task]:
+    async def _write_occurrences(self, conn: Connection, steps: Sequence[Written]) -> _Created:
         rows = [
-            (step.schedule_id, at, step.tenant_id, origin, prepared)
+            (step.schedule_id, at, step.tenant_id, origin, made)
             for step in steps
-            for at, origin, prepared in step.occurrences
+            for at, origin, made in step.occurrences
         ]
+        created = _Created([], [], {})
         if not rows:
-            return []
+            return created
+        own_tasks = [made if isinstance(made, PreparedTask) else None for *_, made in rows]
         cur = await conn.execute(
             self._q["insert_occurrences"],
             {
@@ -320,19 +399,26 @@ class ScheduleStore:
                 "logical_dates": [r[1] for r in rows],
                 "tenant_ids": [r[2] for r in rows],
                 "origins": [str(r[3]) for r in rows],
-                "task_ids": [None if r[4] is None else r[4].new.id for r in rows],
+                "task_ids": [None if t is None else t.new.id for t in own_tasks],
                 "task_scheduled_ats": [
-                    None if r[4] is None else r[4].new.scheduled_at for r in rows
+                    None if t is None else t.new.scheduled_at for t in own_tasks
                 ],
+                "workflow_ids": [r[4].id if isinstance(r[4], NewRun) else None for r in rows],
             },
         )
         inserted = {(sid, at) for sid, at in await cur.fetchall()}
+        mine = [r for r in rows if r[4] is not None and (r[0], r[1]) in inserted]
         requests = [
-            (tenant_id, prepared)
-            for sid, at, tenant_id, _, prepared in rows
-            if prepared is not None and (sid, at) in inserted
+            (tenant_id, made) for _, _, tenant_id, _, made in mine if isinstance(made, PreparedTask)
         ]
-        if not requests:
-            return []
-        found = await self._submits.insert_in(conn, requests)
-        return [found[p.new.id] for _, p in requests if p.new.id in found]
+        if requests:
+            found = await self._submits.insert_in(conn, requests)
+            created.tasks.extend(found[p.new.id] for _, p in requests if p.new.id in found)
+            created.due.extend(created.tasks)
+        for schedule_id, at, _, _, made in mine:
+            if isinstance(made, NewRun):
+                run = await self._workflows.create_in(conn, made)
+                assert run is not None, "an occurrence's run has no idempotency key"
+                created.due.extend(t for t in run[1].values() if t.unresolved_dependencies == 0)
+                created.runs[(schedule_id, at)] = made.id
+        return created

@@ -51,6 +51,9 @@ class WorkflowRun:
     edge_count: int
     idempotency_key: str | None
     request_fingerprint: str | None
+    job_id: str | None = None
+    schedule_id: uuid.UUID | None = None
+    logical_date: datetime | None = None
 
 
 def run_from_row(row: Mapping[str, Any]) -> WorkflowRun:
@@ -66,6 +69,9 @@ def run_from_row(row: Mapping[str, Any]) -> WorkflowRun:
         edge_count=row["edge_count"],
         idempotency_key=row["idempotency_key"],
         request_fingerprint=row["request_fingerprint"],
+        job_id=row["job_id"],
+        schedule_id=row["schedule_id"],
+        logical_date=row["logical_date"],
     )
 
 
@@ -94,6 +100,11 @@ class NewRun:
     idempotency_key: str | None
     fingerprint: str | None
     submitted_by: str | None = None
+    job_id: str | None = None
+    """The watchdog's job a success of the run completes."""
+    schedule_id: uuid.UUID | None = None
+    logical_date: datetime | None = None
+    """The schedule occurrence that creates the run, if one does."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,52 +141,67 @@ class WorkflowStore:
         idempotency key already used, the original run and False (the caller compares
         fingerprints); else the new run and True."""
         async with self._store.transaction() as conn:
+            created = await self.create_in(conn, new)
+            if created is not None:
+                return created[0], True
             cur = conn.cursor(row_factory=dict_row)
             await cur.execute(
-                self._q["insert_run"],
-                {
-                    "id": new.id,
-                    "tenant_id": new.tenant_id,
-                    "name": new.name,
-                    "scheduled_at": new.scheduled_at,
-                    "task_count": len(new.tasks),
-                    "edge_count": len(new.edges),
-                    "idempotency_key": new.idempotency_key,
-                    "fingerprint": new.fingerprint,
-                    "submitted_by": new.submitted_by,
-                },
+                self._q["run_by_key"],
+                {"tenant_id": new.tenant_id, "idempotency_key": new.idempotency_key},
             )
-            row = await cur.fetchone()
-            if row is None:
-                await cur.execute(
-                    self._q["run_by_key"],
-                    {"tenant_id": new.tenant_id, "idempotency_key": new.idempotency_key},
-                )
-                original = await cur.fetchone()
-                assert original is not None, "the conflicting run committed before ours"
-                return run_from_row(original), False
-            await self._submits.insert_in(conn, [(new.tenant_id, p) for _, _, p in new.tasks])
+            original = await cur.fetchone()
+            assert original is not None, "the conflicting run committed before ours"
+            return run_from_row(original), False
+
+    async def create_in(
+        self, conn: Connection, new: NewRun
+    ) -> tuple[WorkflowRun, dict[uuid.UUID, Task]] | None:
+        """Write ``new`` in the caller's transaction (a schedule's occurrence creates its
+        run with its occurrence row): the run and its tasks by id; None when its
+        idempotency key is taken (nothing written)."""
+        cur = conn.cursor(row_factory=dict_row)
+        await cur.execute(
+            self._q["insert_run"],
+            {
+                "id": new.id,
+                "tenant_id": new.tenant_id,
+                "name": new.name,
+                "scheduled_at": new.scheduled_at,
+                "task_count": len(new.tasks),
+                "edge_count": len(new.edges),
+                "idempotency_key": new.idempotency_key,
+                "fingerprint": new.fingerprint,
+                "submitted_by": new.submitted_by,
+                "job_id": new.job_id,
+                "schedule_id": new.schedule_id,
+                "logical_date": new.logical_date,
+            },
+        )
+        row = await cur.fetchone()
+        if row is None:
+            return None
+        tasks = await self._submits.insert_in(conn, [(new.tenant_id, p) for _, _, p in new.tasks])
+        await conn.execute(
+            self._q["insert_workflow_tasks"],
+            {
+                "workflow_id": new.id,
+                "task_ids": [p.new.id for _, _, p in new.tasks],
+                "refs": [ref for ref, _, _ in new.tasks],
+                "trigger_rules": [str(rule) for _, rule, _ in new.tasks],
+                "positions": list(range(len(new.tasks))),
+            },
+        )
+        if new.edges:
             await conn.execute(
-                self._q["insert_workflow_tasks"],
+                self._q["insert_edges"],
                 {
                     "workflow_id": new.id,
-                    "task_ids": [p.new.id for _, _, p in new.tasks],
-                    "refs": [ref for ref, _, _ in new.tasks],
-                    "trigger_rules": [str(rule) for _, rule, _ in new.tasks],
-                    "positions": list(range(len(new.tasks))),
+                    "scheduled_at": new.scheduled_at,
+                    "parents": [parent for parent, _ in new.edges],
+                    "children": [child for _, child in new.edges],
                 },
             )
-            if new.edges:
-                await conn.execute(
-                    self._q["insert_edges"],
-                    {
-                        "workflow_id": new.id,
-                        "scheduled_at": new.scheduled_at,
-                        "parents": [parent for parent, _ in new.edges],
-                        "children": [child for _, child in new.edges],
-                    },
-                )
-            return run_from_row(row), True
+        return run_from_row(row), tasks
 
     async def get(self, tenant_id: uuid.UUID, run_id: uuid.UUID) -> WorkflowRun | None:
         async with self._store.connection() as conn:

@@ -42,6 +42,10 @@ STOP_TIMEOUT_S = 60.0
 SIGKILL_STOP_BOUND_S = 2 * CHILD_STOP_GRACE_S
 """A killed launcher's children are gone within this (each stage stops in well under its
 grace period unless a process hangs; see chronoshard._dev.lifeline)."""
+PIPELINE_DONE = re.compile(
+    r"demo: workflow demo\.pipeline succeeded \(fetch completed -> (invoice|credit-check) "
+    r"completed -> (invoice|credit-check) completed -> summary completed\)"
+)
 SETTLED = re.compile(r"demo: all (\d+) tasks settled: (\d+) completed, (\d+) dead-lettered")
 BANNER_DONE = re.compile(r"Ctrl-C stops everything")
 OCCURRENCE = re.compile(
@@ -223,6 +227,9 @@ def test_dev_demo_settles_and_ctrl_c_with_a_dead_tee_leaves_nothing_behind(
         assert (total, completed, dead) == (planned, planned - failing, failing)
         assert "--attempts" in log.read_text()  # it shows how to look into a failure
 
+        # The demo's workflow ran through the real unlock: summary after both branches,
+        # with what they returned (the handler printed its ctx.parents).
+        wait_for_output(proc, log, PIPELINE_DONE, OCCURRENCE_WAIT_S)
         # The demo's schedule is a real one: the materialiser creates its occurrences (on
         # the 5 s grid of its cron), the worker runs them, the demo prints each.
         assert "chronoshard schedules get demo.heartbeat" in banner
@@ -231,6 +238,7 @@ def test_dev_demo_settles_and_ctrl_c_with_a_dead_tee_leaves_nothing_behind(
         assert int(fired.group(1)) % _dev_demo.HEARTBEAT_EVERY_S == 0 and fired.group(2) == "000"
         worker_log = (data_dir / "logs" / "demo-worker.log").read_text()
         assert "demo.tick: occurrence " in worker_log  # the handler printed ctx.logical_date
+        assert "demo.gather: summary of workflow " in worker_log
     finally:
         # Ctrl-C: tee dies at once; the launcher's next line goes into a broken pipe.
         tee_signals = signal_state(tee.pid)  # read first: a tee that outlives SIGINT says why

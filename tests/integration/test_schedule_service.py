@@ -20,6 +20,7 @@ from typing import Any
 import grpc
 import psycopg
 import pytest
+from fixtures.grpc_servers import serving
 from fixtures.stores import tenant_with_key
 from google.protobuf import duration_pb2, timestamp_pb2
 
@@ -37,6 +38,7 @@ from chronoshard.scheduler.store.partitions import detach_old_partitions
 from chronoshard.scheduler.store.schedules import ScheduleStore
 from chronoshard.scheduler.store.submits import SubmitStore
 from chronoshard.scheduler.store.tenants import TenantStore
+from chronoshard.scheduler.store.workflow_progress import finish_runs
 from chronoshard.v1 import common_pb2, task_service_pb2
 from chronoshard.v1 import schedule_service_pb2 as pb
 from chronoshard.v1 import schedule_service_pb2_grpc as pb_grpc
@@ -210,7 +212,6 @@ async def env(store: Store, fresh_db_dsn: str) -> AsyncIterator[Env]:
         occurrence_builder(limits),
         created.extend,
     )
-    server = grpc.aio.server()
     servicer = ScheduleServiceServicer(
         config=CONFIG,
         store=store,
@@ -218,10 +219,7 @@ async def env(store: Store, fresh_db_dsn: str) -> AsyncIterator[Env]:
         listener=listener,
         clock=clock,
     )
-    pb_grpc.add_ScheduleServiceServicer_to_server(servicer, server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+    async with serving(pb_grpc.add_ScheduleServiceServicer_to_server, servicer) as channel:
         yield Env(
             pb_grpc.ScheduleServiceStub(channel),
             store,
@@ -234,7 +232,6 @@ async def env(store: Store, fresh_db_dsn: str) -> AsyncIterator[Env]:
             materialiser,
             created,
         )
-    await server.stop(grace=None)
 
 
 def ahead(made: pb.Schedule) -> int:
@@ -543,3 +540,175 @@ async def test_the_watch_defaults_make_room_for_jitter_and_get_starts_at_start(e
     got = await env.stub.GetSchedule(pb.GetScheduleRequest(id="spread"), metadata=env.auth)
     first = got.next_occurrences[0].ToDatetime(tzinfo=UTC)
     assert first == START + timedelta(days=1)
+
+
+# --- schedules that start a workflow per occurrence ---------------------------------------
+
+
+def _workflow_spec(
+    name: str = "pipeline", *, timeout_s: float | None = 60, **rule: Any
+) -> pb.ScheduleSpec:
+    """A schedule whose occurrences each create a diamond (fetch, then invoice and
+    credit in parallel, then summary)."""
+    spec = _spec(name=name, **rule)
+    spec.ClearField("task_template")
+    refs = ["fetch", "invoice", "credit", "summary"]
+    for ref in refs:
+        task = spec.workflow_template.tasks.add(ref=ref)
+        task.task.type = f"step.{ref}"
+        task.task.strict_timing = True
+        if timeout_s is not None:
+            task.task.timeout.CopyFrom(_dur(timeout_s))
+    for parent, child in [
+        ("fetch", "invoice"),
+        ("fetch", "credit"),
+        ("invoice", "summary"),
+        ("credit", "summary"),
+    ]:
+        spec.workflow_template.edges.add(parent=parent, child=child)
+    return spec
+
+
+async def _create_spec(env: Env, spec: pb.ScheduleSpec) -> pb.Schedule:
+    made = await env.stub.CreateSchedule(pb.CreateScheduleRequest(spec=spec), metadata=env.auth)
+    return made.schedule
+
+
+async def _runs_of(env: Env, schedule_id: str) -> list[tuple[datetime, Any]]:
+    """(logical date, workflow id or None) of every occurrence, in order."""
+    rows = await env.sql(
+        "SELECT logical_date, workflow_id FROM schedule_occurrences WHERE schedule_id = %(s)s"
+        " ORDER BY logical_date",
+        {"s": schedule_id},
+    )
+    return [(r[0], r[1]) for r in rows]
+
+
+async def test_a_workflow_schedule_creates_one_run_per_occurrence_dated_on_every_task(
+    env: Env,
+) -> None:
+    made = await _create_spec(env, _workflow_spec(every_s=10))
+    assert made.spec.HasField("workflow_template") and not made.spec.HasField("task_template")
+    # The watch's default expected duration: the longest chain's timeouts (3 x 60 s).
+    assert made.spec.watch.expected_duration.ToTimedelta() == timedelta(seconds=180)
+    env.clock.advance(9)
+    await env.passes()
+    created = await _runs_of(env, made.id)
+    (logical_date, run_id) = created[0]
+    assert logical_date == START + timedelta(seconds=10)
+    assert all(run is not None for _, run in created)
+    runs = await env.sql(
+        "SELECT name, schedule_id, logical_date, job_id, state, task_count FROM workflow_runs"
+        " WHERE id = %(w)s",
+        {"w": run_id},
+    )
+    assert runs == [("pipeline", uuid.UUID(made.id), logical_date, "pipeline", "RUNNING", 4)]
+    assert await env.sql("SELECT count(*) FROM workflow_runs") == [(len(created),)]
+    tasks = await env.sql(
+        "SELECT t.type, t.unresolved_dependencies, t.logical_date, t.schedule_id"
+        " FROM tasks t JOIN workflow_tasks w ON w.task_id = t.id"
+        " WHERE t.workflow_id = %(w)s ORDER BY w.position",
+        {"w": run_id},
+    )
+    assert [(t[0], t[1]) for t in tasks] == [
+        ("step.fetch", 0),
+        ("step.invoice", 1),
+        ("step.credit", 1),
+        ("step.summary", 2),
+    ]
+    assert {(t[2], t[3]) for t in tasks} == {(logical_date, uuid.UUID(made.id))}
+    # Only the roots are routed; each occurrence shows as its run.
+    assert [t.type for t in env.created] == ["step.fetch"] * len(created)
+    got = await env.stub.GetSchedule(pb.GetScheduleRequest(id=made.id), metadata=env.auth)
+    run = got.runs[-1]  # newest first
+    assert run.workflow_id == str(run_id) and run.task_id == ""
+    assert run.status == common_pb2.TASK_STATUS_RUNNING
+
+
+async def test_a_workflow_schedule_skips_while_the_previous_run_runs(env: Env) -> None:
+    made = await _create_spec(env, _workflow_spec(every_s=10, overlap=pb.OVERLAP_POLICY_SKIP))
+    env.clock.advance(9)
+    await env.passes()
+    env.clock.advance(10)
+    await env.passes()
+    assert [run is not None for _, run in await _runs_of(env, made.id)] == [True, False]
+    # The first run finishes (its tasks complete; the run's last settlement sets it).
+    [(_, run_id), _] = await _runs_of(env, made.id)
+    await env.sql("UPDATE tasks SET status = 'COMPLETED' WHERE workflow_id = %(w)s", {"w": run_id})
+    async with env.store.transaction() as conn:
+        await finish_runs(conn, [run_id])
+    # A run that succeeded completes the schedule's job in the ledger, under its own id.
+    assert await env.sql("SELECT job_id, task_id FROM task_completions") == [("pipeline", run_id)]
+    env.clock.advance(10)
+    await env.passes()
+    assert [run is not None for _, run in await _runs_of(env, made.id)] == [True, False, True]
+
+
+async def test_an_update_withdraws_runs_not_started_and_keeps_a_started_one(env: Env) -> None:
+    made = await _create_spec(env, _workflow_spec(every_s=1))
+    await env.passes()
+    created = await _runs_of(env, made.id)
+    assert len(created) == ahead(made)
+    started = created[0][1]
+    await env.sql(
+        "UPDATE tasks SET status = 'RUNNING' WHERE workflow_id = %(w)s"
+        " AND unresolved_dependencies = 0",
+        {"w": started},
+    )
+    await env.stub.UpdateSchedule(
+        pb.UpdateScheduleRequest(id=made.id, spec=_workflow_spec(every_s=1)), metadata=env.auth
+    )
+    states = dict(await env.sql("SELECT id, state FROM workflow_runs"))
+    assert states.pop(started) == "RUNNING"
+    assert set(states.values()) == {"CANCELLED"} and len(states) == ahead(made) - 1
+    waiting = await env.sql(
+        "SELECT DISTINCT status FROM tasks WHERE workflow_id <> %(w)s", {"w": started}
+    )
+    assert waiting == [("CANCELLED",)]  # withdrawn: never UPSTREAM_FAILED
+    await env.passes()
+    again = await _runs_of(env, made.id)
+    assert again[0][1] == started and all(run is not None for _, run in again)
+
+
+async def test_trigger_of_a_workflow_schedule_answers_with_its_run(env: Env) -> None:
+    made = await _create_spec(env, _workflow_spec(cron="0 * * * *"))
+    run = (
+        await env.stub.TriggerSchedule(pb.TriggerScheduleRequest(id=made.id), metadata=env.auth)
+    ).run
+    assert run.origin == "TRIGGER" and run.workflow_id and run.task_id == ""
+    assert await env.sql(
+        "SELECT logical_date FROM workflow_runs WHERE id = %(w)s", {"w": run.workflow_id}
+    ) == [(START,)]
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        (lambda s: s.task_template.CopyFrom(task_service_pb2.SubmitTaskRequest(type="t")),
+         "spec.workflow_template"),
+        (lambda s: s.workflow_template.edges.add(parent="summary", child="fetch"),
+         "spec.workflow_template.edges"),
+        (lambda s: setattr(s.workflow_template, "job_id", "mine"),
+         "spec.workflow_template.job_id"),
+        (lambda s: s.workflow_template.delay.FromTimedelta(timedelta(seconds=1)),
+         "spec.workflow_template.delay"),
+    ],
+)  # fmt: skip
+async def test_a_bad_workflow_template_names_its_field(env: Env, change: Any, field: str) -> None:
+    spec = _workflow_spec(every_s=10)
+    change(spec)
+    info = await _refused(
+        env.stub.CreateSchedule(pb.CreateScheduleRequest(spec=spec), metadata=env.auth),
+        grpc.StatusCode.INVALID_ARGUMENT,
+    )
+    assert info.field == field, info
+    assert await env.sql("SELECT count(*) FROM schedules") == [(0,)]
+
+
+async def test_skip_needs_a_timeout_on_every_task_of_the_workflow(env: Env) -> None:
+    spec = _workflow_spec(every_s=10, timeout_s=None, overlap=pb.OVERLAP_POLICY_SKIP)
+    info = await _refused(
+        env.stub.CreateSchedule(pb.CreateScheduleRequest(spec=spec), metadata=env.auth),
+        grpc.StatusCode.INVALID_ARGUMENT,
+    )
+    assert info.field == "spec.workflow_template.tasks[0].task.timeout"

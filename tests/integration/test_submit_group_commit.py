@@ -13,6 +13,7 @@ from typing import Any
 import grpc
 import psycopg
 import pytest
+from fixtures.grpc_servers import serving
 from fixtures.stores import prepared_task, tenant_with_key
 from google.protobuf import timestamp_pb2
 
@@ -183,19 +184,14 @@ async def test_a_row_the_database_refuses_fails_alone(store: Store, db_dsn: str)
 @pytest.fixture
 async def stub_and_key(store: Store) -> AsyncIterator[tuple[Any, str, Tenant]]:
     tenant, key = await tenant_with_key(store)
-    server = grpc.aio.server()
     config = SchedulerConfig(scheduling=SchedulingConfig(shard_count=SHARDS))
     servicer = TaskServiceServicer(
         config=config, store=store, authenticator=Authenticator(TenantStore(store))
     )
-    task_service_pb2_grpc.add_TaskServiceServicer_to_server(servicer, server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
-    try:
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
-            yield task_service_pb2_grpc.TaskServiceStub(channel), key, tenant
-    finally:
-        await server.stop(grace=None)
+    async with serving(
+        task_service_pb2_grpc.add_TaskServiceServicer_to_server, servicer
+    ) as channel:
+        yield task_service_pb2_grpc.TaskServiceStub(channel), key, tenant
 
 
 async def test_concurrent_submit_rpcs_fail_alone(

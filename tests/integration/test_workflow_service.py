@@ -19,6 +19,7 @@ from typing import Any
 import grpc
 import psycopg
 import pytest
+from fixtures.grpc_servers import serving
 from fixtures.stores import tenant_with_key
 
 from chronoshard.clock import FakeClock
@@ -170,7 +171,6 @@ def request(
 async def env(store: Store, fresh_db_dsn: str) -> AsyncIterator[Env]:
     tenant, key = await tenant_with_key(store)
     listener = Recorder()
-    server = grpc.aio.server()
     servicer = WorkflowServiceServicer(
         config=CONFIG,
         store=store,
@@ -178,10 +178,7 @@ async def env(store: Store, fresh_db_dsn: str) -> AsyncIterator[Env]:
         listener=listener,
         clock=FakeClock(NOW),
     )
-    pb_grpc.add_WorkflowServiceServicer_to_server(servicer, server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+    async with serving(pb_grpc.add_WorkflowServiceServicer_to_server, servicer) as channel:
         yield Env(
             pb_grpc.WorkflowServiceStub(channel),
             store,
@@ -191,7 +188,6 @@ async def env(store: Store, fresh_db_dsn: str) -> AsyncIterator[Env]:
             listener,
             RunStore(store),
         )
-    await server.stop(grace=None)
 
 
 async def _refused(call: Awaitable[Any], code: grpc.StatusCode) -> common_pb2.ErrorInfo:

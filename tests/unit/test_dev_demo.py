@@ -23,6 +23,7 @@ from chronoshard._dev.demo_tasks import (
     demo_plan,
     heartbeat_schedule,
     occurrence_line,
+    pipeline_workflow,
 )
 from chronoshard.errors import AlreadyExistsError
 from chronoshard.scheduler.core.recurrence import Cron
@@ -172,3 +173,16 @@ def test_the_schedule_is_made_once_and_one_an_earlier_run_left_is_put_back() -> 
     assert left.calls == ["create", f"update {HEARTBEAT_SCHEDULE}", "resume s0"]
     assert left.stored is not None and not left.stored.paused
     assert left.stored.spec == heartbeat_schedule()
+
+
+def test_the_demo_workflow_is_a_diamond_whose_summary_gathers_both_branches() -> None:
+    tasks, edges = pipeline_workflow("run")
+    assert [t.ref for t in tasks] == ["fetch", "invoice", "credit-check", "summary"]
+    assert {(e.parent, e.child) for e in edges} == {
+        ("fetch", "invoice"),
+        ("fetch", "credit-check"),
+        ("invoice", "summary"),
+        ("credit-check", "summary"),
+    }
+    assert tasks[-1].task.type == "demo.gather"
+    assert all(t.task.payload["run"] == "run" for t in tasks)

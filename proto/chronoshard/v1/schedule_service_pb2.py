@@ -24,65 +24,66 @@ _sym_db = _symbol_database.Default()
 
 from chronoshard.v1 import common_pb2 as chronoshard_dot_v1_dot_common__pb2
 from chronoshard.v1 import task_service_pb2 as chronoshard_dot_v1_dot_task__service__pb2
+from chronoshard.v1 import workflow_service_pb2 as chronoshard_dot_v1_dot_workflow__service__pb2
 from google.protobuf import duration_pb2 as google_dot_protobuf_dot_duration__pb2
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n%chronoshard/v1/schedule_service.proto\x12\x0e\x63hronoshard.v1\x1a\x1b\x63hronoshard/v1/common.proto\x1a!chronoshard/v1/task_service.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x97\x01\n\rScheduleWatch\x12\x10\n\x08\x64isabled\x18\x01 \x01(\x08\x12\x34\n\x11\x65xpected_duration\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\x12,\n\ttolerance\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x10\n\x08severity\x18\x04 \x01(\t\"\x95\x04\n\x0cScheduleSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x04\x63ron\x18\x02 \x01(\tH\x00\x12-\n\x08interval\x18\x03 \x01(\x0b\x32\x19.google.protobuf.DurationH\x00\x12\x10\n\x08timezone\x18\x04 \x01(\t\x12,\n\x08start_at\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12*\n\x06\x65nd_at\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x38\n\rtask_template\x18\x07 \x01(\x0b\x32!.chronoshard.v1.SubmitTaskRequest\x12\x35\n\x0e\x63\x61tchup_policy\x18\x08 \x01(\x0e\x32\x1d.chronoshard.v1.CatchupPolicy\x12\x1a\n\rcatchup_limit\x18\t \x01(\rH\x01\x88\x01\x01\x12\x35\n\x0eoverlap_policy\x18\n \x01(\x0e\x32\x1d.chronoshard.v1.OverlapPolicy\x12\x0e\n\x06job_id\x18\x0b \x01(\t\x12,\n\x05watch\x18\x0c \x01(\x0b\x32\x1d.chronoshard.v1.ScheduleWatch\x12\x30\n\rmisfire_grace\x18\r \x01(\x0b\x32\x19.google.protobuf.DurationB\x06\n\x04ruleB\x10\n\x0e_catchup_limit\"\xbd\x01\n\x0bScheduleRun\x12\x30\n\x0clogical_date\x18\x01 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0e\n\x06origin\x18\x02 \x01(\t\x12\x0f\n\x07task_id\x18\x03 \x01(\t\x12*\n\x06status\x18\x04 \x01(\x0e\x32\x1a.chronoshard.v1.TaskStatus\x12/\n\x0b\x66inished_at\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\xfa\x01\n\x08Schedule\x12\n\n\x02id\x18\x01 \x01(\t\x12\x11\n\ttenant_id\x18\x02 \x01(\t\x12*\n\x04spec\x18\x03 \x01(\x0b\x32\x1c.chronoshard.v1.ScheduleSpec\x12\x0e\n\x06paused\x18\x04 \x01(\x08\x12\x33\n\x0fnext_occurrence\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\ncreated_at\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nupdated_at\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"C\n\x15\x43reateScheduleRequest\x12*\n\x04spec\x18\x01 \x01(\x0b\x32\x1c.chronoshard.v1.ScheduleSpec\"D\n\x16\x43reateScheduleResponse\x12*\n\x08schedule\x18\x01 \x01(\x0b\x32\x18.chronoshard.v1.Schedule\"H\n\x12GetScheduleRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12\x12\n\nnext_count\x18\x02 \x01(\r\x12\x12\n\nruns_count\x18\x03 \x01(\r\"\xa2\x01\n\x13GetScheduleResponse\x12*\n\x08schedule\x18\x01 \x01(\x0b\x32\x18.chronoshard.v1.Schedule\x12\x34\n\x10next_occurrences\x18\x02 \x03(\x0b\x32\x1a.google.protobuf.Timestamp\x12)\n\x04runs\x18\x03 \x03(\x0b\x32\x1b.chronoshard.v1.ScheduleRun\"=\n\x14ListSchedulesRequest\x12\x11\n\tpage_size\x18\x01 \x01(\r\x12\x12\n\npage_token\x18\x02 \x01(\t\"]\n\x15ListSchedulesResponse\x12+\n\tschedules\x18\x01 \x03(\x0b\x32\x18.chronoshard.v1.Schedule\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"O\n\x15UpdateScheduleRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12*\n\x04spec\x18\x02 \x01(\x0b\x32\x1c.chronoshard.v1.ScheduleSpec\"D\n\x16UpdateScheduleResponse\x12*\n\x08schedule\x18\x01 \x01(\x0b\x32\x18.chronoshard.v1.Schedule\"\"\n\x14PauseScheduleRequest\x12\n\n\x02id\x18\x01 \x01(\t\"C\n\x15PauseScheduleResponse\x12*\n\x08schedule\x18\x01 \x01(\x0b\x32\x18.chronoshard.v1.Schedule\"#\n\x15ResumeScheduleRequest\x12\n\n\x02id\x18\x01 \x01(\t\"D\n\x16ResumeScheduleResponse\x12*\n\x08schedule\x18\x01 \x01(\x0b\x32\x18.chronoshard.v1.Schedule\"#\n\x15\x44\x65leteScheduleRequest\x12\n\n\x02id\x18\x01 \x01(\t\"+\n\x16\x44\x65leteScheduleResponse\x12\x11\n\twithdrawn\x18\x01 \x01(\r\"$\n\x16TriggerScheduleRequest\x12\n\n\x02id\x18\x01 \x01(\t\"C\n\x17TriggerScheduleResponse\x12(\n\x03run\x18\x01 \x01(\x0b\x32\x1b.chronoshard.v1.ScheduleRun\"y\n\x17\x42\x61\x63kfillScheduleRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12)\n\x05start\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\'\n\x03\x65nd\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"W\n\x18\x42\x61\x63kfillScheduleResponse\x12)\n\x04runs\x18\x01 \x03(\x0b\x32\x1b.chronoshard.v1.ScheduleRun\x12\x10\n\x08\x65xisting\x18\x02 \x01(\r*{\n\rCatchupPolicy\x12\x1e\n\x1a\x43\x41TCHUP_POLICY_UNSPECIFIED\x10\x00\x12\x17\n\x13\x43\x41TCHUP_POLICY_SKIP\x10\x01\x12\x19\n\x15\x43\x41TCHUP_POLICY_LATEST\x10\x02\x12\x16\n\x12\x43\x41TCHUP_POLICY_ALL\x10\x03*\x81\x01\n\rOverlapPolicy\x12\x1e\n\x1aOVERLAP_POLICY_UNSPECIFIED\x10\x00\x12\x18\n\x14OVERLAP_POLICY_ALLOW\x10\x01\x12\x17\n\x13OVERLAP_POLICY_SKIP\x10\x02\x12\x1d\n\x19OVERLAP_POLICY_BUFFER_ONE\x10\x03\x32\xf4\x06\n\x0fScheduleService\x12_\n\x0e\x43reateSchedule\x12%.chronoshard.v1.CreateScheduleRequest\x1a&.chronoshard.v1.CreateScheduleResponse\x12V\n\x0bGetSchedule\x12\".chronoshard.v1.GetScheduleRequest\x1a#.chronoshard.v1.GetScheduleResponse\x12\\\n\rListSchedules\x12$.chronoshard.v1.ListSchedulesRequest\x1a%.chronoshard.v1.ListSchedulesResponse\x12_\n\x0eUpdateSchedule\x12%.chronoshard.v1.UpdateScheduleRequest\x1a&.chronoshard.v1.UpdateScheduleResponse\x12\\\n\rPauseSchedule\x12$.chronoshard.v1.PauseScheduleRequest\x1a%.chronoshard.v1.PauseScheduleResponse\x12_\n\x0eResumeSchedule\x12%.chronoshard.v1.ResumeScheduleRequest\x1a&.chronoshard.v1.ResumeScheduleResponse\x12_\n\x0e\x44\x65leteSchedule\x12%.chronoshard.v1.DeleteScheduleRequest\x1a&.chronoshard.v1.DeleteScheduleResponse\x12\x62\n\x0fTriggerSchedule\x12&.chronoshard.v1.TriggerScheduleRequest\x1a\'.chronoshard.v1.TriggerScheduleResponse\x12\x65\n\x10\x42\x61\x63kfillSchedule\x12\'.chronoshard.v1.BackfillScheduleRequest\x1a(.chronoshard.v1.BackfillScheduleResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n%chronoshard/v1/schedule_service.proto\x12\x0e\x63hronoshard.v1\x1a\x1b\x63hronoshard/v1/common.proto\x1a!chronoshard/v1/task_service.proto\x1a%chronoshard/v1/workflow_service.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x97\x01\n\rScheduleWatch\x12\x10\n\x08\x64isabled\x18\x01 \x01(\x08\x12\x34\n\x11\x65xpected_duration\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\x12,\n\ttolerance\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x10\n\x08severity\x18\x04 \x01(\t\"\xd7\x04\n\x0cScheduleSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x04\x63ron\x18\x02 \x01(\tH\x00\x12-\n\x08interval\x18\x03 \x01(\x0b\x32\x19.google.protobuf.DurationH\x00\x12\x10\n\x08timezone\x18\x04 \x01(\t\x12,\n\x08start_at\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12*\n\x06\x65nd_at\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x38\n\rtask_template\x18\x07 \x01(\x0b\x32!.chronoshard.v1.SubmitTaskRequest\x12\x35\n\x0e\x63\x61tchup_policy\x18\x08 \x01(\x0e\x32\x1d.chronoshard.v1.CatchupPolicy\x12\x1a\n\rcatchup_limit\x18\t \x01(\rH\x01\x88\x01\x01\x12\x35\n\x0eoverlap_policy\x18\n \x01(\x0e\x32\x1d.chronoshard.v1.OverlapPolicy\x12\x0e\n\x06job_id\x18\x0b \x01(\t\x12,\n\x05watch\x18\x0c \x01(\x0b\x32\x1d.chronoshard.v1.ScheduleWatch\x12\x30\n\rmisfire_grace\x18\r \x01(\x0b\x32\x19.google.protobuf.Duration\x12@\n\x11workflow_template\x18\x0e \x01(\x0b\x32%.chronoshard.v1.CreateWorkflowRequestB\x06\n\x04ruleB\x10\n\x0e_catchup_limit\"\xd2\x01\n\x0bScheduleRun\x12\x30\n\x0clogical_date\x18\x01 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0e\n\x06origin\x18\x02 \x01(\t\x12\x0f\n\x07task_id\x18\x03 \x01(\t\x12*\n\x06status\x18\x04 \x01(\x0e\x32\x1a.chronoshard.v1.TaskStatus\x12/\n\x0b\x66inished_at\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x13\n\x0bworkflow_id\x18\x06 \x01(\t\"\xfa\x01\n\x08Schedule\x12\n\n\x02id\x18\x01 \x01(\t\x12\x11\n\ttenant_id\x18\x02 \x01(\t\x12*\n\x04spec\x18\x03 \x01(\x0b\x32\x1c.chronoshard.v1.ScheduleSpec\x12\x0e\n\x06paused\x18\x04 \x01(\x08\x12\x33\n\x0fnext_occurrence\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\ncreated_at\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nupdated_at\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"C\n\x15\x43reateScheduleRequest\x12*\n\x04spec\x18\x01 \x01(\x0b\x32\x1c.chronoshard.v1.ScheduleSpec\"D\n\x16\x43reateScheduleResponse\x12*\n\x08schedule\x18\x01 \x01(\x0b\x32\x18.chronoshard.v1.Schedule\"H\n\x12GetScheduleRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12\x12\n\nnext_count\x18\x02 \x01(\r\x12\x12\n\nruns_count\x18\x03 \x01(\r\"\xa2\x01\n\x13GetScheduleResponse\x12*\n\x08schedule\x18\x01 \x01(\x0b\x32\x18.chronoshard.v1.Schedule\x12\x34\n\x10next_occurrences\x18\x02 \x03(\x0b\x32\x1a.google.protobuf.Timestamp\x12)\n\x04runs\x18\x03 \x03(\x0b\x32\x1b.chronoshard.v1.ScheduleRun\"=\n\x14ListSchedulesRequest\x12\x11\n\tpage_size\x18\x01 \x01(\r\x12\x12\n\npage_token\x18\x02 \x01(\t\"]\n\x15ListSchedulesResponse\x12+\n\tschedules\x18\x01 \x03(\x0b\x32\x18.chronoshard.v1.Schedule\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"O\n\x15UpdateScheduleRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12*\n\x04spec\x18\x02 \x01(\x0b\x32\x1c.chronoshard.v1.ScheduleSpec\"D\n\x16UpdateScheduleResponse\x12*\n\x08schedule\x18\x01 \x01(\x0b\x32\x18.chronoshard.v1.Schedule\"\"\n\x14PauseScheduleRequest\x12\n\n\x02id\x18\x01 \x01(\t\"C\n\x15PauseScheduleResponse\x12*\n\x08schedule\x18\x01 \x01(\x0b\x32\x18.chronoshard.v1.Schedule\"#\n\x15ResumeScheduleRequest\x12\n\n\x02id\x18\x01 \x01(\t\"D\n\x16ResumeScheduleResponse\x12*\n\x08schedule\x18\x01 \x01(\x0b\x32\x18.chronoshard.v1.Schedule\"#\n\x15\x44\x65leteScheduleRequest\x12\n\n\x02id\x18\x01 \x01(\t\"+\n\x16\x44\x65leteScheduleResponse\x12\x11\n\twithdrawn\x18\x01 \x01(\r\"$\n\x16TriggerScheduleRequest\x12\n\n\x02id\x18\x01 \x01(\t\"C\n\x17TriggerScheduleResponse\x12(\n\x03run\x18\x01 \x01(\x0b\x32\x1b.chronoshard.v1.ScheduleRun\"y\n\x17\x42\x61\x63kfillScheduleRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12)\n\x05start\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\'\n\x03\x65nd\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"W\n\x18\x42\x61\x63kfillScheduleResponse\x12)\n\x04runs\x18\x01 \x03(\x0b\x32\x1b.chronoshard.v1.ScheduleRun\x12\x10\n\x08\x65xisting\x18\x02 \x01(\r*{\n\rCatchupPolicy\x12\x1e\n\x1a\x43\x41TCHUP_POLICY_UNSPECIFIED\x10\x00\x12\x17\n\x13\x43\x41TCHUP_POLICY_SKIP\x10\x01\x12\x19\n\x15\x43\x41TCHUP_POLICY_LATEST\x10\x02\x12\x16\n\x12\x43\x41TCHUP_POLICY_ALL\x10\x03*\x81\x01\n\rOverlapPolicy\x12\x1e\n\x1aOVERLAP_POLICY_UNSPECIFIED\x10\x00\x12\x18\n\x14OVERLAP_POLICY_ALLOW\x10\x01\x12\x17\n\x13OVERLAP_POLICY_SKIP\x10\x02\x12\x1d\n\x19OVERLAP_POLICY_BUFFER_ONE\x10\x03\x32\xf4\x06\n\x0fScheduleService\x12_\n\x0e\x43reateSchedule\x12%.chronoshard.v1.CreateScheduleRequest\x1a&.chronoshard.v1.CreateScheduleResponse\x12V\n\x0bGetSchedule\x12\".chronoshard.v1.GetScheduleRequest\x1a#.chronoshard.v1.GetScheduleResponse\x12\\\n\rListSchedules\x12$.chronoshard.v1.ListSchedulesRequest\x1a%.chronoshard.v1.ListSchedulesResponse\x12_\n\x0eUpdateSchedule\x12%.chronoshard.v1.UpdateScheduleRequest\x1a&.chronoshard.v1.UpdateScheduleResponse\x12\\\n\rPauseSchedule\x12$.chronoshard.v1.PauseScheduleRequest\x1a%.chronoshard.v1.PauseScheduleResponse\x12_\n\x0eResumeSchedule\x12%.chronoshard.v1.ResumeScheduleRequest\x1a&.chronoshard.v1.ResumeScheduleResponse\x12_\n\x0e\x44\x65leteSchedule\x12%.chronoshard.v1.DeleteScheduleRequest\x1a&.chronoshard.v1.DeleteScheduleResponse\x12\x62\n\x0fTriggerSchedule\x12&.chronoshard.v1.TriggerScheduleRequest\x1a\'.chronoshard.v1.TriggerScheduleResponse\x12\x65\n\x10\x42\x61\x63kfillSchedule\x12\'.chronoshard.v1.BackfillScheduleRequest\x1a(.chronoshard.v1.BackfillScheduleResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'chronoshard.v1.schedule_service_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_CATCHUPPOLICY']._serialized_start=2621
-  _globals['_CATCHUPPOLICY']._serialized_end=2744
-  _globals['_OVERLAPPOLICY']._serialized_start=2747
-  _globals['_OVERLAPPOLICY']._serialized_end=2876
-  _globals['_SCHEDULEWATCH']._serialized_start=187
-  _globals['_SCHEDULEWATCH']._serialized_end=338
-  _globals['_SCHEDULESPEC']._serialized_start=341
-  _globals['_SCHEDULESPEC']._serialized_end=874
-  _globals['_SCHEDULERUN']._serialized_start=877
-  _globals['_SCHEDULERUN']._serialized_end=1066
-  _globals['_SCHEDULE']._serialized_start=1069
-  _globals['_SCHEDULE']._serialized_end=1319
-  _globals['_CREATESCHEDULEREQUEST']._serialized_start=1321
-  _globals['_CREATESCHEDULEREQUEST']._serialized_end=1388
-  _globals['_CREATESCHEDULERESPONSE']._serialized_start=1390
-  _globals['_CREATESCHEDULERESPONSE']._serialized_end=1458
-  _globals['_GETSCHEDULEREQUEST']._serialized_start=1460
-  _globals['_GETSCHEDULEREQUEST']._serialized_end=1532
-  _globals['_GETSCHEDULERESPONSE']._serialized_start=1535
-  _globals['_GETSCHEDULERESPONSE']._serialized_end=1697
-  _globals['_LISTSCHEDULESREQUEST']._serialized_start=1699
-  _globals['_LISTSCHEDULESREQUEST']._serialized_end=1760
-  _globals['_LISTSCHEDULESRESPONSE']._serialized_start=1762
-  _globals['_LISTSCHEDULESRESPONSE']._serialized_end=1855
-  _globals['_UPDATESCHEDULEREQUEST']._serialized_start=1857
-  _globals['_UPDATESCHEDULEREQUEST']._serialized_end=1936
-  _globals['_UPDATESCHEDULERESPONSE']._serialized_start=1938
-  _globals['_UPDATESCHEDULERESPONSE']._serialized_end=2006
-  _globals['_PAUSESCHEDULEREQUEST']._serialized_start=2008
-  _globals['_PAUSESCHEDULEREQUEST']._serialized_end=2042
-  _globals['_PAUSESCHEDULERESPONSE']._serialized_start=2044
-  _globals['_PAUSESCHEDULERESPONSE']._serialized_end=2111
-  _globals['_RESUMESCHEDULEREQUEST']._serialized_start=2113
-  _globals['_RESUMESCHEDULEREQUEST']._serialized_end=2148
-  _globals['_RESUMESCHEDULERESPONSE']._serialized_start=2150
-  _globals['_RESUMESCHEDULERESPONSE']._serialized_end=2218
-  _globals['_DELETESCHEDULEREQUEST']._serialized_start=2220
-  _globals['_DELETESCHEDULEREQUEST']._serialized_end=2255
-  _globals['_DELETESCHEDULERESPONSE']._serialized_start=2257
-  _globals['_DELETESCHEDULERESPONSE']._serialized_end=2300
-  _globals['_TRIGGERSCHEDULEREQUEST']._serialized_start=2302
-  _globals['_TRIGGERSCHEDULEREQUEST']._serialized_end=2338
-  _globals['_TRIGGERSCHEDULERESPONSE']._serialized_start=2340
-  _globals['_TRIGGERSCHEDULERESPONSE']._serialized_end=2407
-  _globals['_BACKFILLSCHEDULEREQUEST']._serialized_start=2409
-  _globals['_BACKFILLSCHEDULEREQUEST']._serialized_end=2530
-  _globals['_BACKFILLSCHEDULERESPONSE']._serialized_start=2532
-  _globals['_BACKFILLSCHEDULERESPONSE']._serialized_end=2619
-  _globals['_SCHEDULESERVICE']._serialized_start=2879
-  _globals['_SCHEDULESERVICE']._serialized_end=3763
+  _globals['_CATCHUPPOLICY']._serialized_start=2747
+  _globals['_CATCHUPPOLICY']._serialized_end=2870
+  _globals['_OVERLAPPOLICY']._serialized_start=2873
+  _globals['_OVERLAPPOLICY']._serialized_end=3002
+  _globals['_SCHEDULEWATCH']._serialized_start=226
+  _globals['_SCHEDULEWATCH']._serialized_end=377
+  _globals['_SCHEDULESPEC']._serialized_start=380
+  _globals['_SCHEDULESPEC']._serialized_end=979
+  _globals['_SCHEDULERUN']._serialized_start=982
+  _globals['_SCHEDULERUN']._serialized_end=1192
+  _globals['_SCHEDULE']._serialized_start=1195
+  _globals['_SCHEDULE']._serialized_end=1445
+  _globals['_CREATESCHEDULEREQUEST']._serialized_start=1447
+  _globals['_CREATESCHEDULEREQUEST']._serialized_end=1514
+  _globals['_CREATESCHEDULERESPONSE']._serialized_start=1516
+  _globals['_CREATESCHEDULERESPONSE']._serialized_end=1584
+  _globals['_GETSCHEDULEREQUEST']._serialized_start=1586
+  _globals['_GETSCHEDULEREQUEST']._serialized_end=1658
+  _globals['_GETSCHEDULERESPONSE']._serialized_start=1661
+  _globals['_GETSCHEDULERESPONSE']._serialized_end=1823
+  _globals['_LISTSCHEDULESREQUEST']._serialized_start=1825
+  _globals['_LISTSCHEDULESREQUEST']._serialized_end=1886
+  _globals['_LISTSCHEDULESRESPONSE']._serialized_start=1888
+  _globals['_LISTSCHEDULESRESPONSE']._serialized_end=1981
+  _globals['_UPDATESCHEDULEREQUEST']._serialized_start=1983
+  _globals['_UPDATESCHEDULEREQUEST']._serialized_end=2062
+  _globals['_UPDATESCHEDULERESPONSE']._serialized_start=2064
+  _globals['_UPDATESCHEDULERESPONSE']._serialized_end=2132
+  _globals['_PAUSESCHEDULEREQUEST']._serialized_start=2134
+  _globals['_PAUSESCHEDULEREQUEST']._serialized_end=2168
+  _globals['_PAUSESCHEDULERESPONSE']._serialized_start=2170
+  _globals['_PAUSESCHEDULERESPONSE']._serialized_end=2237
+  _globals['_RESUMESCHEDULEREQUEST']._serialized_start=2239
+  _globals['_RESUMESCHEDULEREQUEST']._serialized_end=2274
+  _globals['_RESUMESCHEDULERESPONSE']._serialized_start=2276
+  _globals['_RESUMESCHEDULERESPONSE']._serialized_end=2344
+  _globals['_DELETESCHEDULEREQUEST']._serialized_start=2346
+  _globals['_DELETESCHEDULEREQUEST']._serialized_end=2381
+  _globals['_DELETESCHEDULERESPONSE']._serialized_start=2383
+  _globals['_DELETESCHEDULERESPONSE']._serialized_end=2426
+  _globals['_TRIGGERSCHEDULEREQUEST']._serialized_start=2428
+  _globals['_TRIGGERSCHEDULEREQUEST']._serialized_end=2464
+  _globals['_TRIGGERSCHEDULERESPONSE']._serialized_start=2466
+  _globals['_TRIGGERSCHEDULERESPONSE']._serialized_end=2533
+  _globals['_BACKFILLSCHEDULEREQUEST']._serialized_start=2535
+  _globals['_BACKFILLSCHEDULEREQUEST']._serialized_end=2656
+  _globals['_BACKFILLSCHEDULERESPONSE']._serialized_start=2658
+  _globals['_BACKFILLSCHEDULERESPONSE']._serialized_end=2745
+  _globals['_SCHEDULESERVICE']._serialized_start=3005
+  _globals['_SCHEDULESERVICE']._serialized_end=3889
 # @@protoc_insertion_point(module_scope)

@@ -2,6 +2,7 @@ import datetime
 
 from chronoshard.v1 import common_pb2 as _common_pb2
 from chronoshard.v1 import task_service_pb2 as _task_service_pb2
+from chronoshard.v1 import workflow_service_pb2 as _workflow_service_pb2
 from google.protobuf import duration_pb2 as _duration_pb2
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
@@ -48,7 +49,7 @@ class ScheduleWatch(_message.Message):
     def __init__(self, disabled: _Optional[bool] = ..., expected_duration: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., tolerance: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., severity: _Optional[str] = ...) -> None: ...
 
 class ScheduleSpec(_message.Message):
-    __slots__ = ("name", "cron", "interval", "timezone", "start_at", "end_at", "task_template", "catchup_policy", "catchup_limit", "overlap_policy", "job_id", "watch", "misfire_grace")
+    __slots__ = ("name", "cron", "interval", "timezone", "start_at", "end_at", "task_template", "catchup_policy", "catchup_limit", "overlap_policy", "job_id", "watch", "misfire_grace", "workflow_template")
     NAME_FIELD_NUMBER: _ClassVar[int]
     CRON_FIELD_NUMBER: _ClassVar[int]
     INTERVAL_FIELD_NUMBER: _ClassVar[int]
@@ -62,6 +63,7 @@ class ScheduleSpec(_message.Message):
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     WATCH_FIELD_NUMBER: _ClassVar[int]
     MISFIRE_GRACE_FIELD_NUMBER: _ClassVar[int]
+    WORKFLOW_TEMPLATE_FIELD_NUMBER: _ClassVar[int]
     name: str
     cron: str
     interval: _duration_pb2.Duration
@@ -75,21 +77,24 @@ class ScheduleSpec(_message.Message):
     job_id: str
     watch: ScheduleWatch
     misfire_grace: _duration_pb2.Duration
-    def __init__(self, name: _Optional[str] = ..., cron: _Optional[str] = ..., interval: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., timezone: _Optional[str] = ..., start_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., end_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., task_template: _Optional[_Union[_task_service_pb2.SubmitTaskRequest, _Mapping]] = ..., catchup_policy: _Optional[_Union[CatchupPolicy, str]] = ..., catchup_limit: _Optional[int] = ..., overlap_policy: _Optional[_Union[OverlapPolicy, str]] = ..., job_id: _Optional[str] = ..., watch: _Optional[_Union[ScheduleWatch, _Mapping]] = ..., misfire_grace: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+    workflow_template: _workflow_service_pb2.CreateWorkflowRequest
+    def __init__(self, name: _Optional[str] = ..., cron: _Optional[str] = ..., interval: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., timezone: _Optional[str] = ..., start_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., end_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., task_template: _Optional[_Union[_task_service_pb2.SubmitTaskRequest, _Mapping]] = ..., catchup_policy: _Optional[_Union[CatchupPolicy, str]] = ..., catchup_limit: _Optional[int] = ..., overlap_policy: _Optional[_Union[OverlapPolicy, str]] = ..., job_id: _Optional[str] = ..., watch: _Optional[_Union[ScheduleWatch, _Mapping]] = ..., misfire_grace: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., workflow_template: _Optional[_Union[_workflow_service_pb2.CreateWorkflowRequest, _Mapping]] = ...) -> None: ...
 
 class ScheduleRun(_message.Message):
-    __slots__ = ("logical_date", "origin", "task_id", "status", "finished_at")
+    __slots__ = ("logical_date", "origin", "task_id", "status", "finished_at", "workflow_id")
     LOGICAL_DATE_FIELD_NUMBER: _ClassVar[int]
     ORIGIN_FIELD_NUMBER: _ClassVar[int]
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
     FINISHED_AT_FIELD_NUMBER: _ClassVar[int]
+    WORKFLOW_ID_FIELD_NUMBER: _ClassVar[int]
     logical_date: _timestamp_pb2.Timestamp
     origin: str
     task_id: str
     status: _common_pb2.TaskStatus
     finished_at: _timestamp_pb2.Timestamp
-    def __init__(self, logical_date: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., origin: _Optional[str] = ..., task_id: _Optional[str] = ..., status: _Optional[_Union[_common_pb2.TaskStatus, str]] = ..., finished_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    workflow_id: str
+    def __init__(self, logical_date: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., origin: _Optional[str] = ..., task_id: _Optional[str] = ..., status: _Optional[_Union[_common_pb2.TaskStatus, str]] = ..., finished_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., workflow_id: _Optional[str] = ...) -> None: ...
 
 class Schedule(_message.Message):
     __slots__ = ("id", "tenant_id", "spec", "paused", "next_occurrence", "created_at", "updated_at")

@@ -28,7 +28,7 @@ from google.protobuf import duration_pb2 as google_dot_protobuf_dot_duration__pb
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n%chronoshard/v1/workflow_service.proto\x12\x0e\x63hronoshard.v1\x1a\x1b\x63hronoshard/v1/common.proto\x1a!chronoshard/v1/task_service.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x7f\n\x0cWorkflowTask\x12\x0b\n\x03ref\x18\x01 \x01(\t\x12/\n\x04task\x18\x02 \x01(\x0b\x32!.chronoshard.v1.SubmitTaskRequest\x12\x31\n\x0ctrigger_rule\x18\x03 \x01(\x0e\x32\x1b.chronoshard.v1.TriggerRule\"-\n\x0cWorkflowEdge\x12\x0e\n\x06parent\x18\x01 \x01(\t\x12\r\n\x05\x63hild\x18\x02 \x01(\t\"\x80\x02\n\x15\x43reateWorkflowRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12+\n\x05tasks\x18\x02 \x03(\x0b\x32\x1c.chronoshard.v1.WorkflowTask\x12+\n\x05\x65\x64ges\x18\x03 \x03(\x0b\x32\x1c.chronoshard.v1.WorkflowEdge\x12\x32\n\x0cscheduled_at\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.TimestampH\x00\x12*\n\x05\x64\x65lay\x18\x05 \x01(\x0b\x32\x19.google.protobuf.DurationH\x00\x12\x17\n\x0fidempotency_key\x18\x06 \x01(\tB\x06\n\x04when\"\xb9\x02\n\x08Workflow\x12\n\n\x02id\x18\x01 \x01(\t\x12\x11\n\ttenant_id\x18\x02 \x01(\t\x12\x0c\n\x04name\x18\x03 \x01(\t\x12,\n\x05state\x18\x04 \x01(\x0e\x32\x1d.chronoshard.v1.WorkflowState\x12\x30\n\x0cscheduled_at\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\ncreated_at\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0b\x66inished_at\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x12\n\ntask_count\x18\x08 \x01(\r\x12\x12\n\nedge_count\x18\t \x01(\r\x12\x17\n\x0fidempotency_key\x18\n \x01(\t\"\xcc\x01\n\x16\x43reateWorkflowResponse\x12*\n\x08workflow\x18\x01 \x01(\x0b\x32\x18.chronoshard.v1.Workflow\x12\x45\n\x08task_ids\x18\x02 \x03(\x0b\x32\x33.chronoshard.v1.CreateWorkflowResponse.TaskIdsEntry\x12\x0f\n\x07\x63reated\x18\x03 \x01(\x08\x1a.\n\x0cTaskIdsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\" \n\x12GetWorkflowRequest\x12\n\n\x02id\x18\x01 \x01(\t\"\x8f\x01\n\x11WorkflowTaskState\x12\x0b\n\x03ref\x18\x01 \x01(\t\x12\"\n\x04task\x18\x02 \x01(\x0b\x32\x14.chronoshard.v1.Task\x12\x31\n\x0ctrigger_rule\x18\x03 \x01(\x0e\x32\x1b.chronoshard.v1.TriggerRule\x12\x16\n\x0eupstream_cause\x18\x04 \x01(\t\"\xa0\x01\n\x13GetWorkflowResponse\x12*\n\x08workflow\x18\x01 \x01(\x0b\x32\x18.chronoshard.v1.Workflow\x12\x30\n\x05tasks\x18\x02 \x03(\x0b\x32!.chronoshard.v1.WorkflowTaskState\x12+\n\x05\x65\x64ges\x18\x03 \x03(\x0b\x32\x1c.chronoshard.v1.WorkflowEdge\"k\n\x14ListWorkflowsRequest\x12\x11\n\tpage_size\x18\x01 \x01(\r\x12\x12\n\npage_token\x18\x02 \x01(\t\x12,\n\x05state\x18\x03 \x01(\x0e\x32\x1d.chronoshard.v1.WorkflowState\"]\n\x15ListWorkflowsResponse\x12+\n\tworkflows\x18\x01 \x03(\x0b\x32\x18.chronoshard.v1.Workflow\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"3\n\x15\x43\x61ncelWorkflowRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"i\n\x16\x43\x61ncelWorkflowResponse\x12*\n\x08workflow\x18\x01 \x01(\x0b\x32\x18.chronoshard.v1.Workflow\x12\x11\n\tcancelled\x18\x02 \x01(\r\x12\x10\n\x08stopping\x18\x03 \x01(\r\"\"\n\x14RetryWorkflowRequest\x12\n\n\x02id\x18\x01 \x01(\t\"U\n\x15RetryWorkflowResponse\x12*\n\x08workflow\x18\x01 \x01(\x0b\x32\x18.chronoshard.v1.Workflow\x12\x10\n\x08reopened\x18\x02 \x01(\r*d\n\x0bTriggerRule\x12\x1c\n\x18TRIGGER_RULE_UNSPECIFIED\x10\x00\x12\x1c\n\x18TRIGGER_RULE_ALL_SUCCESS\x10\x01\x12\x19\n\x15TRIGGER_RULE_ALL_DONE\x10\x02*\xa2\x01\n\rWorkflowState\x12\x1e\n\x1aWORKFLOW_STATE_UNSPECIFIED\x10\x00\x12\x1a\n\x16WORKFLOW_STATE_RUNNING\x10\x01\x12\x1c\n\x18WORKFLOW_STATE_SUCCEEDED\x10\x02\x12\x19\n\x15WORKFLOW_STATE_FAILED\x10\x03\x12\x1c\n\x18WORKFLOW_STATE_CANCELLED\x10\x04\x32\xe7\x03\n\x0fWorkflowService\x12_\n\x0e\x43reateWorkflow\x12%.chronoshard.v1.CreateWorkflowRequest\x1a&.chronoshard.v1.CreateWorkflowResponse\x12V\n\x0bGetWorkflow\x12\".chronoshard.v1.GetWorkflowRequest\x1a#.chronoshard.v1.GetWorkflowResponse\x12\\\n\rListWorkflows\x12$.chronoshard.v1.ListWorkflowsRequest\x1a%.chronoshard.v1.ListWorkflowsResponse\x12_\n\x0e\x43\x61ncelWorkflow\x12%.chronoshard.v1.CancelWorkflowRequest\x1a&.chronoshard.v1.CancelWorkflowResponse\x12\\\n\rRetryWorkflow\x12$.chronoshard.v1.RetryWorkflowRequest\x1a%.chronoshard.v1.RetryWorkflowResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n%chronoshard/v1/workflow_service.proto\x12\x0e\x63hronoshard.v1\x1a\x1b\x63hronoshard/v1/common.proto\x1a!chronoshard/v1/task_service.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x7f\n\x0cWorkflowTask\x12\x0b\n\x03ref\x18\x01 \x01(\t\x12/\n\x04task\x18\x02 \x01(\x0b\x32!.chronoshard.v1.SubmitTaskRequest\x12\x31\n\x0ctrigger_rule\x18\x03 \x01(\x0e\x32\x1b.chronoshard.v1.TriggerRule\"-\n\x0cWorkflowEdge\x12\x0e\n\x06parent\x18\x01 \x01(\t\x12\r\n\x05\x63hild\x18\x02 \x01(\t\"\x90\x02\n\x15\x43reateWorkflowRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12+\n\x05tasks\x18\x02 \x03(\x0b\x32\x1c.chronoshard.v1.WorkflowTask\x12+\n\x05\x65\x64ges\x18\x03 \x03(\x0b\x32\x1c.chronoshard.v1.WorkflowEdge\x12\x32\n\x0cscheduled_at\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.TimestampH\x00\x12*\n\x05\x64\x65lay\x18\x05 \x01(\x0b\x32\x19.google.protobuf.DurationH\x00\x12\x17\n\x0fidempotency_key\x18\x06 \x01(\t\x12\x0e\n\x06job_id\x18\x07 \x01(\tB\x06\n\x04when\"\x90\x03\n\x08Workflow\x12\n\n\x02id\x18\x01 \x01(\t\x12\x11\n\ttenant_id\x18\x02 \x01(\t\x12\x0c\n\x04name\x18\x03 \x01(\t\x12,\n\x05state\x18\x04 \x01(\x0e\x32\x1d.chronoshard.v1.WorkflowState\x12\x30\n\x0cscheduled_at\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\ncreated_at\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0b\x66inished_at\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x12\n\ntask_count\x18\x08 \x01(\r\x12\x12\n\nedge_count\x18\t \x01(\r\x12\x17\n\x0fidempotency_key\x18\n \x01(\t\x12\x0e\n\x06job_id\x18\x0b \x01(\t\x12\x13\n\x0bschedule_id\x18\x0c \x01(\t\x12\x30\n\x0clogical_date\x18\r \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\xcc\x01\n\x16\x43reateWorkflowResponse\x12*\n\x08workflow\x18\x01 \x01(\x0b\x32\x18.chronoshard.v1.Workflow\x12\x45\n\x08task_ids\x18\x02 \x03(\x0b\x32\x33.chronoshard.v1.CreateWorkflowResponse.TaskIdsEntry\x12\x0f\n\x07\x63reated\x18\x03 \x01(\x08\x1a.\n\x0cTaskIdsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\" \n\x12GetWorkflowRequest\x12\n\n\x02id\x18\x01 \x01(\t\"\x8f\x01\n\x11WorkflowTaskState\x12\x0b\n\x03ref\x18\x01 \x01(\t\x12\"\n\x04task\x18\x02 \x01(\x0b\x32\x14.chronoshard.v1.Task\x12\x31\n\x0ctrigger_rule\x18\x03 \x01(\x0e\x32\x1b.chronoshard.v1.TriggerRule\x12\x16\n\x0eupstream_cause\x18\x04 \x01(\t\"\xa0\x01\n\x13GetWorkflowResponse\x12*\n\x08workflow\x18\x01 \x01(\x0b\x32\x18.chronoshard.v1.Workflow\x12\x30\n\x05tasks\x18\x02 \x03(\x0b\x32!.chronoshard.v1.WorkflowTaskState\x12+\n\x05\x65\x64ges\x18\x03 \x03(\x0b\x32\x1c.chronoshard.v1.WorkflowEdge\"k\n\x14ListWorkflowsRequest\x12\x11\n\tpage_size\x18\x01 \x01(\r\x12\x12\n\npage_token\x18\x02 \x01(\t\x12,\n\x05state\x18\x03 \x01(\x0e\x32\x1d.chronoshard.v1.WorkflowState\"]\n\x15ListWorkflowsResponse\x12+\n\tworkflows\x18\x01 \x03(\x0b\x32\x18.chronoshard.v1.Workflow\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"3\n\x15\x43\x61ncelWorkflowRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"i\n\x16\x43\x61ncelWorkflowResponse\x12*\n\x08workflow\x18\x01 \x01(\x0b\x32\x18.chronoshard.v1.Workflow\x12\x11\n\tcancelled\x18\x02 \x01(\r\x12\x10\n\x08stopping\x18\x03 \x01(\r\"\"\n\x14RetryWorkflowRequest\x12\n\n\x02id\x18\x01 \x01(\t\"U\n\x15RetryWorkflowResponse\x12*\n\x08workflow\x18\x01 \x01(\x0b\x32\x18.chronoshard.v1.Workflow\x12\x10\n\x08reopened\x18\x02 \x01(\r*d\n\x0bTriggerRule\x12\x1c\n\x18TRIGGER_RULE_UNSPECIFIED\x10\x00\x12\x1c\n\x18TRIGGER_RULE_ALL_SUCCESS\x10\x01\x12\x19\n\x15TRIGGER_RULE_ALL_DONE\x10\x02*\xa2\x01\n\rWorkflowState\x12\x1e\n\x1aWORKFLOW_STATE_UNSPECIFIED\x10\x00\x12\x1a\n\x16WORKFLOW_STATE_RUNNING\x10\x01\x12\x1c\n\x18WORKFLOW_STATE_SUCCEEDED\x10\x02\x12\x19\n\x15WORKFLOW_STATE_FAILED\x10\x03\x12\x1c\n\x18WORKFLOW_STATE_CANCELLED\x10\x04\x32\xe7\x03\n\x0fWorkflowService\x12_\n\x0e\x43reateWorkflow\x12%.chronoshard.v1.CreateWorkflowRequest\x1a&.chronoshard.v1.CreateWorkflowResponse\x12V\n\x0bGetWorkflow\x12\".chronoshard.v1.GetWorkflowRequest\x1a#.chronoshard.v1.GetWorkflowResponse\x12\\\n\rListWorkflows\x12$.chronoshard.v1.ListWorkflowsRequest\x1a%.chronoshard.v1.ListWorkflowsResponse\x12_\n\x0e\x43\x61ncelWorkflow\x12%.chronoshard.v1.CancelWorkflowRequest\x1a&.chronoshard.v1.CancelWorkflowResponse\x12\\\n\rRetryWorkflow\x12$.chronoshard.v1.RetryWorkflowRequest\x1a%.chronoshard.v1.RetryWorkflowResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -37,40 +37,40 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_CREATEWORKFLOWRESPONSE_TASKIDSENTRY']._loaded_options = None
   _globals['_CREATEWORKFLOWRESPONSE_TASKIDSENTRY']._serialized_options = b'8\001'
-  _globals['_TRIGGERRULE']._serialized_start=1974
-  _globals['_TRIGGERRULE']._serialized_end=2074
-  _globals['_WORKFLOWSTATE']._serialized_start=2077
-  _globals['_WORKFLOWSTATE']._serialized_end=2239
+  _globals['_TRIGGERRULE']._serialized_start=2077
+  _globals['_TRIGGERRULE']._serialized_end=2177
+  _globals['_WORKFLOWSTATE']._serialized_start=2180
+  _globals['_WORKFLOWSTATE']._serialized_end=2342
   _globals['_WORKFLOWTASK']._serialized_start=186
   _globals['_WORKFLOWTASK']._serialized_end=313
   _globals['_WORKFLOWEDGE']._serialized_start=315
   _globals['_WORKFLOWEDGE']._serialized_end=360
   _globals['_CREATEWORKFLOWREQUEST']._serialized_start=363
-  _globals['_CREATEWORKFLOWREQUEST']._serialized_end=619
-  _globals['_WORKFLOW']._serialized_start=622
-  _globals['_WORKFLOW']._serialized_end=935
-  _globals['_CREATEWORKFLOWRESPONSE']._serialized_start=938
-  _globals['_CREATEWORKFLOWRESPONSE']._serialized_end=1142
-  _globals['_CREATEWORKFLOWRESPONSE_TASKIDSENTRY']._serialized_start=1096
-  _globals['_CREATEWORKFLOWRESPONSE_TASKIDSENTRY']._serialized_end=1142
-  _globals['_GETWORKFLOWREQUEST']._serialized_start=1144
-  _globals['_GETWORKFLOWREQUEST']._serialized_end=1176
-  _globals['_WORKFLOWTASKSTATE']._serialized_start=1179
-  _globals['_WORKFLOWTASKSTATE']._serialized_end=1322
-  _globals['_GETWORKFLOWRESPONSE']._serialized_start=1325
-  _globals['_GETWORKFLOWRESPONSE']._serialized_end=1485
-  _globals['_LISTWORKFLOWSREQUEST']._serialized_start=1487
-  _globals['_LISTWORKFLOWSREQUEST']._serialized_end=1594
-  _globals['_LISTWORKFLOWSRESPONSE']._serialized_start=1596
-  _globals['_LISTWORKFLOWSRESPONSE']._serialized_end=1689
-  _globals['_CANCELWORKFLOWREQUEST']._serialized_start=1691
-  _globals['_CANCELWORKFLOWREQUEST']._serialized_end=1742
-  _globals['_CANCELWORKFLOWRESPONSE']._serialized_start=1744
-  _globals['_CANCELWORKFLOWRESPONSE']._serialized_end=1849
-  _globals['_RETRYWORKFLOWREQUEST']._serialized_start=1851
-  _globals['_RETRYWORKFLOWREQUEST']._serialized_end=1885
-  _globals['_RETRYWORKFLOWRESPONSE']._serialized_start=1887
-  _globals['_RETRYWORKFLOWRESPONSE']._serialized_end=1972
-  _globals['_WORKFLOWSERVICE']._serialized_start=2242
-  _globals['_WORKFLOWSERVICE']._serialized_end=2729
+  _globals['_CREATEWORKFLOWREQUEST']._serialized_end=635
+  _globals['_WORKFLOW']._serialized_start=638
+  _globals['_WORKFLOW']._serialized_end=1038
+  _globals['_CREATEWORKFLOWRESPONSE']._serialized_start=1041
+  _globals['_CREATEWORKFLOWRESPONSE']._serialized_end=1245
+  _globals['_CREATEWORKFLOWRESPONSE_TASKIDSENTRY']._serialized_start=1199
+  _globals['_CREATEWORKFLOWRESPONSE_TASKIDSENTRY']._serialized_end=1245
+  _globals['_GETWORKFLOWREQUEST']._serialized_start=1247
+  _globals['_GETWORKFLOWREQUEST']._serialized_end=1279
+  _globals['_WORKFLOWTASKSTATE']._serialized_start=1282
+  _globals['_WORKFLOWTASKSTATE']._serialized_end=1425
+  _globals['_GETWORKFLOWRESPONSE']._serialized_start=1428
+  _globals['_GETWORKFLOWRESPONSE']._serialized_end=1588
+  _globals['_LISTWORKFLOWSREQUEST']._serialized_start=1590
+  _globals['_LISTWORKFLOWSREQUEST']._serialized_end=1697
+  _globals['_LISTWORKFLOWSRESPONSE']._serialized_start=1699
+  _globals['_LISTWORKFLOWSRESPONSE']._serialized_end=1792
+  _globals['_CANCELWORKFLOWREQUEST']._serialized_start=1794
+  _globals['_CANCELWORKFLOWREQUEST']._serialized_end=1845
+  _globals['_CANCELWORKFLOWRESPONSE']._serialized_start=1847
+  _globals['_CANCELWORKFLOWRESPONSE']._serialized_end=1952
+  _globals['_RETRYWORKFLOWREQUEST']._serialized_start=1954
+  _globals['_RETRYWORKFLOWREQUEST']._serialized_end=1988
+  _globals['_RETRYWORKFLOWRESPONSE']._serialized_start=1990
+  _globals['_RETRYWORKFLOWRESPONSE']._serialized_end=2075
+  _globals['_WORKFLOWSERVICE']._serialized_start=2345
+  _globals['_WORKFLOWSERVICE']._serialized_end=2832
 # @@protoc_insertion_point(module_scope)

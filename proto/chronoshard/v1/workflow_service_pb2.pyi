@@ -54,23 +54,25 @@ class WorkflowEdge(_message.Message):
     def __init__(self, parent: _Optional[str] = ..., child: _Optional[str] = ...) -> None: ...
 
 class CreateWorkflowRequest(_message.Message):
-    __slots__ = ("name", "tasks", "edges", "scheduled_at", "delay", "idempotency_key")
+    __slots__ = ("name", "tasks", "edges", "scheduled_at", "delay", "idempotency_key", "job_id")
     NAME_FIELD_NUMBER: _ClassVar[int]
     TASKS_FIELD_NUMBER: _ClassVar[int]
     EDGES_FIELD_NUMBER: _ClassVar[int]
     SCHEDULED_AT_FIELD_NUMBER: _ClassVar[int]
     DELAY_FIELD_NUMBER: _ClassVar[int]
     IDEMPOTENCY_KEY_FIELD_NUMBER: _ClassVar[int]
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
     name: str
     tasks: _containers.RepeatedCompositeFieldContainer[WorkflowTask]
     edges: _containers.RepeatedCompositeFieldContainer[WorkflowEdge]
     scheduled_at: _timestamp_pb2.Timestamp
     delay: _duration_pb2.Duration
     idempotency_key: str
-    def __init__(self, name: _Optional[str] = ..., tasks: _Optional[_Iterable[_Union[WorkflowTask, _Mapping]]] = ..., edges: _Optional[_Iterable[_Union[WorkflowEdge, _Mapping]]] = ..., scheduled_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., delay: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., idempotency_key: _Optional[str] = ...) -> None: ...
+    job_id: str
+    def __init__(self, name: _Optional[str] = ..., tasks: _Optional[_Iterable[_Union[WorkflowTask, _Mapping]]] = ..., edges: _Optional[_Iterable[_Union[WorkflowEdge, _Mapping]]] = ..., scheduled_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., delay: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., idempotency_key: _Optional[str] = ..., job_id: _Optional[str] = ...) -> None: ...
 
 class Workflow(_message.Message):
-    __slots__ = ("id", "tenant_id", "name", "state", "scheduled_at", "created_at", "finished_at", "task_count", "edge_count", "idempotency_key")
+    __slots__ = ("id", "tenant_id", "name", "state", "scheduled_at", "created_at", "finished_at", "task_count", "edge_count", "idempotency_key", "job_id", "schedule_id", "logical_date")
     ID_FIELD_NUMBER: _ClassVar[int]
     TENANT_ID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
@@ -81,6 +83,9 @@ class Workflow(_message.Message):
     TASK_COUNT_FIELD_NUMBER: _ClassVar[int]
     EDGE_COUNT_FIELD_NUMBER: _ClassVar[int]
     IDEMPOTENCY_KEY_FIELD_NUMBER: _ClassVar[int]
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    SCHEDULE_ID_FIELD_NUMBER: _ClassVar[int]
+    LOGICAL_DATE_FIELD_NUMBER: _ClassVar[int]
     id: str
     tenant_id: str
     name: str
@@ -91,7 +96,10 @@ class Workflow(_message.Message):
     task_count: int
     edge_count: int
     idempotency_key: str
-    def __init__(self, id: _Optional[str] = ..., tenant_id: _Optional[str] = ..., name: _Optional[str] = ..., state: _Optional[_Union[WorkflowState, str]] = ..., scheduled_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finished_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., task_count: _Optional[int] = ..., edge_count: _Optional[int] = ..., idempotency_key: _Optional[str] = ...) -> None: ...
+    job_id: str
+    schedule_id: str
+    logical_date: _timestamp_pb2.Timestamp
+    def __init__(self, id: _Optional[str] = ..., tenant_id: _Optional[str] = ..., name: _Optional[str] = ..., state: _Optional[_Union[WorkflowState, str]] = ..., scheduled_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finished_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., task_count: _Optional[int] = ..., edge_count: _Optional[int] = ..., idempotency_key: _Optional[str] = ..., job_id: _Optional[str] = ..., schedule_id: _Optional[str] = ..., logical_date: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class CreateWorkflowResponse(_message.Message):
     __slots__ = ("workflow", "task_ids", "created")

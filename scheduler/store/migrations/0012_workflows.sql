@@ -1,4 +1,5 @@
--- 0012: workflows as the WorkflowService serves them (docs/architecture.md#d9).
+-- 0012: workflows as the WorkflowService serves them, and schedules that create one per
+-- occurrence (docs/architecture.md#d9).
 --
 -- 0001 had the run and edge tables but nothing wrote them. A run now records the
 -- instant all of its tasks are scheduled at (one partition key for the whole DAG, so
@@ -15,6 +16,11 @@ ALTER TABLE workflow_runs
     -- Tells a repeat of the same create from a reuse of the key for another workflow.
     ADD COLUMN request_fingerprint  text,
     ADD COLUMN submitted_by         text,
+    -- The watchdog's job the run completes when it succeeds (a task_completions row
+    -- keyed by the run's id), and the schedule occurrence that created it, if any.
+    ADD COLUMN job_id               text CHECK (length(job_id) BETWEEN 1 AND 200),
+    ADD COLUMN schedule_id          uuid,
+    ADD COLUMN logical_date         timestamptz,
     ADD CONSTRAINT workflow_runs_key_fingerprint
         CHECK ((idempotency_key IS NULL) = (request_fingerprint IS NULL)),
     ADD CONSTRAINT workflow_runs_name_length CHECK (length(name) <= 200);
@@ -46,3 +52,20 @@ CREATE INDEX tasks_workflow_open_idx ON tasks (workflow_id)
     WHERE workflow_id IS NOT NULL
       AND status NOT IN ('COMPLETED', 'CANCELLED', 'DEAD_LETTER', 'UPSTREAM_FAILED');
 
+
+-- A schedule may create a workflow per occurrence instead of one task: exactly one
+-- template, a SubmitTaskRequest or a CreateWorkflowRequest, as protobuf bytes.
+ALTER TABLE schedules
+    ALTER COLUMN task_template DROP NOT NULL,
+    ADD COLUMN workflow_template bytea,
+    -- The newest run an occurrence created: what the overlap policy asks about next.
+    ADD COLUMN last_workflow_id uuid,
+    ADD CONSTRAINT schedules_one_template
+        CHECK ((task_template IS NULL) <> (workflow_template IS NULL));
+
+-- The run a workflow schedule's occurrence created (task_id is NULL then); neither set:
+-- the overlap policy skipped the occurrence.
+ALTER TABLE schedule_occurrences
+    ADD COLUMN workflow_id uuid,
+    ADD CONSTRAINT schedule_occurrences_one_run
+        CHECK (task_id IS NULL OR workflow_id IS NULL);

@@ -21,7 +21,7 @@ SELECT id, tenant_id, type, scheduled_at, due_at, status, fencing_token, idempot
        shard, priority, queue, strict_timing, idempotent, timeout_s, lease_expires_at,
        worker_id, attempt, job_id, workflow_id, unresolved_dependencies, schedule_id,
        logical_date, trace_context, last_error, submitted_by, created_at, updated_at,
-       started_at, finished_at, cancel_requested_at, cancel_reason
+       started_at, finished_at, cancel_requested_at, cancel_reason, upstream_cause
 FROM tasks
 WHERE tenant_id = %(tenant_id)s
   AND (scheduled_at, id) > (COALESCE(%(after_at)s::timestamptz, '-infinity'),

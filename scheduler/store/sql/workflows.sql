@@ -8,9 +8,11 @@
 -- ON CONFLICT on the idempotency key: a concurrent create with the same key waits for
 -- this one, then inserts nothing; the caller reads the original (run_by_key).
 INSERT INTO workflow_runs (id, tenant_id, name, scheduled_at, task_count, edge_count,
-                           idempotency_key, request_fingerprint, submitted_by)
+                           idempotency_key, request_fingerprint, submitted_by, job_id,
+                           schedule_id, logical_date)
 VALUES (%(id)s, %(tenant_id)s, %(name)s, %(scheduled_at)s, %(task_count)s, %(edge_count)s,
-        %(idempotency_key)s, %(fingerprint)s, %(submitted_by)s)
+        %(idempotency_key)s, %(fingerprint)s, %(submitted_by)s, %(job_id)s, %(schedule_id)s,
+        %(logical_date)s)
 ON CONFLICT (tenant_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
 RETURNING *;
 
@@ -167,14 +169,25 @@ WHERE w.id = ANY(%(ids)s::uuid[])
   );
 
 -- name: set_run_states
-UPDATE workflow_runs AS w
-SET state = f.state,
-    finished_at = CASE WHEN f.state = 'RUNNING' THEN NULL ELSE now() END
-FROM unnest(%(ids)s::uuid[], %(states)s::text[], %(expected)s::text[])
-     AS f(id, state, expected)
-WHERE w.id = f.id
-  AND w.state = f.expected
-RETURNING w.*;
+-- A run that SUCCEEDED completes its job: one ledger row keyed by the run's id (the
+-- watchdog's view of "the job ran", as a task's completion is; ids never collide).
+WITH moved AS (
+    UPDATE workflow_runs AS w
+    SET state = f.state,
+        finished_at = CASE WHEN f.state = 'RUNNING' THEN NULL ELSE now() END
+    FROM unnest(%(ids)s::uuid[], %(states)s::text[], %(expected)s::text[])
+         AS f(id, state, expected)
+    WHERE w.id = f.id
+      AND w.state = f.expected
+    RETURNING w.*
+), ledger AS (
+    INSERT INTO task_completions (job_id, task_id, tenant_id, completed_at)
+    SELECT job_id, id, tenant_id, finished_at
+    FROM moved
+    WHERE state = 'SUCCEEDED' AND job_id IS NOT NULL
+    ON CONFLICT (task_id) DO NOTHING
+)
+SELECT * FROM moved;
 
 -- name: reopen_tasks
 -- RetryWorkflow: each task as the plan read it (its status compared, so a concurrent
