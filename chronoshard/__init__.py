@@ -71,6 +71,7 @@ if TYPE_CHECKING:
         WorkflowState,
         WorkflowTask,
         WorkflowTaskState,
+        WorkflowTemplate,
     )
 
 # public name -> module that defines it
@@ -132,6 +133,7 @@ _LAZY: dict[str, str] = {
             "WorkflowState",
             "WorkflowTask",
             "WorkflowTaskState",
+            "WorkflowTemplate",
         ),
         "chronoshard.types",
     ),
@@ -189,6 +191,7 @@ __all__ = [
     "WorkflowState",
     "WorkflowTask",
     "WorkflowTaskState",
+    "WorkflowTemplate",
     "__version__",
 ]
 

@@ -63,6 +63,7 @@ from chronoshard.types import (
     WorkflowState,
     WorkflowTask,
     WorkflowTaskState,
+    WorkflowTemplate,
     coerce_enum,
     require_aware,
 )
@@ -584,21 +585,24 @@ def watch_to_pb(watch: ScheduleWatch) -> schedule_service_pb2.ScheduleWatch:
 
 def schedule_spec_to_pb(spec: ScheduleSpec) -> schedule_service_pb2.ScheduleSpec:
     """The message for a spec; the template is :func:`submit_request` of ``spec.task``
-    (the one request builder). Raises TypeError/ValueError for what cannot be encoded,
-    naming the argument."""
-    try:
-        template = submit_request(spec.task)
-    except (TypeError, ValueError) as exc:
-        raise type(exc)(f"task: {exc}") from exc
+    or :func:`workflow_template_to_pb` of ``spec.workflow`` (the one builder of each).
+    Raises TypeError/ValueError for what cannot be encoded, naming the argument."""
     msg = schedule_service_pb2.ScheduleSpec(
         name=spec.name,
         timezone=spec.timezone or "",
-        task_template=template,
         catchup_policy=catchup_to_pb(spec.catchup),
         overlap_policy=overlap_to_pb(spec.overlap),
         job_id=spec.job_id or "",
         watch=watch_to_pb(spec.watch),
     )
+    argument = "task" if spec.workflow is None else "workflow"
+    try:
+        if spec.workflow is not None:
+            msg.workflow_template.CopyFrom(workflow_template_to_pb(spec.workflow))
+        elif spec.task is not None:
+            msg.task_template.CopyFrom(submit_request(spec.task))
+    except (TypeError, ValueError) as exc:
+        raise type(exc)(f"{argument}: {exc}") from exc
     if spec.cron is not None:
         msg.cron = spec.cron
     elif spec.interval_s is not None:
@@ -630,6 +634,7 @@ def schedule_run_to_pb(run: ScheduleRun) -> schedule_service_pb2.ScheduleRun:
         logical_date=timestamp(run.logical_date, "logical_date"),
         origin=run.origin.value,
         task_id=run.task_id or "",
+        workflow_id=run.workflow_id or "",
         status=(
             common_pb2.TASK_STATUS_UNSPECIFIED if run.status is None else status_to_pb(run.status)
         ),
@@ -686,13 +691,19 @@ def watch_from_pb(msg: schedule_service_pb2.ScheduleWatch) -> ScheduleWatch:
 
 
 def schedule_spec_from_pb(msg: schedule_service_pb2.ScheduleSpec) -> ScheduleSpec:
-    """Raises ProtocolError for a spec no :class:`ScheduleSpec` holds (no rule, a
-    template with a time or a key: the contract says the server never sends one)."""
+    """Raises ProtocolError for a spec no :class:`ScheduleSpec` holds (no rule, no
+    template or both, a template with a time or a key: the contract says the server
+    never sends one)."""
     rule = msg.WhichOneof("rule")
     try:
         return ScheduleSpec(
             name=msg.name,
-            task=task_spec_from_pb(msg.task_template),
+            task=task_spec_from_pb(msg.task_template) if msg.HasField("task_template") else None,
+            workflow=(
+                workflow_template_from_pb(msg.workflow_template)
+                if msg.HasField("workflow_template")
+                else None
+            ),
             cron=msg.cron if rule == "cron" else None,
             interval_s=_seconds(msg, "interval") if rule == "interval" else None,
             timezone=_text(msg.timezone),
@@ -746,6 +757,7 @@ def schedule_run_from_pb(msg: schedule_service_pb2.ScheduleRun) -> ScheduleRun:
         logical_date=logical_date,
         origin=_string_enum(RunOrigin, msg.origin, "run origin"),
         task_id=_text(msg.task_id),
+        workflow_id=_text(msg.workflow_id),
         status=_optional_enum(
             TaskStatus, common_pb2.TaskStatus, _STATUS_PREFIX, msg.status, lower=False
         ),
@@ -834,6 +846,7 @@ def create_workflow_request(
     at: datetime | None,
     delay_s: float | None,
     idempotency_key: str | None,
+    job_id: str | None,
 ) -> workflow_service_pb2.CreateWorkflowRequest:
     """The whole request, built before any call. Raises TypeError/ValueError naming the
     item at fault (``tasks[3]: task: payload ...``, ``edges[7]: ...``): the indices are
@@ -843,7 +856,7 @@ def create_workflow_request(
     if at is not None and delay_s is not None:
         raise ValueError("give at most one of at and delay_s")
     request = workflow_service_pb2.CreateWorkflowRequest(
-        name=name, idempotency_key=idempotency_key or ""
+        name=name, idempotency_key=idempotency_key or "", job_id=job_id or ""
     )
     for index, task in enumerate(tasks):
         try:
@@ -860,6 +873,22 @@ def create_workflow_request(
     elif delay_s is not None:
         request.delay.CopyFrom(duration(delay_s, "delay_s"))
     return request
+
+
+def workflow_template_to_pb(
+    template: WorkflowTemplate,
+) -> workflow_service_pb2.CreateWorkflowRequest:
+    """A schedule's workflow template: :func:`create_workflow_request` with no start, key
+    or job (each occurrence and the schedule decide them)."""
+    return create_workflow_request(
+        template.name,
+        template.tasks,
+        template.edges,
+        at=None,
+        delay_s=None,
+        idempotency_key=None,
+        job_id=None,
+    )
 
 
 def list_workflows_request(
@@ -882,8 +911,10 @@ def workflow_to_pb(workflow: Workflow) -> workflow_service_pb2.Workflow:
         task_count=workflow.task_count,
         edge_count=workflow.edge_count,
         idempotency_key=workflow.idempotency_key or "",
+        job_id=workflow.job_id or "",
+        schedule_id=workflow.schedule_id or "",
     )
-    for name in ("scheduled_at", "created_at", "finished_at"):
+    for name in ("scheduled_at", "created_at", "finished_at", "logical_date"):
         _set_time(msg, name, getattr(workflow, name))
     return msg
 
@@ -992,6 +1023,9 @@ def workflow_from_pb(msg: workflow_service_pb2.Workflow) -> Workflow:
         task_count=msg.task_count,
         edge_count=msg.edge_count,
         idempotency_key=_text(msg.idempotency_key),
+        job_id=_text(msg.job_id),
+        schedule_id=_text(msg.schedule_id),
+        logical_date=_datetime(msg, "logical_date"),
     )
 
 
@@ -1007,6 +1041,32 @@ def workflow_create_result_from_pb(
 
 def workflow_edge_from_pb(msg: workflow_service_pb2.WorkflowEdge) -> WorkflowEdge:
     return WorkflowEdge(parent=msg.parent, child=msg.child)
+
+
+def workflow_template_from_pb(msg: workflow_service_pb2.CreateWorkflowRequest) -> WorkflowTemplate:
+    """The inverse of :func:`workflow_template_to_pb`: ``schedules update`` sends back
+    what it read, so this loses nothing, and refuses (ProtocolError) what a template
+    cannot hold rather than dropping it: a start, a key or a job of its own."""
+    held = [
+        name
+        for name, given in (
+            ("scheduled_at", msg.HasField("scheduled_at")),
+            ("delay", msg.HasField("delay")),
+            ("idempotency_key", bool(msg.idempotency_key)),
+            ("job_id", bool(msg.job_id)),
+        )
+        if given
+    ]
+    if held:
+        raise ProtocolError(
+            f"server sent a workflow template with {held[0]} set, which each occurrence decides",
+            reason="PROTOCOL_ERROR",
+        )
+    return WorkflowTemplate(
+        name=msg.name,
+        tasks=tuple(workflow_task_from_pb(t) for t in msg.tasks),
+        edges=tuple(workflow_edge_from_pb(e) for e in msg.edges),
+    )
 
 
 def workflow_task_state_from_pb(msg: workflow_service_pb2.WorkflowTaskState) -> WorkflowTaskState:

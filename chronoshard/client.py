@@ -611,6 +611,7 @@ class Client:
         at: datetime | None = None,
         delay_s: float | None = None,
         idempotency_key: str | None = None,
+        job_id: str | None = None,
     ) -> WorkflowCreateResult:
         """Create a workflow: ``tasks`` named by their refs and ``edges`` parent -> child
         between refs (:class:`WorkflowEdge` or ``(parent, child)`` pairs), all in one
@@ -618,6 +619,8 @@ class Client:
         parents are due (each after its own jitter); neither means now. With an
         ``idempotency_key``, repeating the same request returns the original workflow
         with ``created=False`` (a different request under the key: AlreadyExistsError).
+        ``job_id`` names the watchdog's job the run completes when it SUCCEEDS: one
+        completion per run, whatever its tasks' own job ids.
 
         Raises TypeError/ValueError naming the item (``tasks[3]: ...``) before any call
         for what cannot be encoded; InvalidArgumentError for what the server refuses,
@@ -625,7 +628,13 @@ class Client:
         cycle, whose message names one).
         """
         request = convert.create_workflow_request(
-            name, tasks, edges, at=at, delay_s=delay_s, idempotency_key=idempotency_key
+            name,
+            tasks,
+            edges,
+            at=at,
+            delay_s=delay_s,
+            idempotency_key=idempotency_key,
+            job_id=job_id,
         )
         response = await self._call("CreateWorkflow", request)
         return convert.workflow_create_result_from_pb(response)

@@ -320,6 +320,7 @@ class SyncClient:
         at: datetime | None = None,
         delay_s: float | None = None,
         idempotency_key: str | None = None,
+        job_id: str | None = None,
     ) -> WorkflowCreateResult:
         """Blocking :meth:`Client.create_workflow`."""
         # Materialised here: lazy iterables would be consumed on the loop's thread.
@@ -331,6 +332,7 @@ class SyncClient:
                 at=at,
                 delay_s=delay_s,
                 idempotency_key=idempotency_key,
+                job_id=job_id,
             )
         )
 

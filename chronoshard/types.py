@@ -17,7 +17,9 @@ validate the same way. Its checks are the cheap and unambiguous ones (a naive da
 :class:`ScheduleSpec` describes a recurring schedule (``Client.create_schedule``,
 ``Client.update_schedule``); what each occurrence submits is a :class:`TaskSpec` (its
 ``task``), the same description ``submit`` builds, without the fields the occurrence
-decides (``at``, ``delay_s``, ``idempotency_key``) or the schedule owns (``job_id``).
+decides (``at``, ``delay_s``, ``idempotency_key``) or the schedule owns (``job_id``), or
+a workflow (its ``workflow``, a :class:`WorkflowTemplate`: ``create_workflow``'s
+arguments without those same fields).
 
 A workflow (``Client.create_workflow``) is :class:`WorkflowTask` items, each a
 :class:`TaskSpec` named by a local ``ref``, and :class:`WorkflowEdge` items between refs;
@@ -66,6 +68,7 @@ __all__ = [
     "WorkflowState",
     "WorkflowTask",
     "WorkflowTaskState",
+    "WorkflowTemplate",
     "require_aware",
 ]
 
@@ -352,8 +355,9 @@ class CatchupPolicy(StrEnum):
 
 
 class OverlapPolicy(StrEnum):
-    """What an occurrence does while the previous one still runs; unset on a spec means
-    the server's default, ALLOW. SKIP and BUFFER_ONE need the template's ``timeout_s``."""
+    """What an occurrence does while the previous one (its task, or its workflow run)
+    still runs; unset on a spec means the server's default, ALLOW. SKIP and BUFFER_ONE
+    need the template's ``timeout_s`` (for a workflow, every task's)."""
 
     ALLOW = "allow"
     """Runs regardless."""
@@ -392,7 +396,8 @@ class RunOrigin(StrEnum):
 class ScheduleWatch:
     """How the watchdog watches a schedule: each occurrence must complete by its logical
     date + ``expected_duration_s`` + ``tolerance_s``, else one alert opens. ``None``
-    fields take the server's defaults (the template's timeout if set, else 60 s; 60 s;
+    fields take the server's defaults (the template's timeout if set, for a workflow the
+    sum of the timeouts along its longest chain, else 60 s if a task has none; 60 s;
     critical)."""
 
     disabled: bool = False
@@ -415,15 +420,19 @@ class ScheduleSpec:
     the like), read in the IANA ``timezone`` (None: UTC), or a fixed ``interval_s``
     (occurrences at ``start_at`` + k * interval, whatever the zone): exactly one of the
     two. ``start_at``/``end_at`` (aware datetimes) bound the occurrences; None: from
-    creation, never ending. ``task`` is what each occurrence submits: a :class:`TaskSpec`
-    without ``at``, ``delay_s``, ``idempotency_key`` (the occurrence decides them) and
-    ``job_id`` (the schedule's ``job_id``; None: the schedule's name). Fields left None
-    take the server's defaults (catchup SKIP, overlap ALLOW, misfire grace 60 s).
-    ``catchup_limit`` is required with ``CatchupPolicy.ALL``; the server judges it.
+    creation, never ending. Each occurrence submits ``task`` or creates a run of
+    ``workflow``: exactly one of the two. ``task`` is a :class:`TaskSpec` without ``at``,
+    ``delay_s``, ``idempotency_key`` (the occurrence decides them) and ``job_id`` (the
+    schedule's ``job_id``; None: the schedule's name). ``workflow`` is a
+    :class:`WorkflowTemplate`: every task of a run carries the occurrence's logical date
+    and the schedule's id, and the run completes the schedule's job when it SUCCEEDS.
+    Fields left None take the server's defaults (catchup SKIP, overlap ALLOW, misfire
+    grace 60 s). ``catchup_limit`` is required with ``CatchupPolicy.ALL``; the server
+    judges it.
     """
 
     name: str
-    task: TaskSpec
+    task: TaskSpec | None = None
     cron: str | None = None
     interval_s: float | None = None
     timezone: str | None = None
@@ -435,12 +444,21 @@ class ScheduleSpec:
     job_id: str | None = None
     watch: ScheduleWatch = ScheduleWatch()
     misfire_grace_s: float | None = None
+    workflow: WorkflowTemplate | None = None
+    # Last, not beside ``task``: a positional call written before workflows existed
+    # (name, task, cron, ...) keeps its meaning.
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str):
             raise TypeError(f"name must be a str, got {type(self.name).__name__}")
-        if not isinstance(self.task, TaskSpec):
+        if (self.task is None) == (self.workflow is None):
+            raise ValueError("give exactly one of task and workflow")
+        if self.task is not None and not isinstance(self.task, TaskSpec):
             raise TypeError(f"task must be a TaskSpec, got {type(self.task).__name__}")
+        if self.workflow is not None and not isinstance(self.workflow, WorkflowTemplate):
+            raise TypeError(
+                f"workflow must be a WorkflowTemplate, got {type(self.workflow).__name__}"
+            )
         if (self.cron is None) == (self.interval_s is None):
             raise ValueError("give exactly one of cron and interval_s")
         if self.cron is not None and not isinstance(self.cron, str):
@@ -452,15 +470,17 @@ class ScheduleSpec:
                     raise TypeError(f"{argument} must be a datetime, got {type(value).__name__}")
                 require_aware(value, argument)
         # The occurrence decides these; the server would refuse them, but naming the
-        # argument here is clearer than `spec.task_template.scheduled_at`.
-        for argument, why in (
-            ("at", "each occurrence runs at its own time"),
-            ("delay_s", "each occurrence runs at its own time"),
-            ("idempotency_key", "each occurrence is keyed by its logical date"),
-            ("job_id", "give the schedule's job_id instead"),
-        ):
-            if getattr(self.task, argument) is not None:
-                raise ValueError(f"task.{argument} must be unset in a schedule: {why}")
+        # argument here is clearer than `spec.task_template.scheduled_at`. A workflow
+        # template has no such fields to refuse (its tasks refuse their own).
+        if self.task is not None:
+            for argument, why in (
+                ("at", "each occurrence runs at its own time"),
+                ("delay_s", "each occurrence runs at its own time"),
+                ("idempotency_key", "each occurrence is keyed by its logical date"),
+                ("job_id", "give the schedule's job_id instead"),
+            ):
+                if getattr(self.task, argument) is not None:
+                    raise ValueError(f"task.{argument} must be unset in a schedule: {why}")
         if self.catchup is not None:
             object.__setattr__(self, "catchup", coerce_enum(CatchupPolicy, self.catchup, "catchup"))
         if self.overlap is not None:
@@ -489,15 +509,18 @@ class Schedule:
 
 @dataclass(frozen=True)
 class ScheduleRun:
-    """One occurrence that ran or was decided. ``task_id`` is None when the overlap
-    policy skipped it; ``status`` (the task's now) is None then, or once the task is
-    gone (retention)."""
+    """One occurrence that ran or was decided: the task it submitted (``task_id``) or,
+    for a schedule of a workflow, the run it created (``workflow_id``); both are None
+    when the overlap policy skipped it. ``status`` is the task's now, or the run's state
+    read as a task status (RUNNING, COMPLETED for SUCCEEDED, DEAD_LETTER for FAILED,
+    CANCELLED); None when skipped, or once the task or run is gone (retention)."""
 
     logical_date: datetime
     origin: RunOrigin
     task_id: str | None
     status: TaskStatus | None
     finished_at: datetime | None
+    workflow_id: str | None = None
 
 
 @dataclass(frozen=True)
@@ -598,9 +621,37 @@ class WorkflowEdge:
 
 
 @dataclass(frozen=True)
+class WorkflowTemplate:
+    """A workflow that a schedule creates a run of per occurrence
+    (:attr:`ScheduleSpec.workflow`): ``create_workflow``'s arguments without the start,
+    the key and the job, which the occurrence and the schedule decide. An empty ``name``
+    is the schedule's. Its tasks and edges are checked as ``create_workflow`` checks
+    them, by the server, when the schedule is created."""
+
+    name: str = ""
+    tasks: tuple[WorkflowTask, ...] = ()
+    edges: tuple[WorkflowEdge, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str):
+            raise TypeError(f"name must be a str, got {type(self.name).__name__}")
+        # Tuples whatever sequence was given: the template is frozen and compared whole.
+        for argument, kind in (("tasks", WorkflowTask), ("edges", WorkflowEdge)):
+            items = tuple(getattr(self, argument))
+            for index, item in enumerate(items):
+                if not isinstance(item, kind):
+                    raise TypeError(
+                        f"{argument}[{index}] must be a {kind.__name__}, got {type(item).__name__}"
+                    )
+            object.__setattr__(self, argument, items)
+
+
+@dataclass(frozen=True)
 class Workflow:
     """A workflow run as the server reported it. ``scheduled_at`` is when its tasks
-    without parents were due (before jitter); ``finished_at`` is None while it runs."""
+    without parents were due (before jitter); ``finished_at`` is None while it runs.
+    ``job_id`` is the watchdog's job the run completes when it SUCCEEDS; ``schedule_id``
+    and ``logical_date`` are set when a schedule's occurrence created the run."""
 
     id: str
     tenant_id: str
@@ -612,6 +663,9 @@ class Workflow:
     task_count: int
     edge_count: int
     idempotency_key: str | None
+    job_id: str | None = None
+    schedule_id: str | None = None
+    logical_date: datetime | None = None
 
 
 @dataclass(frozen=True)

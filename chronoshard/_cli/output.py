@@ -256,12 +256,23 @@ def schedule_table(schedules: Sequence[Schedule]) -> str:
             s.spec.timezone or "UTC",
             schedule_state(s),
             s.next_occurrence,
-            s.spec.task.type,
+            schedule_makes(s.spec),
             s.id,
         ]
         for s in schedules
     ]
     return table(SCHEDULE_HEADERS, rows)
+
+
+REFS_SHOWN = 10
+"""A schedule's workflow tasks named in ``schedules get``; ``workflows get`` draws a run."""
+
+
+def schedule_makes(spec: ScheduleSpec) -> str:
+    """What each occurrence makes: its task's type, or ``workflow (4 tasks)``."""
+    if spec.workflow is not None:
+        return f"workflow ({len(spec.workflow.tasks)} tasks)"
+    return spec.task.type if spec.task is not None else EMPTY
 
 
 def _or_default(value: object, default: str) -> object:
@@ -273,16 +284,43 @@ def _duration(seconds: float | None, default: str) -> object:
     return _or_default(None if seconds is None else format_s(seconds), default)
 
 
+def _template_fields(spec: ScheduleSpec) -> list[tuple[str, object]]:
+    """What each occurrence makes: the task's fields, or the workflow's name, its tasks'
+    refs (the first :data:`REFS_SHOWN`) and its edge count."""
+    workflow, task = spec.workflow, spec.task
+    if workflow is not None:
+        refs = [t.ref for t in workflow.tasks]
+        shown = ", ".join(refs[:REFS_SHOWN]) + (" ..." if len(refs) > REFS_SHOWN else "")
+        return [
+            ("workflow", workflow.name or f"{spec.name} (the name)"),
+            ("tasks", f"{len(refs)}: {shown}" if refs else 0),
+            ("edges", len(workflow.edges)),
+        ]
+    if task is None:  # a ScheduleSpec holds one of the two
+        return []
+    return [
+        ("type", task.type),
+        ("payload", None if task.payload is None else one_line_json(task.payload)),
+        ("queue", task.queue or "default"),
+        ("priority", _or_default(task.priority, "standard")),
+        ("max_retries", _or_default(task.effective_max_retries, "the server's")),
+        ("timeout", _duration(task.timeout_s, "the server's")),
+        ("strict_timing", "yes" if task.strict_timing else "no (jittered)"),
+        ("idempotent", "yes" if task.idempotent else "no"),
+    ]
+
+
 def schedule_fields(schedule: Schedule, now: datetime) -> str:
     """The spec and the state of a schedule, one field a line."""
-    spec, task, watch = schedule.spec, schedule.spec.task, schedule.spec.watch
+    spec, watch = schedule.spec, schedule.spec.watch
     catchup: object = _or_default(spec.catchup, "skip")
     if spec.catchup_limit is not None:
         catchup = f"{catchup}, limit {spec.catchup_limit}"
     if watch.disabled:
         watched = "off"
     else:
-        expected = _duration(watch.expected_duration_s, "the timeout, else 1m")
+        followed = "the timeout" if spec.workflow is None else "the longest chain's timeouts"
+        expected = _duration(watch.expected_duration_s, f"{followed}, else 1m")
         tolerance = _duration(watch.tolerance_s, "1m")
         severity = _or_default(watch.severity and watch.severity.value, "critical")
         watched = f"expected {expected}, tolerance {tolerance}, severity {severity}"
@@ -296,14 +334,7 @@ def schedule_fields(schedule: Schedule, now: datetime) -> str:
         ("start_at", spec.start_at),
         ("end_at", spec.end_at),
         ("next", None if nxt is None else f"{short_time(nxt)} UTC  ({relative(nxt, now)})"),
-        ("type", task.type),
-        ("payload", None if task.payload is None else one_line_json(task.payload)),
-        ("queue", task.queue or "default"),
-        ("priority", _or_default(task.priority, "standard")),
-        ("max_retries", _or_default(task.effective_max_retries, "the server's")),
-        ("timeout", _duration(task.timeout_s, "the server's")),
-        ("strict_timing", "yes" if task.strict_timing else "no (jittered)"),
-        ("idempotent", "yes" if task.idempotent else "no"),
+        *_template_fields(spec),
         ("catchup", catchup),
         ("overlap", _or_default(spec.overlap, "allow")),
         ("misfire_grace", _duration(spec.misfire_grace_s, "1m")),
@@ -330,17 +361,23 @@ RUN_HEADERS = ("LOGICAL DATE (UTC)", "ORIGIN", "STATUS", "TASK", "FINISHED (UTC)
 
 
 def run_status(run: ScheduleRun) -> str:
-    """The task's status; ``skipped`` when the overlap policy created none, ``gone`` when
-    its task is no longer kept."""
+    """The task's status (a workflow run's state read as one); ``skipped`` when the
+    overlap policy created nothing, ``gone`` when its task or run is no longer kept."""
     if run.status is not None:
         return run.status.value
-    return "skipped" if run.task_id is None else "gone"
+    return "skipped" if run.task_id is None and run.workflow_id is None else "gone"
 
 
 def run_table(runs: Sequence[ScheduleRun]) -> str:
+    """The runs, each with the id of what it made: its task, or its workflow run."""
+    made_tasks, made_runs = any(r.task_id for r in runs), any(r.workflow_id for r in runs)
+    made = "TASK|WORKFLOW" if made_tasks and made_runs else "WORKFLOW" if made_runs else "TASK"
     return table(
-        RUN_HEADERS,
-        [[r.logical_date, r.origin, run_status(r), r.task_id, r.finished_at] for r in runs],
+        (*RUN_HEADERS[:3], made, *RUN_HEADERS[4:]),
+        [
+            [r.logical_date, r.origin, run_status(r), r.task_id or r.workflow_id, r.finished_at]
+            for r in runs
+        ],
     )
 
 

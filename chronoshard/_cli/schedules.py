@@ -5,9 +5,12 @@ given.
 ``create`` and ``update`` take the same options and build the spec with one function
 (:func:`spec_from_args`): ``create`` applies them to nothing, ``update`` to the spec it
 reads first, and sends the whole result (the RPC replaces the spec; options not given
-keep their value). Wherever a schedule is named, its name or its id is accepted.
-Server refusals are raised as the client's exceptions and turned into exit codes by
-``cli.main``; JSON output is the client's dataclasses (docs/operations.md, The CLI).
+keep their value). What each occurrence makes is one task (a TYPE and the task options)
+or a run of the workflow in ``--workflow FILE``, the format ``workflows submit`` reads
+(:func:`chronoshard._cli.workflows.read_workflow_template`). Wherever a schedule is
+named, its name or its id is accepted. Server refusals are raised as the client's
+exceptions and turned into exit codes by ``cli.main``; JSON output is the client's
+dataclasses (docs/operations.md, The CLI).
 """
 
 from __future__ import annotations
@@ -34,9 +37,16 @@ from chronoshard._cli.common import (
     positive_int,
     read_payload,
 )
+from chronoshard._cli.workflows import longest_chain_s, read_workflow_template
 
 if TYPE_CHECKING:
-    from chronoshard.types import Schedule, ScheduleRun, ScheduleSpec, TaskSpec
+    from chronoshard.types import (
+        Schedule,
+        ScheduleRun,
+        ScheduleSpec,
+        TaskSpec,
+        WorkflowTemplate,
+    )
 
 DEFAULT_LIST_LIMIT = 50
 MAX_LIST_PAGE = 1000
@@ -47,6 +57,18 @@ MAX_GET_COUNT = 100  # GetScheduleRequest.next_count and runs_count
 SEVERITIES = ("critical", "error", "warning", "info")
 DEFAULT_EXPECTED_S = 60.0  # ScheduleWatch.expected_duration unset, no timeout
 
+TASK_OPTIONS = (
+    # (TaskSpec field, the option that sets it); the option's dest is its name. The
+    # payload's two options are read apart (read_payload).
+    ("queue", "--queue"),
+    ("priority", "--priority"),
+    ("max_retries", "--max-retries"),
+    ("timeout_s", "--timeout"),
+    ("strict_timing", "--strict"),
+    ("jitter_window_s", "--jitter-window"),
+    ("idempotent", "--idempotent"),
+)
+
 # --- create / update: one set of options, one spec builder ------------------------------
 
 
@@ -56,12 +78,31 @@ def _add_spec_options(parser: argparse.ArgumentParser, *, update: bool) -> None:
     if update:
         parser.add_argument("schedule", metavar="NAME|ID", help="the schedule to change")
         parser.add_argument("--name", help="rename it (the id stays)")
-        parser.add_argument("--type", help="the task type each occurrence submits")
+        parser.add_argument(
+            "--type",
+            help="the task type each occurrence submits (a schedule of a workflow becomes "
+            "one of this task)",
+        )
     else:
         parser.add_argument(
             "name", metavar="NAME", help="the schedule's name, unique for the tenant"
         )
-        parser.add_argument("type", metavar="TYPE", help="the task type each occurrence submits")
+        type_ = parser.add_argument(
+            "type",
+            metavar="[TYPE]",
+            help="the task type each occurrence submits (none with --workflow)",
+        )
+        # Optional, yet not nargs="?": argparse would consume an empty "?" right after
+        # NAME and then refuse a TYPE written after the options (as it always could be).
+        # Whether it is missing is spec_from_args's to say, with --workflow.
+        type_.required = False
+    parser.add_argument(
+        "--workflow",
+        metavar="FILE",
+        help="each occurrence creates a run of this workflow instead of one task: a JSON "
+        "or YAML file as 'workflows submit' reads, without delay, scheduled_at and "
+        "idempotency_key ('-': stdin)",
+    )
     rule = parser.add_mutually_exclusive_group(required=not update)
     rule.add_argument("--cron", metavar="EXPR", help="a cron expression: '30 2 * * *', @daily")
     rule.add_argument(
@@ -138,7 +179,8 @@ def _add_spec_options(parser: argparse.ArgumentParser, *, update: bool) -> None:
         "--expected-duration",
         type=positive_duration_s,
         metavar="DURATION",
-        help="how long an occurrence takes (default: --timeout, else 1m)",
+        help="how long an occurrence takes (default: --timeout, for a workflow the sum of "
+        "the timeouts along its longest chain; else 1m)",
     )
     watch.add_argument(
         "--tolerance",
@@ -152,34 +194,12 @@ def _add_spec_options(parser: argparse.ArgumentParser, *, update: bool) -> None:
 
 def spec_from_args(args: argparse.Namespace, base: ScheduleSpec | None) -> ScheduleSpec:
     """The spec ``base`` with every option given applied (``create``: ``base`` is None and
-    the positional name, type and a rule are given). Raises UsageError for a spec the
-    client refuses (naming the argument), before any call."""
-    from chronoshard.types import ScheduleSpec, ScheduleWatch, TaskSpec
+    the positional name, a TYPE or --workflow, and a rule are given). Raises UsageError
+    for a spec the client refuses (naming the argument), before any call."""
+    from chronoshard.types import ScheduleSpec, ScheduleWatch
 
-    payload = read_payload(args)
     try:
-        task = TaskSpec(type=args.type) if base is None else base.task
-        if base is not None and args.type is not None:
-            task = dataclasses.replace(task, type=args.type)
-        task_changes: dict[str, Any] = {
-            name: value
-            for name, value in (
-                ("payload", payload),
-                ("queue", args.queue),
-                ("priority", args.priority),
-                ("timeout_s", args.timeout),
-                ("strict_timing", args.strict),
-                ("jitter_window_s", args.jitter_window),
-                ("idempotent", args.idempotent),
-            )
-            if value is not None
-        }
-        if args.max_retries is not None:
-            # max_retries given here wins over a retry policy's: keep its backoff only.
-            task_changes["max_retries"] = args.max_retries
-            if task.retry is not None:
-                task_changes["retry"] = dataclasses.replace(task.retry, max_retries=None)
-        task = dataclasses.replace(task, **task_changes)
+        task, workflow = _template_from_args(args, base)
 
         watch = ScheduleWatch() if base is None else base.watch
         watch_changes: dict[str, Any] = {
@@ -195,12 +215,13 @@ def spec_from_args(args: argparse.Namespace, base: ScheduleSpec | None) -> Sched
             watch_changes["disabled"] = not args.watch
         if (
             base is not None
-            and args.timeout is not None
             and args.expected_duration is None
-            and base.watch.expected_duration_s == _default_expected_s(base.task)
+            and base.watch.expected_duration_s == _default_expected_s(base.task, base.workflow)
+            and _default_expected_s(task, workflow) != base.watch.expected_duration_s
         ):
-            # The server stores the default it chose (the timeout, else 1m): an expected
-            # duration that followed the old timeout follows the new one.
+            # The server stores the default it chose (the timeout or the workflow's
+            # longest chain, else 1m): an expected duration that followed the old
+            # template follows the new one.
             watch_changes["expected_duration_s"] = None
         watch = dataclasses.replace(watch, **watch_changes)
 
@@ -232,17 +253,72 @@ def spec_from_args(args: argparse.Namespace, base: ScheduleSpec | None) -> Sched
         elif args.every is not None:
             changes.update(cron=None, interval_s=args.every)
         if base is None:
-            return ScheduleSpec(name=args.name, task=task, watch=watch, **changes)
+            return ScheduleSpec(
+                name=args.name, task=task, workflow=workflow, watch=watch, **changes
+            )
         if args.name is not None:
             changes["name"] = args.name
-        return dataclasses.replace(base, task=task, watch=watch, **changes)
+        return dataclasses.replace(base, task=task, workflow=workflow, watch=watch, **changes)
     except (TypeError, ValueError) as exc:
         raise UsageError(str(exc)) from None
 
 
-def _default_expected_s(task: TaskSpec) -> float:
-    """The expected duration the server gives a schedule that names none."""
-    return DEFAULT_EXPECTED_S if task.timeout_s is None else task.timeout_s
+def _template_from_args(
+    args: argparse.Namespace, base: ScheduleSpec | None
+) -> tuple[TaskSpec | None, WorkflowTemplate | None]:
+    """What each occurrence makes, as (task, workflow), one of them None: the workflow
+    of --workflow FILE; ``base``'s workflow while no task type is given; else ``base``'s
+    task (or a new one of TYPE) with the task options given applied."""
+    from chronoshard.types import TaskSpec
+
+    options = _task_options(args)
+    if args.workflow is not None and args.type is not None:
+        raise UsageError("give a task type or --workflow FILE, not both")
+    kept = base.workflow if base is not None and args.type is None else None
+    if args.workflow is not None or kept is not None:
+        if options:
+            raise UsageError(
+                f"{next(iter(options))} sets the task of a schedule of one task: the tasks "
+                "of a workflow take their options in its file (tasks[i].timeout, ...)"
+            )
+        return None, kept if args.workflow is None else read_workflow_template(args.workflow)
+    if base is not None and base.task is not None:
+        task = base.task if args.type is None else dataclasses.replace(base.task, type=args.type)
+    elif args.type is not None:
+        task = TaskSpec(type=args.type)
+    else:
+        raise UsageError("give the task type each occurrence submits (TYPE), or --workflow FILE")
+    changes = {name: value for name, value in options.values()}
+    if "max_retries" in changes and task.retry is not None:
+        # max_retries given here wins over a retry policy's: keep its backoff only.
+        changes["retry"] = dataclasses.replace(task.retry, max_retries=None)
+    return dataclasses.replace(task, **changes), None
+
+
+def _task_options(args: argparse.Namespace) -> dict[str, tuple[str, Any]]:
+    """The task options given: the option as written -> (the TaskSpec field it sets,
+    its value); the payload first, then in the order of :data:`TASK_OPTIONS`."""
+    given: dict[str, tuple[str, Any]] = {}
+    payload = read_payload(args)
+    if payload is not None:
+        flag = "--payload" if args.payload is not None else "--payload-file"
+        given[flag] = ("payload", payload)
+    for name, flag in TASK_OPTIONS:
+        value = getattr(args, flag.removeprefix("--").replace("-", "_"))
+        if value is not None:
+            given[flag] = (name, value)
+    return given
+
+
+def _default_expected_s(task: TaskSpec | None, workflow: WorkflowTemplate | None) -> float:
+    """The expected duration the server gives a schedule that names none: the task's
+    timeout, or the sum of the timeouts along the workflow's longest chain; else 1m."""
+    if workflow is not None:
+        chain_s = longest_chain_s(workflow)
+        return DEFAULT_EXPECTED_S if chain_s is None else chain_s
+    if task is None or task.timeout_s is None:
+        return DEFAULT_EXPECTED_S
+    return task.timeout_s
 
 
 def _print_schedule(args: argparse.Namespace, out: TextIO, verb: str, schedule: Schedule) -> None:
@@ -264,11 +340,19 @@ examples:
       --tz Europe/Berlin --payload '{"format": "pdf"}' --timeout 20m --overlap skip
   chronoshard schedules create heartbeat demo.echo --every 5m --strict --no-watch
   chronoshard schedules create backup db.backup --cron @daily --catchup all --catchup-limit 7
+  chronoshard schedules create nightly-etl --workflow etl.yaml --cron '0 3 * * *' --overlap skip
 
 A cron expression has 5 fields, or 6 with seconds first, or is one of @yearly @monthly
 @weekly @daily @hourly; it reads wall times in --tz (daylight-saving changes: see
 docs/api.md, ScheduleService). Each occurrence submits one task of TYPE, watched by the
-watchdog (job id: the name) unless --no-watch."""
+watchdog (job id: the name) unless --no-watch.
+
+With --workflow FILE instead of TYPE, each occurrence creates a run of that workflow
+(the file 'workflows submit' reads, without delay, scheduled_at and idempotency_key,
+which each occurrence decides; its name may be left out: the schedule's). Every task
+of a run carries the occurrence's logical date; the run completes the job when it
+SUCCEEDS. The task options (--payload, --timeout, ...) are then the file's, per task:
+--overlap skip|buffer_one needs a timeout on every task."""
 
 
 def configure_create(parser: argparse.ArgumentParser) -> None:
@@ -288,13 +372,16 @@ examples:
   chronoshard schedules update nightly-report --cron '0 3 * * *'
   chronoshard schedules update nightly-report --name nightly-pdf --payload '{"format": "pdf"}'
   chronoshard schedules update heartbeat --every 1m --watch --tolerance 2m
+  chronoshard schedules update nightly-etl --workflow etl-v2.yaml
 
 Reads the schedule, applies the options given, and sends the whole spec: what is not
 given keeps its value, including the defaults the server filled in at creation (the job
 id stays the old name on a rename: give --job-id to change it; the tolerance keeps its
-value when the jitter changes). Two follow the options they derive from: an expected
-duration that was the old --timeout follows a new one, and --catchup all asks for
---catchup-limit unless the policy was all already. The change takes effect from the
+value when the jitter changes). --workflow FILE replaces the workflow (or the task) each
+occurrence makes; --type makes it one task of that type again. Two follow the options
+they derive from: an expected duration that was the default of the old template (its
+--timeout, or its workflow's longest chain) follows the new one, and --catchup all asks
+for --catchup-limit unless the policy was all already. The change takes effect from the
 next occurrence (occurrences created ahead under the old spec that have not started are
 withdrawn and made again)."""
 
@@ -450,15 +537,17 @@ TRIGGER_EPILOG = """\
 examples:
   chronoshard schedules trigger nightly-report
   chronoshard schedules trigger nightly-report -o json | jq -r .task_id
+  chronoshard schedules trigger nightly-etl -o json | jq -r .workflow_id
 
 Runs one occurrence now (logical date: now), whatever the rule, a pause or the end; the
 overlap policy does not apply."""
 
 
 def _run_line(run_: ScheduleRun) -> str:
+    made = run_.task_id or (run_.workflow_id and f"workflow {run_.workflow_id}")
     return (
         f"{output.short_time(run_.logical_date)} UTC  {run_.origin.value}  "
-        f"{run_.task_id or output.EMPTY}  {output.run_status(run_)}"
+        f"{made or output.EMPTY}  {output.run_status(run_)}"
     )
 
 

@@ -59,6 +59,7 @@ from chronoshard.types import (
     WorkflowState,
     WorkflowTask,
     WorkflowTaskState,
+    WorkflowTemplate,
 )
 
 DEFAULT_LIST_LIMIT = 50
@@ -184,6 +185,12 @@ _TASK_OPTIONS: dict[str, tuple[str, Callable[[Any], Any]]] = {
 }
 _TASK_KEYS = ("ref", "type", "payload", "trigger_rule", "after", *_TASK_OPTIONS)
 _TOP_KEYS = ("name", "tasks", "edges", "delay", "scheduled_at", "idempotency_key")
+OCCURRENCE_KEYS: dict[str, str] = {
+    # The keys of a workflow file a schedule's occurrence decides, and why.
+    "delay": "each occurrence starts its run at the occurrence's time",
+    "scheduled_at": "each occurrence starts its run at the occurrence's time",
+    "idempotency_key": "each occurrence's run is keyed by the schedule and its logical date",
+}
 _EDGE_KEYS = ("parent", "child")
 
 
@@ -316,34 +323,34 @@ def _check_edges(refs: Iterable[str], edges: _Edges, problems: _Problems) -> Non
             first[(parent, child)] = place
 
 
-def parse_workflow_document(document: Any, source: str) -> WorkflowFile:
+def parse_workflow_document(
+    document: Any, source: str, *, for_schedule: bool = False
+) -> WorkflowFile:
     """A workflow file's document (the JSON or YAML value) as ``create_workflow``'s
     arguments. Raises UsageError naming ``source`` and every problem found (the first
-    :data:`PROBLEMS_SHOWN` of them), each at its place in the file."""
+    :data:`PROBLEMS_SHOWN` of them), each at its place in the file.
+
+    ``for_schedule``: the file of a schedule's workflow (``schedules create --workflow``),
+    whose runs each occurrence starts and keys: :data:`OCCURRENCE_KEYS` are refused,
+    each named, and ``name`` may be left out (the runs take the schedule's)."""
     problems = _Problems(source)
     if not isinstance(document, Mapping):
         problems.add("", f"must be a mapping (name, tasks, edges, ...), got {_kind(document)}")
         problems.raise_any()
     _unknown_keys(document, _TOP_KEYS, "", problems)
-    name = _required(document, "name", "", problems)
-    if name is not None and not isinstance(name, str):
+    name = document.get("name", "") if for_schedule else _required(document, "name", "", problems)
+    if "name" in document and not isinstance(name, str):
         problems.add("name", f"must be a string, got {_kind(name)}")
-    key = document.get("idempotency_key")
-    if key is not None and not isinstance(key, str):
-        problems.add("idempotency_key", f"must be a string, got {_kind(key)}")
-    at = delay_s = None
-    if "scheduled_at" in document and "delay" in document:
-        problems.add("delay", "give at most one of delay and scheduled_at")
-    elif "scheduled_at" in document:
-        try:
-            at = _time_value(document["scheduled_at"])
-        except ValueError as exc:
-            problems.add("scheduled_at", str(exc))
-    elif "delay" in document:
-        try:
-            delay_s = _seconds_value(document["delay"], positive=False)
-        except ValueError as exc:
-            problems.add("delay", str(exc))
+    key = at = delay_s = None
+    if for_schedule:
+        for refused, why in OCCURRENCE_KEYS.items():
+            if refused in document:
+                problems.add(refused, f"not allowed in a schedule's workflow: {why}")
+    else:
+        key = document.get("idempotency_key")
+        if key is not None and not isinstance(key, str):
+            problems.add("idempotency_key", f"must be a string, got {_kind(key)}")
+        at, delay_s = _read_start(document, problems)
 
     # Tasks first, so that problems are listed in the order a file is written in.
     after = _Edges()
@@ -378,6 +385,26 @@ def parse_workflow_document(document: Any, source: str) -> WorkflowFile:
         delay_s=delay_s,
         idempotency_key=key or None,
     )
+
+
+def _read_start(
+    document: Mapping[str, Any], problems: _Problems
+) -> tuple[datetime | None, float | None]:
+    """``scheduled_at`` or ``delay`` (at most one), as ``create_workflow``'s ``at`` and
+    ``delay_s``."""
+    if "scheduled_at" in document and "delay" in document:
+        problems.add("delay", "give at most one of delay and scheduled_at")
+    elif "scheduled_at" in document:
+        try:
+            return _time_value(document["scheduled_at"]), None
+        except ValueError as exc:
+            problems.add("scheduled_at", str(exc))
+    elif "delay" in document:
+        try:
+            return None, _seconds_value(document["delay"], positive=False)
+        except ValueError as exc:
+            problems.add("delay", str(exc))
+    return None, None
 
 
 def load_document(text: str, source: str) -> Any:
@@ -415,15 +442,44 @@ def _yaml_loader() -> type[Any]:
     return NoTimestamps
 
 
-def read_workflow_file(path: str) -> WorkflowFile:
-    """Read and check the file at ``path`` (``-``: standard input)."""
+def read_workflow_file(path: str, *, for_schedule: bool = False) -> WorkflowFile:
+    """Read and check the file at ``path`` (``-``: standard input); ``for_schedule`` as
+    :func:`parse_workflow_document`."""
     source = "<stdin>" if path == "-" else path
     try:
         text = sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
         raise UsageError(f"{source}: {reason}") from None
-    return parse_workflow_document(load_document(text, source), source)
+    return parse_workflow_document(load_document(text, source), source, for_schedule=for_schedule)
+
+
+def read_workflow_template(path: str) -> WorkflowTemplate:
+    """A schedule's workflow file (``schedules create --workflow``): what ``submit``
+    reads, without the keys each occurrence decides."""
+    found = read_workflow_file(path, for_schedule=True)
+    return WorkflowTemplate(name=found.name, tasks=found.tasks, edges=found.edges)
+
+
+def longest_chain_s(template: WorkflowTemplate) -> float | None:
+    """The sum of the timeouts along the template's longest chain of tasks (the longest
+    a run can take without retries), None when a task has no timeout (or there is no
+    task): the expected duration the server gives the watch of a schedule of it."""
+    timeouts: dict[str, float] = {}
+    for task in template.tasks:
+        if task.task.timeout_s is None:
+            return None
+        timeouts[task.ref] = task.task.timeout_s
+    parents: dict[str, list[str]] = {ref: [] for ref in timeouts}
+    for edge in template.edges:
+        if edge.child in parents:
+            parents[edge.child].append(edge.parent)
+    done: dict[str, float] = {}
+    for layer in layers(list(timeouts), _pairs(template.edges)):  # parents before children
+        for ref in layer:
+            before = max((done.get(parent, 0.0) for parent in parents[ref]), default=0.0)
+            done[ref] = before + timeouts[ref]
+    return max(done.values(), default=None)
 
 
 # --- the drawing -------------------------------------------------------------------------
@@ -542,6 +598,9 @@ def workflow_fields(workflow: Workflow, counts: str) -> str:
             ("created_at", workflow.created_at),
             ("finished_at", workflow.finished_at),
             ("idempotency_key", workflow.idempotency_key),
+            ("job_id", workflow.job_id),
+            ("schedule_id", workflow.schedule_id),
+            ("logical_date", workflow.logical_date),
             ("tasks", f"{workflow.task_count}" + (f" ({counts})" if counts else "")),
             ("edges", workflow.edge_count),
         ]

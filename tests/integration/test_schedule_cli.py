@@ -5,6 +5,8 @@ with an in-process worker where occurrences must run.
 What the node did is read back with plain SQL (rows in ``schedules``,
 ``schedule_occurrences`` and ``tasks``), not only from what the CLI printed; a refused
 spec must print the server's message naming the field, exit non-zero, and write nothing.
+A schedule of a workflow (``--workflow FILE``) is read back through ``workflows get``
+as well: its runs need no worker to exist.
 """
 
 from __future__ import annotations
@@ -98,6 +100,16 @@ async def worker(cluster: Cluster) -> AsyncIterator[Seen]:
     finally:
         made.stop()
         await running
+
+
+DIAMOND = """\
+name: diamond
+tasks:
+  - {ref: fetch, type: records.fetch, payload: {day: today}, timeout: 10m}
+  - {ref: left, type: records.left, after: fetch}
+  - {ref: right, type: records.right, after: [fetch], priority: bulk}
+  - {ref: join, type: records.join, after: [left, right], trigger_rule: all_done}
+"""
 
 
 def _common(cluster: Cluster, key: str | None = None) -> list[str]:
@@ -624,3 +636,69 @@ def test_sync_client(cluster: Cluster) -> None:
         assert client.get_schedule(ends.id).next_occurrences == ()
         late = client.trigger_schedule(ends.id)
         assert late.origin is RunOrigin.TRIGGER and late.task_id is not None
+
+
+async def test_a_workflow_schedule_creates_a_run_per_occurrence(
+    cluster: Cluster, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    common = _common(cluster)
+    flow = tmp_path / "diamond.yaml"
+    flow.write_text(DIAMOND, encoding="utf-8")
+    made = await run(
+        capsys, "schedules", "create", "etl", "--workflow", str(flow), "--every", "1s",
+        "--no-watch", "-o", "json", *common,
+    )  # fmt: skip
+    assert made.code == cli.EXIT_OK, made.err
+    schedule = made.json()
+    assert schedule["spec"]["task"] is None
+    template = schedule["spec"]["workflow"]
+    assert template["name"] == "diamond"
+    assert [t["ref"] for t in template["tasks"]] == ["fetch", "left", "right", "join"]
+    assert len(template["edges"]) == 4
+
+    async def workflow_runs() -> list[dict[str, Any]] | None:
+        shown = await run(capsys, "schedules", "get", "etl", "-o", "json", *common)
+        assert shown.code == cli.EXIT_OK, shown.err
+        return [r for r in shown.json()["runs"] if r["workflow_id"]] or None
+
+    runs = await eventually(workflow_runs, timeout_s=15, what="a run that created a workflow")
+    first = runs[-1]  # newest first: the oldest shown
+    assert first["task_id"] is None and first["origin"] == "SCHEDULE"
+    assert first["status"] == "RUNNING"  # no worker: the run waits on its first task
+
+    got = await run(capsys, "workflows", "get", first["workflow_id"], "-o", "json", *common)
+    assert got.code == cli.EXIT_OK, got.err
+    detail = got.json()
+    workflow = detail["workflow"]
+    assert (workflow["name"], workflow["state"], workflow["task_count"]) == (
+        "diamond", "RUNNING", 4,
+    )  # fmt: skip
+    assert (workflow["schedule_id"], workflow["job_id"]) == (schedule["id"], "etl")
+    assert workflow["logical_date"] == first["logical_date"]
+    assert [t["ref"] for t in detail["tasks"]] == ["fetch", "left", "right", "join"]
+    assert {t["task"]["logical_date"] for t in detail["tasks"]} == {first["logical_date"]}
+    assert {t["task"]["schedule_id"] for t in detail["tasks"]} == {schedule["id"]}
+    [(tasks, dates)] = sql(
+        cluster,
+        "SELECT count(*), count(DISTINCT logical_date) FROM tasks"
+        " WHERE workflow_id = %s AND schedule_id = %s",
+        first["workflow_id"],
+        schedule["id"],
+    )
+    assert (tasks, dates) == (4, 1)
+
+    # The text views: the workflow where a task would be.
+    text = await run(capsys, "schedules", "get", "etl", "--runs", "1", *common)
+    assert text.code == cli.EXIT_OK, text.err
+    assert "workflow:" in text.out and "4: fetch, left, right, join" in text.out
+    [header] = [line for line in text.out.splitlines() if line.startswith("LOGICAL DATE")]
+    assert header.split()[4:6] == ["STATUS", "WORKFLOW"]
+    listed = await run(capsys, "schedules", "ls", *common)
+    assert "workflow (4 tasks)" in listed.out
+    triggered = await run(capsys, "schedules", "trigger", "etl", "-o", "json", *common)
+    assert triggered.code == cli.EXIT_OK, triggered.err
+    assert triggered.json()["task_id"] is None and triggered.json()["workflow_id"]
+
+    removed = await run(capsys, "schedules", "rm", "etl", *common)
+    assert removed.code == cli.EXIT_OK, removed.err
+    assert sql(cluster, "SELECT count(*) FROM schedules") == [(0,)]

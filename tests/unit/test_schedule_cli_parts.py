@@ -1,12 +1,14 @@
 """``chronoshard schedules``' pure parts: the options of create and update turned into a
-spec, and the rendering of ``get`` (zone-local wall times with their offsets, across
-daylight-saving changes). No server: values in, strings out."""
+spec (one task, or a workflow read from ``--workflow FILE``), and the rendering of
+``get`` (zone-local wall times with their offsets, across daylight-saving changes; the
+runs' tasks or workflow runs). No server: values in, strings out."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from zoneinfo import ZoneInfo
 
 import pytest
@@ -14,7 +16,8 @@ import pytest
 from chronoshard import cli
 from chronoshard._cli import output
 from chronoshard._cli.common import UsageError
-from chronoshard._cli.schedules import schedule_zone, spec_from_args
+from chronoshard._cli.schedules import _run_line, schedule_zone, spec_from_args
+from chronoshard._cli.workflows import longest_chain_s
 from chronoshard.types import (
     AlertSeverity,
     CatchupPolicy,
@@ -29,6 +32,10 @@ from chronoshard.types import (
     ScheduleWatch,
     TaskSpec,
     TaskStatus,
+    TriggerRule,
+    WorkflowEdge,
+    WorkflowTask,
+    WorkflowTemplate,
 )
 
 NOW = datetime(2030, 1, 2, 3, 4, 5, tzinfo=UTC)
@@ -337,6 +344,7 @@ def test_json_documents_use_the_client_field_names() -> None:
             "task_id": "x",
             "status": None,
             "finished_at": None,
+            "workflow_id": None,
         }
     ]
     spec = document["schedule"]["spec"]
@@ -347,3 +355,236 @@ def test_json_documents_use_the_client_field_names() -> None:
     assert spec["watch"] == {
         "disabled": False, "expected_duration_s": None, "tolerance_s": 60.0, "severity": None,
     }  # fmt: skip
+
+
+# --- a schedule of a workflow ------------------------------------------------------------------
+
+DIAMOND_YAML = """\
+name: nightly-etl
+tasks:
+  - {ref: fetch, type: etl.fetch, timeout: 10m}
+  - {ref: left, type: etl.left, after: fetch, timeout: 5m, payload: {side: l}}
+  - {ref: right, type: etl.right, after: fetch, timeout: 20m}
+  - {ref: join, type: etl.join, after: [left, right], timeout: 1m, trigger_rule: all_done}
+"""
+DIAMOND = WorkflowTemplate(
+    name="nightly-etl",
+    tasks=(
+        WorkflowTask("fetch", TaskSpec(type="etl.fetch", timeout_s=600.0)),
+        WorkflowTask("left", TaskSpec(type="etl.left", payload={"side": "l"}, timeout_s=300.0)),
+        WorkflowTask("right", TaskSpec(type="etl.right", timeout_s=1200.0)),
+        WorkflowTask("join", TaskSpec(type="etl.join", timeout_s=60.0), TriggerRule.ALL_DONE),
+    ),
+    edges=(
+        WorkflowEdge("fetch", "left"),
+        WorkflowEdge("fetch", "right"),
+        WorkflowEdge("left", "join"),
+        WorkflowEdge("right", "join"),
+    ),
+)
+
+
+def _file(tmp_path: Path, text: str, name: str = "flow.yaml") -> str:
+    path = tmp_path / name
+    path.write_text(text, encoding="utf-8")
+    return str(path)
+
+
+def test_create_with_a_workflow_file_makes_a_schedule_of_that_workflow(tmp_path: Path) -> None:
+    flow = _file(tmp_path, DIAMOND_YAML)
+    args = _args("create", "etl", "--workflow", flow, "--cron", "0 3 * * *", "--overlap", "skip")
+    assert spec_from_args(args, None) == ScheduleSpec(  # type: ignore[arg-type]
+        name="etl", workflow=DIAMOND, cron="0 3 * * *", overlap=OverlapPolicy.SKIP
+    )
+    # The file `workflows submit` reads, JSON too; a schedule's may leave out its name.
+    unnamed = _file(
+        tmp_path, '{"tasks": [{"ref": "a", "type": "t.a"}]}', "flow.json"
+    )  # fmt: skip
+    spec = spec_from_args(_args("create", "etl", "--every", "1h", "--workflow", unnamed), None)  # type: ignore[arg-type]
+    assert spec.task is None
+    assert spec.workflow == WorkflowTemplate(tasks=(WorkflowTask("a", TaskSpec(type="t.a")),))
+
+
+@pytest.mark.parametrize(
+    ("key", "line", "why"),
+    [
+        ("delay", "delay: 30s", "starts its run at the occurrence's time"),
+        ("scheduled_at", "scheduled_at: 2030-01-02T03:00:00Z", "the occurrence's time"),
+        ("idempotency_key", "idempotency_key: k", "keyed by the schedule and its logical date"),
+    ],
+)
+def test_a_schedules_workflow_file_may_not_decide_what_each_occurrence_does(
+    tmp_path: Path, key: str, line: str, why: str
+) -> None:
+    flow = _file(tmp_path, line + "\n" + DIAMOND_YAML)
+    with pytest.raises(UsageError) as refused:
+        spec_from_args(_args("create", "etl", "--every", "1h", "--workflow", flow), None)  # type: ignore[arg-type]
+    message = str(refused.value)
+    assert message.startswith(f"{flow}: {key}: not allowed in a schedule's workflow: ")
+    assert why in message
+
+
+def test_a_schedules_workflow_file_is_checked_as_submit_checks_it(tmp_path: Path) -> None:
+    flow = _file(tmp_path, "tasks:\n  - {ref: a, type: t, tiemout: 5m, after: [b]}\n")
+    with pytest.raises(UsageError) as refused:
+        spec_from_args(_args("create", "etl", "--every", "1h", "--workflow", flow), None)  # type: ignore[arg-type]
+    assert "tasks[0].tiemout: unknown key (did you mean timeout?)" in str(refused.value)
+    assert "tasks[0].after[0]: no task has the ref 'b'" in str(refused.value)
+    with pytest.raises(UsageError, match="No such file"):
+        spec_from_args(
+            _args("create", "etl", "--every", "1h", "--workflow", str(tmp_path / "nope.yaml")),  # type: ignore[arg-type]
+            None,
+        )
+
+
+@pytest.mark.parametrize(
+    ("argv", "words"),
+    [
+        (["create", "etl", "t.x", "--every", "1h", "--workflow", "{flow}"], "not both"),
+        (["create", "etl", "--every", "1h"], "give the task type each occurrence submits (TYPE)"),
+        (
+            ["create", "etl", "--every", "1h", "--workflow", "{flow}", "--timeout", "5m"],
+            "--timeout",
+        ),
+        (
+            ["create", "etl", "--every", "1h", "--workflow", "{flow}", "--payload", "{}"],
+            "--payload",
+        ),
+        (["create", "etl", "--every", "1h", "--workflow", "{flow}", "--no-strict"], "--strict"),
+    ],
+)
+def test_a_task_type_or_a_workflow_and_no_task_options_with_a_workflow(
+    tmp_path: Path, argv: list[str], words: str
+) -> None:
+    flow = _file(tmp_path, DIAMOND_YAML)
+    args = _args(*(a.replace("{flow}", flow) for a in argv))
+    with pytest.raises(UsageError) as refused:
+        spec_from_args(args, None)  # type: ignore[arg-type]
+    assert words in str(refused.value)
+    if words.startswith("--"):
+        assert "take their options in its file" in str(refused.value)
+
+
+# As the server answers a schedule of DIAMOND created with no watch options: the
+# expected duration is its longest chain, fetch -> right -> join.
+FLOW_STORED = ScheduleSpec(
+    name="etl",
+    workflow=DIAMOND,
+    cron="0 3 * * *",
+    timezone="UTC",
+    catchup=CatchupPolicy.SKIP,
+    catchup_limit=1,
+    overlap=OverlapPolicy.ALLOW,
+    job_id="etl",
+    watch=ScheduleWatch(expected_duration_s=1860.0, tolerance_s=60.0, severity="critical"),  # type: ignore[arg-type]
+    misfire_grace_s=60.0,
+)
+
+
+def test_longest_chain_is_the_servers_default_expected_duration() -> None:
+    assert longest_chain_s(DIAMOND) == 600.0 + 1200.0 + 60.0
+    untimed = dataclasses.replace(
+        DIAMOND, tasks=(*DIAMOND.tasks[:3], WorkflowTask("join", TaskSpec(type="etl.join")))
+    )
+    assert longest_chain_s(untimed) is None
+    assert longest_chain_s(WorkflowTemplate()) is None
+    apart = WorkflowTemplate(tasks=DIAMOND.tasks)  # no edges: the longest single task
+    assert longest_chain_s(apart) == 1200.0
+
+
+def test_update_of_a_workflow_schedule(tmp_path: Path) -> None:
+    # Options not given keep the workflow, and its expected duration.
+    kept = spec_from_args(_args("update", "etl", "--cron", "0 4 * * *"), FLOW_STORED)  # type: ignore[arg-type]
+    assert kept == dataclasses.replace(FLOW_STORED, cron="0 4 * * *")
+    # A new file replaces the workflow; the expected duration that was the old longest
+    # chain follows the new one (the server's default again).
+    shorter = _file(tmp_path, "tasks:\n  - {ref: a, type: t.a, timeout: 2m}\n")
+    replaced = spec_from_args(_args("update", "etl", "--workflow", shorter), FLOW_STORED)  # type: ignore[arg-type]
+    assert replaced.workflow == WorkflowTemplate(
+        tasks=(WorkflowTask("a", TaskSpec(type="t.a", timeout_s=120.0)),)
+    )
+    assert replaced.task is None and replaced.watch.expected_duration_s is None
+    chosen = dataclasses.replace(FLOW_STORED, watch=ScheduleWatch(expected_duration_s=300.0))
+    assert spec_from_args(
+        _args("update", "etl", "--workflow", shorter), chosen  # type: ignore[arg-type]
+    ).watch.expected_duration_s == 300.0  # fmt: skip
+    # --type makes it one task again, with the task options given.
+    single = spec_from_args(
+        _args("update", "etl", "--type", "t.one", "--timeout", "1m"), FLOW_STORED
+    )  # type: ignore[arg-type]
+    assert (single.task, single.workflow) == (TaskSpec(type="t.one", timeout_s=60.0), None)
+    assert single.watch.expected_duration_s is None  # follows the task's timeout now
+    # A task option alone has no task to set.
+    with pytest.raises(UsageError, match="--queue sets the task of a schedule of one task"):
+        spec_from_args(_args("update", "etl", "--queue", "q"), FLOW_STORED)  # type: ignore[arg-type]
+
+
+def test_update_of_a_task_schedule_to_a_workflow(tmp_path: Path) -> None:
+    flow = _file(tmp_path, DIAMOND_YAML)
+    turned = spec_from_args(_args("update", "nightly", "--workflow", flow), AS_STORED)  # type: ignore[arg-type]
+    assert (turned.task, turned.workflow) == (None, DIAMOND)
+    # The expected duration was the task's timeout: it follows the workflow's chain.
+    assert turned.watch.expected_duration_s is None
+    with pytest.raises(UsageError, match="not both"):
+        spec_from_args(_args("update", "nightly", "--workflow", flow, "--type", "x"), AS_STORED)  # type: ignore[arg-type]
+
+
+def _run(task_id: str | None, workflow_id: str | None, status: TaskStatus | None) -> ScheduleRun:
+    return ScheduleRun(
+        logical_date=NOW,
+        origin=RunOrigin.SCHEDULE,
+        task_id=task_id,
+        status=status,
+        finished_at=None,
+        workflow_id=workflow_id,
+    )
+
+
+def test_get_of_a_workflow_schedule_shows_the_workflow_and_its_runs() -> None:
+    runs = (
+        _run(None, "wf-running", TaskStatus.RUNNING),
+        _run(None, "wf-gone", None),
+        _run(None, None, None),
+    )
+    details = ScheduleDetails(_schedule(FLOW_STORED), (), runs)
+    text = output.schedule_details(details, UTC, NOW)
+    lines = text.splitlines()
+    fields = dict(line.split(":", 1) for line in lines[: lines.index("")])
+    assert fields["workflow"].strip() == "nightly-etl"
+    assert fields["tasks"].strip() == "4: fetch, left, right, join"
+    assert fields["edges"].strip() == "4"
+    assert "type" not in fields and "payload" not in fields
+    start = lines.index("latest runs:")
+    assert lines[start + 1].split()[4:6] == ["STATUS", "WORKFLOW"]
+    assert lines[start + 2].split()[3:5] == ["RUNNING", "wf-running"]
+    assert lines[start + 3].split()[3:5] == ["gone", "wf-gone"]
+    assert lines[start + 4].split()[3] == "skipped"
+    unnamed = dataclasses.replace(FLOW_STORED, workflow=WorkflowTemplate(tasks=DIAMOND.tasks))
+    no_name = output.schedule_fields(_schedule(unnamed), NOW)
+    assert "workflow:      etl (the name)" in no_name and "tasks:         4: fetch" in no_name
+    defaulted = dataclasses.replace(FLOW_STORED, watch=ScheduleWatch())
+    assert "expected the longest chain's timeouts, else 1m (default)" in (
+        output.schedule_fields(_schedule(defaulted), NOW)
+    )
+    # A schedule updated from a task to a workflow has runs of both.
+    mixed = output.run_table((_run("task-1", None, TaskStatus.COMPLETED), runs[0]))
+    assert mixed.splitlines()[0].split()[5] == "TASK|WORKFLOW"
+    assert "task-1" in mixed and "wf-running" in mixed
+
+
+def test_workflow_schedules_in_the_list_trigger_and_json() -> None:
+    rows = output.schedule_table([_schedule(FLOW_STORED)]).splitlines()
+    assert "workflow (4 tasks)" in rows[1]
+    assert _run_line(_run(None, "wf-1", TaskStatus.RUNNING)).endswith(
+        "SCHEDULE  workflow wf-1  RUNNING"
+    )
+    assert _run_line(_run("task-1", None, None)).endswith("SCHEDULE  task-1  gone")
+    document = json.loads(output.dumps(_schedule(FLOW_STORED)))
+    assert document["spec"]["task"] is None
+    workflow = document["spec"]["workflow"]
+    assert workflow["name"] == "nightly-etl"
+    assert [t["ref"] for t in workflow["tasks"]] == ["fetch", "left", "right", "join"]
+    assert workflow["tasks"][3]["trigger_rule"] == "all_done"
+    assert workflow["edges"][0] == {"parent": "fetch", "child": "left"}
+    run_document = json.loads(output.dumps(_run(None, "wf-1", TaskStatus.COMPLETED)))
+    assert (run_document["task_id"], run_document["workflow_id"]) == (None, "wf-1")

@@ -1,5 +1,6 @@
 """The client's schedule edge: ScheduleService messages <-> ``chronoshard.types``, the
-task template through the one submit-request builder, and what a ScheduleSpec refuses.
+task template through the one submit-request builder, the workflow template through the
+one create-workflow builder, and what a ScheduleSpec refuses.
 
 Pure functions only. The full-message tests walk the proto descriptors, so a field added
 to ``ScheduleSpec``, ``Schedule``, ``ScheduleRun`` or ``ScheduleWatch`` fails here until
@@ -32,13 +33,18 @@ from chronoshard.types import (
     ScheduleWatch,
     TaskSpec,
     TaskStatus,
+    TriggerRule,
+    WorkflowEdge,
+    WorkflowTask,
+    WorkflowTemplate,
 )
-from chronoshard.v1 import common_pb2, schedule_service_pb2, task_service_pb2
+from chronoshard.v1 import common_pb2, schedule_service_pb2, task_service_pb2, workflow_service_pb2
 
 PROPERTY_SETTINGS = settings(max_examples=200, deadline=None)
 T0 = datetime(2026, 3, 29, 1, 30, 15, 123456, tzinfo=UTC)
 SCHEDULE_ID = "0190a7d2-6a3b-7c4d-8e5f-6a7b8c9d0e1f"
 TASK_ID = "0190a7d2-6a3b-7c4d-8e5f-000000000001"
+WORKFLOW_ID = "0190a7d2-6a3b-7c4d-8e5f-000000000002"
 
 
 def _ts(dt: datetime) -> object:
@@ -82,11 +88,30 @@ def full_template_pb() -> task_service_pb2.SubmitTaskRequest:
     return msg
 
 
-def full_spec_pb(rule: str = "cron") -> schedule_service_pb2.ScheduleSpec:
+def full_workflow_template_pb() -> workflow_service_pb2.CreateWorkflowRequest:
+    """A workflow template with every field it may have set (not the start, the key or
+    the job: the occurrence and the schedule decide those); its tasks' full mapping is
+    test_workflow_convert.py's."""
+    return workflow_service_pb2.CreateWorkflowRequest(
+        name="nightly-etl",
+        tasks=[
+            workflow_service_pb2.WorkflowTask(
+                ref=ref,
+                task=full_template_pb(),
+                trigger_rule=workflow_service_pb2.TRIGGER_RULE_ALL_DONE,
+            )
+            for ref in ("fetch", "report")
+        ],
+        edges=[workflow_service_pb2.WorkflowEdge(parent="fetch", child="report")],
+    )
+
+
+def full_spec_pb(
+    rule: str = "cron", *, workflow: bool = False
+) -> schedule_service_pb2.ScheduleSpec:
     msg = schedule_service_pb2.ScheduleSpec(
         name="nightly-report",
         timezone="Europe/Berlin",
-        task_template=full_template_pb(),
         catchup_policy=schedule_service_pb2.CATCHUP_POLICY_ALL,
         catchup_limit=7,
         overlap_policy=schedule_service_pb2.OVERLAP_POLICY_BUFFER_ONE,
@@ -99,6 +124,10 @@ def full_spec_pb(rule: str = "cron") -> schedule_service_pb2.ScheduleSpec:
         ),
         misfire_grace=duration_pb2.Duration(seconds=90),
     )
+    if workflow:
+        msg.workflow_template.CopyFrom(full_workflow_template_pb())
+    else:
+        msg.task_template.CopyFrom(full_template_pb())
     if rule == "cron":
         msg.cron = "30 2 * * *"
     else:
@@ -108,20 +137,27 @@ def full_spec_pb(rule: str = "cron") -> schedule_service_pb2.ScheduleSpec:
     return msg
 
 
-def full_run_pb() -> schedule_service_pb2.ScheduleRun:
+def full_run_pb(*, workflow: bool = False) -> schedule_service_pb2.ScheduleRun:
+    """A run that made a task, or (``workflow``) a workflow run: never both."""
     msg = schedule_service_pb2.ScheduleRun(
-        origin="BACKFILL", task_id=TASK_ID, status=common_pb2.TASK_STATUS_COMPLETED
+        origin="BACKFILL", status=common_pb2.TASK_STATUS_COMPLETED
     )
+    if workflow:
+        msg.workflow_id = WORKFLOW_ID
+    else:
+        msg.task_id = TASK_ID
     msg.logical_date.CopyFrom(_ts(T0))
     msg.finished_at.CopyFrom(_ts(T0 + timedelta(seconds=42)))
     return msg
 
 
-def full_schedule_pb(rule: str = "cron") -> schedule_service_pb2.Schedule:
+def full_schedule_pb(
+    rule: str = "cron", *, workflow: bool = False
+) -> schedule_service_pb2.Schedule:
     msg = schedule_service_pb2.Schedule(
         id=SCHEDULE_ID,
         tenant_id="0190a7d2-0000-7000-8000-000000000001",
-        spec=full_spec_pb(rule),
+        spec=full_spec_pb(rule, workflow=workflow),
         paused=True,
     )
     for offset, name in enumerate(("next_occurrence", "created_at", "updated_at")):
@@ -134,12 +170,20 @@ def full_schedule_pb(rule: str = "cron") -> schedule_service_pb2.Schedule:
 
 def test_samples_set_every_field() -> None:
     # Guards the round trips below: a new proto field must be added to the samples.
-    # The rule is a oneof: each sample sets one branch.
-    assert _unset_fields(full_spec_pb("cron")) == ["interval"]
-    assert _unset_fields(full_spec_pb("interval")) == ["cron"]
+    # The rule is a oneof: each sample sets one branch; and one of the two templates.
+    assert _unset_fields(full_spec_pb("cron")) == ["interval", "workflow_template"]
+    assert _unset_fields(full_spec_pb("interval")) == ["cron", "workflow_template"]
+    assert _unset_fields(full_spec_pb(workflow=True)) == ["interval", "task_template"]
     assert _unset_fields(full_spec_pb().watch) == []
-    assert _unset_fields(full_run_pb()) == []
+    assert _unset_fields(full_run_pb()) == ["workflow_id"]
+    assert _unset_fields(full_run_pb(workflow=True)) == ["task_id"]
     assert _unset_fields(full_schedule_pb()) == []
+    assert sorted(_unset_fields(full_workflow_template_pb())) == [
+        "delay",
+        "idempotency_key",
+        "job_id",
+        "scheduled_at",
+    ]
     # A template leaves unset exactly what the occurrence and the schedule decide.
     assert sorted(_unset_fields(full_template_pb())) == [
         "delay",
@@ -181,15 +225,35 @@ def test_string_enums_are_the_values_the_proto_comments_name() -> None:
 # --- pb <-> types ------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("workflow", [False, True])
 @pytest.mark.parametrize("rule", ["cron", "interval"])
-def test_schedule_round_trip_pb_types_pb_keeps_every_field(rule: str) -> None:
-    msg = full_schedule_pb(rule)
+def test_schedule_round_trip_pb_types_pb_keeps_every_field(rule: str, workflow: bool) -> None:
+    msg = full_schedule_pb(rule, workflow=workflow)
     assert convert.schedule_to_pb(convert.schedule_from_pb(msg)) == msg
 
 
-def test_run_round_trip_keeps_every_field() -> None:
-    msg = full_run_pb()
+@pytest.mark.parametrize("workflow", [False, True])
+def test_run_round_trip_keeps_every_field(workflow: bool) -> None:
+    msg = full_run_pb(workflow=workflow)
     assert convert.schedule_run_to_pb(convert.schedule_run_from_pb(msg)) == msg
+
+
+def test_schedule_of_a_workflow_reads_its_template() -> None:
+    spec = convert.schedule_from_pb(full_schedule_pb(workflow=True)).spec
+    assert spec.task is None and spec.workflow is not None
+    assert spec.workflow.name == "nightly-etl"
+    assert [(t.ref, t.trigger_rule) for t in spec.workflow.tasks] == [
+        ("fetch", TriggerRule.ALL_DONE),
+        ("report", TriggerRule.ALL_DONE),
+    ]
+    assert spec.workflow.tasks[0].task == convert.task_spec_from_pb(full_template_pb())
+    assert spec.workflow.edges == (WorkflowEdge("fetch", "report"),)
+    run = convert.schedule_run_from_pb(full_run_pb(workflow=True))
+    assert (run.task_id, run.workflow_id, run.status) == (
+        None,
+        WORKFLOW_ID,
+        TaskStatus.COMPLETED,  # the run SUCCEEDED
+    )
 
 
 def test_schedule_from_pb_reads_values_as_python_types() -> None:
@@ -242,7 +306,12 @@ def test_minimal_schedule_reads_unset_values_as_none() -> None:
 def test_run_of_a_skipped_occurrence_has_no_task_and_no_status() -> None:
     msg = schedule_service_pb2.ScheduleRun(origin="SCHEDULE", logical_date=_ts(T0))
     assert convert.schedule_run_from_pb(msg) == ScheduleRun(
-        logical_date=T0, origin=RunOrigin.SCHEDULE, task_id=None, status=None, finished_at=None
+        logical_date=T0,
+        origin=RunOrigin.SCHEDULE,
+        task_id=None,
+        status=None,
+        finished_at=None,
+        workflow_id=None,
     )
 
 
@@ -285,6 +354,15 @@ def test_details_page_and_backfill_read_every_item_in_order() -> None:
         (lambda m: m.schedule.spec.ClearField("cron"), "exactly one of cron and interval_s"),
         (lambda m: setattr(m.schedule.spec.task_template, "job_id", "j"), "task.job_id"),
         (lambda m: setattr(m.schedule.spec.task_template, "payload_json", b"[1]"), "payload"),
+        (lambda m: m.schedule.spec.ClearField("task_template"), "exactly one of task and workflow"),
+        (
+            lambda m: m.schedule.spec.workflow_template.CopyFrom(full_workflow_template_pb()),
+            "exactly one of task and workflow",
+        ),
+        (
+            lambda m: m.schedule.spec.workflow_template.delay.FromSeconds(1),
+            "workflow template with delay set",
+        ),
     ],
 )
 def test_answers_no_client_type_holds_are_protocol_errors(mutate: object, match: str) -> None:
@@ -301,7 +379,14 @@ def test_answers_no_client_type_holds_are_protocol_errors(mutate: object, match:
 
 def test_template_is_the_submit_request_of_the_task_spec() -> None:
     spec = convert.schedule_from_pb(full_schedule_pb()).spec
+    assert spec.task is not None
     assert convert.schedule_spec_to_pb(spec).task_template == convert.submit_request(spec.task)
+    # ... and a workflow's, the create request of its template; never both.
+    flow = convert.schedule_from_pb(full_schedule_pb(workflow=True)).spec
+    assert flow.workflow is not None
+    msg = convert.schedule_spec_to_pb(flow)
+    assert msg.workflow_template == convert.workflow_template_to_pb(flow.workflow)
+    assert not msg.HasField("task_template")
 
 
 def test_task_spec_from_pb_inverts_submit_request_with_time_and_key() -> None:
@@ -362,11 +447,26 @@ def templates(draw: st.DrawFn) -> TaskSpec:
 
 
 @st.composite
+def workflow_templates(draw: st.DrawFn) -> WorkflowTemplate:
+    refs = draw(st.lists(st.sampled_from(["a", "b", "c", "d"]), min_size=1, unique=True))
+    tasks = [
+        WorkflowTask(ref, draw(templates()), draw(st.sampled_from(TriggerRule))) for ref in refs
+    ]
+    # Any pairs: the template holds what the server judges (acyclic, known refs).
+    pairs = draw(st.lists(st.tuples(st.sampled_from(refs), st.sampled_from(refs)), max_size=4))
+    return WorkflowTemplate(
+        name=draw(names), tasks=tuple(tasks), edges=tuple(WorkflowEdge(p, c) for p, c in pairs)
+    )
+
+
+@st.composite
 def schedule_specs(draw: st.DrawFn) -> ScheduleSpec:
     cron = draw(st.none() | st.sampled_from(["30 2 * * *", "*/5 * * * * *", "@daily"]))
+    workflow = draw(st.none() | workflow_templates())
     return ScheduleSpec(
         name=draw(names),
-        task=draw(templates()),
+        task=draw(templates()) if workflow is None else None,
+        workflow=workflow,
         cron=cron,
         interval_s=draw(seconds) if cron is None else None,
         timezone=draw(st.none() | st.sampled_from(["Europe/Berlin", "America/New_York"])),
@@ -433,6 +533,9 @@ def _spec(**overrides: object) -> ScheduleSpec:
         ),
         ({"task": TaskSpec(type="t", job_id="j")}, ValueError, "the schedule's job_id instead"),
         ({"task": "t"}, TypeError, "task must be a TaskSpec"),
+        ({"task": None}, ValueError, "give exactly one of task and workflow"),
+        ({"workflow": WorkflowTemplate()}, ValueError, "give exactly one of task and workflow"),
+        ({"task": None, "workflow": "w"}, TypeError, "workflow must be a WorkflowTemplate"),
         ({"catchup": "some"}, ValueError, "catchup must be one of 'skip', 'latest', 'all'"),
         ({"overlap": "queue"}, ValueError, "overlap must be one of 'allow', 'skip', 'buffer_one'"),
         ({"watch": {"disabled": True}}, TypeError, "watch must be a ScheduleWatch"),
@@ -462,6 +565,15 @@ def test_strings_are_accepted_for_the_policies() -> None:
         ({"misfire_grace_s": "1m"}, "misfire_grace_s must be a number"),
         ({"task": TaskSpec(type="t", max_retries=-1)}, "task: max_retries must be an int >= 0"),
         ({"task": TaskSpec(type="t", payload={"x": {1}})}, "task: payload is not JSON"),
+        (
+            {
+                "task": None,
+                "workflow": WorkflowTemplate(
+                    tasks=(WorkflowTask("a", TaskSpec(type="t", payload={"x": {1}})),)
+                ),
+            },
+            r"workflow: tasks\[0\]: task: payload is not JSON",
+        ),
     ],
 )
 def test_what_cannot_be_encoded_is_refused_naming_the_argument(

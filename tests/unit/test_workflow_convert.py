@@ -1,6 +1,7 @@
 """The client's workflow edge: WorkflowService messages <-> ``chronoshard.types``, the
-tasks through the one submit-request builder, what a WorkflowTask refuses, and the
-failover policy of the five calls.
+tasks through the one submit-request builder, what a WorkflowTask refuses, a schedule's
+workflow template (a CreateWorkflowRequest without start, key or job), and the failover
+policy of the five calls.
 
 Pure functions only. The samples set every field of every response (checked by walking
 the proto descriptors), so a field added to the contract fails here until the client
@@ -31,12 +32,14 @@ from chronoshard.types import (
     WorkflowEdge,
     WorkflowState,
     WorkflowTask,
+    WorkflowTemplate,
 )
 from chronoshard.v1 import common_pb2, task_service_pb2, workflow_service_pb2
 
 T0 = datetime(2026, 3, 29, 1, 30, 15, 123456, tzinfo=UTC)
 WORKFLOW_ID = "0190a7d2-6a3b-7c4d-8e5f-6a7b8c9d0e1f"
 TENANT_ID = "0190a7d2-0000-7000-8000-000000000001"
+SCHEDULE_ID = "0190a7d2-6a3b-7c4d-8e5f-00000000000a"
 
 
 def _unset_fields(msg: Any) -> list[str]:
@@ -63,8 +66,10 @@ def full_workflow_pb(state: int = workflow_service_pb2.WORKFLOW_STATE_FAILED) ->
         task_count=4,
         edge_count=4,
         idempotency_key="etl-2026-03-29",
+        job_id="nightly-etl",
+        schedule_id=SCHEDULE_ID,
     )
-    for offset, name in enumerate(("scheduled_at", "created_at", "finished_at")):
+    for offset, name in enumerate(("scheduled_at", "created_at", "finished_at", "logical_date")):
         getattr(msg, name).CopyFrom(convert.timestamp(T0 + timedelta(minutes=offset), name))
     return msg
 
@@ -137,6 +142,20 @@ def full_workflow_task_pb() -> Any:
     )
 
 
+def full_workflow_template_pb() -> Any:
+    """A schedule's workflow template: every field but what each occurrence decides."""
+    fetch = workflow_service_pb2.WorkflowTask(
+        ref="fetch",
+        task=task_service_pb2.SubmitTaskRequest(type="records.fetch"),
+        trigger_rule=workflow_service_pb2.TRIGGER_RULE_ALL_SUCCESS,
+    )
+    return workflow_service_pb2.CreateWorkflowRequest(
+        name="nightly-etl",
+        tasks=[fetch, full_workflow_task_pb()],
+        edges=[workflow_service_pb2.WorkflowEdge(parent="fetch", child="invoice")],
+    )
+
+
 # --- the samples and the enums -----------------------------------------------------------------
 
 
@@ -146,6 +165,12 @@ def test_samples_set_every_field() -> None:
     assert _unset_fields(full_task_state_pb()) == []
     assert _unset_fields(full_detail_pb()) == []
     assert _unset_fields(full_workflow_task_pb()) == []
+    assert sorted(_unset_fields(full_workflow_template_pb())) == [
+        "delay",
+        "idempotency_key",
+        "job_id",
+        "scheduled_at",
+    ]
     # A workflow task's template leaves unset exactly what the workflow decides.
     assert sorted(_unset_fields(full_template_pb())) == [
         "delay",
@@ -227,6 +252,8 @@ def test_values_read_as_python_types() -> None:
     assert workflow.scheduled_at == T0 and workflow.scheduled_at.tzinfo is UTC
     assert workflow.finished_at == T0 + timedelta(minutes=2)
     assert (workflow.task_count, workflow.edge_count) == (4, 4)
+    assert (workflow.job_id, workflow.schedule_id) == ("nightly-etl", SCHEDULE_ID)
+    assert workflow.logical_date == T0 + timedelta(minutes=3)
     fetch, invoice = detail.tasks
     assert fetch.ref == "fetch"
     assert invoice.trigger_rule is TriggerRule.ALL_DONE and invoice.upstream_cause == "fetch"
@@ -238,6 +265,7 @@ def test_values_read_as_python_types() -> None:
         workflow_service_pb2.Workflow(id="w", state=workflow_service_pb2.WORKFLOW_STATE_RUNNING)
     )
     assert bare.idempotency_key is None and bare.finished_at is None
+    assert (bare.job_id, bare.schedule_id, bare.logical_date) == (None, None, None)
     assert not bare.state.is_finished
 
 
@@ -288,8 +316,10 @@ def test_create_request_carries_every_argument() -> None:
         at=datetime(2030, 1, 2, 4, 0, tzinfo=timezone(timedelta(hours=1))),
         delay_s=None,
         idempotency_key="k-1",
+        job_id="etl-job",
     )
     assert request.name == "etl" and request.idempotency_key == "k-1"
+    assert request.job_id == "etl-job"
     assert [t.ref for t in request.tasks] == ["fetch", "invoice"]
     assert request.tasks[0].task.payload_json == b'{"a":1}'
     assert request.tasks[1].task.priority == common_pb2.PRIORITY_CRITICAL
@@ -305,12 +335,12 @@ def test_create_request_carries_every_argument() -> None:
     assert request.scheduled_at.ToDatetime(tzinfo=UTC) == datetime(2030, 1, 2, 3, 0, tzinfo=UTC)
 
     later = convert.create_workflow_request(
-        "etl", tasks, (), at=None, delay_s=90.5, idempotency_key=None
+        "etl", tasks, (), at=None, delay_s=90.5, idempotency_key=None, job_id=None
     )
     assert later.WhichOneof("when") == "delay" and later.delay.ToTimedelta().total_seconds() == 90.5
-    assert later.idempotency_key == "" and list(later.edges) == []
+    assert later.idempotency_key == "" and list(later.edges) == [] and later.job_id == ""
     now = convert.create_workflow_request(
-        "etl", tasks, (), at=None, delay_s=None, idempotency_key=""
+        "etl", tasks, (), at=None, delay_s=None, idempotency_key="", job_id=""
     )
     assert now.WhichOneof("when") is None
 
@@ -330,7 +360,13 @@ def test_create_request_carries_every_argument() -> None:
 def test_create_request_names_what_cannot_be_encoded(
     tasks: list[Any], edges: Any, kwargs: dict[str, Any], error: type[Exception], words: str
 ) -> None:
-    arguments: dict[str, Any] = {"at": None, "delay_s": None, "idempotency_key": None, **kwargs}
+    arguments: dict[str, Any] = {
+        "at": None,
+        "delay_s": None,
+        "idempotency_key": None,
+        "job_id": None,
+        **kwargs,
+    }
     with pytest.raises(error) as refused:
         convert.create_workflow_request("wf", tasks, edges, **arguments)
     assert words in str(refused.value)
@@ -351,6 +387,60 @@ def test_workflow_task_checks_its_arguments() -> None:
         WorkflowTask("a", {"type": "t"})  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="ref must be a str"):
         WorkflowTask(1, TaskSpec(type="t"))  # type: ignore[arg-type]
+
+
+# --- a schedule's workflow template --------------------------------------------------------------
+
+
+def test_template_round_trip_keeps_every_field() -> None:
+    msg = full_workflow_template_pb()
+    template = convert.workflow_template_from_pb(msg)
+    assert template.name == "nightly-etl"
+    assert [t.ref for t in template.tasks] == ["fetch", "invoice"]
+    assert template.edges == (WorkflowEdge("fetch", "invoice"),)
+    assert convert.workflow_template_to_pb(template) == msg
+
+
+def test_template_is_the_create_request_without_start_key_or_job() -> None:
+    template = WorkflowTemplate(tasks=[_task("a"), _task("b")], edges=[WorkflowEdge("a", "b")])  # type: ignore[arg-type]
+    assert isinstance(template.tasks, tuple) and isinstance(template.edges, tuple)
+    assert convert.workflow_template_to_pb(template) == convert.create_workflow_request(
+        "", template.tasks, template.edges, at=None, delay_s=None, idempotency_key=None, job_id=None
+    )
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("scheduled_at", convert.timestamp(T0, "t")),
+        ("delay", duration_pb2.Duration(seconds=5)),
+        ("idempotency_key", "k"),
+        ("job_id", "j"),
+    ],
+)
+def test_template_from_pb_refuses_what_each_occurrence_decides(field: str, value: Any) -> None:
+    msg = full_workflow_template_pb()
+    if isinstance(value, str):
+        setattr(msg, field, value)
+    else:
+        getattr(msg, field).CopyFrom(value)
+    with pytest.raises(ProtocolError, match=f"workflow template with {field} set"):
+        convert.workflow_template_from_pb(msg)
+
+
+@pytest.mark.parametrize(
+    ("arguments", "error", "match"),
+    [
+        ({"name": 3}, TypeError, "name must be a str"),
+        ({"tasks": [TaskSpec(type="t")]}, TypeError, r"tasks\[0\] must be a WorkflowTask"),
+        ({"edges": [("a", "b")]}, TypeError, r"edges\[0\] must be a WorkflowEdge"),
+    ],
+)
+def test_template_checks_its_arguments(
+    arguments: dict[str, Any], error: type[Exception], match: str
+) -> None:
+    with pytest.raises(error, match=match):
+        WorkflowTemplate(**arguments)
 
 
 def test_list_request() -> None:
@@ -380,6 +470,8 @@ _times = st.none() | st.datetimes(
     times=st.tuples(_times, _times, _times),
     counts=st.tuples(st.integers(0, 2**32 - 1), st.integers(0, 2**32 - 1)),
     key=st.none() | _texts.filter(bool),
+    job=st.none() | _texts.filter(bool),
+    scheduled=st.none() | st.tuples(st.just(SCHEDULE_ID), _times.filter(bool)),
 )
 def test_any_workflow_round_trips_types_pb_types(
     name: str,
@@ -387,6 +479,8 @@ def test_any_workflow_round_trips_types_pb_types(
     times: tuple[datetime | None, ...],
     counts: tuple[int, int],
     key: str | None,
+    job: str | None,
+    scheduled: tuple[str, datetime] | None,
 ) -> None:
     workflow = Workflow(
         id=WORKFLOW_ID,
@@ -399,6 +493,9 @@ def test_any_workflow_round_trips_types_pb_types(
         task_count=counts[0],
         edge_count=counts[1],
         idempotency_key=key,
+        job_id=job,
+        schedule_id=None if scheduled is None else scheduled[0],
+        logical_date=None if scheduled is None else scheduled[1],
     )
     assert convert.workflow_from_pb(convert.workflow_to_pb(workflow)) == workflow
 

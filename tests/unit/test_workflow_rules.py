@@ -6,6 +6,7 @@ planned from one snapshot)."""
 from __future__ import annotations
 
 import random
+import uuid
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -23,6 +24,7 @@ from chronoshard.scheduler.core.workflows import (
     MAX_TASKS,
     Dag,
     Edge,
+    Parent,
     ParentOutcome,
     Readiness,
     RetryPlan,
@@ -31,6 +33,7 @@ from chronoshard.scheduler.core.workflows import (
     Unlock,
     WorkflowSpec,
     WorkflowTaskSpec,
+    bounded_results,
     plan_retry,
     released_by,
     run_state,
@@ -700,3 +703,29 @@ def test_a_retry_reruns_each_failed_task_once_and_succeeds(
     assert run_state(set(store.status.values())) is RunState.SUCCEEDED
     for task in dag.order:
         assert store.runs[task] == (1 if task in plan.reopened else 0)
+
+
+# ---- what a dispatched child carries ----------------------------------------------------
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.one_of(st.none(), st.text(max_size=30)), max_size=20),
+    st.integers(min_value=0, max_value=200),
+)
+def test_parents_results_are_carried_as_a_prefix_within_the_bound(
+    results: list[str | None], max_bytes: int
+) -> None:
+    parents = [
+        Parent(uuid.uuid4(), f"p{i}", TaskStatus.COMPLETED, result)
+        for i, result in enumerate(results)
+    ]
+    carried = bounded_results(parents, max_bytes)
+    assert [parent for parent, _ in carried] == parents  # every parent, in order
+    flags = [fits for _, fits in carried]
+    assert flags == sorted(flags, reverse=True)  # the carried ones are the first N
+    size = sum(len((p.result_json or "").encode()) for p, fits in carried if fits)
+    assert size <= max_bytes
+    left_out = next((p for p, fits in carried if not fits), None)
+    if left_out is not None:  # the first one left out did not fit
+        assert size + len((left_out.result_json or "").encode()) > max_bytes
