@@ -8,8 +8,9 @@ the versions and the parameters, says which of issue 9's targets it met, and wit
 ``bench/README.md`` for what each workload measures and the numbers measured here.
 
 Workloads: submit-single, submit-batch, stampede N, steady RATE, wheel, idle, failover,
-heartbeats, schedules (10,000 recurring schedules, issue 15), and peers (Chronoshard
-against Celery and Procrastinate, issue 14).
+heartbeats, schedules (10,000 recurring schedules, issue 15), workflows (what a DAG's
+tasks and edges cost, unlock latency; issue 16), and peers (Chronoshard against Celery
+and Procrastinate, issue 14).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from bench import idle, peers, schedules, submit, timing
+from bench import idle, peers, schedules, submit, timing, workflows
 from bench._cluster import Infrastructure, infrastructure
 from bench._report import Report, Target, document, machine, render
 from bench._standalone import scratch
@@ -265,6 +266,27 @@ def _parser() -> argparse.ArgumentParser:
     p.set_defaults(
         run=lambda a, i: schedules.schedules(
             i, a.schedules, a.minutes, a.variants, a.concurrency, a.slots, a.lookahead_s
+        )
+    )
+
+    p = sub.add_parser("workflows", parents=[common], help="DAG overhead and unlock latency")
+    p.add_argument("--tasks", type=int, default=10_000, help="of the flat run and each DAG")
+    p.add_argument("--width", type=int, default=100, help="tasks per layer of the DAGs")
+    p.add_argument("--parents", type=int, default=2, help="per task in dag (twice that in dag-x2)")
+    p.add_argument("--chain", type=int, default=200, help="tasks of the chain variant")
+    p.add_argument(
+        "--variants",
+        type=lambda s: s.split(","),
+        default=list(workflows.VARIANTS),
+        help="flat, dag, dag-x2, chain; comma-separated",
+    )
+    p.add_argument("--slots", type=int, default=200, help="per worker process")
+    p.add_argument(
+        "--idle-s", type=float, default=workflows.IDLE_S, help="idle CPU window before each run"
+    )
+    p.set_defaults(
+        run=lambda a, i: workflows.workflows(
+            i, a.tasks, a.width, a.parents, a.chain, a.variants, a.slots, a.idle_s
         )
     )
 

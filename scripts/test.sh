@@ -18,4 +18,6 @@ scripts/typecheck.sh
 echo "== pytest"
 # Not `python -m pytest`: that puts the repo root on sys.path, where ./chronoshard (the
 # root package alone) would shadow the installed mapping of chronoshard.scheduler etc.
-exec .venv/bin/pytest "$@"
+# The slowest tests are listed at the end: the suite must stay within ~20 minutes on 2
+# cores, and this is where to look when it grows.
+exec .venv/bin/pytest --durations=25 "$@"

@@ -312,3 +312,47 @@ def test_schedules_expected_dates(bench_main: ModuleType) -> None:
     assert schedules.window_start(start + timedelta(seconds=5.5), 0.1) == start + timedelta(
         seconds=6
     )
+
+
+def test_workflows_at_a_tiny_size(
+    bench_main: ModuleType,
+    postgres_server: PostgresServer,
+    etcd: EtcdProcess,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # 60 tasks at width 10 (7 layers, 108 edges) and a chain of 10, each on its own
+    # node, without the idle window. flat and dag-x2 run the same code as dag with other
+    # shapes: left out, the smoke costs two nodes less (the suite is near its budget).
+    argv = ["workflows", "--tasks", "60", "--width", "10", "--chain", "10", "--idle-s", "0"]
+    argv += ["--variants", "dag,chain"]
+    _, report = run(bench_main, argv, postgres_server, etcd, tmp_path, capsys)
+    by = {r["variant"]: r for r in report["rows"]}
+    assert list(by) == ["dag", "chain"]
+    assert [(r["tasks"], r["edges"]) for r in by.values()] == [(60, 108), (10, 9)]
+    assert all(r["none lost or doubled"] is True for r in by.values())
+    assert [r["state"] for r in by.values()] == ["SUCCEEDED", "SUCCEEDED"]
+    # Every edge's unlock was measured (a child starts after the parent that released it).
+    assert by["chain"]["unlock p50 / p99 / max"] != "— / — / —"
+    assert not by["dag"]["unlock p50 / p99 / max"].startswith("-")
+
+
+def test_workflows_layered_shape(bench_main: ModuleType) -> None:
+    workflows = importlib.import_module("bench.workflows")
+    shape = workflows.layered(7, 3, 2)
+    assert shape.depth == 3
+    # The first layer hangs off the root alone; then task j of a layer depends on j and
+    # j+1 (mod 3) of the layer before, the last (shorter) layer too.
+    assert shape.edges == [
+        ("t0", "t1"),
+        ("t0", "t2"),
+        ("t0", "t3"),
+        ("t1", "t4"),
+        ("t2", "t4"),
+        ("t2", "t5"),
+        ("t3", "t5"),
+        ("t3", "t6"),
+        ("t1", "t6"),
+    ]
+    chain = workflows.layered(4, 1, 1)
+    assert (chain.depth, chain.edges) == (4, [("t0", "t1"), ("t1", "t2"), ("t2", "t3")])

@@ -165,6 +165,7 @@ WHERE w.id = ANY(%(ids)s::uuid[])
   AND NOT EXISTS (
       SELECT 1 FROM tasks AS n
       WHERE n.workflow_id = w.id
+        AND n.scheduled_at = w.scheduled_at  -- one partition
         AND n.status NOT IN ('COMPLETED', 'CANCELLED', 'DEAD_LETTER', 'UPSTREAM_FAILED')
   );
 
