@@ -203,16 +203,7 @@ def _template_from_pb(
     if not pb.HasField("task_template"):
         raise InvalidArgument(field, "is required (or a workflow_template)")
     template = pb.task_template
-    if template.WhichOneof("when") is not None:
-        raise InvalidArgument(
-            field + "." + str(template.WhichOneof("when")), "is set by each occurrence"
-        )
-    if template.idempotency_key:
-        raise InvalidArgument(
-            field + ".idempotency_key", "must be empty: (schedule, logical date) keys each run"
-        )
-    if template.job_id:
-        raise InvalidArgument(field + ".job_id", "must be empty: set the schedule's job_id")
+    _refuse_what_an_occurrence_decides(template, field)
     trial = submit_from_pb(
         template, tenant_id=tenant_id, task_id=new_task_id(), now=now, limits=limits,
         prefix=field + ".",
@@ -227,6 +218,24 @@ def _template_from_pb(
     )  # fmt: skip
 
 
+def _refuse_what_an_occurrence_decides(
+    template: task_service_pb2.SubmitTaskRequest | workflow_service_pb2.CreateWorkflowRequest,
+    field: str,
+) -> None:
+    """A template (of a task or a workflow: the same three fields) may not set when it
+    runs, its key or its job: each occurrence decides them."""
+    if template.WhichOneof("when") is not None:
+        raise InvalidArgument(
+            field + "." + str(template.WhichOneof("when")), "is set by each occurrence"
+        )
+    if template.idempotency_key:
+        raise InvalidArgument(
+            field + ".idempotency_key", "must be empty: (schedule, logical date) keys each run"
+        )
+    if template.job_id:
+        raise InvalidArgument(field + ".job_id", "must be empty: set the schedule's job_id")
+
+
 def _workflow_template_from_pb(
     pb: schedule_service_pb2.ScheduleSpec,
     tenant_id: uuid.UUID,
@@ -239,16 +248,7 @@ def _workflow_template_from_pb(
     if pb.HasField("task_template"):
         raise InvalidArgument(field, "set task_template or workflow_template, not both")
     template = pb.workflow_template
-    if template.WhichOneof("when") is not None:
-        raise InvalidArgument(
-            field + "." + str(template.WhichOneof("when")), "is set by each occurrence"
-        )
-    if template.idempotency_key:
-        raise InvalidArgument(
-            field + ".idempotency_key", "must be empty: (schedule, logical date) keys each run"
-        )
-    if template.job_id:
-        raise InvalidArgument(field + ".job_id", "must be empty: set the schedule's job_id")
+    _refuse_what_an_occurrence_decides(template, field)
     trial: list[NewRun] = []
     _renamed(
         field + ".",
