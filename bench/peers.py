@@ -201,7 +201,7 @@ class _Chronoshard:
         # The node fires a strict task from its wheel: every task must be preloaded. The
         # count is of tasks due from ``instant`` on, which leaves the warm-up's out
         # (counting them in, as this did, flagged every run as not loaded in time).
-        return timing._wait_preloaded(self._node.dsn, total, instant)
+        return timing._wait_preloaded(self._node.dsn, total, instant, instant + timedelta(days=1))
 
     def completion(self, instant: datetime) -> tuple[int, float]:
         with psycopg.connect(self._node.dsn) as conn:
