@@ -50,7 +50,12 @@ from chronoshard.scheduler.core.workflows import Place
 from chronoshard.scheduler.errors import StoreUnavailable
 from chronoshard.scheduler.store import queries
 from chronoshard.scheduler.store.database import Connection, Store, task_from_row
-from chronoshard.scheduler.store.workflow_progress import finished_rows, places, settle
+from chronoshard.scheduler.store.workflow_progress import (
+    Finished,
+    finished_rows,
+    places,
+    settle,
+)
 from chronoshard.wire import DEFAULT_LEASE_MARGIN_S
 
 log = logging.getLogger(__name__)
@@ -382,14 +387,20 @@ class RunStore:
         if not completions:
             return SettleResult({}, [])
         async with self._store.transaction() as conn:
-            cur = conn.cursor(row_factory=dict_row)
-            await cur.execute(
+            cur = await conn.execute(
                 self._q["complete"],
                 {**_refs(completions), "results": [c.result_json for c in completions]},
             )
+            # Tuples, not dict rows: this is the hottest settlement, and only the rare
+            # workflow task among its rows needs more than its id.
             rows = await cur.fetchall()
-            released = await settle(conn, finished_rows(rows))
-            outcomes = await self._classify(conn, completions, {r["id"] for r in rows}, "complete")
+            finished = [
+                Finished(task_id, run_id, at, TaskStatus.COMPLETED)
+                for task_id, _, at, run_id in rows
+                if run_id is not None
+            ]
+            released = await settle(conn, finished)
+            outcomes = await self._classify(conn, completions, {r[0] for r in rows}, "complete")
         return SettleResult(outcomes, [(t.shard, t.due_at) for t in released])
 
     @_retry_rollbacks

@@ -299,7 +299,7 @@ WITH done AS (
 )
 -- workflow_id: a workflow task's completion settles its run in this transaction
 -- (store/workflow_progress.py).
-SELECT id, shard, scheduled_at, workflow_id, 'COMPLETED' AS status FROM moved;
+SELECT id, shard, scheduled_at, workflow_id FROM moved;
 
 -- name: lock_for_failure
 -- Failure needs the row's retry budget and backoff to decide RETRYING or DEAD_LETTER:
