@@ -28,7 +28,7 @@ from chronoshard.scheduler.core.states import TaskStatus
 from chronoshard.scheduler.store import queries
 from chronoshard.scheduler.store.database import Store
 from chronoshard.scheduler.store.runs import batch_keys, timer_from_row
-from chronoshard.scheduler.store.workflow_progress import finished_rows, settle
+from chronoshard.scheduler.store.workflow_progress import finish_runs, finished_rows, settle
 
 _BEFORE_EVERY_RUN = (datetime.fromisoformat("0001-01-01T00:00:00+00:00"), uuid.UUID(int=0))
 
@@ -161,8 +161,6 @@ class RepairStore:
             lost = frozenset(shards - owned)
             if not mine:
                 return [], lost
-            cur = await conn.execute(
-                self._q["finish_runs"],
-                {"ids": [o.id for o in mine], "states": [str(o.state) for o in mine]},
-            )
-            return [row[0] for row in await cur.fetchall()], lost
+            # The settlement's own finish (row lock, live-task check, run_state, and the
+            # ledger row of a run that succeeded): the scan's decision is made again there.
+            return await finish_runs(conn, [o.id for o in mine]), lost

@@ -150,27 +150,31 @@ async def graph(
     return Dag.of(rules, await cur.fetchall()), statuses
 
 
-async def finish_runs(conn: Connection, run_ids: Sequence[uuid.UUID]) -> None:
+async def finish_runs(conn: Connection, run_ids: Sequence[uuid.UUID]) -> list[uuid.UUID]:
     """Set each of ``run_ids`` that has no task left that is not terminal to its final
-    state, under the run's row lock (module docstring, step 3)."""
+    state, under the run's row lock (module docstring, step 3); the runs set. The one way
+    a run finishes: after a terminal write here, and in the reconciler's repair of a run
+    such a write left RUNNING (a succeeded run's job completion is written with it)."""
     cur = await conn.execute(_q()["lock_runs"], {"ids": list(run_ids)})
     locked = [row[0] for row in await cur.fetchall()]
     if not locked:
-        return
+        return []
     cur = await conn.execute(_q()["finished_runs"], {"ids": locked})
     done = [
         (run_id, run_state([TaskStatus(s) for s in found]))
         for run_id, found in await cur.fetchall()
     ]
-    if done:
-        await conn.execute(
-            _q()["set_run_states"],
-            {
-                "ids": [run_id for run_id, _ in done],
-                "states": [str(state) for _, state in done],
-                "expected": [str(RunState.RUNNING)] * len(done),
-            },
-        )
+    if not done:
+        return []
+    cur = await conn.execute(
+        _q()["set_run_states"],
+        {
+            "ids": [run_id for run_id, _ in done],
+            "states": [str(state) for _, state in done],
+            "expected": [str(RunState.RUNNING)] * len(done),
+        },
+    )
+    return [row[0] for row in await cur.fetchall()]
 
 
 async def places(conn: Connection, task_ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, Place]:

@@ -410,17 +410,20 @@ async def test_a_revoked_heartbeat_marks_the_abandoned_attempt_fenced(
 
 
 async def _workflow(store: Store, tenant: Tenant, statuses: list[str]) -> uuid.UUID:
-    """A run still marked RUNNING whose tasks are in ``statuses`` (a lost update)."""
+    """A run still marked RUNNING whose tasks are in ``statuses`` (a lost update); its
+    tasks at the run's instant, as CreateWorkflow writes them."""
     run_id = uuid.uuid4()
+    at = datetime.now(UTC)
     await _sql(
         store,
         "INSERT INTO workflow_runs (id, tenant_id, state, scheduled_at, task_count, edge_count)"
-        " VALUES (%s, %s, 'RUNNING', now(), 1, 0)",
+        " VALUES (%s, %s, 'RUNNING', %s, 1, 0)",
         run_id,
         tenant.id,
+        at,
     )
     for status in statuses:
-        new = await submit(store, tenant, workflow_id=run_id)
+        new = await submit(store, tenant, workflow_id=run_id, scheduled_at=at, due_at=at)
         await _sql(store, "UPDATE tasks SET status = %s WHERE id = %s", status, new.id)
     return run_id
 
@@ -431,6 +434,7 @@ async def test_finished_workflow_runs_are_repaired_in_one_pass(
     done = await _workflow(store, tenant, ["COMPLETED", "COMPLETED"])
     failed = await _workflow(store, tenant, ["COMPLETED", "DEAD_LETTER", "UPSTREAM_FAILED"])
     live = await _workflow(store, tenant, ["COMPLETED", "RUNNING"])
+    await _sql(store, "UPDATE workflow_runs SET job_id = 'nightly' WHERE id = %s", done)
     epochs = {s: 1 for s in range(SHARD_COUNT)}
     for shard in epochs:
         assert await store.claim_shard_epoch(shard, 1 if shard != SHARD else EPOCH, OWNER)
@@ -447,6 +451,9 @@ async def test_finished_workflow_runs_are_repaired_in_one_pass(
         failed: ("FAILED", True),
         live: ("RUNNING", False),
     }
+    # Finished by the repair as by a settlement: the succeeded run completed its job.
+    ledger = await _sql(store, "SELECT job_id, task_id FROM task_completions")
+    assert [(r["job_id"], r["task_id"]) for r in ledger] == [("nightly", done)]
 
 
 async def test_a_run_is_repaired_only_by_the_owner_of_its_shard(

@@ -137,17 +137,3 @@ WHERE w.state = 'RUNNING'
   AND (w.created_at, w.id) > (%(after_created_at)s::timestamptz, %(after_id)s::uuid)
 ORDER BY w.created_at, w.id
 LIMIT %(limit)s;
-
--- name: finish_runs
--- Compare-and-set: still RUNNING, and still no task that is not terminal.
-UPDATE workflow_runs AS w
-SET state = f.state, finished_at = now()
-FROM unnest(%(ids)s::uuid[], %(states)s::text[]) AS f(id, state)
-WHERE w.id = f.id
-  AND w.state = 'RUNNING'
-  AND NOT EXISTS (
-      SELECT 1 FROM tasks AS n
-      WHERE n.workflow_id = w.id
-        AND n.status NOT IN ('COMPLETED', 'CANCELLED', 'DEAD_LETTER', 'UPSTREAM_FAILED')
-  )
-RETURNING w.id;
