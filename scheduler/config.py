@@ -100,6 +100,10 @@ class DatabaseConfig:
         )
 
 
+WILDCARD_HOSTS = frozenset({"", "0.0.0.0", "::", "[::]", "*"})
+"""Listen hosts that mean "every interface": nobody can dial them."""
+
+
 @dataclass(frozen=True)
 class GrpcConfig:
     listen: str = "127.0.0.1:7070"
@@ -122,6 +126,19 @@ class GrpcConfig:
 
     def validate(self) -> None:
         require(":" in self.listen, "grpc.listen", "expected host:port")
+        host = self.listen.rsplit(":", 1)[0]
+        require(
+            self.advertise is not None or host not in WILDCARD_HOSTS,
+            "grpc.advertise",
+            f"must be set when grpc.listen is a wildcard address ({self.listen}): it is "
+            "what other nodes and workers dial, e.g. the pod IP and port",
+        )
+        require(
+            self.advertise is None
+            or (":" in self.advertise and self.advertise.rsplit(":", 1)[0] not in WILDCARD_HOSTS),
+            "grpc.advertise",
+            "expected host:port with a host others can dial (not a wildcard address)",
+        )
         require(self.max_message_bytes >= 64 * 1024, "grpc.max_message_bytes", "at least 64 KiB")
         require(self.keepalive_time_s > 0, "grpc.keepalive_time_s", "must be positive")
         require(self.keepalive_timeout_s > 0, "grpc.keepalive_timeout_s", "must be positive")
@@ -388,9 +405,34 @@ class LimitsConfig:
 
 
 @dataclass(frozen=True)
+class HealthConfig:
+    """The node's gRPC health (docs/operations.md#health-and-probes)."""
+
+    # How often the node re-checks its conditions (database, etcd lease, clock).
+    interval_s: float = 1.0
+    # A database probe (SELECT 1) slower than this counts as the database being down; it
+    # runs only when no other call succeeded within the last interval.
+    database_timeout_s: float = 2.0
+
+    def validate(self) -> None:
+        require(
+            math.isfinite(self.interval_s) and self.interval_s > 0,
+            "health.interval_s",
+            "must be a positive number of seconds",
+        )
+        require(
+            math.isfinite(self.database_timeout_s) and self.database_timeout_s > 0,
+            "health.database_timeout_s",
+            "must be a positive number of seconds",
+        )
+
+
+@dataclass(frozen=True)
 class SchedulerConfig:
     node_id: str = field(default_factory=default_node_id)
     metrics_listen: str = "127.0.0.1:9464"
+    # Ready depth is exported per tenant for the busiest this many; the rest as "other".
+    metrics_tenant_series: int = 10
     log_level: str = "INFO"
     # "json" (one object per line) or "text".
     log_format: str = "json"
@@ -406,8 +448,14 @@ class SchedulerConfig:
     workflows: WorkflowsConfig = field(default_factory=WorkflowsConfig)
     maintenance: MaintenanceConfig = field(default_factory=MaintenanceConfig)
     clock: ClockConfig = field(default_factory=ClockConfig)
+    health: HealthConfig = field(default_factory=HealthConfig)
 
     def validate(self) -> None:
+        require(
+            0 <= self.metrics_tenant_series <= 1000,
+            "metrics_tenant_series",
+            "must be in 0..1000",
+        )
         require(self.node_id != "" and "/" not in self.node_id, "node_id", "non-empty, no '/'")
         require(self.log_format in {"json", "text"}, "log_format", "either 'json' or 'text'")
         require(
@@ -415,7 +463,3 @@ class SchedulerConfig:
             "log_level",
             "one of DEBUG, INFO, WARNING, ERROR",
         )
-
-    @property
-    def advertise_address(self) -> str:
-        return self.grpc.advertise or self.grpc.listen

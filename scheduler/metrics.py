@@ -9,24 +9,52 @@ a level (the gauge ``chronoshard_<family>_<key>``). Several components may share
 (the worker edge's sessions, gateway and settlements are ``chronoshard_gateway_*``) as
 long as their keys differ, or tell themselves apart by a label (each group committer has
 its ``committer``). The node's few float readings (clock offset) and cross-component
-readings (credits held, self-fenced) are gauges the node computes; the one other
-exception is the dispatch lateness histogram, which needs every observation.
+readings (credits held, self-fenced) are gauges the node computes, and its labelled
+levels (ready depth by queue, class and tenant; health by service) are
+:class:`LabelledGauge` readings it computes at scrape time. Histograms are the exception,
+as they need every observation: dispatch lateness, and the latency of every database and
+etcd call (:class:`DatabaseCallMetrics` and :class:`EtcdCallMetrics`, given to the store
+and the coordinator). The process and platform collectors of ``prometheus_client``
+(CPU, memory, file descriptors, GC, Python version) are registered beside them.
+
+Every ``chronoshard_*`` series carries the ``node`` label, so a dashboard can tell nodes
+apart whether Prometheus adds an ``instance`` label or not.
 """
 
 from __future__ import annotations
 
+import uuid
+from collections import Counter as Tally
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar, Protocol
 
-from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client import (
+    GC_COLLECTOR,
+    PLATFORM_COLLECTOR,
+    PROCESS_COLLECTOR,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
+
+from chronoshard.scheduler.core.models import Priority
 
 LATENESS_BUCKETS_S = (
     -0.2, -0.1, -0.05, -0.02, -0.01, -0.005, 0.0, 0.005, 0.01, 0.02, 0.05, 0.1,
     0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
 )  # fmt: skip
+
+CALL_BUCKETS_S = (
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+)  # fmt: skip
+"""Database and etcd calls: sub-millisecond on loopback, seconds when something is wrong."""
+
+OTHER_TENANTS = "other"
+"""The ``tenant`` label of ready depth for every tenant beyond the busiest few."""
 
 
 class StatsSource(Protocol):
@@ -47,6 +75,16 @@ class StatsFamily:
     labels: Mapping[str, str] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class LabelledGauge:
+    """One gauge ``chronoshard_<name>`` with labels beyond ``node``, read at scrape time."""
+
+    name: str
+    help: str
+    labels: tuple[str, ...]
+    samples: Mapping[tuple[str, ...], float]
+
+
 class NodeCollector(Collector):
     """Reads the components' stats and the node's gauges when Prometheus scrapes."""
 
@@ -55,10 +93,12 @@ class NodeCollector(Collector):
         node_id: str,
         families: Sequence[StatsFamily],
         gauges: Callable[[], Mapping[str, float]],
+        labelled: Callable[[], Sequence[LabelledGauge]] = lambda: (),
     ) -> None:
         self._node_id = node_id
         self._families = families
         self._gauges = gauges
+        self._labelled = labelled
 
     def collect(self) -> Iterator[Metric]:
         for name, value in self._gauges().items():
@@ -67,6 +107,13 @@ class NodeCollector(Collector):
             )
             gauge.add_metric([self._node_id], value)
             yield gauge
+        for reading in self._labelled():
+            labelled = GaugeMetricFamily(
+                f"chronoshard_{reading.name}", reading.help, labels=["node", *reading.labels]
+            )
+            for values, value in reading.samples.items():
+                labelled.add_metric([self._node_id, *values], value)
+            yield labelled
         yield from self._component_metrics()
 
     def _component_metrics(self) -> Iterator[Metric]:
@@ -87,16 +134,104 @@ class NodeCollector(Collector):
         yield from metrics.values()
 
 
+def ready_depth(
+    depths: Mapping[tuple[str, Priority, uuid.UUID], int], max_tenants: int
+) -> dict[tuple[str, str, str], int]:
+    """Ready depth by (queue, priority, tenant label): the ``max_tenants`` tenants with
+    the most tasks waiting keep their id, the rest are summed as :data:`OTHER_TENANTS`
+    (ties broken by id, so the set is stable between scrapes), so a flood of tenants
+    cannot flood Prometheus with series."""
+    per_tenant: Tally[uuid.UUID] = Tally()
+    for (_queue, _priority, tenant), count in depths.items():
+        per_tenant[tenant] += count
+    ranked = sorted(per_tenant, key=lambda tenant: (-per_tenant[tenant], str(tenant)))
+    named = set(ranked[:max_tenants])
+    out: dict[tuple[str, str, str], int] = {}
+    for (queue, priority, tenant), count in depths.items():
+        label = str(tenant) if tenant in named else OTHER_TENANTS
+        key = (queue, str(priority), label)
+        out[key] = out.get(key, 0) + count
+    return out
+
+
+class DatabaseCallMetrics:
+    """The store's call latencies (the store's ``DatabaseTimings``)."""
+
+    def __init__(self, node_id: str, registry: CollectorRegistry) -> None:
+        self._acquire = Histogram(
+            "chronoshard_database_acquire_seconds",
+            "Wait for a pooled PostgreSQL connection",
+            ["node"],
+            buckets=CALL_BUCKETS_S,
+            registry=registry,
+        ).labels(node_id)
+        self._calls = Histogram(
+            "chronoshard_database_call_seconds",
+            "Time a database call held its connection, by kind (transaction, statement, "
+            "connection)",
+            ["node", "kind"],
+            buckets=CALL_BUCKETS_S,
+            registry=registry,
+        )
+        self._node_id = node_id
+        self._by_kind: dict[str, Histogram] = {}
+
+    def acquired(self, wait_s: float) -> None:
+        self._acquire.observe(wait_s)
+
+    def released(self, kind: str, held_s: float) -> None:
+        child = self._by_kind.get(kind)
+        if child is None:
+            child = self._by_kind[kind] = self._calls.labels(self._node_id, kind)
+        child.observe(held_s)
+
+
+class EtcdCallMetrics:
+    """The coordinator's etcd call latencies and failures (its ``EtcdTimings``)."""
+
+    def __init__(self, node_id: str, registry: CollectorRegistry) -> None:
+        self._node_id = node_id
+        self._seconds = Histogram(
+            "chronoshard_etcd_call_seconds",
+            "Latency of an etcd call, by call",
+            ["node", "call"],
+            buckets=CALL_BUCKETS_S,
+            registry=registry,
+        )
+        self._failures = Counter(
+            "chronoshard_etcd_call_failures",
+            "etcd calls that failed or timed out, by call",
+            ["node", "call"],
+            registry=registry,
+        )
+
+    def called(self, name: str, seconds: float, *, failed: bool) -> None:
+        self._seconds.labels(self._node_id, name).observe(seconds)
+        if failed:
+            self._failures.labels(self._node_id, name).inc()
+
+
 class SchedulerMetrics:
-    def __init__(self, node_id: str) -> None:
+    def __init__(self, node_id: str, version: str) -> None:
         self.node_id = node_id
         self.registry = CollectorRegistry()
+        for collector in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
+            self.registry.register(collector)
         self.lateness = Histogram(
             "chronoshard_dispatch_lateness_seconds",
             "Dispatch time minus due time (negative: sent ahead under lead dispatch)",
+            ["node"],
             buckets=LATENESS_BUCKETS_S,
             registry=self.registry,
-        )
+        ).labels(node_id)
+        Gauge(
+            "chronoshard_build_info",
+            "Always 1; the version this node runs",
+            ["node", "version"],
+            registry=self.registry,
+        ).labels(node_id, version).set(1)
+        self.database = DatabaseCallMetrics(node_id, self.registry)
+        self.etcd = EtcdCallMetrics(node_id, self.registry)
 
     def register(self, collector: Collector) -> None:
         self.registry.register(collector)

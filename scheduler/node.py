@@ -43,6 +43,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from chronoshard import __version__
 from chronoshard.clock import Clock, SystemClock
 from chronoshard.http_endpoint import HttpServer
 from chronoshard.scheduler.api.access import AccessInterceptor
@@ -53,7 +54,7 @@ from chronoshard.scheduler.api.expectations import WatchdogServiceServicer
 from chronoshard.scheduler.api.schedule_requests import occurrence_builder
 from chronoshard.scheduler.api.schedules import ScheduleServiceServicer, pacing_of
 from chronoshard.scheduler.api.server import (
-    CLOCK_HEALTH_SERVICE,
+    HealthPublisher,
     HealthServicer,
     bind,
     server_options,
@@ -72,6 +73,7 @@ from chronoshard.scheduler.cluster.routing import ChangeRouter
 from chronoshard.scheduler.cluster.shards import ShardManager
 from chronoshard.scheduler.cluster.signals import ShardSignals
 from chronoshard.scheduler.config import SchedulerConfig
+from chronoshard.scheduler.core import health
 from chronoshard.scheduler.core.models import Task
 from chronoshard.scheduler.core.runs import TimerTask
 from chronoshard.scheduler.core.schedules import Schedule
@@ -80,7 +82,13 @@ from chronoshard.scheduler.dispatch.preloader import Preloader
 from chronoshard.scheduler.dispatch.sessions import SessionRegistry
 from chronoshard.scheduler.dispatch.settlements import Settlements
 from chronoshard.scheduler.dispatch.tenant_limits import TenantLimitsCache
-from chronoshard.scheduler.metrics import NodeCollector, SchedulerMetrics, StatsFamily
+from chronoshard.scheduler.metrics import (
+    LabelledGauge,
+    NodeCollector,
+    SchedulerMetrics,
+    StatsFamily,
+    ready_depth,
+)
 from chronoshard.scheduler.store.database import SessionLimits, Store
 from chronoshard.scheduler.store.repairs import RepairStore
 from chronoshard.scheduler.store.runs import RunStore
@@ -152,12 +160,15 @@ class SchedulerNode:
         self.config = config
         # The host's clocks: only the cluster clock reads its wall clock (for the offset).
         self.host_clock = clock or SystemClock()
-        self.metrics = SchedulerMetrics(config.node_id)
+        self.metrics = SchedulerMetrics(config.node_id, __version__)
         self._tasks: list[asyncio.Task[None]] = []
         self._side_tasks: set[asyncio.Task[None]] = set()
         self._server: grpc.aio.Server | None = None
         self._task_service: TaskServiceServicer | None = None
         self._health = HealthServicer()
+        self._health_publisher = HealthPublisher(self._health, config.node_id)
+        # Whether PostgreSQL answered at the last health check (docs/operations.md).
+        self._database_up = True
         self._metrics_server: HttpServer | None = None
         self._draining = False
         # Drain and undrain run one at a time (an undrain waits for the shards to be
@@ -199,9 +210,14 @@ class SchedulerNode:
         self._build_dispatch(shard_count)
         self._build_cluster_loops(shard_count)
         self._add_services(self._server, shard_count)
-        self.metrics.register(NodeCollector(config.node_id, self._stats_families(), self._gauges))
+        self.metrics.register(
+            NodeCollector(
+                config.node_id, self._stats_families(), self._gauges, self._labelled_gauges
+            )
+        )
 
         self.settlements.start()
+        await self._publish_health()
         await self._server.start()
         await self.coordinator.register_node(self.info)
         self._supervise_loops()
@@ -224,6 +240,7 @@ class SchedulerNode:
                 statement_timeout_s=config.database.statement_timeout_s,
                 idle_in_transaction_s=config.database.idle_in_transaction_timeout_s,
             ),
+            timings=self.metrics.database,
         )
         self.runs = RunStore(self.store)
         store = self.store
@@ -234,7 +251,9 @@ class SchedulerNode:
         )
         await self.clock.sample()
         self.clock.check()
-        self.coordinator = EtcdCoordinator(config.etcd, config.node_id, self.clock)
+        self.coordinator = EtcdCoordinator(
+            config.etcd, config.node_id, self.clock, timings=self.metrics.etcd
+        )
         await self.coordinator.connect()
         await self.coordinator.start_lease()
         shard_count = await self.coordinator.ensure_shard_count(config.scheduling.shard_count)
@@ -352,6 +371,7 @@ class SchedulerNode:
         self._supervise("tenant-refresh", self.tenant_limits.run())
         self._supervise("backlog-report", self.dispatcher.report_backlogs())
         self._supervise("signals", self.signals.listen())
+        self._supervise("health", self._watch_health())
 
     async def _start_metrics(self) -> str:
         # On the event loop (chronoshard.http_endpoint): a scrape reads the components'
@@ -409,7 +429,6 @@ class SchedulerNode:
         watch = WatchdogServiceServicer(store=self.store, authenticator=self.authenticator)
         watchdog_service_pb2_grpc.add_WatchdogServiceServicer_to_server(watch, server)
         names.append(watchdog_service_pb2.DESCRIPTOR.services_by_name["WatchdogService"].full_name)
-        self._set_clock_health()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         names.append(health_pb2.DESCRIPTOR.services_by_name["Health"].full_name)
         reflection.enable_server_reflection([*names, reflection.SERVICE_NAME], server)
@@ -436,15 +455,34 @@ class SchedulerNode:
     def _clock_skew_changed(self, skewed: bool) -> None:
         """The cluster clock judged this node's clock out of bound, or back within it."""
         self.shards.set_clock_skewed(skewed)
-        self._set_clock_health()
+        self._background(self._publish_health())
 
-    def _set_clock_health(self) -> None:
-        status = (
-            health_pb2.HealthCheckResponse.NOT_SERVING
-            if self.clock.skewed
-            else health_pb2.HealthCheckResponse.SERVING
+    # ---- health -------------------------------------------------------------------------------
+
+    async def _publish_health(self) -> None:
+        """Each gRPC health service's status from the node's conditions (core/health.py)."""
+        await self._health_publisher.publish(
+            lambda: health.serving(
+                health.NodeConditions(
+                    draining=self._draining,
+                    database_up=self._database_up,
+                    lease_valid=self.coordinator.lease_valid(self.clock.monotonic()),
+                    clock_skewed=self.clock.skewed,
+                )
+            )
         )
-        self._background(self._health.set(CLOCK_HEALTH_SERVICE, status))
+
+    async def _watch_health(self) -> None:
+        """Re-check the conditions every ``health.interval_s``: the database by its last
+        successful call or a probe, the lease and the clock by what they know. A change
+        shows within one interval (plus the probe's timeout for the database)."""
+        config = self.config.health
+        while True:
+            await asyncio.sleep(config.interval_s)
+            self._database_up = await self.store.reachable(
+                config.database_timeout_s, within_s=config.interval_s
+            )
+            await self._publish_health()
 
     async def _publish_clock_skewed(self, skewed: bool) -> None:
         self.info = replace(self.info, clock_skewed=skewed)
@@ -486,7 +524,7 @@ class SchedulerNode:
                 return
             self._draining = True
             log.info("node draining", extra={"node_id": self.config.node_id, "reason": reason})
-            await self._health.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
+            await self._publish_health()
             if await self._register(draining=True):
                 await self.shards.hand_off_all()
             else:
@@ -506,7 +544,7 @@ class SchedulerNode:
             self.shards.resume()
             await self._register(draining=False)
             self.sessions.resume()
-            await self._health.set("", health_pb2.HealthCheckResponse.SERVING)
+            await self._publish_health()
 
     async def _register(self, *, draining: bool) -> bool:
         """Record the draining state in etcd; False if etcd refused."""
@@ -595,6 +633,7 @@ class SchedulerNode:
             # every worker is busy (or, if they idle, credits are stuck elsewhere).
             "worker_credits": self.sessions.credits_held(),
             "self_fenced": 0 if self.coordinator.lease_valid(self.clock.monotonic()) else 1,
+            "database_up": 1 if self._database_up else 0,
             # Local wall clock minus the cluster's (PostgreSQL's), and whether that is
             # beyond clock.max_offset_s (nothing dispatched, shards handed off).
             "clock_offset_seconds": self.clock.offset_s,
@@ -603,3 +642,24 @@ class SchedulerNode:
             # held for a late settlement or an operator (chronoshard tasks resolve).
             "outcome_unknown_tasks": self.reconciler.outcome_unknown,
         }
+
+    def _labelled_gauges(self) -> list[LabelledGauge]:
+        depths = ready_depth(self.dispatcher.ready_depths(), self.config.metrics_tenant_series)
+        return [
+            LabelledGauge(
+                "ready_depth",
+                "Ready tasks waiting for a worker slot, by queue, priority and tenant (the "
+                "busiest tenants by id, the rest as 'other')",
+                ("queue", "priority", "tenant"),
+                {key: float(count) for key, count in depths.items()},
+            ),
+            LabelledGauge(
+                "health_serving",
+                "1 while the gRPC health service is SERVING ('' is the overall readiness)",
+                ("service",),
+                {
+                    (name,): 1.0 if serving else 0.0
+                    for name, serving in self._health_publisher.serving.items()
+                },
+            ),
+        ]

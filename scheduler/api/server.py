@@ -3,12 +3,15 @@
 The node builds one ``grpc.aio`` server with :func:`server_options` (docs/architecture.md#d12:
 explicit keepalives and a ping policy that allows the clients' rate, so a stopped peer
 is detected in seconds, not minutes), binds it with :func:`bind` and serves gRPC health
-through :class:`HealthServicer`: the overall status, and :data:`CLOCK_HEALTH_SERVICE`
-for the node's clock.
+through :class:`HealthServicer`, each service's status published by
+:class:`HealthPublisher` from the rules of :mod:`chronoshard.scheduler.core.health`.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import grpc
@@ -16,11 +19,18 @@ from grpc_health.v1 import health_pb2
 from grpc_health.v1.health import aio as health_aio
 
 from chronoshard.scheduler.config import GrpcConfig, SchedulerConfig
+from chronoshard.scheduler.core import health
 
-CLOCK_HEALTH_SERVICE = "chronoshard.scheduler.Clock"
+log = logging.getLogger(__name__)
+
+CLOCK_HEALTH_SERVICE = health.CLOCK
 """gRPC health service name: SERVING while this node's clock is within its bound,
 NOT_SERVING while it is skewed and hands its shards off. The overall status ("") and the
 API stay SERVING: submits take their time from the cluster clock (docs/operations.md)."""
+
+LIVENESS_HEALTH_SERVICE = health.LIVENESS
+"""gRPC health service name for liveness probes: SERVING for as long as the process
+answers (a restart cures none of the conditions the other names report)."""
 
 
 class HealthServicer(health_aio.HealthServicer):  # type: ignore[misc]
@@ -36,6 +46,50 @@ class HealthServicer(health_aio.HealthServicer):  # type: ignore[misc]
                 for service, status in self._server_status.items()
             }
         )
+
+
+class HealthPublisher:
+    """Publishes each service's status to the health servicer, logging each change.
+
+    One publication at a time, its statuses read inside the lock: two callers (the
+    node's health loop, a clock-skew callback) cannot interleave an older reading's
+    statuses with a newer one's.
+    """
+
+    def __init__(self, servicer: HealthServicer, node_id: str) -> None:
+        self._servicer = servicer
+        self._node_id = node_id
+        self._serving: dict[str, bool] = {}
+        self._lock = asyncio.Lock()
+
+    @property
+    def serving(self) -> Mapping[str, bool]:
+        """The last published status of every service name (for the metrics endpoint)."""
+        return self._serving
+
+    async def publish(self, read: Callable[[], Mapping[str, bool]]) -> None:
+        """Publish the statuses ``read`` returns now (every name, the first time)."""
+        async with self._lock:
+            for name, now_serving in read().items():
+                before = self._serving.get(name)
+                if before == now_serving:
+                    continue
+                if before is not None:
+                    log.info(
+                        "health changed",
+                        extra={
+                            "node_id": self._node_id,
+                            "service": name or "(overall)",
+                            "status": "SERVING" if now_serving else "NOT_SERVING",
+                        },
+                    )
+                self._serving[name] = now_serving
+                await self._servicer.set(
+                    name,
+                    health_pb2.HealthCheckResponse.SERVING
+                    if now_serving
+                    else health_pb2.HealthCheckResponse.NOT_SERVING,
+                )
 
 
 def server_options(config: SchedulerConfig) -> list[tuple[str, Any]]:

@@ -27,9 +27,10 @@ import contextlib
 import json
 import logging
 import math
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import grpc
 from etcd3aio import Etcd3Client, EtcdError, prefix_range_end
@@ -106,11 +107,24 @@ class ShardClaim:
     epoch: int
 
 
+class EtcdTimings(Protocol):
+    """Where the coordinator reports its etcd calls' latencies (the node's metrics)."""
+
+    def called(self, name: str, seconds: float, *, failed: bool) -> None: ...
+
+
 class EtcdCoordinator:
     """One node's session with etcd: its lease, its registration and its shard claims."""
 
-    def __init__(self, config: EtcdConfig, node_id: str, clock: Clock) -> None:
+    def __init__(
+        self,
+        config: EtcdConfig,
+        node_id: str,
+        clock: Clock,
+        timings: EtcdTimings | None = None,
+    ) -> None:
         self._config = config
+        self._timings = timings
         self._node_id = node_id
         self._clock = clock
         self._client: Etcd3Client | None = None
@@ -148,7 +162,8 @@ class EtcdCoordinator:
             auth = self._client.auth
             assert auth is not None
             response = await self._call(
-                lambda: auth.authenticate(self._config.username or "", self._config.password or "")
+                "authenticate",
+                lambda: auth.authenticate(self._config.username or "", self._config.password or ""),
             )
             self._client.set_token(response.token)
 
@@ -156,7 +171,9 @@ class EtcdCoordinator:
         """Grant a fresh lease and keep it alive; returns the lease id."""
         lease = self._lease_service()
         granted_at = self._clock.monotonic()
-        response = await self._call(lambda: lease.grant(self._ttl_s, timeout=self._timeout()))
+        response = await self._call(
+            "grant_lease", lambda: lease.grant(self._ttl_s, timeout=self._timeout())
+        )
         self._lease_id = int(response.ID)
         self._last_renewal = granted_at
         self.lease_lost = asyncio.Event()
@@ -207,11 +224,13 @@ class EtcdCoordinator:
         while True:
             await asyncio.sleep(interval_s)
             sent_at = self._clock.monotonic()
+            started = time.monotonic()
             try:
                 ttl = await asyncio.wait_for(
                     self._keepalive_once(lease, lease_id), timeout=self._timeout()
                 )
             except (TimeoutError, EtcdError, grpc.aio.AioRpcError) as exc:
+                self._timed("keepalive", started, failed=True)
                 log.warning(
                     "etcd keep-alive failed",
                     extra={"lease_id": lease_id, "error": describe_error(exc)},
@@ -221,6 +240,7 @@ class EtcdCoordinator:
                 # Retry soon: a renewal that lands before the deadline keeps every shard.
                 interval_s = min(1.0, self._ttl_s / 6)
                 continue
+            self._timed("keepalive", started, failed=False)
             if ttl <= 0:
                 log.error("etcd lease expired", extra={"lease_id": lease_id})
                 self.lease_lost.set()
@@ -264,12 +284,13 @@ class EtcdCoordinator:
         kv = self._kv()
         key = self._key("config/shard_count")
         response = await self._call(
+            "ensure_shard_count",
             lambda: kv.txn(
                 compare=[KVService.txn_compare_create_revision(key, 0)],
                 success=[KVService.txn_op_put(key, str(configured))],
                 failure=[KVService.txn_op_get(key)],
                 timeout=self._timeout(),
-            )
+            ),
         )
         if response.succeeded:
             return configured
@@ -282,7 +303,8 @@ class EtcdCoordinator:
         kv = self._kv()
         key = self._key(f"nodes/{self._node_id}")
         await self._call(
-            lambda: kv.put(key, info.to_json(), lease=self._lease_id, timeout=self._timeout())
+            "register_node",
+            lambda: kv.put(key, info.to_json(), lease=self._lease_id, timeout=self._timeout()),
         )
 
     async def live_nodes(self) -> tuple[dict[str, NodeInfo], int]:
@@ -290,7 +312,7 @@ class EtcdCoordinator:
         kv = self._kv()
         prefix = self._key("nodes/")
         response = await self._call(
-            lambda: kv.get(prefix, prefix_range_end(prefix), timeout=self._timeout())
+            "live_nodes", lambda: kv.get(prefix, prefix_range_end(prefix), timeout=self._timeout())
         )
         nodes: dict[str, NodeInfo] = {}
         for item in response.kvs:
@@ -346,6 +368,7 @@ class EtcdCoordinator:
         key = self._key(f"shards/{shard}")
         # The claim also deletes the shard's ready mark: it has served its purpose.
         response = await self._call(
+            "claim_shard",
             lambda: kv.txn(
                 compare=[KVService.txn_compare_create_revision(key, 0)],
                 success=[
@@ -354,7 +377,7 @@ class EtcdCoordinator:
                 ],
                 failure=[KVService.txn_op_get(key)],
                 timeout=self._timeout(),
-            )
+            ),
         )
         if response.succeeded:
             return ShardClaim(shard, self._node_id, int(response.header.revision))
@@ -372,11 +395,12 @@ class EtcdCoordinator:
         kv = self._kv()
         key = self._key(f"shards/{shard}")
         response = await self._call(
+            "release_shard",
             lambda: kv.txn(
                 compare=[KVService.txn_compare_create_revision(key, epoch)],
                 success=[KVService.txn_op_delete(key)],
                 timeout=self._timeout(),
-            )
+            ),
         )
         return bool(response.succeeded)
 
@@ -404,7 +428,8 @@ class EtcdCoordinator:
         kv = self._kv()
         key = self._key(f"handoff/{shard}")
         await self._call(
-            lambda: kv.put(key, self._node_id, lease=self._lease_id, timeout=self._timeout())
+            "mark_handoff_ready",
+            lambda: kv.put(key, self._node_id, lease=self._lease_id, timeout=self._timeout()),
         )
 
     async def clear_handoff_mark(self, shard: int) -> None:
@@ -412,11 +437,12 @@ class EtcdCoordinator:
         kv = self._kv()
         key = self._key(f"handoff/{shard}")
         await self._call(
+            "clear_handoff_mark",
             lambda: kv.txn(
                 compare=[KVService.txn_compare_value(key, self._node_id)],
                 success=[KVService.txn_op_delete(key)],
                 timeout=self._timeout(),
-            )
+            ),
         )
 
     async def _handoff_marks_at(self) -> tuple[dict[int, str], int]:
@@ -431,7 +457,7 @@ class EtcdCoordinator:
         kv = self._kv()
         prefix = self._key(suffix)
         response = await self._call(
-            lambda: kv.get(prefix, prefix_range_end(prefix), timeout=self._timeout())
+            "range", lambda: kv.get(prefix, prefix_range_end(prefix), timeout=self._timeout())
         )
         return list(response.kvs), int(response.header.revision)
 
@@ -447,7 +473,9 @@ class EtcdCoordinator:
         if revoke and self._client is not None and self._lease_id:
             lease = self._lease_service()
             with contextlib.suppress(CoordinationError):
-                await self._call(lambda: lease.revoke(self._lease_id, timeout=self._timeout()))
+                await self._call(
+                    "revoke_lease", lambda: lease.revoke(self._lease_id, timeout=self._timeout())
+                )
         if self._client is not None:
             await self._client.close()
             self._client = None
@@ -470,12 +498,21 @@ class EtcdCoordinator:
             raise CoordinationError("etcd client is not connected")
         return self._client.lease
 
-    async def _call(self, make: Callable[[], Awaitable[T]]) -> T:
-        """Run one etcd call, mapping every driver failure to CoordinationError."""
+    async def _call(self, name: str, make: Callable[[], Awaitable[T]]) -> T:
+        """Run one etcd call, timed under ``name``, mapping every driver failure to
+        CoordinationError."""
+        started = time.monotonic()
         try:
-            return await make()
+            result = await make()
         except (EtcdError, grpc.aio.AioRpcError, TimeoutError) as exc:
+            self._timed(name, started, failed=True)
             raise CoordinationError(f"etcd call failed: {describe_error(exc)}") from exc
+        self._timed(name, started, failed=False)
+        return result
+
+    def _timed(self, name: str, started: float, *, failed: bool) -> None:
+        if self._timings is not None:
+            self._timings.called(name, time.monotonic() - started, failed=failed)
 
 
 WATCH_RECONNECT_MIN_S = 0.25

@@ -541,6 +541,21 @@ class ReadyQueues:
         out["parked_tenants"] = sum(1 for tenant in self._tenants.values() if tenant.parked)
         return out
 
+    def depths(self) -> dict[tuple[str, Priority, uuid.UUID], int]:
+        """Tasks waiting per (queue, class, tenant), over all types; O(lanes × tenants),
+        for a metrics scrape."""
+        out: dict[tuple[str, Priority, uuid.UUID], int] = {}
+        for (queue, _type), slots in self._pairs.items():
+            for rank, lane in enumerate(slots):
+                if lane is None or lane.live == 0:
+                    continue
+                priority = CLASSES[rank]
+                for tenant, tenant_queue in lane.tenants.items():
+                    if tenant_queue.live:
+                        key = (queue, priority, tenant.id)
+                        out[key] = out.get(key, 0) + tenant_queue.live
+        return out
+
     # ------------------------------------------------------------------ internals
 
     def _tenant(self, tenant_id: uuid.UUID) -> _Tenant:

@@ -41,7 +41,7 @@ from chronoshard.events import wait_event
 from chronoshard.scheduler.config import SchedulerConfig
 from chronoshard.scheduler.core import rounds
 from chronoshard.scheduler.core.fairness import ReadyQueues, ReadyTask, TenantLimits
-from chronoshard.scheduler.core.models import Task
+from chronoshard.scheduler.core.models import Priority, Task
 from chronoshard.scheduler.core.runs import Intent, IntentResult, Release, TimerTask
 from chronoshard.scheduler.core.states import AttemptState
 from chronoshard.scheduler.core.timing_wheel import TimingWheel
@@ -198,6 +198,10 @@ class Dispatcher:
 
     def pending(self) -> int:
         return len(self._wheel) + len(self._ready)
+
+    def ready_depths(self) -> dict[tuple[str, Priority, uuid.UUID], int]:
+        """Ready tasks per (queue, class, tenant), for the metrics endpoint."""
+        return self._ready.depths()
 
     def structures(self) -> dict[str, StatsSource]:
         """The timing wheel and the ready queues, for the metrics endpoint."""

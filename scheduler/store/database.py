@@ -27,6 +27,12 @@ machine (``states``) says which moves a write may make, and the stores over its 
   (``pg_terminate_backend``, then waits until it is gone), known by its pid and start
   time, recorded when the connection was made.
 
+**Every call is timed.** Each :meth:`Store.connection` block reports the wait for its
+pooled connection and how long it held it to the :class:`DatabaseTimings` given at open
+(the node's metrics), and remembers when a call last succeeded, so the node's health
+knows the database is up without a probe of its own while work flows
+(:meth:`Store.reachable`).
+
 Timestamps are sent and returned timezone-aware; sessions run with ``TimeZone=UTC`` so
 returned datetimes are in UTC whatever the server's default. JSON comes back with exact
 numbers (``chronoshard.exact_json``): a Decimal where a float could not hold the number.
@@ -42,7 +48,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Self
+from typing import Any, Protocol, Self
 from weakref import WeakKeyDictionary
 
 import psycopg
@@ -182,11 +188,27 @@ def _has_input(conn: Connection) -> bool:
     return bool(poller.poll(0))
 
 
+class DatabaseTimings(Protocol):
+    """Where the store reports its calls' latencies (the node's metrics)."""
+
+    def acquired(self, wait_s: float) -> None:
+        """A pooled connection was handed out after ``wait_s``."""
+
+    def released(self, kind: str, held_s: float) -> None:
+        """A ``kind`` call (``connection``, ``transaction``, ``statement``) held its
+        connection for ``held_s``, whether it succeeded or not."""
+
+
 class Store:
     """The scheduler's PostgreSQL access. Create with :meth:`open`; ``close`` when done."""
 
-    def __init__(self, pool: AsyncConnectionPool[Connection]) -> None:
+    def __init__(
+        self, pool: AsyncConnectionPool[Connection], timings: DatabaseTimings | None = None
+    ) -> None:
         self._pool = pool
+        self._timings = timings
+        # time.monotonic() of the last call that ended cleanly; -inf: none yet.
+        self.last_success_at = float("-inf")
         # Filled by the pool's configure callback (see open()).
         self._backends: WeakKeyDictionary[Connection, Backend] = WeakKeyDictionary()
         # Backends whose transaction's commit outcome became unknown, not yet ended.
@@ -203,6 +225,7 @@ class Store:
         open_timeout_s: float = DEFAULT_OPEN_TIMEOUT_S,
         acquire_timeout_s: float = DEFAULT_ACQUIRE_TIMEOUT_S,
         session_limits: SessionLimits | None = None,
+        timings: DatabaseTimings | None = None,
     ) -> Self:
         """A store with an open pool of ``min_size``..``max_size`` connections; a statement
         waits at most ``acquire_timeout_s`` for one.
@@ -230,7 +253,7 @@ class Store:
             raise StoreUnavailable(f"cannot connect to PostgreSQL: {exc}") from exc
         # Only now: the first connections may wait for PostgreSQL up to open_timeout_s.
         pool.reconnect_timeout = RECONNECT_GIVE_UP_S
-        store = cls(pool)
+        store = cls(pool, timings)
         store._backends = backends
         return store
 
@@ -249,11 +272,41 @@ class Store:
     async def connection(self) -> AsyncIterator[Connection]:
         """A pooled (autocommit) connection; driver failures inside the block become
         StoreUnavailable. For statements that need no shard fence."""
+        async with self._timed("connection") as conn:
+            yield conn
+
+    @asynccontextmanager
+    async def _timed(self, kind: str) -> AsyncIterator[Connection]:
+        asked = time.monotonic()
         try:
             async with self._pool.connection() as conn:
-                yield conn
+                got = time.monotonic()
+                timings = self._timings
+                if timings is not None:
+                    timings.acquired(got - asked)
+                try:
+                    yield conn
+                finally:
+                    done = time.monotonic()
+                    if timings is not None:
+                        timings.released(kind, done - got)
+                # Only a block that ended cleanly proves the database answers.
+                self.last_success_at = done
         except psycopg.OperationalError as exc:
             raise StoreUnavailable(str(exc)) from exc
+
+    async def reachable(self, timeout_s: float, *, within_s: float) -> bool:
+        """Whether PostgreSQL answers: a call succeeded in the last ``within_s``, or a
+        ``SELECT 1`` does within ``timeout_s`` (the pool's own acquire timeout may be
+        longer: a health check must answer in seconds)."""
+        if time.monotonic() - self.last_success_at < within_s:
+            return True
+        try:
+            async with asyncio.timeout(timeout_s), self.connection() as conn:
+                await conn.execute("SELECT 1")
+        except (StoreUnavailable, TimeoutError, psycopg.Error):
+            return False
+        return True
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[Connection]:
@@ -264,7 +317,7 @@ class Store:
                 block had run): the transaction may or may not have committed.
             StoreUnavailable: it failed earlier: nothing of the block was committed.
         """
-        async with self.connection() as conn:
+        async with self._timed("transaction") as conn:
             committing = False
             try:
                 async with conn.transaction():
@@ -287,7 +340,7 @@ class Store:
             StoreUnavailable: no connection, or the server refused the statement (the
                 connection lives on): nothing was committed.
         """
-        async with self.connection() as conn:
+        async with self._timed("statement") as conn:
             try:
                 yield conn
             except psycopg.OperationalError as exc:

@@ -71,6 +71,7 @@ LATENESS_BOUND_S = 2.0
 EARLY_TOLERANCE_S = 0.01
 DUE_AHEAD_S = 1.5
 CLOCK_HEALTH = "chronoshard.scheduler.Clock"
+WORKER_HEALTH = "chronoshard.v1.WorkerService"
 WORKER_SLOTS = 4  # few, so that both workers (one of them skewed) get tasks
 _NEVER = datetime.max.replace(tzinfo=UTC)
 
@@ -351,6 +352,8 @@ async def _step_and_return(cluster: Cluster, offset: str) -> Step:
     measured = a.metric("chronoshard_clock_offset_seconds")
     assert measured is not None and abs(measured - float(offset)) < 0.5, measured
     assert _health(a.address, CLOCK_HEALTH) == health_pb2.HealthCheckResponse.NOT_SERVING
+    # It dispatches nothing while skewed, and says so; its API serves on.
+    assert _health(a.address, WORKER_HEALTH) == health_pb2.HealthCheckResponse.NOT_SERVING
     assert _health(a.address, "") == health_pb2.HealthCheckResponse.SERVING
     await eventually(
         lambda: not _shards_of(dsn, "node-a") and len(_shards_of(dsn, "node-b")) == SHARDS,
@@ -378,6 +381,11 @@ async def _step_and_return(cluster: Cluster, offset: str) -> Step:
     )
     step.recovered_s = time.monotonic() - started
     assert _health(a.address, CLOCK_HEALTH) == health_pb2.HealthCheckResponse.SERVING
+    await eventually(
+        lambda: _health(a.address, WORKER_HEALTH) == health_pb2.HealthCheckResponse.SERVING,
+        timeout_s=5,
+        what="node-a's WorkerService to serve again",
+    )
     await eventually(
         lambda: len(_shards_of(dsn, "node-a")) >= SHARDS // 2 - 2,
         timeout_s=15,

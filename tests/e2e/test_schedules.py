@@ -2,7 +2,7 @@
 scheduler node processes, worker processes and a watchdog process.
 
 * **Every second, exactly once, through a planned join and a SIGKILL**: one schedule,
-  interval 1 s, strict timing, 120 occurrences (2 minutes). ``node-3`` joins and takes
+  interval 1 s, strict timing, 60 occurrences (1 minute). ``node-3`` joins and takes
   the schedule's shard over (the schedule is chosen so that it does: its shard is one
   the rendezvous map gives the joining node); later ``node-3``, now the owner of the
   schedule's shard, is SIGKILLed. Every logical date runs exactly once (occurrence rows,
@@ -88,10 +88,10 @@ ENV = {
 WORKER = "schedule_workers:worker"
 TASK_TYPE = "sched.record"
 
-# Every second, 2 minutes.
-OCCURRENCES = 120
-JOIN_AT_S = 20.0  # after the first occurrence
-KILL_AT_S = 55.0
+# Every second, 1 minute: the join at 12 s and the kill at 32 s leave 28 s of the survivor.
+OCCURRENCES = 60
+JOIN_AT_S = 12.0  # after the first occurrence
+KILL_AT_S = 32.0
 CRASH_BOUND_S = LEASE_TTL_S + 2.0
 PLANNED_BOUND_S = 1.0
 CRASH_WINDOW_BEFORE_S = 1.0

@@ -173,7 +173,9 @@ async def _scrape(node: SchedulerNode) -> dict[str, tuple[str, float]]:
             if family.type == "counter" and not sample.name.endswith("_total"):
                 continue  # the _created sample
             labels = "".join(f'{{{k}="{v}"}}' for k, v in sample.labels.items() if k != "node")
-            name = family.name + labels
+            # A counter by its family's name; a histogram's samples by their own
+            # (_bucket, _count, _sum share the family's labels).
+            name = (family.name if family.type == "counter" else sample.name) + labels
             assert name not in exported, f"{name} exported twice"
             exported[name] = (family.type, sample.value)
     return exported

@@ -725,6 +725,10 @@ class SelectorAgainstModel(RuleBasedStateMachine):
             assert self.ready.waiting_for(offer.queues, offer.types) == sum(
                 1 for t in self.waiting.values() if serves(offer, t)
             )
+        # The metrics' ready depth: what waits, by queue, class and tenant, exactly.
+        assert self.ready.depths() == Counter(
+            (t.queue, t.priority, t.tenant_id) for t in self.waiting.values()
+        )
 
     def teardown(self) -> None:
         for running in self.in_flight.values():

@@ -96,3 +96,39 @@ def test_configuration_reference_is_fresh() -> None:
         [sys.executable, str(script), "--check"], capture_output=True, text=True, check=False
     )
     assert result.returncode == 0, result.stderr
+
+
+@pytest.mark.parametrize(
+    ("env", "ok"),
+    [
+        ({"CHRONOSHARD_GRPC__LISTEN": "0.0.0.0:7070"}, False),
+        ({"CHRONOSHARD_GRPC__LISTEN": "[::]:7070"}, False),
+        ({"CHRONOSHARD_GRPC__LISTEN": ":7070"}, False),
+        (
+            {
+                "CHRONOSHARD_GRPC__LISTEN": "0.0.0.0:7070",
+                "CHRONOSHARD_GRPC__ADVERTISE": "0.0.0.0:7070",
+            },
+            False,
+        ),
+        (
+            {
+                "CHRONOSHARD_GRPC__LISTEN": "0.0.0.0:7070",
+                "CHRONOSHARD_GRPC__ADVERTISE": "10.1.2.3:7070",
+            },
+            True,
+        ),
+        ({"CHRONOSHARD_GRPC__LISTEN": "10.1.2.3:7070"}, True),
+    ],
+)
+def test_a_node_never_advertises_a_wildcard_address(env: dict[str, str], ok: bool) -> None:
+    """Peers and workers dial what a node advertises; 0.0.0.0 would reach nobody, so a
+    wildcard listen needs an explicit advertise (the pod IP on Kubernetes)."""
+    from chronoshard.scheduler.config import SchedulerConfig
+
+    if ok:
+        load(SchedulerConfig, env=env)
+        return
+    with pytest.raises(ConfigError) as info:
+        load(SchedulerConfig, env=env)
+    assert info.value.key == "grpc.advertise"
