@@ -8,8 +8,8 @@ subcommand means writing those and one line in the table; ``main`` never changes
 register their children the same way, one level down. The commands live in
 :mod:`chronoshard._cli` by what they talk to: ``tasks`` (TaskService), ``schedules``
 (ScheduleService), ``workflows`` (WorkflowService), ``admin``
-(AdminService, metrics, WatchdogService), ``ops`` (the database and local processes);
-``output`` formats tables and JSON.
+(AdminService, metrics, WatchdogService), ``health`` (gRPC health and /healthz probes),
+``ops`` (the database and local processes); ``output`` formats tables and JSON.
 
 Exit codes are a contract for scripts (``EXIT_CODES_HELP``): 0 ok, 1 the server refused
 or failed (the reason printed on stderr as ``CODE/REASON (field f): message``), 2 usage,
@@ -25,6 +25,7 @@ from collections.abc import Callable, Sequence
 from typing import TextIO
 
 from chronoshard._cli import admin as _cli_admin
+from chronoshard._cli import health as _cli_health
 from chronoshard._cli import ops as _cli_ops
 from chronoshard._cli import schedules as _cli_schedules
 from chronoshard._cli import tasks as _cli_tasks
@@ -129,6 +130,12 @@ COMMANDS: dict[str, Command] = {
         _cli_admin.configure_undrain,
         _cli_admin.run_undrain,
         _cli_admin.UNDRAIN_EPILOG,
+    ),
+    "health": Command(
+        "check a scheduler node's gRPC health (or a watchdog's /healthz): exit 0 if SERVING",
+        _cli_health.configure_health,
+        _cli_health.run_health,
+        _cli_health.HEALTH_EPILOG,
     ),
     "worker": Command(
         "run a worker defined in your code (pkg.module:attr)",

@@ -27,6 +27,7 @@ from chronoshard._cli.common import (
     call_metadata,
     duration_s,
     format_s,
+    grpc_channel,
     targets,
 )
 
@@ -58,16 +59,10 @@ def unary_at(
 ) -> Any:
     import grpc
 
-    from chronoshard.client import channel_options
     from chronoshard.errors import from_rpc_error
 
     metadata = call_metadata(args)
-    options = channel_options()
-    if args.tls:
-        channel = grpc.secure_channel(address, grpc.ssl_channel_credentials(), options)
-    else:
-        channel = grpc.insecure_channel(address, options)
-    with channel:
+    with grpc_channel(address, tls=args.tls) as channel:
         try:
             return getattr(stub_class(channel), method)(
                 request, timeout=args.call_timeout, metadata=metadata

@@ -24,6 +24,8 @@ from typing import TYPE_CHECKING, Any, TextIO, TypeVar
 from chronoshard import exact_json
 
 if TYPE_CHECKING:
+    import grpc
+
     from chronoshard.sync_client import SyncClient
 
 DSN_ENV = "CHRONOSHARD_DSN"
@@ -277,6 +279,20 @@ def client(args: argparse.Namespace) -> Iterator[SyncClient]:
         targets(args), api_key=require_api_key(args), tls=args.tls, timeout_s=args.call_timeout
     ) as opened:
         yield opened
+
+
+def grpc_channel(address: str, *, tls: bool) -> grpc.Channel:
+    """A blocking channel to one node, with the client's options (docs/architecture.md#d12)
+    and, for ``--tls``, TLS with the system's roots: how every command that makes its own
+    calls (not through :func:`client`) connects."""
+    import grpc
+
+    from chronoshard.client import channel_options
+
+    options = channel_options()
+    if tls:
+        return grpc.secure_channel(address, grpc.ssl_channel_credentials(), options)
+    return grpc.insecure_channel(address, options)
 
 
 def call_metadata(args: argparse.Namespace) -> tuple[tuple[str, str], ...]:

@@ -33,12 +33,15 @@ class ManagedProcess:
     env: dict[str, str]
     log_path: Path
     proc: subprocess.Popen[bytes] | None = None
+    cwd: Path | None = None
+    """Where it runs (default: the test's own working directory)."""
 
     def start(self) -> None:
         with self.log_path.open("ab") as log_file:
             self.proc = subprocess.Popen(
                 self.argv,
                 env=self.env,
+                cwd=self.cwd,
                 stdout=log_file,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
