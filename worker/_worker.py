@@ -32,10 +32,12 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from chronoshard.clock import Clock, SystemClock
+from chronoshard.http_endpoint import HttpServer
 from chronoshard.wire import DEFAULT_QUEUE
 from chronoshard.worker._context import StopReason, TaskContext
 from chronoshard.worker._errors import ConfigurationError
 from chronoshard.worker._execution import DRAIN_STOP_S, HandlerSpec, handler_spec
+from chronoshard.worker._metrics import metrics_server
 from chronoshard.worker._runs import RunManager
 from chronoshard.worker._settlements import Settlements
 from chronoshard.worker._topology import REFRESH_S, Topology
@@ -156,6 +158,7 @@ class Worker:
         tls: TLSConfig | bool | None = None,
         clock: Clock | None = None,
         topology_refresh_s: float = REFRESH_S,
+        metrics_listen: str | None = None,
     ) -> None:
         if isinstance(targets, str):
             targets = [targets]
@@ -181,6 +184,10 @@ class Worker:
         self._tls = TLSConfig() if tls is True else (tls or None)
         self._clock: Clock = clock or SystemClock()
         self._topology_refresh_s = topology_refresh_s
+        # host:port of this worker's /metrics while it runs (worker/_metrics.py); None: off.
+        self.metrics_listen = metrics_listen
+        self.metrics_address: str | None = None
+        self._metrics: HttpServer | None = None
         self._handlers: dict[str, HandlerSpec] = {}
         self._rng = random.Random()
 
@@ -348,6 +355,10 @@ class Worker:
             self.prefetch,
             event="worker_start",
         )
+        if self.metrics_listen is not None:
+            self._metrics = metrics_server(self.metrics_listen, self.stats)
+            self.metrics_address = await self._metrics.start()
+            self._log(logging.INFO, "metrics on http://%s/metrics", self.metrics_address)
         loops = [
             asyncio.create_task(self._topology.run(), name="chronoshard-worker topology"),
             asyncio.create_task(self._settlements.run(), name="chronoshard-worker settlements"),
@@ -498,6 +509,8 @@ class Worker:
             task.cancel()
         await asyncio.gather(*loops, return_exceptions=True)
         await self._topology.close()
+        if self._metrics is not None:
+            await self._metrics.close()
         # 6. Runs still here were cut short (a forced stop): cancel them. A thread cannot
         #    be cancelled; it is counted as stuck and left to finish on its own (its
         #    ctx.cancelled is set).
