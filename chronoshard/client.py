@@ -35,6 +35,12 @@ gRPC's asyncio channels belong to the event loop that created them, so a :class:
 opens its channels on first use and is then bound to that loop (using it from another loop
 raises RuntimeError instead of hanging). Blocking code uses ``SyncClient``, which drives a
 Client on a private loop (see :mod:`chronoshard.sync_client` for why).
+
+With OpenTelemetry configured in the process, each submit call (``SubmitTask``,
+``SubmitBatch``, ``CreateWorkflow``) runs in a PRODUCER span whose context goes into the
+call's metadata as ``traceparent``: the node stores it with the tasks, and the worker's
+run links back to it (:mod:`chronoshard.tracing`, docs/tracing.md). Without it the
+metadata is what it always was.
 """
 
 from __future__ import annotations
@@ -50,7 +56,7 @@ from typing import Any
 
 import grpc
 
-from chronoshard import __version__
+from chronoshard import __version__, tracing
 from chronoshard import _convert as convert
 from chronoshard import _failover as failover
 from chronoshard.errors import (
@@ -95,6 +101,7 @@ from chronoshard.v1 import (
     workflow_service_pb2,
     workflow_service_pb2_grpc,
 )
+from chronoshard.wire import DEFAULT_QUEUE
 
 __all__ = [
     "DEFAULT_MAX_IN_FLIGHT",
@@ -693,7 +700,18 @@ class Client:
 
     async def _call(self, method: str, request: Any) -> Any:
         """One unary call under the client's deadline, failed over between targets as
-        :mod:`chronoshard._failover` decides."""
+        :mod:`chronoshard._failover` decides. A submit is traced when tracing is on: one
+        span over every attempt, each sending its context."""
+        if method in _SUBMITS and tracing.enabled():
+            name, attributes = _submit_span(method, request)
+            with tracing.producer_span(TRACER, name, attributes) as span:
+                response = await self._send(method, request, tracing.inject(self._metadata))
+                for key, value in _submitted_attributes(method, response).items():
+                    span.set_attribute(key, value)
+                return response
+        return await self._send(method, request, self._metadata)
+
+    async def _send(self, method: str, request: Any, metadata: tuple[tuple[str, str], ...]) -> Any:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._timeout_s
         self._check_loop(loop)
@@ -714,7 +732,8 @@ class Client:
                 raise failure or self._none_ready(method)
             tried.add(index)
             try:
-                return await self._attempt(self._endpoints[index], method, request, deadline)
+                endpoint = self._endpoints[index]
+                return await self._attempt(endpoint, method, request, metadata, deadline)
             except ChronoshardError as exc:
                 if not failover.may_try_another(exc.code, repeatable=repeatable):
                     raise
@@ -746,7 +765,12 @@ class Client:
         )
 
     async def _attempt(
-        self, endpoint: _Endpoint, method: str, request: Any, deadline: float
+        self,
+        endpoint: _Endpoint,
+        method: str,
+        request: Any,
+        metadata: tuple[tuple[str, str], ...],
+        deadline: float,
     ) -> Any:
         """One attempt on one target, under the chosen channel's semaphore."""
         loop = asyncio.get_running_loop()
@@ -764,7 +788,7 @@ class Client:
             # grpc wants a relative timeout; what is left of the deadline, never zero.
             remaining = max(deadline - loop.time(), 0.001)
             rpc = endpoint.methods[method]
-            return await rpc(request, timeout=remaining, metadata=self._metadata)
+            return await rpc(request, timeout=remaining, metadata=metadata)
         except grpc.RpcError as exc:
             raise from_rpc_error(exc) from exc
         except asyncio.CancelledError:
@@ -814,6 +838,60 @@ def _unary_methods(stub: Any, module: Any) -> dict[str, Any]:
     """The stub's callables by RPC name, for every method of the module's one service."""
     [service] = module.DESCRIPTOR.services_by_name.values()
     return {method.name: getattr(stub, method.name) for method in service.methods}
+
+
+TRACER = "chronoshard.client"
+"""The instrumentation scope of the client's spans."""
+
+# The calls that send tasks: each is a PRODUCER span (messaging semantic conventions).
+_SUBMITS = frozenset({"SubmitTask", "SubmitBatch", "CreateWorkflow"})
+
+
+def _submit_span(method: str, request: Any) -> tuple[str, tracing.Attributes]:
+    """The name and attributes of a submit call's span (built only when tracing is on).
+    The operation is ``send`` for all three; a batch or a workflow also says how many
+    tasks it carries, and names their type or queue when all of them share it. Names stay
+    of low cardinality: a task type, never a workflow's name (which may carry a date)."""
+    attributes: dict[str, str | bool | int | float] = {
+        "messaging.system": tracing.MESSAGING_SYSTEM,
+        "messaging.operation.type": "send",
+    }
+    if method == "SubmitTask":
+        attributes["messaging.operation.name"] = "submit"
+        attributes["messaging.destination.name"] = request.queue or DEFAULT_QUEUE
+        attributes["chronoshard.task.type"] = request.type
+        return f"submit {request.type}", attributes
+    if method == "SubmitBatch":
+        operation, tasks = "submit_batch", list(request.tasks)
+    else:
+        operation, tasks = "create_workflow", [item.task for item in request.tasks]
+        attributes["chronoshard.workflow.name"] = request.name
+    attributes["messaging.operation.name"] = operation
+    attributes["messaging.batch.message_count"] = len(tasks)
+    queues = {task.queue or DEFAULT_QUEUE for task in tasks}
+    if len(queues) == 1:
+        attributes["messaging.destination.name"] = queues.pop()
+    types = {task.type for task in tasks}
+    if len(types) == 1:
+        attributes["chronoshard.task.type"] = task_type = types.pop()
+        if method == "SubmitBatch":
+            return f"{operation} {task_type}", attributes
+    return operation, attributes
+
+
+def _submitted_attributes(method: str, response: Any) -> dict[str, str]:
+    """What the answer tells of a submit: the task (or workflow) id and its tenant."""
+    if method == "SubmitTask":
+        return {
+            "messaging.message.id": response.task.id,
+            "chronoshard.tenant": response.task.tenant_id,
+        }
+    if method == "CreateWorkflow":
+        return {
+            "chronoshard.workflow.id": response.workflow.id,
+            "chronoshard.tenant": response.workflow.tenant_id,
+        }
+    return {}
 
 
 def _keyed(method: str, request: Any) -> bool:

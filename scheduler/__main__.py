@@ -1,4 +1,8 @@
-"""``chronoshard-scheduler``: run one scheduler node until SIGTERM/SIGINT."""
+"""``chronoshard-scheduler``: run one scheduler node until SIGTERM/SIGINT.
+
+Tracing is configured from the standard ``OTEL_*`` variables (docs/tracing.md) and
+flushed once the node has stopped.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +11,7 @@ import logging
 import os
 import sys
 
-from chronoshard import daemon, logs
+from chronoshard import daemon, logs, tracing
 from chronoshard.scheduler.config import SchedulerConfig
 from chronoshard.scheduler.node import SchedulerNode
 from chronoshard.settings import ConfigError, load
@@ -55,7 +59,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"chronoshard-scheduler: {exc}", file=sys.stderr)
         return 2
     logs.setup(config.log_level, config.log_format, node_id=config.node_id)
-    return daemon.run(lambda: daemon.serve(SchedulerNode(config), "node"))
+    tracing.configure_from_env("chronoshard-scheduler")
+    try:
+        return daemon.run(lambda: daemon.serve(SchedulerNode(config), "node"))
+    finally:
+        tracing.shutdown()
 
 
 if __name__ == "__main__":

@@ -1,4 +1,8 @@
-"""``chronoshard-watchdog``: run one watchdog replica until SIGTERM/SIGINT."""
+"""``chronoshard-watchdog``: run one watchdog replica until SIGTERM/SIGINT.
+
+Tracing is configured from the standard ``OTEL_*`` variables (docs/tracing.md): the
+watchdog's canaries are submitted through the client, whose spans it then exports.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +11,7 @@ import logging
 import os
 import sys
 
-from chronoshard import daemon, logs
+from chronoshard import daemon, logs, tracing
 from chronoshard.settings import ConfigError, load
 from chronoshard.watchdog.config import WatchdogConfig
 from chronoshard.watchdog.service import Watchdog
@@ -51,7 +55,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"chronoshard-watchdog: {exc}", file=sys.stderr)
         return 2
     logs.setup(config.log_level, config.log_format, node_id=config.node_id)
-    return daemon.run(lambda: daemon.serve(Watchdog(config), "watchdog"))
+    tracing.configure_from_env("chronoshard-watchdog")
+    try:
+        return daemon.run(lambda: daemon.serve(Watchdog(config), "watchdog"))
+    finally:
+        tracing.shutdown()
 
 
 if __name__ == "__main__":

@@ -229,6 +229,7 @@ def _assignment(pb: worker_service_pb2.Assignment) -> Assignment:
         workflow_id=pb.workflow_id or None,
         workflow_ref=pb.workflow_ref or None,
         parent_results=tuple(_parent(p) for p in pb.parent_results),
+        tenant_id=pb.tenant_id,
     )
 
 

@@ -33,6 +33,12 @@ an async handler is cancelled, but a thread cannot be killed, so a sync handler 
 ignores ``ctx.cancelled`` keeps its slot (and its thread) until it returns. Once the
 outcome is decided the attempt's lease is fenced (``ctx.check_lease()`` and the helpers
 of ``chronoshard.worker.commit`` refuse), so a handler that runs on cannot write.
+
+With OpenTelemetry configured (:mod:`chronoshard.tracing`, docs/tracing.md), a handler
+runs under a CONSUMER span, ``process <type>``, current for the handler so that its own
+spans nest under it, from its start until the outcome is decided. The span is linked to
+the submit's (``ctx.trace_context``), not its child: the run may come days later. A
+failure records its exception and sets the status to ERROR.
 """
 
 from __future__ import annotations
@@ -45,12 +51,15 @@ from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from chronoshard import json_documents
+from chronoshard import json_documents, tracing
 from chronoshard.worker._context import FINAL_STOPS, StopReason, TaskContext, encode_json
 from chronoshard.worker._errors import RESULT_REFUSED
 from chronoshard.worker._slots import HandlerSlots
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Span
 
 Handler = Callable[[TaskContext], Any]
 """``async def handler(ctx) -> json`` or ``def handler(ctx) -> json`` (runs in a thread)."""
@@ -61,6 +70,8 @@ DRAIN_STOP_S = 5.0
 """After the drain grace, how long a handler asked to stop may take before it is released."""
 _CANCEL_CLEANUP_S = 1.0
 """How long a cancelled async handler may run its cleanup (e.g. save a checkpoint)."""
+TRACER = "chronoshard.worker"
+"""The instrumentation scope of the runs' spans."""
 
 
 @dataclass(frozen=True)
@@ -308,6 +319,7 @@ class Execution:
         executor: Executor | None,
         drain_stop_s: float = DRAIN_STOP_S,
         slots: HandlerSlots | None = None,
+        tenant_id: str = "",
     ) -> None:
         if not spec.is_async and executor is None:
             raise ValueError("a sync handler needs an executor")
@@ -323,6 +335,9 @@ class Execution:
         # its own. ``_holds_slot``: this run was given one and has not given it back.
         self._slots = slots
         self._holds_slot = False
+        # The task's tenant, for the run's span (the context does not carry it).
+        self._tenant_id = tenant_id
+        self._span: Span | None = None
 
     @property
     def started(self) -> bool:
@@ -400,6 +415,12 @@ class Execution:
 
     def _start(self) -> None:
         loop = asyncio.get_running_loop()
+        # The handler's own copy of the context: with tracing on, the run's span is
+        # current in it (and nowhere else).
+        context = contextvars.copy_context()
+        if tracing.enabled():
+            self._span = self._start_span()
+            context.run(tracing.enter_span, self._span)
         if self.spec.is_async:
             fn, ctx = self.spec.fn, self.ctx
 
@@ -407,12 +428,62 @@ class Execution:
                 return await fn(ctx)
 
             self._handler = loop.create_task(
-                invoke(), name=f"chronoshard-handler {self.spec.task_type} {ctx.task_id}"
+                invoke(),
+                name=f"chronoshard-handler {self.spec.task_type} {ctx.task_id}",
+                context=context,
             )
         else:
-            call = contextvars.copy_context().run
-            self._handler = loop.run_in_executor(self._executor, call, self.spec.fn, self.ctx)
+            self._handler = loop.run_in_executor(
+                self._executor, context.run, self.spec.fn, self.ctx
+            )
         self._handler.add_done_callback(_consume_result)
+
+    def _start_span(self) -> Span:
+        """The run's CONSUMER span (messaging semantic conventions), linked to the
+        submit's span when the task carries a trace context."""
+        ctx = self.ctx
+        attributes: dict[str, str | bool | int | float] = {
+            "messaging.system": tracing.MESSAGING_SYSTEM,
+            "messaging.operation.name": "process",
+            "messaging.operation.type": "process",
+            "messaging.destination.name": ctx.queue,
+            "messaging.message.id": str(ctx.task_id),
+            "chronoshard.task.type": ctx.task_type,
+            "chronoshard.task.attempt": ctx.attempt,
+            "chronoshard.fencing_token": ctx.fencing_token,
+            "chronoshard.worker.id": ctx.worker_id,
+        }
+        if self._tenant_id:
+            attributes["chronoshard.tenant"] = self._tenant_id
+        return tracing.start_span(
+            TRACER,
+            f"process {ctx.task_type}",
+            tracing.CONSUMER,
+            attributes,
+            ctx.trace_context,
+        )
+
+    def _end_span(self, outcome: Outcome | None) -> None:
+        """End the run's span (if any) with how the attempt ended."""
+        span, self._span = self._span, None
+        if span is None:
+            return
+        match outcome:
+            case Completed():
+                tracing.end_span(span, "completed")
+            case Failed(cancelled=True):
+                tracing.end_span(span, "cancelled")
+            case Failed(error_type=error_type, error_message=message, exception=exc):
+                first_line = message.split("\n", 1)[0]
+                tracing.end_span(
+                    span, "failed", error_type=error_type, message=first_line, exception=exc
+                )
+            case Released():
+                tracing.end_span(span, "released")
+            case Abandoned():
+                tracing.end_span(span, "abandoned")
+            case None:  # the run itself was cancelled (the worker stopping at once)
+                tracing.end_span(span, "interrupted")
 
     def _hard_stop(self) -> None:
         # Only an async handler can be interrupted; a thread runs on until it returns.
@@ -446,6 +517,7 @@ class Execution:
         finally:
             # From here on nothing of this attempt may write, even a thread that runs on.
             self.ctx._end_attempt(_ended(outcome))
+            self._end_span(outcome)
 
     async def _run(self) -> Outcome:
         if not (await self._wait_until_due() and await self._wait_for_slot()):

@@ -214,6 +214,8 @@ class Assignment:
     workflow_id: str | None = None
     workflow_ref: str | None = None
     parent_results: tuple[AssignedParent, ...] = ()
+    # The task's tenant (UUID text; empty from an older node): for the run's trace.
+    tenant_id: str = ""
 
     @property
     def run_key(self) -> RunKey:

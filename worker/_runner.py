@@ -11,6 +11,9 @@ configures logging: one line per record with the SDK's structured fields (``work
 ``node``, ``task_id``, ``token``, ``event``) appended as ``key=value``. ``main`` returns
 the exit code: 0 after a clean drain, 1 otherwise, 2 for a usage error. The
 ``chronoshard worker`` CLI subcommand calls ``main`` with its own arguments.
+
+It also configures tracing from the standard ``OTEL_*`` variables (docs/tracing.md) and
+flushes it after the drain; a Worker run from a user's own program leaves tracing to it.
 """
 
 from __future__ import annotations
@@ -22,11 +25,13 @@ import os
 import sys
 from collections.abc import Sequence
 
+from chronoshard import tracing
 from chronoshard.worker._errors import LoadError
 from chronoshard.worker._worker import Worker
 
 TARGETS_ENV = "CHRONOSHARD_WORKER_TARGETS"
 API_KEY_ENV = "CHRONOSHARD_API_KEY"
+METRICS_ENV = "CHRONOSHARD_WORKER_METRICS_LISTEN"
 
 EXIT_USAGE = 2
 
@@ -88,6 +93,12 @@ def _parser() -> argparse.ArgumentParser:
         help=f"API key sent as 'authorization: Bearer <key>' (default: ${API_KEY_ENV})",
     )
     parser.add_argument(
+        "--metrics-listen",
+        default=None,
+        metavar="HOST:PORT",
+        help=f"serve this worker's Prometheus /metrics there (default: ${METRICS_ENV}, else none)",
+    )
+    parser.add_argument(
         "--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"]
     )
     return parser
@@ -112,7 +123,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     api_key = args.api_key or os.environ.get(API_KEY_ENV)
     if api_key:
         worker.set_api_key(api_key)
+    metrics_listen = args.metrics_listen or os.environ.get(METRICS_ENV)
+    if metrics_listen:
+        worker.metrics_listen = metrics_listen
     handler = logging.StreamHandler()
     handler.setFormatter(FieldsFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     logging.basicConfig(level=args.log_level, handlers=[handler])
-    return worker.run_sync()
+    tracing.configure_from_env("chronoshard-worker")
+    try:
+        return worker.run_sync()
+    finally:
+        tracing.shutdown()

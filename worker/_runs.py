@@ -381,6 +381,7 @@ class RunManager:
             executor=self.executor,
             drain_stop_s=self._drain_stop_s,
             slots=self._handler_slots,
+            tenant_id=a.tenant_id,
         )
         run = _Run(a, node, execution, lease)
         self.runs[a.run_key] = run

@@ -347,6 +347,12 @@ def configure_worker(parser: argparse.ArgumentParser) -> None:
         help=f"API key the worker presents (default: ${API_KEY_ENV})",
     )
     parser.add_argument(
+        "--metrics-listen",
+        metavar="HOST:PORT",
+        help="serve the worker's Prometheus /metrics there "
+        "(default: $CHRONOSHARD_WORKER_METRICS_LISTEN, else none)",
+    )
+    parser.add_argument(
         "--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"]
     )
 
@@ -361,4 +367,6 @@ def run_worker(args: argparse.Namespace, out: TextIO) -> int:
             argv += ["--target", target]
     if args.api_key:
         argv += ["--api-key", args.api_key]
+    if args.metrics_listen:
+        argv += ["--metrics-listen", args.metrics_listen]
     return worker_main(argv)

@@ -24,6 +24,12 @@ asks the preloader to read the owned shards' PRELOADED rows back, and
 
 Lead dispatch: the assignment carries ``due_at`` and the SDK starts the handler exactly
 then, so lateness is the worker's timer precision rather than tick + commit + network.
+
+Tracing (docs/tracing.md): with OpenTelemetry configured, each attempt of a task that
+carries a trace context gets a ``dispatch <type>`` span, from its round's start (the
+intent's commit) to its send, linked to the submit. Whether tracing is on is asked once
+per round; when it is off nothing else is done, and a task without a trace context
+costs one test.
 """
 
 from __future__ import annotations
@@ -31,11 +37,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, ClassVar, Protocol
 
+from chronoshard import tracing
 from chronoshard.clock import Clock
 from chronoshard.events import wait_event
 from chronoshard.scheduler.config import SchedulerConfig
@@ -56,6 +64,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+TRACER = "chronoshard.scheduler"
+"""The instrumentation scope of the node's spans."""
 STORE_RETRY_S = 0.5
 BACKLOG_REPORT_S = 1.0
 """Look at every session's backlog at least this often, changed or not."""
@@ -303,6 +313,7 @@ class Dispatcher:
         epochs = dict(self._shards.epochs())
         intents = [Intent(_timer(r), s.worker_id) for s, r in chosen]
         self._in_round = {r.id for _, r in chosen}
+        traced_since_ns = time.time_ns() if tracing.enabled() else None
         try:
             result = await self._commit_intents(epochs, intents)
         finally:
@@ -325,18 +336,51 @@ class Dispatcher:
                 # Fault injection (test builds): half the batch is on its way, half not.
                 await faults.crash_when(CrashPoint.INSIDE_BATCH, self._sessions.outboxes_empty)
             timer = _timer(ready)
-            if self._sessions.send_assignment(session, task, timer, result.places.get(task.id)):
+            sent = self._sessions.send_assignment(session, task, timer, result.places.get(task.id))
+            if sent:
                 self._stats["dispatched"] += 1
                 if self._on_dispatched is not None:
                     self._on_dispatched(timer, (wall_now - timer.due_at).total_seconds())
             else:
                 undeliverable.append((task, timer))
+            if traced_since_ns is not None and task.trace_context:
+                self._trace_dispatch(task, session.worker_id, traced_since_ns, sent)
         self._stats["intent_rows_skipped"] += rounds.give_back(
             written.leftover, result.unwritten, self._ready, now
         )
         if undeliverable:
             await self._abandon(undeliverable)
         return len(chosen)
+
+    def _trace_dispatch(self, task: Task, worker_id: str, since_ns: int, sent: bool) -> None:
+        """The span of one dispatched attempt (tracing is on and the task carries a trace
+        context), linked to the submit's span: a dispatch may come days after it."""
+        attributes: dict[str, str | bool | int | float] = {
+            "messaging.system": tracing.MESSAGING_SYSTEM,
+            "messaging.operation.name": "dispatch",
+            "messaging.operation.type": "send",
+            "messaging.destination.name": task.queue,
+            "messaging.message.id": str(task.id),
+            "chronoshard.task.type": task.type,
+            "chronoshard.task.attempt": task.attempt,
+            "chronoshard.fencing_token": task.fencing_token,
+            "chronoshard.shard": task.shard,
+            "chronoshard.tenant": str(task.tenant_id),
+            "chronoshard.node": self._config.node_id,
+            "chronoshard.worker.id": worker_id,
+        }
+        tracing.record_span(
+            TRACER,
+            f"dispatch {task.type}",
+            tracing.PRODUCER,
+            attributes,
+            task.trace_context or {},
+            start_time_ns=since_ns,
+            outcome="sent" if sent else "undeliverable",
+            # The intent was committed, the session closed before the send: it is
+            # released at once (_abandon), and the next round dispatches it again.
+            error_type=None if sent else "WorkerSessionGone",
+        )
 
     async def _commit_intents(
         self, epochs: dict[int, int], intents: list[Intent]

@@ -334,6 +334,7 @@ class SessionRegistry:
             due_at=convert.ts_to_pb(task.due_at),
             checkpoint=bytes(task.checkpoint or b""),
             trace_context=task.trace_context or {},
+            tenant_id=str(task.tenant_id),
             queue=task.queue,
             priority=convert.priority_to_pb(task.priority),
             idempotent=task.idempotent,

@@ -217,7 +217,7 @@ class Welcome(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., session_id: _Optional[str] = ..., heartbeat_interval: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., lease_duration: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., accepts_batches: _Optional[bool] = ..., lease_margin: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
 
 class Assignment(_message.Message):
-    __slots__ = ("task", "type", "payload_json", "fencing_token", "attempt", "max_retries", "due_at", "lease_expires_at", "timeout", "checkpoint", "trace_context", "queue", "priority", "idempotent", "sent_at", "logical_date", "schedule_id", "workflow_id", "workflow_ref", "parent_results")
+    __slots__ = ("task", "type", "payload_json", "fencing_token", "attempt", "max_retries", "due_at", "lease_expires_at", "timeout", "checkpoint", "trace_context", "queue", "priority", "idempotent", "sent_at", "logical_date", "schedule_id", "workflow_id", "workflow_ref", "parent_results", "tenant_id")
     class TraceContextEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -245,6 +245,7 @@ class Assignment(_message.Message):
     WORKFLOW_ID_FIELD_NUMBER: _ClassVar[int]
     WORKFLOW_REF_FIELD_NUMBER: _ClassVar[int]
     PARENT_RESULTS_FIELD_NUMBER: _ClassVar[int]
+    TENANT_ID_FIELD_NUMBER: _ClassVar[int]
     task: _common_pb2.TaskRef
     type: str
     payload_json: bytes
@@ -265,7 +266,8 @@ class Assignment(_message.Message):
     workflow_id: str
     workflow_ref: str
     parent_results: _containers.RepeatedCompositeFieldContainer[ParentResult]
-    def __init__(self, task: _Optional[_Union[_common_pb2.TaskRef, _Mapping]] = ..., type: _Optional[str] = ..., payload_json: _Optional[bytes] = ..., fencing_token: _Optional[int] = ..., attempt: _Optional[int] = ..., max_retries: _Optional[int] = ..., due_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., lease_expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., checkpoint: _Optional[bytes] = ..., trace_context: _Optional[_Mapping[str, str]] = ..., queue: _Optional[str] = ..., priority: _Optional[_Union[_common_pb2.Priority, str]] = ..., idempotent: _Optional[bool] = ..., sent_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., logical_date: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., schedule_id: _Optional[str] = ..., workflow_id: _Optional[str] = ..., workflow_ref: _Optional[str] = ..., parent_results: _Optional[_Iterable[_Union[ParentResult, _Mapping]]] = ...) -> None: ...
+    tenant_id: str
+    def __init__(self, task: _Optional[_Union[_common_pb2.TaskRef, _Mapping]] = ..., type: _Optional[str] = ..., payload_json: _Optional[bytes] = ..., fencing_token: _Optional[int] = ..., attempt: _Optional[int] = ..., max_retries: _Optional[int] = ..., due_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., lease_expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., checkpoint: _Optional[bytes] = ..., trace_context: _Optional[_Mapping[str, str]] = ..., queue: _Optional[str] = ..., priority: _Optional[_Union[_common_pb2.Priority, str]] = ..., idempotent: _Optional[bool] = ..., sent_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., logical_date: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., schedule_id: _Optional[str] = ..., workflow_id: _Optional[str] = ..., workflow_ref: _Optional[str] = ..., parent_results: _Optional[_Iterable[_Union[ParentResult, _Mapping]]] = ..., tenant_id: _Optional[str] = ...) -> None: ...
 
 class ParentResult(_message.Message):
     __slots__ = ("ref", "task_id", "status", "result_json", "omitted")
