@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Debian packages some tests drive as outside judges or fault injectors: libfaketime (clock
-# steps of real processes) and iproute2 (network namespaces for partitions). Installed when
-# this runs as root on a machine with apt (CI); elsewhere the tests that need them skip with
-# the reason printed, and CHRONOSHARD_REQUIRE_SYSTEM_TOOLS=1 (set below when we could
-# install) turns such skips into failures.
+# steps of real processes), iproute2 (network namespaces for partitions) and prometheus
+# (only for its promtool: checks and unit-tests deploy/prometheus/alerts.yaml, lints the
+# /metrics pages). Installed when this runs as root on a machine with apt (CI); elsewhere
+# the tests that need them skip with the reason printed, and
+# CHRONOSHARD_REQUIRE_SYSTEM_TOOLS=1 (set below when we could install) turns such skips
+# into failures.
 set -euo pipefail
-packages=(faketime iproute2)
+packages=(faketime iproute2 prometheus)
 missing=()
 for pkg in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
@@ -16,6 +18,11 @@ if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null 2>&1; then
         export DEBIAN_FRONTEND=noninteractive
         apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null \
             || { apt-get update -q >/dev/null && apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null; }
+        # The prometheus package starts its server where systemd runs; the tests need
+        # only promtool, so stop the server (nothing listening on :9090).
+        if [[ " ${missing[*]} " == *" prometheus "* ]] && [ -d /run/systemd/system ]; then
+            systemctl disable --now prometheus >/dev/null 2>&1 || true
+        fi
     fi
     echo "export CHRONOSHARD_REQUIRE_SYSTEM_TOOLS=1"
 elif [ ${#missing[@]} -gt 0 ]; then

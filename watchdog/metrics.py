@@ -2,7 +2,10 @@
 
 The loops keep plain counters (:class:`~.checker.CheckStats`,
 :class:`~.notifier.DeliveryStats`, :class:`~.canary.CanaryStats`) and the collector reads
-them at scrape time; only the canary latency histogram needs every observation.
+them at scrape time; only the canary latency histogram needs every observation. The
+process and platform collectors of ``prometheus_client`` (CPU, memory, file descriptors,
+GC, Python version) are registered beside them, as on a scheduler node: the dashboard
+(deploy/grafana) shows the watchdog's CPU and memory the same way.
 
 The full list, with what each metric means, is in ``docs/watchdog.md``.
 """
@@ -13,7 +16,13 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client import (
+    GC_COLLECTOR,
+    PLATFORM_COLLECTOR,
+    PROCESS_COLLECTOR,
+    CollectorRegistry,
+    Histogram,
+)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -122,6 +131,8 @@ def _labelled_counter(
 class WatchdogMetrics:
     def __init__(self, sources: Sources) -> None:
         self.registry = CollectorRegistry()
+        for collector in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
+            self.registry.register(collector)
         self.registry.register(WatchdogCollector(sources))
         self.canary_latency = Histogram(
             f"{PREFIX}_canary_latency_seconds",

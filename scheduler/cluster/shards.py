@@ -91,7 +91,9 @@ class WorkerPresence(Protocol):
 
 
 class ShardManager:
-    STATS_GAUGES: ClassVar[frozenset[str]] = frozenset({"owned"})
+    # "in_cluster", the cluster's shard count, beside "owned": an alert on the sum of
+    # owned over the nodes falling short needs the count it should reach.
+    STATS_GAUGES: ClassVar[frozenset[str]] = frozenset({"owned", "in_cluster"})
 
     def __init__(
         self,
@@ -575,7 +577,7 @@ class ShardManager:
             await self._release(shard, reason="shutdown")
 
     def get_stats(self) -> dict[str, int]:
-        return {**self._stats, "owned": len(self._owned)}
+        return {**self._stats, "owned": len(self._owned), "in_cluster": self._shard_count}
 
 
 def _views(members: Mapping[str, NodeInfo]) -> set[tuple[str, str, bool]]:
