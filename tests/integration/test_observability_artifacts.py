@@ -3,7 +3,8 @@ the real processes.
 
 ``promtool`` (Debian's ``prometheus`` package, installed by ``scripts/system-tools.sh``)
 checks the rules and the example Prometheus config, runs the rules' unit tests
-(deploy/prometheus/tests/), parses every dashboard query, and lints both /metrics pages.
+(deploy/prometheus/tests/), parses every dashboard query, and lints the /metrics pages of
+the node, the watchdog and the SDK worker.
 One scheduler node and one watchdog start on this module's database; tasks submitted
 through the API run on an SDK worker and one waits in a queue nobody serves, and then each
 process's /metrics is scraped once. Every metric a dashboard query or an alert names must
@@ -74,9 +75,10 @@ class Scrapes:
 
     node: str
     watchdog: str
+    worker: str
 
     def pages(self) -> dict[str, str]:
-        return {"scheduler node": self.node, "watchdog": self.watchdog}
+        return {"scheduler node": self.node, "watchdog": self.watchdog, "worker": self.worker}
 
 
 def fetch(address: str) -> str:
@@ -95,17 +97,17 @@ def sample_sum(text: str, name: str) -> float:
     )
 
 
-async def drive_node(node: SchedulerNode) -> str:
+async def drive_node(node: SchedulerNode) -> tuple[str, str]:
     """Tasks submitted through the API and run by an SDK worker, one parked in a queue no
     worker serves; the node's scrape, taken while the worker is connected and the parked
-    task waits."""
+    task waits, and the worker's own, once it ran the tasks."""
     assert node.addresses is not None
     grpc_address, metrics_address = node.addresses.grpc, node.addresses.metrics
     await eventually(
         lambda: len(node.shards.epochs()) == SHARDS, timeout_s=10, what="all shards claimed"
     )
     _, api_key = await tenant_with_key(node.store, rate_limit_rps=1000.0)
-    worker = Worker([grpc_address], api_key=api_key, slots=2)
+    worker = Worker([grpc_address], api_key=api_key, slots=2, metrics_listen="127.0.0.1:0")
 
     @worker.task("echo")
     async def echo(ctx: TaskContext) -> dict[str, Any]:
@@ -136,11 +138,16 @@ async def drive_node(node: SchedulerNode) -> str:
             )
             return text if in_place else None
 
-        return await eventually(
+        node_text = await eventually(
             scraped_with_the_work_in_place,
             timeout_s=10,
             what="a scrape with the parked task ready and the worker connected",
         )
+        assert worker.metrics_address is not None
+        worker_text = await asyncio.to_thread(fetch, worker.metrics_address)
+        assert sample_sum(worker_text, "chronoshard_sdk_attempts_total") >= ECHO_TASKS
+        assert sample_sum(worker_text, "chronoshard_sdk_slots") == 2
+        return node_text, worker_text
     finally:
         worker.stop()
         await asyncio.wait_for(running, timeout=10)
@@ -161,7 +168,7 @@ async def drive_and_scrape(dsn: str, etcd_endpoint: str) -> Scrapes:
     await watchdog.start()
     try:
         async with running_node(node_config(dsn, etcd_endpoint, shard_count=SHARDS)) as node:
-            node_text = await drive_node(node)
+            node_text, worker_text = await drive_node(node)
         # Its last-check gauge appears with its first check.
         await eventually(
             lambda: watchdog.check_stats.checks >= 1, timeout_s=10, what="a watchdog check"
@@ -169,7 +176,7 @@ async def drive_and_scrape(dsn: str, etcd_endpoint: str) -> Scrapes:
         watchdog_text = await asyncio.to_thread(fetch, watchdog.http_address)
     finally:
         await watchdog.stop()
-    return Scrapes(node=node_text, watchdog=watchdog_text)
+    return Scrapes(node=node_text, watchdog=watchdog_text, worker=worker_text)
 
 
 @pytest.fixture(scope="module")
@@ -329,7 +336,7 @@ def test_every_dashboard_query_parses_as_promql(tmp_path: Path) -> None:
     assert run_promtool("check", "rules", str(path)).returncode == 0
 
 
-@pytest.mark.parametrize("page", ["scheduler node", "watchdog"])
+@pytest.mark.parametrize("page", ["scheduler node", "watchdog", "worker"])
 def test_promtool_finds_no_problem_in_a_metrics_page(scrapes: Scrapes, page: str) -> None:
     done = run_promtool("check", "metrics", stdin=scrapes.pages()[page])
     assert done.returncode == 0 and (done.stdout + done.stderr).strip() == ""
