@@ -262,6 +262,7 @@ def task_from_pb(msg: common_pb2.Task, attempts: Iterable[common_pb2.TaskAttempt
         schedule_id=_text(msg.schedule_id),
         logical_date=_datetime(msg, "logical_date"),
         attempts=tuple(attempt_from_pb(a) for a in attempts),
+        waiting_reason=_text(msg.waiting_reason),
     )
 
 
@@ -448,6 +449,7 @@ def task_to_pb(task: Task) -> common_pb2.Task:
         workflow_id=task.workflow_id or "",
         unresolved_dependencies=task.unresolved_dependencies,
         schedule_id=task.schedule_id or "",
+        waiting_reason=task.waiting_reason or "",
     )
     policy = task.retry_policy
     if policy.initial_backoff_s is not None:

@@ -25,6 +25,7 @@ from collections.abc import Callable, Sequence
 from typing import TextIO
 
 from chronoshard._cli import admin as _cli_admin
+from chronoshard._cli import console as _cli_console
 from chronoshard._cli import health as _cli_health
 from chronoshard._cli import ops as _cli_ops
 from chronoshard._cli import schedules as _cli_schedules
@@ -131,6 +132,12 @@ COMMANDS: dict[str, Command] = {
         _cli_admin.run_undrain,
         _cli_admin.UNDRAIN_EPILOG,
     ),
+    "console": Command(
+        "serve the web console for a cluster (log in with an API key)",
+        _cli_console.configure_console,
+        _cli_console.run_console,
+        _cli_console.CONSOLE_EPILOG,
+    ),
     "health": Command(
         "check a scheduler node's gRPC health (or a watchdog's /healthz): exit 0 if SERVING",
         _cli_health.configure_health,
@@ -144,7 +151,7 @@ COMMANDS: dict[str, Command] = {
         _cli_ops.WORKER_EPILOG,
     ),
     "tenants": Command(
-        "create and list tenants and their API keys",
+        "create, update and list tenants: their API keys and quotas",
         _configure_group(_cli_ops.TENANT_COMMANDS, "tenants_command"),
     ),
     "expect": Command(
@@ -198,7 +205,7 @@ def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None) -> int
     A malformed command line exits through argparse (``SystemExit(2)``), as it always did.
     """
     from chronoshard.errors import ChronoshardError, NotFoundError
-    from chronoshard.scheduler.errors import SchedulerError, TaskNotFound
+    from chronoshard.scheduler.errors import SchedulerError, TaskNotFound, TenantNotFound
 
     stdout = sys.stdout if out is None else out
     args = build_parser().parse_args(argv)
@@ -214,7 +221,7 @@ def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None) -> int
         return EXIT_NOT_FOUND if isinstance(exc, NotFoundError) else EXIT_FAILURE
     except SchedulerError as exc:  # a command run against the database
         print(f"{name}: {exc}", file=sys.stderr)
-        return EXIT_NOT_FOUND if isinstance(exc, TaskNotFound) else EXIT_FAILURE
+        return EXIT_NOT_FOUND if isinstance(exc, TaskNotFound | TenantNotFound) else EXIT_FAILURE
     except KeyboardInterrupt:
         print(f"{name}: interrupted", file=sys.stderr)
         return 130

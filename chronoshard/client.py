@@ -31,6 +31,13 @@ reads, cancels, pauses, and submits (and workflow creates) with idempotency keys
 (:mod:`chronoshard._failover` holds the policy and says why). Anything else the caller
 decides: errors carry ``retryable``.
 
+A call refused because the tenant is over its submit rate (:class:`QuotaExceededError`,
+``RESOURCE_EXHAUSTED`` with the server's ``RetryInfo``) wrote nothing, so it is always
+safe to send again: with ``max_quota_wait_s`` the client waits the delay the node asked
+for and sends it again (to the next node), as long as its waits add up to no more than
+that and stay within the call's deadline; otherwise, or by default (0), it raises the
+error, whose ``retry_after_s`` says how long to wait.
+
 gRPC's asyncio channels belong to the event loop that created them, so a :class:`Client`
 opens its channels on first use and is then bound to that loop (using it from another loop
 raises RuntimeError instead of hanging). Blocking code uses ``SyncClient``, which drives a
@@ -63,6 +70,7 @@ from chronoshard.errors import (
     ChronoshardError,
     DeadlineExceededError,
     NotSentError,
+    QuotaExceededError,
     UnavailableError,
     from_rpc_error,
 )
@@ -236,7 +244,9 @@ class Client:
     ``tls`` is False (plaintext), True (TLS with the system's roots) or a
     :class:`TLSConfig`. ``timeout_s`` is the deadline of each call, ``max_in_flight`` the
     bound on concurrent calls per target. ``extra_channel_options`` overrides gRPC channel
-    arguments (see :func:`channel_options`).
+    arguments (see :func:`channel_options`). ``max_quota_wait_s`` is how long in all a
+    call may wait, as the node asks, before it is sent again after a refusal for quota
+    (:class:`~chronoshard.errors.QuotaExceededError`); 0, the default, raises it at once.
 
     Use as ``async with Client(...) as client:`` or call :meth:`close`.
     """
@@ -251,6 +261,7 @@ class Client:
         max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
         max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES,
         extra_channel_options: Mapping[str, int | str] | None = None,
+        max_quota_wait_s: float = 0.0,
     ) -> None:
         targets = (target,) if isinstance(target, str) else tuple(target)
         if not targets or not all(isinstance(t, str) and t for t in targets):
@@ -259,6 +270,9 @@ class Client:
             raise ValueError(f"timeout_s must be positive, got {timeout_s}")
         if max_in_flight < 1:
             raise ValueError(f"max_in_flight must be at least 1, got {max_in_flight}")
+        if not max_quota_wait_s >= 0:
+            raise ValueError(f"max_quota_wait_s must be >= 0, got {max_quota_wait_s}")
+        self._max_quota_wait_s = float(max_quota_wait_s)
         self._targets = targets
         self._tls: TLSConfig | None = TLSConfig() if tls is True else (tls or None)
         self._timeout_s = float(timeout_s)
@@ -720,6 +734,7 @@ class Client:
         self._next = (start + 1) % len(self._endpoints)
         tried: set[int] = set()
         failure: ChronoshardError | None = None
+        quota_waited_s = 0.0
         while True:
             index = await self._connected_target(loop, deadline, start, tried)
             if self._closed:
@@ -734,6 +749,19 @@ class Client:
             try:
                 endpoint = self._endpoints[index]
                 return await self._attempt(endpoint, method, request, metadata, deadline)
+            except QuotaExceededError as exc:
+                wait_s = exc.retry_after_s
+                if (
+                    wait_s is None
+                    or quota_waited_s + wait_s > self._max_quota_wait_s
+                    or loop.time() + wait_s >= deadline
+                ):
+                    raise
+                # Nothing was written: the same call goes again, to the next node.
+                quota_waited_s += wait_s
+                await asyncio.sleep(wait_s)
+                tried.discard(index)
+                start = (index + 1) % len(self._endpoints)
             except ChronoshardError as exc:
                 if not failover.may_try_another(exc.code, repeatable=repeatable):
                     raise

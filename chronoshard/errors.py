@@ -10,6 +10,12 @@ reason); the client raises the result ``from`` the grpc error so the original st
 traceback. Batch items that fail on their own carry the same fields without a gRPC call
 around them; :func:`error_for` builds their exception from the pieces.
 
+A refusal that says when to try again carries the delay in gRPC's standard
+``google.rpc.RetryInfo`` (see :mod:`chronoshard.wire`): the exception's ``retry_after_s``.
+A tenant over its submit rate is :class:`QuotaExceededError` (``RESOURCE_EXHAUSTED``,
+reason ``QUOTA_EXCEEDED``): nothing was written, and the same call may be sent again after
+``retry_after_s`` (the client does so by itself within ``max_quota_wait_s``).
+
 ``retryable`` is the server's word when it sent one. Without it (a transport failure, a
 proxy, an older server) the class default applies: UNAVAILABLE, DEADLINE_EXCEEDED,
 RESOURCE_EXHAUSTED and ABORTED are worth sending again later, the rest are not. Note that a
@@ -25,7 +31,7 @@ from typing import Any, ClassVar
 
 import grpc
 
-from chronoshard.wire import error_info_from_metadata
+from chronoshard.wire import error_info_from_metadata, retry_delay_from_metadata
 
 __all__ = [
     "AbortedError",
@@ -39,6 +45,7 @@ __all__ = [
     "NotSentError",
     "PermissionDeniedError",
     "ProtocolError",
+    "QuotaExceededError",
     "ResourceExhaustedError",
     "StaleFencingTokenError",
     "UnauthenticatedError",
@@ -54,7 +61,9 @@ class ChronoshardError(Exception):
     Raised as such only for statuses without a class of their own (CANCELLED,
     UNIMPLEMENTED, OUT_OF_RANGE). Attributes: ``code`` (:class:`grpc.StatusCode`),
     ``reason`` (the server's machine-readable reason, or the code's name), ``field`` (the
-    request field at fault, or None), ``retryable`` and ``details`` (readable text).
+    request field at fault, or None), ``retryable``, ``details`` (readable text) and
+    ``retry_after_s`` (how long the server asked the caller to wait before sending it
+    again, from its ``RetryInfo``; None when it said nothing).
     """
 
     default_retryable: ClassVar[bool] = False
@@ -67,6 +76,7 @@ class ChronoshardError(Exception):
         reason: str | None = None,
         field: str | None = None,
         retryable: bool | None = None,
+        retry_after_s: float | None = None,
     ) -> None:
         super().__init__(details)
         self.code = code
@@ -74,6 +84,7 @@ class ChronoshardError(Exception):
         self.field = field or None
         self.retryable = self.default_retryable if retryable is None else retryable
         self.details = details
+        self.retry_after_s = retry_after_s
 
     def __str__(self) -> str:
         where = f" (field {self.field})" if self.field else ""
@@ -129,6 +140,12 @@ class ResourceExhaustedError(ChronoshardError):
     (RESOURCE_EXHAUSTED). Quota errors are retryable after a pause."""
 
     default_retryable = True
+
+
+class QuotaExceededError(ResourceExhaustedError):
+    """Raised when the tenant is over its submit rate (RESOURCE_EXHAUSTED, reason
+    ``QUOTA_EXCEEDED``). Nothing was written: send the same call again after
+    ``retry_after_s`` seconds (the server's ``RetryInfo``)."""
 
 
 class UnavailableError(ChronoshardError):
@@ -197,6 +214,7 @@ _BY_CODE: Mapping[grpc.StatusCode, type[ChronoshardError]] = {
 # Reasons precise enough to deserve a class of their own, whatever the status.
 _BY_REASON: Mapping[str, type[ChronoshardError]] = {
     "STALE_FENCING_TOKEN": StaleFencingTokenError,
+    "QUOTA_EXCEEDED": QuotaExceededError,
 }
 
 
@@ -215,10 +233,18 @@ def error_for(
     reason: str | None = None,
     field: str | None = None,
     retryable: bool | None = None,
+    retry_after_s: float | None = None,
 ) -> ChronoshardError:
     """Build (not raise) the exception for a failure described by its parts."""
     cls = _BY_REASON.get(reason or "") or _BY_CODE.get(code, ChronoshardError)
-    return cls(details, code=code, reason=reason, field=field, retryable=retryable)
+    return cls(
+        details,
+        code=code,
+        reason=reason,
+        field=field,
+        retryable=retryable,
+        retry_after_s=retry_after_s,
+    )
 
 
 def from_rpc_error(exc: grpc.RpcError) -> ChronoshardError:
@@ -228,9 +254,11 @@ def from_rpc_error(exc: grpc.RpcError) -> ChronoshardError:
     if not isinstance(code, grpc.StatusCode):
         code = grpc.StatusCode.UNKNOWN
     details = _call_attr(exc, "details", None) or ""
-    info = error_info_from_metadata(_call_attr(exc, "trailing_metadata", None))
+    trailers = _call_attr(exc, "trailing_metadata", None)
+    info = error_info_from_metadata(trailers)
+    retry_after_s = retry_delay_from_metadata(trailers)
     if info is None:
-        error = error_for(code, details or code.name)
+        error = error_for(code, details or code.name, retry_after_s=retry_after_s)
     else:
         error = error_for(
             code,
@@ -238,6 +266,7 @@ def from_rpc_error(exc: grpc.RpcError) -> ChronoshardError:
             reason=info.reason or None,
             field=info.field or None,
             retryable=info.retryable,
+            retry_after_s=retry_after_s,
         )
     error.__cause__ = exc
     return error

@@ -10,8 +10,16 @@ on failure, and a stop that ends the whole process group, so nothing we start ou
 its owner. Both are synchronous; async callers run them in a thread.
 """
 
-from chronoshard._dev.etcd import EtcdProcess, find_etcd_binary
-from chronoshard._dev.postgres import PostgresServer
+from chronoshard._dev.etcd import EtcdProcess, EtcdTLS, find_etcd_binary
+from chronoshard._dev.postgres import PostgresServer, PostgresTLS
 from chronoshard._dev.processes import LOOPBACK_HOST, ServiceError
 
-__all__ = ["LOOPBACK_HOST", "EtcdProcess", "PostgresServer", "ServiceError", "find_etcd_binary"]
+__all__ = [
+    "LOOPBACK_HOST",
+    "EtcdProcess",
+    "EtcdTLS",
+    "PostgresServer",
+    "PostgresTLS",
+    "ServiceError",
+    "find_etcd_binary",
+]

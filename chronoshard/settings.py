@@ -8,11 +8,18 @@ and ``CHRONOSHARD_*`` environment variables. Nested dataclasses map to TOML tabl
 Every problem raises :class:`ConfigError` naming the bad key, so a process refuses to
 start instead of running with a half-understood configuration. Parsing happens only in
 entry points; the rest of the code receives the finished object.
+
+A ``CHRONOSHARD_*`` variable that is no key is an error too (a typo in a manifest must
+not leave the process on its defaults), unless it is a key of another process's
+configuration (:data:`CONFIG_CLASSES`: one ``.env`` may serve a whole compose file) or
+one of the variables read outside any configuration (:data:`OTHER_VARIABLES`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import importlib
 import os
 import tomllib
 import types
@@ -24,6 +31,108 @@ from typing import Any, TypeVar
 T = TypeVar("T")
 
 ENV_PREFIX = "CHRONOSHARD_"
+
+CONFIG_CLASSES: Mapping[str, str] = {
+    "chronoshard-scheduler": "chronoshard.scheduler.config:SchedulerConfig",
+    "chronoshard-watchdog": "chronoshard.watchdog.config:WatchdogConfig",
+}
+"""Every process's configuration class, by program, as ``module:attribute``. Named, not
+imported: importing one pulls in its package, which :func:`load` does only when it meets
+a variable that is no key of the configuration it builds."""
+
+
+@dataclasses.dataclass(frozen=True)
+class OtherVariable:
+    """A ``CHRONOSHARD_*`` variable read outside every configuration class."""
+
+    readers: tuple[str, ...]
+    """Who reads it: a program (``chronoshard`` for every CLI command, ``chronoshard
+    worker``, ``chronoshard-scheduler``, ``chronoshard-watchdog``) or ``tests``, ``bench``,
+    ``examples``."""
+    purpose: str
+    test_only: bool = False
+    """Only the test suite and the benchmarks set it; never one for a deployment."""
+
+
+OTHER_VARIABLES: Mapping[str, OtherVariable] = {
+    "CHRONOSHARD_CONFIG": OtherVariable(
+        ("chronoshard-scheduler", "chronoshard-watchdog"),
+        "the TOML file to read (the default of `--config`)",
+    ),
+    "CHRONOSHARD_DSN": OtherVariable(
+        ("chronoshard", "examples"),
+        "PostgreSQL for `migrate`, `tenants`, `partitions` and `dev` (the default of `--dsn`)",
+    ),
+    "CHRONOSHARD_TARGET": OtherVariable(
+        ("chronoshard",),
+        "scheduler address(es) the client commands and `chronoshard worker` call "
+        "(the default of `--target`)",
+    ),
+    "CHRONOSHARD_API_KEY": OtherVariable(
+        ("chronoshard", "chronoshard worker", "examples"),
+        "the API key the client commands and workers present (the default of `--api-key`)",
+    ),
+    "CHRONOSHARD_TLS_CA": OtherVariable(
+        ("chronoshard", "chronoshard worker"),
+        "PEM bundle of the CA(s) a node's certificate must chain to; implies TLS "
+        "(the default of `--tls-ca`)",
+    ),
+    "CHRONOSHARD_TLS_CERT": OtherVariable(
+        ("chronoshard", "chronoshard worker"),
+        "client certificate (PEM) for nodes that require one (the default of `--tls-cert`)",
+    ),
+    "CHRONOSHARD_TLS_KEY": OtherVariable(
+        ("chronoshard", "chronoshard worker"),
+        "the client certificate's private key (PEM) (the default of `--tls-key`)",
+    ),
+    "CHRONOSHARD_WORKER_TARGETS": OtherVariable(
+        ("chronoshard worker",),
+        "scheduler addresses, comma-separated, replacing those the `Worker` was built with",
+    ),
+    "CHRONOSHARD_WORKER_METRICS_LISTEN": OtherVariable(
+        ("chronoshard worker",),
+        "where the worker serves its Prometheus `/metrics` (the default of `--metrics-listen`)",
+    ),
+    "CHRONOSHARD_WORKER_ID": OtherVariable(
+        ("examples", "tests"),
+        "the worker id of the example and test worker modules (the SDK itself does not read it)",
+    ),
+    "CHRONOSHARD_CRASH_AT": OtherVariable(
+        ("chronoshard-scheduler",),
+        "a crash point the node dies at (scheduler/dispatch/faults.py); ignored without "
+        "`CHRONOSHARD_TESTING=1`",
+        test_only=True,
+    ),
+    "CHRONOSHARD_TESTING": OtherVariable(
+        ("chronoshard-scheduler",),
+        "`1` arms `CHRONOSHARD_CRASH_AT`",
+        test_only=True,
+    ),
+    "CHRONOSHARD_TEST_DSN": OtherVariable(
+        ("tests", "bench"),
+        "the PostgreSQL server to test and benchmark against (else an embedded one)",
+        test_only=True,
+    ),
+    "CHRONOSHARD_REQUIRE_SYSTEM_TOOLS": OtherVariable(
+        ("tests",),
+        "`1` (set by scripts/system-tools.sh) makes a missing outside tool fail its tests "
+        "instead of skipping them",
+        test_only=True,
+    ),
+    "CHRONOSHARD_UPDATE_SCHEMA_SNAPSHOT": OtherVariable(
+        ("tests",),
+        "`1` rewrites the schema snapshot tests/integration/test_migrations.py compares with",
+        test_only=True,
+    ),
+    "CHRONOSHARD_UPDATE_SCREENSHOTS": OtherVariable(
+        ("tests",),
+        "`1` makes tests/e2e/test_console.py write its screenshots to docs/console/ (the "
+        "ones docs/console.md shows) instead of the test's temporary directory",
+        test_only=True,
+    ),
+}
+"""The one list of ``CHRONOSHARD_*`` names that are no configuration key; :func:`load`
+ignores these, and a unit test holds every such name in the source tree to it."""
 
 
 class ConfigError(ValueError):
@@ -46,6 +155,9 @@ def load(
 
     ``overrides`` (dotted keys, e.g. ``{"etcd.endpoints": [...]}``) are for command-line
     flags. Unknown keys anywhere are errors: a typo must not silently fall back to a default.
+    So is a ``CHRONOSHARD_*`` variable that is no key of ``cls``, of another process's
+    configuration (:data:`CONFIG_CLASSES`) or in :data:`OTHER_VARIABLES`; those two are
+    ignored.
     """
     data: dict[str, Any] = {}
     if path is not None:
@@ -58,19 +170,75 @@ def load(
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(str(file_path), f"not valid TOML: {exc}") from exc
     environ = os.environ if env is None else env
+    unmatched: list[str] = []
     for name, raw in environ.items():
-        if not name.startswith(env_prefix) or name == f"{env_prefix}CONFIG":
+        if not name.startswith(env_prefix):
             continue
         dotted = name[len(env_prefix) :].lower().replace("__", ".")
         if _field_path_exists(cls, dotted.split(".")):
             _set_dotted(data, dotted, raw)
+        elif _canonical(name, env_prefix) not in OTHER_VARIABLES:
+            unmatched.append(name)
+    if unmatched:
+        _reject_unknown_variables(cls, sorted(unmatched), env_prefix)
     for dotted, value in (overrides or {}).items():
         _set_dotted(data, dotted, value)
     return _build(cls, data, prefix="")
 
 
+def _canonical(name: str, env_prefix: str) -> str:
+    """``name`` as spelt in :data:`OTHER_VARIABLES` and by :func:`env_names` (``load``
+    takes a key in any case after the prefix)."""
+    return ENV_PREFIX + name[len(env_prefix) :].upper()
+
+
+def _reject_unknown_variables(cls: type[Any], names: list[str], env_prefix: str) -> None:
+    """Raise for the first of ``names`` (no key of ``cls``, not in OTHER_VARIABLES) that no
+    other process's configuration has either, suggesting the nearest known name."""
+    others: set[str] = set()
+    for other in config_classes().values():
+        others |= env_names(other)
+    unknown = [name for name in names if _canonical(name, env_prefix) not in others]
+    if not unknown:
+        return
+    # Compared without the prefix, which every name shares and would make all look alike.
+    known = sorted(n[len(ENV_PREFIX) :] for n in env_names(cls) | others | set(OTHER_VARIABLES))
+    first = unknown[0]
+    near = difflib.get_close_matches(_canonical(first, env_prefix)[len(ENV_PREFIX) :], known, n=1)
+    if near:
+        hint = f"did you mean {env_prefix}{near[0]}?"
+    else:
+        hint = "none known is near it; docs/configuration.md lists them"
+    more = f"; also unknown: {', '.join(unknown[1:])}" if unknown[1:] else ""
+    raise ConfigError(first, f"unknown variable ({hint}){more}")
+
+
+def config_classes() -> dict[str, type[Any]]:
+    """:data:`CONFIG_CLASSES`, imported."""
+    classes: dict[str, type[Any]] = {}
+    for program, target in CONFIG_CLASSES.items():
+        module, _, attribute = target.partition(":")
+        classes[program] = getattr(importlib.import_module(module), attribute)
+    return classes
+
+
+def env_names(cls: type[Any]) -> set[str]:
+    """The ``CHRONOSHARD_*`` name of every key of a config dataclass (as :func:`describe`
+    spells them, without building an instance)."""
+    names: set[str] = set()
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        tp = hints[f.name]
+        env = f"{ENV_PREFIX}{f.name.upper()}"
+        if dataclasses.is_dataclass(tp) and isinstance(tp, type):
+            names |= {env + "__" + inner[len(ENV_PREFIX) :] for inner in env_names(tp)}
+        else:
+            names.add(env)
+    return names
+
+
 def _field_path_exists(cls: type[Any], parts: list[str]) -> bool:
-    """Env vars that name no field are ignored (CHRONOSHARD_TEST_DSN and the like)."""
+    """Whether ``parts`` (an env name split at ``__``) name a key or a table of ``cls``."""
     current: Any = cls
     for part in parts:
         if not dataclasses.is_dataclass(current):

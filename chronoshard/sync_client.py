@@ -90,6 +90,7 @@ class SyncClient:
         max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
         max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES,
         extra_channel_options: Mapping[str, int | str] | None = None,
+        max_quota_wait_s: float = 0.0,
     ) -> None:
         self._client = Client(
             target,
@@ -99,6 +100,7 @@ class SyncClient:
             max_in_flight=max_in_flight,
             max_batch_bytes=max_batch_bytes,
             extra_channel_options=extra_channel_options,
+            max_quota_wait_s=max_quota_wait_s,
         )
         self._loop = _new_event_loop()
         running = threading.Event()

@@ -226,6 +226,9 @@ class Task:
     schedule_id: str | None
     logical_date: datetime | None
     attempts: tuple[TaskAttempt, ...] = ()
+    waiting_reason: str | None = None
+    """Why a task that is due still waits, when its tenant's quotas hold it
+    (``Client.get`` only): ``"TENANT_RATE_LIMIT"`` or ``"TENANT_CONCURRENCY_LIMIT"``."""
 
     @property
     def max_retries(self) -> int | None:

@@ -13,7 +13,11 @@ A failed unary call carries a gRPC status code, a readable ``details`` string, a
 machine-readable :class:`chronoshard.v1.common_pb2.ErrorInfo` serialized in the trailing
 metadata under :data:`ERROR_INFO_KEY` (a ``-bin`` key, so gRPC base64-encodes it on the
 wire). Messages that report several outcomes (batch results, stream receipts) embed
-``ErrorInfo`` directly.
+``ErrorInfo`` directly. A refusal that says when to try again (a tenant over its submit
+rate: ``RESOURCE_EXHAUSTED``, reason ``QUOTA_EXCEEDED``) also carries gRPC's standard
+rich status in :data:`STATUS_DETAILS_KEY`: a ``google.rpc.Status`` whose details hold a
+``google.rpc.RetryInfo`` (the delay) and the same ``ErrorInfo``, which any gRPC client
+library knows how to read (:func:`status_details_metadata`, :func:`retry_delay_from_metadata`).
 """
 
 from __future__ import annotations
@@ -22,7 +26,10 @@ from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from google.protobuf import duration_pb2, timestamp_pb2
+from google.protobuf import any_pb2, duration_pb2, timestamp_pb2
+
+# googleapis-common-protos ships no type information.
+from google.rpc import error_details_pb2, status_pb2  # type: ignore[import-untyped]
 
 from chronoshard.v1 import common_pb2
 
@@ -137,4 +144,42 @@ def error_info_from_metadata(metadata: Iterable[Any] | None) -> common_pb2.Error
             except Exception:  # a foreign or corrupted trailer must not mask the status
                 return None
             return info
+    return None
+
+
+STATUS_DETAILS_KEY = "grpc-status-details-bin"
+"""gRPC's own trailer for the rich error model (``google.rpc.Status``)."""
+
+
+def status_details_metadata(
+    code: int, info: common_pb2.ErrorInfo, retry_after_s: float
+) -> tuple[tuple[str, bytes], ...]:
+    """The ``google.rpc.Status`` trailer of a refusal to retry after ``retry_after_s``:
+    ``code`` is the call's numeric status code (gRPC clients check that the two agree),
+    the details a ``RetryInfo`` and ``info``."""
+    retry = error_details_pb2.RetryInfo(retry_delay=duration_to_pb(max(0.0, retry_after_s)))
+    details = [any_pb2.Any(), any_pb2.Any()]
+    details[0].Pack(retry)
+    details[1].Pack(info)
+    status = status_pb2.Status(code=code, message=info.message, details=details)
+    return ((STATUS_DETAILS_KEY, status.SerializeToString()),)
+
+
+def retry_delay_from_metadata(metadata: Iterable[Any] | None) -> float | None:
+    """The ``RetryInfo`` delay (seconds) of a ``google.rpc.Status`` trailer; None if there
+    is none, or it does not parse."""
+    for item in metadata or ():
+        key, value = (item.key, item.value) if hasattr(item, "key") else item
+        if key != STATUS_DETAILS_KEY or not isinstance(value, bytes):
+            continue
+        status = status_pb2.Status()
+        try:
+            status.ParseFromString(value)
+        except Exception:  # a foreign or corrupted trailer must not mask the status
+            return None
+        for detail in status.details:
+            if detail.Is(error_details_pb2.RetryInfo.DESCRIPTOR):
+                retry = error_details_pb2.RetryInfo()
+                detail.Unpack(retry)
+                return duration_seconds(retry.retry_delay)
     return None

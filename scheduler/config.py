@@ -15,9 +15,10 @@ import os
 import socket
 from dataclasses import dataclass, field
 
+from chronoshard.scheduler.core.identities import IdentityError, IdentityMap
 from chronoshard.scheduler.core.jitter import DEFAULT_WINDOW_S as DEFAULT_JITTER_WINDOW_S
 from chronoshard.scheduler.core.models import DEFAULT_PAYLOAD_LIMIT_BYTES, MAX_RETRIES_LIMIT
-from chronoshard.settings import require
+from chronoshard.settings import ConfigError, require
 from chronoshard.wire import DEFAULT_LEASE_MARGIN_S
 
 DEFAULT_SHARD_COUNT = 64
@@ -49,12 +50,25 @@ class EtcdConfig:
     call_timeout_s: float = 3.0
     username: str | None = None
     password: str | None = None
+    # TLS to etcd (docs/operations.md#tls): the CA that signed etcd's certificate (PEM
+    # file; set, the connection is TLS), and a client certificate and key for etcd's
+    # --client-cert-auth.
     ca_cert: str | None = None
     cert_key: str | None = None
     cert_cert: str | None = None
 
     def validate(self) -> None:
         require(len(self.endpoints) > 0, "etcd.endpoints", "at least one endpoint is needed")
+        require(
+            (self.cert_cert is None) == (self.cert_key is None),
+            "etcd.cert_cert",
+            "cert_cert and cert_key go together",
+        )
+        require(
+            self.cert_cert is None or self.ca_cert is not None,
+            "etcd.ca_cert",
+            "a client certificate needs TLS: set etcd.ca_cert (the CA of etcd's certificate)",
+        )
         require(self.lease_ttl_s >= 2, "etcd.lease_ttl_s", "must be at least 2 seconds")
         require(
             0 <= self.self_fence_margin_s < self.lease_ttl_s,
@@ -83,9 +97,13 @@ class DatabaseConfig:
     # PostgreSQL is down, a submit answers UNAVAILABLE within this (below the client's
     # 10 s deadline), and a restart shorter than this fails no request at all.
     acquire_timeout_s: float = 5.0
+    # How long a starting node waits for its first connections (PostgreSQL starting too)
+    # before it gives up, saying why the last attempt failed (a wrong sslmode, say).
+    open_timeout_s: float = 30.0
 
     def validate(self) -> None:
         require(self.pool_min_size >= 1, "database.pool_min_size", "must be at least 1")
+        require(self.open_timeout_s > 0, "database.open_timeout_s", "must be positive")
         require(self.acquire_timeout_s > 0, "database.acquire_timeout_s", "must be positive")
         require(
             self.pool_max_size >= self.pool_min_size,
@@ -120,9 +138,16 @@ class GrpcConfig:
     # worker never blocks others.
     worker_send_queue: int = 4096
     stream_write_timeout_s: float = 5.0
+    # TLS (docs/operations.md#tls): the node's certificate chain and key (PEM files), and
+    # the CA bundle client certificates must chain to (set: every client needs one). The
+    # node re-reads all three when they change, without a restart (certificate rotation).
     tls_cert: str | None = None
     tls_key: str | None = None
     tls_client_ca: str | None = None
+    # Client certificates that stand for a tenant, "SELECTOR => TENANT" each, SELECTOR
+    # CN=<subject common name>, URI=<URI SAN> or DNS=<DNS SAN>: such a call needs no API
+    # key (one sent anyway must be the same tenant's). Needs tls_client_ca.
+    tls_client_identities: tuple[str, ...] = ()
 
     def validate(self) -> None:
         require(":" in self.listen, "grpc.listen", "expected host:port")
@@ -148,6 +173,20 @@ class GrpcConfig:
             "grpc.tls_cert",
             "tls_cert and tls_key go together",
         )
+        require(
+            self.tls_client_ca is None or self.tls_cert is not None,
+            "grpc.tls_client_ca",
+            "client certificates need TLS: set grpc.tls_cert and grpc.tls_key too",
+        )
+        require(
+            not self.tls_client_identities or self.tls_client_ca is not None,
+            "grpc.tls_client_identities",
+            "needs grpc.tls_client_ca: only verified client certificates can name a tenant",
+        )
+        try:
+            IdentityMap.parse(self.tls_client_identities)
+        except IdentityError as exc:
+            raise ConfigError("grpc.tls_client_identities", str(exc)) from None
 
 
 @dataclass(frozen=True)

@@ -166,6 +166,25 @@ class CommitterStopped(SchedulerError):
         self.committer = committer
 
 
+class QuotaExceeded(SchedulerError):
+    """Raised when a tenant's call is over one of its quotas (its submit rate): nothing
+    was written. ``retry_after_s`` is how long the client should wait before sending it
+    again (the gRPC status carries it as ``google.rpc.RetryInfo``)."""
+
+    reason = "QUOTA_EXCEEDED"
+    retryable = True
+    grpc_code_name = "RESOURCE_EXHAUSTED"
+
+    def __init__(self, quota: str, limit: float, retry_after_s: float) -> None:
+        super().__init__(
+            f"over the tenant's {quota} of {limit:g}/s: nothing was written; "
+            f"retry in {retry_after_s:.3f} s"
+        )
+        self.quota = quota
+        self.limit = limit
+        self.retry_after_s = retry_after_s
+
+
 class MigrationError(SchedulerError):
     """Raised by ``chronoshard migrate`` when the schema cannot be brought up to date:
     an applied migration's file changed, migrations are missing or out of order, or a

@@ -11,11 +11,13 @@ long as their keys differ, or tell themselves apart by a label (each group commi
 its ``committer``). The node's few float readings (clock offset) and cross-component
 readings (credits held, self-fenced) are gauges the node computes, and its labelled
 levels (ready depth by queue, class and tenant; health by service) are
-:class:`LabelledGauge` readings it computes at scrape time. Histograms are the exception,
-as they need every observation: dispatch lateness, and the latency of every database and
-etcd call (:class:`DatabaseCallMetrics` and :class:`EtcdCallMetrics`, given to the store
-and the coordinator). The process and platform collectors of ``prometheus_client``
-(CPU, memory, file descriptors, GC, Python version) are registered beside them.
+:class:`LabelledGauge` readings it computes at scrape time, and its labelled totals (how
+often each tenant was throttled, by which quota) :class:`LabelledCounter` readings.
+Histograms are the exception, as they need every observation: dispatch lateness, and the
+latency of every database and etcd call (:class:`DatabaseCallMetrics` and
+:class:`EtcdCallMetrics`, given to the store and the coordinator). The process and
+platform collectors of ``prometheus_client`` (CPU, memory, file descriptors, GC, Python
+version) are registered beside them.
 
 Every ``chronoshard_*`` series carries the ``node`` label, so a dashboard can tell nodes
 apart whether Prometheus adds an ``instance`` label or not.
@@ -54,7 +56,8 @@ CALL_BUCKETS_S = (
 """Database and etcd calls: sub-millisecond on loopback, seconds when something is wrong."""
 
 OTHER_TENANTS = "other"
-"""The ``tenant`` label of ready depth for every tenant beyond the busiest few."""
+"""The ``tenant`` label of ready depth (and throttling) for every tenant beyond the
+busiest (first) few."""
 
 
 class StatsSource(Protocol):
@@ -85,6 +88,49 @@ class LabelledGauge:
     samples: Mapping[tuple[str, ...], float]
 
 
+@dataclass(frozen=True)
+class LabelledCounter:
+    """One counter ``chronoshard_<name>_total`` with labels beyond ``node``, read at
+    scrape time; every sample only grows."""
+
+    name: str
+    help: str
+    labels: tuple[str, ...]
+    samples: Mapping[tuple[str, ...], float]
+
+
+class TenantLabels:
+    """The ``tenant`` label of a per-tenant total: the first ``max_tenants`` tenants to
+    appear keep their id for the process's life, every later one is
+    :data:`OTHER_TENANTS`. Unlike a gauge's (the busiest now), a counter's label must
+    never move from one series to another, or both would stop only growing."""
+
+    def __init__(self, max_tenants: int) -> None:
+        self._max_tenants = max_tenants
+        self._named: set[uuid.UUID] = set()
+
+    def label(self, tenant_id: uuid.UUID) -> str:
+        if tenant_id in self._named:
+            return str(tenant_id)
+        if len(self._named) < self._max_tenants:
+            self._named.add(tenant_id)
+            return str(tenant_id)
+        return OTHER_TENANTS
+
+
+def tenant_totals(
+    counts: Mapping[tuple[uuid.UUID, str], int], labels: TenantLabels
+) -> dict[tuple[str, ...], float]:
+    """Per-(tenant, reason) totals under their :class:`TenantLabels` label, tenants
+    taken in id order the first time (so which ones are named does not depend on a
+    dict's order), the rest summed as :data:`OTHER_TENANTS`."""
+    out: dict[tuple[str, ...], float] = {}
+    for (tenant, reason), count in sorted(counts.items(), key=lambda kv: str(kv[0])):
+        key = (labels.label(tenant), reason)
+        out[key] = out.get(key, 0.0) + count
+    return out
+
+
 class NodeCollector(Collector):
     """Reads the components' stats and the node's gauges when Prometheus scrapes."""
 
@@ -94,11 +140,13 @@ class NodeCollector(Collector):
         families: Sequence[StatsFamily],
         gauges: Callable[[], Mapping[str, float]],
         labelled: Callable[[], Sequence[LabelledGauge]] = lambda: (),
+        labelled_counters: Callable[[], Sequence[LabelledCounter]] = lambda: (),
     ) -> None:
         self._node_id = node_id
         self._families = families
         self._gauges = gauges
         self._labelled = labelled
+        self._labelled_counters = labelled_counters
 
     def collect(self) -> Iterator[Metric]:
         for name, value in self._gauges().items():
@@ -114,6 +162,13 @@ class NodeCollector(Collector):
             for values, value in reading.samples.items():
                 labelled.add_metric([self._node_id, *values], value)
             yield labelled
+        for total in self._labelled_counters():
+            counter = CounterMetricFamily(
+                f"chronoshard_{total.name}", total.help, labels=["node", *total.labels]
+            )
+            for values, value in total.samples.items():
+                counter.add_metric([self._node_id, *values], value)
+            yield counter
         yield from self._component_metrics()
 
     def _component_metrics(self) -> Iterator[Metric]:

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import uuid
 from collections.abc import Awaitable, Collection, Coroutine, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -48,9 +49,10 @@ from chronoshard.clock import Clock, SystemClock
 from chronoshard.http_endpoint import HttpServer
 from chronoshard.scheduler.api.access import AccessInterceptor
 from chronoshard.scheduler.api.admin import AdminServicer
-from chronoshard.scheduler.api.auth import Authenticator
+from chronoshard.scheduler.api.auth import Authenticator, CertificateTenants
 from chronoshard.scheduler.api.boundary import RequestDecoding
 from chronoshard.scheduler.api.expectations import WatchdogServiceServicer
+from chronoshard.scheduler.api.quotas import SubmitQuotas
 from chronoshard.scheduler.api.schedule_requests import occurrence_builder
 from chronoshard.scheduler.api.schedules import ScheduleServiceServicer, pacing_of
 from chronoshard.scheduler.api.server import (
@@ -74,7 +76,9 @@ from chronoshard.scheduler.cluster.shards import ShardManager
 from chronoshard.scheduler.cluster.signals import ShardSignals
 from chronoshard.scheduler.config import SchedulerConfig
 from chronoshard.scheduler.core import health
+from chronoshard.scheduler.core.identities import IdentityMap
 from chronoshard.scheduler.core.models import Task
+from chronoshard.scheduler.core.quotas import HeldBy
 from chronoshard.scheduler.core.runs import TimerTask
 from chronoshard.scheduler.core.schedules import Schedule
 from chronoshard.scheduler.dispatch.dispatcher import Dispatcher
@@ -83,13 +87,17 @@ from chronoshard.scheduler.dispatch.sessions import SessionRegistry
 from chronoshard.scheduler.dispatch.settlements import Settlements
 from chronoshard.scheduler.dispatch.tenant_limits import TenantLimitsCache
 from chronoshard.scheduler.metrics import (
+    LabelledCounter,
     LabelledGauge,
     NodeCollector,
     SchedulerMetrics,
     StatsFamily,
+    TenantLabels,
     ready_depth,
+    tenant_totals,
 )
 from chronoshard.scheduler.store.database import SessionLimits, Store
+from chronoshard.scheduler.store.quotas import DispatchQuotaStore
 from chronoshard.scheduler.store.repairs import RepairStore
 from chronoshard.scheduler.store.runs import RunStore
 from chronoshard.scheduler.store.schedules import ScheduleStore
@@ -212,7 +220,11 @@ class SchedulerNode:
         self._add_services(self._server, shard_count)
         self.metrics.register(
             NodeCollector(
-                config.node_id, self._stats_families(), self._gauges, self._labelled_gauges
+                config.node_id,
+                self._stats_families(),
+                self._gauges,
+                self._labelled_gauges,
+                self._labelled_counters,
             )
         )
 
@@ -236,13 +248,15 @@ class SchedulerNode:
             config.database.pool_min_size,
             config.database.pool_max_size,
             acquire_timeout_s=config.database.acquire_timeout_s,
+            open_timeout_s=config.database.open_timeout_s,
             session_limits=SessionLimits(
                 statement_timeout_s=config.database.statement_timeout_s,
                 idle_in_transaction_s=config.database.idle_in_transaction_timeout_s,
             ),
             timings=self.metrics.database,
         )
-        self.runs = RunStore(self.store)
+        # The node's dispatch rounds check their tenants' quotas for the whole cluster.
+        self.runs = RunStore(self.store, DispatchQuotaStore(self.store))
         store = self.store
         self.clock = ClusterClock(
             self.host_clock,
@@ -259,7 +273,13 @@ class SchedulerNode:
         shard_count = await self.coordinator.ensure_shard_count(config.scheduling.shard_count)
         tenants = TenantStore(self.store)
         # One key cache for every service: a key checked by one is known to the others.
-        self.authenticator = Authenticator(tenants)
+        identities = config.grpc.tls_client_identities
+        self.authenticator = Authenticator(
+            tenants,
+            certificates=(
+                CertificateTenants(IdentityMap.parse(identities), tenants) if identities else None
+            ),
+        )
         self.tenant_limits = TenantLimitsCache(tenants.list_tenants)
         await self.tenant_limits.refresh()
         return shard_count
@@ -298,6 +318,7 @@ class SchedulerNode:
         self.preloader = Preloader(config, self.clock, self.runs, self.dispatcher, self.shards)
         self.dispatcher.on_preloaded_unknown = self.preloader.resync
         self.signals = ShardSignals(config.database.dsn, self.store)
+        self.signals.on_tenants_changed = self.tenant_limits.refresh_soon
         self.router = ChangeRouter(
             clock=self.clock,
             lookahead_s=config.scheduling.lookahead_s,
@@ -399,12 +420,20 @@ class SchedulerNode:
             admin_service_pb2.DESCRIPTOR.services_by_name["AdminService"].full_name,
             worker_service_pb2.DESCRIPTOR.services_by_name["WorkerService"].full_name,
         ]
+        self.submit_quotas = SubmitQuotas(
+            self.config.node_id,
+            self.clock,
+            self.tenant_limits.submit_rate,
+            lambda: self.shards.members.keys(),
+        )
+        self._throttle_labels = TenantLabels(self.config.metrics_tenant_series)
         api = self._task_service = TaskServiceServicer(
             config=self.config,
             store=self.store,
             authenticator=self.authenticator,
             clock=self.clock,
             listener=self.router,
+            submit_quotas=self.submit_quotas,
         )
         task_service_pb2_grpc.add_TaskServiceServicer_to_server(api, server)
         names.append(task_service_pb2.DESCRIPTOR.services_by_name["TaskService"].full_name)
@@ -617,6 +646,7 @@ class SchedulerNode:
             StatsFamily("gateway", self.settlements),
             *(StatsFamily("group_commit", c, {"committer": c.name}) for c in committers),
             StatsFamily("tenant_limits", self.tenant_limits),
+            StatsFamily("submit_quotas", self.submit_quotas),
             StatsFamily("shards", self.shards),
             StatsFamily("signals", self.signals),
             StatsFamily("clock", self.clock),
@@ -642,6 +672,24 @@ class SchedulerNode:
             # held for a late settlement or an operator (chronoshard tasks resolve).
             "outcome_unknown_tasks": self.reconciler.outcome_unknown,
         }
+
+    def _labelled_counters(self) -> list[LabelledCounter]:
+        counts: dict[tuple[uuid.UUID, str], int] = {
+            (tenant, str(held_by)): count
+            for (tenant, held_by), count in self.dispatcher.throttles().items()
+        }
+        for tenant, count in self.submit_quotas.refused().items():
+            counts[(tenant, str(HeldBy.SUBMIT_RATE))] = count
+        return [
+            LabelledCounter(
+                "tenant_throttled",
+                "Times a tenant was held back by its quotas, by reason: rate and "
+                "concurrency (ready work held from dispatch on this node), submit_rate "
+                "(submit calls refused here); the first tenants by id, later ones as 'other'",
+                ("tenant", "reason"),
+                tenant_totals(counts, self._throttle_labels),
+            )
+        ]
 
     def _labelled_gauges(self) -> list[LabelledGauge]:
         depths = ready_depth(self.dispatcher.ready_depths(), self.config.metrics_tenant_series)

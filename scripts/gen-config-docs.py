@@ -1,4 +1,6 @@
-"""Regenerate the key tables in docs/configuration.md from the config dataclasses."""
+"""Regenerate the generated tables in docs/configuration.md from the code: each process's
+keys from its config dataclass, and the other ``CHRONOSHARD_*`` variables from
+``chronoshard.settings.OTHER_VARIABLES``."""
 
 from __future__ import annotations
 
@@ -6,23 +8,35 @@ import re
 import sys
 from pathlib import Path
 
-from chronoshard.settings import reference_table
+from chronoshard.settings import CONFIG_CLASSES, OTHER_VARIABLES, config_classes, reference_table
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "configuration.md"
-SECTIONS = {
-    "scheduler": "chronoshard.scheduler.config:SchedulerConfig",
-    "watchdog": "chronoshard.watchdog.config:WatchdogConfig",
-}
+SECTIONS = {"scheduler": "chronoshard-scheduler", "watchdog": "chronoshard-watchdog"}
+"""Generated section of the document → the program whose configuration it lists."""
+
+
+def other_variables_table() -> str:
+    lines = ["| variable | read by | what for |", "|---|---|---|"]
+    for name, variable in sorted(OTHER_VARIABLES.items()):
+        readers = ", ".join(f"`{reader}`" for reader in variable.readers)
+        purpose = f"tests only: {variable.purpose}" if variable.test_only else variable.purpose
+        lines.append(f"| `{name}` | {readers} | {purpose} |")
+    return "\n".join(lines)
 
 
 def render(text: str) -> str:
-    for name, target in SECTIONS.items():
-        module, _, attr = target.partition(":")
-        cls = getattr(__import__(module, fromlist=[attr]), attr)
+    missing = set(CONFIG_CLASSES) - set(SECTIONS.values())
+    if missing:
+        raise SystemExit(f"no section of {DOC.name} for {', '.join(sorted(missing))}")
+    classes = config_classes()
+    tables = {name: reference_table(classes[program]) for name, program in SECTIONS.items()}
+    tables["other-variables"] = other_variables_table()
+    for name, table in tables.items():
         pattern = re.compile(
             rf"(<!-- BEGIN GENERATED {name} -->\n).*?(<!-- END GENERATED {name} -->)", re.S
         )
-        table = reference_table(cls)
+        if not pattern.search(text):
+            raise SystemExit(f"{DOC} has no generated section {name!r}")
         text = pattern.sub(lambda m, table=table: m.group(1) + table + "\n" + m.group(2), text)
     return text
 

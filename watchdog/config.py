@@ -128,7 +128,13 @@ class CanaryConfig:
     enabled: bool = False
     targets: tuple[str, ...] = ()
     api_key: str | None = None
+    # TLS to the nodes (docs/operations.md#tls): `tls = true` alone trusts the system's
+    # roots; tls_ca (a PEM bundle of the nodes' CA) implies TLS and trusts that instead;
+    # tls_cert and tls_key (PEM) are the client certificate for nodes that require one.
     tls: bool = False
+    tls_ca: str | None = None
+    tls_cert: str | None = None
+    tls_key: str | None = None
     # A canary task is submitted this often...
     interval_s: float = DEFAULT_CANARY_INTERVAL_S
     # ...and must complete within this of its scheduled time, or it is late.
@@ -137,10 +143,21 @@ class CanaryConfig:
     queue: str = DEFAULT_CANARY_QUEUE
     severity: str = "critical"
 
+    @property
+    def uses_tls(self) -> bool:
+        return self.tls or self.tls_ca is not None or self.tls_cert is not None
+
     def validate(self) -> None:
         if self.enabled:
             require(len(self.targets) > 0, "canary.targets", "required when canary is enabled")
             require(bool(self.api_key), "canary.api_key", "required when canary is enabled")
+        require(
+            (self.tls_cert is None) == (self.tls_key is None),
+            "canary.tls_cert",
+            "tls_cert and tls_key go together",
+        )
+        for key, path in (("tls_ca", self.tls_ca), ("tls_cert", self.tls_cert)):
+            require(path is None or path.strip() != "", f"canary.{key}", "must not be blank")
         require(self.interval_s > 0, "canary.interval_s", "must be positive")
         require(self.tolerance_s > 0, "canary.tolerance_s", "must be positive")
         require(self.queue != "", "canary.queue", "required")

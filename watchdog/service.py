@@ -38,7 +38,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from chronoshard.clock import Clock, SystemClock
 from chronoshard.http_endpoint import HttpServer, Response
-from chronoshard.watchdog.canary import CanaryRunner, CanaryStats
+from chronoshard.watchdog.canary import CanaryRunner, CanaryStats, canary_tls
 from chronoshard.watchdog.checker import Checker, CheckStats, last_check_age_s
 from chronoshard.watchdog.config import WatchdogConfig
 from chronoshard.watchdog.election import Contact, Election, close_quietly
@@ -136,7 +136,13 @@ class Watchdog:
     # ---- start and supervise ---------------------------------------------------------------
 
     async def start(self) -> str:
-        """Start serving HTTP and the loops; the HTTP address."""
+        """Start serving HTTP and the loops; the HTTP address.
+
+        Raises:
+            ConfigError: the canary's TLS files cannot be read.
+        """
+        if self.config.canary.enabled:
+            canary_tls(self.config.canary)  # now, not at the first term: refuse to start
         self.http_address = await self._http.start()
         self._supervise("outage", self._watch_database())
         self._supervise("lead", self._lead_forever())

@@ -6,7 +6,9 @@ current directory is put on ``sys.path`` first, as ``python -m`` users expect, s
 ``tasks.py`` next to the shell imports as ``tasks:worker``.
 
 This is the process entry point, so it is the one place that reads the environment
-(``CHRONOSHARD_WORKER_TARGETS``, comma-separated, and ``CHRONOSHARD_API_KEY``) and
+(``CHRONOSHARD_WORKER_TARGETS``, comma-separated, ``CHRONOSHARD_API_KEY``, and the TLS
+files ``CHRONOSHARD_TLS_CA``, ``CHRONOSHARD_TLS_CERT``, ``CHRONOSHARD_TLS_KEY``, as the
+CLI reads them; any of them, or ``--tls``, makes the channels TLS) and
 configures logging: one line per record with the SDK's structured fields (``worker_id``,
 ``node``, ``task_id``, ``token``, ``event``) appended as ``key=value``. ``main`` returns
 the exit code: 0 after a clean drain, 1 otherwise, 2 for a usage error. The
@@ -26,12 +28,16 @@ import sys
 from collections.abc import Sequence
 
 from chronoshard import tracing
-from chronoshard.worker._errors import LoadError
+from chronoshard.worker._errors import ConfigurationError, LoadError
+from chronoshard.worker._transport import TLSConfig
 from chronoshard.worker._worker import Worker
 
 TARGETS_ENV = "CHRONOSHARD_WORKER_TARGETS"
 API_KEY_ENV = "CHRONOSHARD_API_KEY"
 METRICS_ENV = "CHRONOSHARD_WORKER_METRICS_LISTEN"
+TLS_CA_ENV = "CHRONOSHARD_TLS_CA"
+TLS_CERT_ENV = "CHRONOSHARD_TLS_CERT"
+TLS_KEY_ENV = "CHRONOSHARD_TLS_KEY"
 
 EXIT_USAGE = 2
 
@@ -99,9 +105,50 @@ def _parser() -> argparse.ArgumentParser:
         help=f"serve this worker's Prometheus /metrics there (default: ${METRICS_ENV}, else none)",
     )
     parser.add_argument(
+        "--tls", action="store_true", help="use TLS (with the system's roots unless --tls-ca)"
+    )
+    parser.add_argument(
+        "--tls-ca",
+        metavar="PATH",
+        help=f"PEM bundle of the CA(s) the nodes' certificates chain to; implies --tls "
+        f"(default: ${TLS_CA_ENV})",
+    )
+    parser.add_argument(
+        "--tls-cert",
+        metavar="PATH",
+        help=f"client certificate (PEM) for nodes that require one (default: ${TLS_CERT_ENV})",
+    )
+    parser.add_argument(
+        "--tls-key",
+        metavar="PATH",
+        help=f"the client certificate's private key (PEM) (default: ${TLS_KEY_ENV})",
+    )
+    parser.add_argument(
         "--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"]
     )
     return parser
+
+
+def tls_from(args: argparse.Namespace) -> TLSConfig | None:
+    """The TLS of the flags, else of the environment; None for plaintext.
+
+    Raises:
+        ConfigurationError: a certificate without its key (or the reverse), or a file
+            that cannot be read.
+    """
+    ca = args.tls_ca or os.environ.get(TLS_CA_ENV) or None
+    cert = args.tls_cert or os.environ.get(TLS_CERT_ENV) or None
+    key = args.tls_key or os.environ.get(TLS_KEY_ENV) or None
+    if not (args.tls or ca or cert or key):
+        return None
+    if (cert is None) != (key is None):
+        raise ConfigurationError(
+            f"--tls-cert and --tls-key go together (or ${TLS_CERT_ENV} and ${TLS_KEY_ENV})"
+        )
+    try:
+        return TLSConfig.from_files(ca=ca, cert=cert, key=key)
+    except OSError as exc:
+        raise ConfigurationError(f"cannot read {exc.filename}: {exc.strerror or exc}") from None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -123,6 +170,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     api_key = args.api_key or os.environ.get(API_KEY_ENV)
     if api_key:
         worker.set_api_key(api_key)
+    try:
+        tls = tls_from(args)
+    except ConfigurationError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    if tls is not None:
+        worker.set_tls(tls)
     metrics_listen = args.metrics_listen or os.environ.get(METRICS_ENV)
     if metrics_listen:
         worker.metrics_listen = metrics_listen

@@ -15,6 +15,7 @@ may succeed); a stream that broke, was cancelled or timed out a write becomes
 from __future__ import annotations
 
 import asyncio
+import os
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -99,6 +100,28 @@ class TLSConfig:
     client_certificate_chain: bytes | None = None
     client_private_key: bytes | None = None
     server_name: str | None = None
+
+    @classmethod
+    def from_files(
+        cls,
+        *,
+        ca: str | os.PathLike[str] | None = None,
+        cert: str | os.PathLike[str] | None = None,
+        key: str | os.PathLike[str] | None = None,
+        server_name: str | None = None,
+    ) -> TLSConfig:
+        """Read PEM files: ``ca`` for the nodes' CA (None: the system roots), ``cert`` and
+        ``key`` for mTLS."""
+
+        def read(path: str | os.PathLike[str] | None) -> bytes | None:
+            if path is None:
+                return None
+            with open(path, "rb") as file:
+                return file.read()
+
+        if (cert is None) != (key is None):
+            raise ValueError("TLSConfig: cert and key go together")
+        return cls(read(ca), read(cert), read(key), server_name)
 
 
 class StreamClosed(WorkerError):

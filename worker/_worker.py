@@ -259,6 +259,13 @@ class Worker:
         self._api_key = api_key
         self._build()
 
+    def set_tls(self, tls: TLSConfig | bool | None) -> None:
+        """Replace the TLS settings, as ``tls=`` takes them (before ``run``; the runner's
+        ``--tls-ca`` and friends)."""
+        self._check_not_started()
+        self._tls = TLSConfig() if tls is True else (tls or None)
+        self._build()
+
     @property
     def task_types(self) -> tuple[str, ...]:
         return tuple(sorted(self._handlers))

@@ -29,6 +29,7 @@ from chronoshard._cli.common import (
     format_s,
     grpc_channel,
     targets,
+    tls_config,
 )
 
 METRICS_TIMEOUT_S = 3.0
@@ -62,7 +63,7 @@ def unary_at(
     from chronoshard.errors import from_rpc_error
 
     metadata = call_metadata(args)
-    with grpc_channel(address, tls=args.tls) as channel:
+    with grpc_channel(address, tls=tls_config(args)) as channel:
         try:
             return getattr(stub_class(channel), method)(
                 request, timeout=args.call_timeout, metadata=metadata

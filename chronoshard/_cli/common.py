@@ -26,11 +26,15 @@ from chronoshard import exact_json
 if TYPE_CHECKING:
     import grpc
 
+    from chronoshard.client import TLSConfig
     from chronoshard.sync_client import SyncClient
 
 DSN_ENV = "CHRONOSHARD_DSN"
 TARGET_ENV = "CHRONOSHARD_TARGET"
 API_KEY_ENV = "CHRONOSHARD_API_KEY"
+TLS_CA_ENV = "CHRONOSHARD_TLS_CA"
+TLS_CERT_ENV = "CHRONOSHARD_TLS_CERT"
+TLS_KEY_ENV = "CHRONOSHARD_TLS_KEY"
 DEFAULT_TARGET = "127.0.0.1:7070"
 CALL_TIMEOUT_S = 10.0
 
@@ -242,7 +246,7 @@ def add_api(parser: argparse.ArgumentParser) -> None:
         default=os.environ.get(API_KEY_ENV),
         help=f"the tenant's API key (default: ${API_KEY_ENV})",
     )
-    group.add_argument("--tls", action="store_true", help="use TLS with the system's roots")
+    add_tls(group)
     group.add_argument(
         "--call-timeout",
         type=positive_duration_s,
@@ -251,6 +255,54 @@ def add_api(parser: argparse.ArgumentParser) -> None:
         help=f"deadline of each call (default {format_s(CALL_TIMEOUT_S)})",
     )
     add_output(parser)
+
+
+def add_tls(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """``--tls``, ``--tls-ca``, ``--tls-cert`` and ``--tls-key`` (docs/operations.md#tls);
+    any of the files implies TLS. :func:`tls_config` reads them."""
+    parser.add_argument(
+        "--tls", action="store_true", help="use TLS (with the system's roots unless --tls-ca)"
+    )
+    parser.add_argument(
+        "--tls-ca",
+        metavar="PATH",
+        default=os.environ.get(TLS_CA_ENV) or None,
+        help=f"PEM bundle of the CA(s) the node's certificate must chain to; implies --tls "
+        f"(default: ${TLS_CA_ENV})",
+    )
+    parser.add_argument(
+        "--tls-cert",
+        metavar="PATH",
+        default=os.environ.get(TLS_CERT_ENV) or None,
+        help=f"client certificate (PEM) for nodes that require one, with --tls-key "
+        f"(default: ${TLS_CERT_ENV})",
+    )
+    parser.add_argument(
+        "--tls-key",
+        metavar="PATH",
+        default=os.environ.get(TLS_KEY_ENV) or None,
+        help=f"the client certificate's private key (PEM) (default: ${TLS_KEY_ENV})",
+    )
+
+
+def tls_config(args: argparse.Namespace) -> TLSConfig | None:
+    """The TLS of :func:`add_tls`'s flags, files read; None for plaintext."""
+    from chronoshard.client import TLSConfig
+
+    ca, cert, key = args.tls_ca, args.tls_cert, args.tls_key
+    if (cert is None) != (key is None):
+        raise UsageError(
+            f"--tls-cert and --tls-key go together (or ${TLS_CERT_ENV} and ${TLS_KEY_ENV})"
+        )
+    if not (args.tls or ca or cert):
+        return None
+    files: dict[str, bytes | None] = {}
+    for flag, path in (("--tls-ca", ca), ("--tls-cert", cert), ("--tls-key", key)):
+        try:
+            files[flag] = None if path is None else Path(path).read_bytes()
+        except OSError as exc:
+            raise UsageError(f"{flag} {path}: {exc.strerror or exc}") from None
+    return TLSConfig(files["--tls-ca"], files["--tls-cert"], files["--tls-key"])
 
 
 def targets(args: argparse.Namespace) -> list[str]:
@@ -276,22 +328,25 @@ def client(args: argparse.Namespace) -> Iterator[SyncClient]:
     from chronoshard.sync_client import SyncClient
 
     with SyncClient(
-        targets(args), api_key=require_api_key(args), tls=args.tls, timeout_s=args.call_timeout
+        targets(args),
+        api_key=require_api_key(args),
+        tls=tls_config(args) or False,
+        timeout_s=args.call_timeout,
     ) as opened:
         yield opened
 
 
-def grpc_channel(address: str, *, tls: bool) -> grpc.Channel:
+def grpc_channel(address: str, *, tls: TLSConfig | None) -> grpc.Channel:
     """A blocking channel to one node, with the client's options (docs/architecture.md#d12)
-    and, for ``--tls``, TLS with the system's roots: how every command that makes its own
-    calls (not through :func:`client`) connects."""
+    and, with ``tls`` (:func:`tls_config`), TLS: how every command that makes its own calls
+    (not through :func:`client`) connects."""
     import grpc
 
     from chronoshard.client import channel_options
 
-    options = channel_options()
-    if tls:
-        return grpc.secure_channel(address, grpc.ssl_channel_credentials(), options)
+    options = channel_options(server_name=None if tls is None else tls.server_name)
+    if tls is not None:
+        return grpc.secure_channel(address, tls.credentials(), options)
     return grpc.insecure_channel(address, options)
 
 

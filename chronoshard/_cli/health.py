@@ -30,7 +30,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from chronoshard._cli.common import (
     DEFAULT_TARGET,
@@ -39,10 +39,15 @@ from chronoshard._cli.common import (
     TARGET_ENV,
     UsageError,
     add_output,
+    add_tls,
     format_s,
     grpc_channel,
     positive_duration_s,
+    tls_config,
 )
+
+if TYPE_CHECKING:
+    from chronoshard.client import TLSConfig
 
 HEALTH_TIMEOUT_S = 5.0
 """Default bound of one target's answer, connection included (Docker's HEALTHCHECK
@@ -157,7 +162,7 @@ def exit_code(answers: Sequence[Answer]) -> int:
 # --- calls ---------------------------------------------------------------------------------
 
 
-def check_grpc(target: str, service: str, *, tls: bool, timeout_s: float) -> Answer:
+def check_grpc(target: str, service: str, *, tls: TLSConfig | None, timeout_s: float) -> Answer:
     """``Health/Check`` of ``service`` at ``target``. No ``wait_for_ready``: a node that
     is not listening is unreachable now, not after the timeout."""
     import grpc
@@ -189,7 +194,7 @@ def _known(stub: Any, timeout_s: float) -> list[str] | None:
     return list(reply.statuses)
 
 
-def list_grpc(target: str, *, tls: bool, timeout_s: float) -> list[Answer]:
+def list_grpc(target: str, *, tls: TLSConfig | None, timeout_s: float) -> list[Answer]:
     """Every service ``target`` reports (``Health/List``), or one answer with the error."""
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -263,21 +268,22 @@ def configure_health(parser: argparse.ArgumentParser) -> None:
         metavar="DURATION",
         help=f"how long each target has to answer (default {format_s(HEALTH_TIMEOUT_S)})",
     )
-    parser.add_argument("--tls", action="store_true", help="use TLS with the system's roots")
+    add_tls(parser)
     add_output(parser)
 
 
 def run_health(args: argparse.Namespace, out: TextIO) -> int:
     answers: list[Answer] = []
+    tls = tls_config(args)
     for target in split_targets(str(args.target or "")):
         if is_url(target):
             if args.list or args.service != OVERALL:
                 raise UsageError(f"--list and --service ask a gRPC node, not the URL {target}")
             answers.append(check_http(target, timeout_s=args.timeout))
         elif args.list:
-            answers += list_grpc(target, tls=args.tls, timeout_s=args.timeout)
+            answers += list_grpc(target, tls=tls, timeout_s=args.timeout)
         else:
-            answers.append(check_grpc(target, args.service, tls=args.tls, timeout_s=args.timeout))
+            answers.append(check_grpc(target, args.service, tls=tls, timeout_s=args.timeout))
     if args.output == "json":
         report = {"serving": exit_code(answers) == EXIT_OK, "answers": [asdict(a) for a in answers]}
         print(json.dumps(report, indent=2), file=out)

@@ -1,5 +1,5 @@
 """Operator commands that act on the database or run processes: ``migrate``,
-``partitions ensure|detach``, ``tenants create|ls``, ``dev`` and ``worker``.
+``partitions ensure|detach``, ``tenants create|update|ls``, ``dev`` and ``worker``.
 
 ``migrate``, ``partitions`` and ``tenants`` talk to PostgreSQL directly (``--dsn`` or
 ``CHRONOSHARD_DSN``): they are what an operator runs before any scheduler node exists, and
@@ -9,9 +9,10 @@ creating a tenant or an operator key is not something an API key should be able 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 from pathlib import Path
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from chronoshard._cli import output
 from chronoshard._cli.common import (
@@ -19,13 +20,21 @@ from chronoshard._cli.common import (
     DSN_ENV,
     EXIT_OK,
     TARGET_ENV,
+    TLS_CA_ENV,
+    TLS_CERT_ENV,
+    TLS_KEY_ENV,
     Command,
+    UsageError,
     add_dsn,
     add_output,
+    add_tls,
     non_negative_int,
     positive_int,
     require_dsn,
 )
+
+if TYPE_CHECKING:
+    from chronoshard.scheduler.core.models import Tenant
 
 # --- migrate ---------------------------------------------------------------------------
 
@@ -125,30 +134,69 @@ examples:
   chronoshard tenants create acme                    # prints acme's API key, once
   chronoshard tenants create acme --rotate           # a new key for acme; the old one stops
   chronoshard tenants create ops --operator          # a key that may also drain nodes
+  chronoshard tenants create acme --rate-limit-rps 50 --max-concurrent 20
 
 Only the key's SHA-256 is stored: copy it now. Clients and workers send it as
-'authorization: Bearer <key>' (the CLI reads ${API_KEY_ENV})."""
+'authorization: Bearer <key>' (the CLI reads ${API_KEY_ENV}). The limits hold for the
+whole cluster (docs/operations.md#tenants-and-quotas); with --rotate, the limits given
+are set on the existing tenant too (others stay), as 'tenants update' would."""
+
+TENANTS_UPDATE_EPILOG = """\
+examples:
+  chronoshard tenants update acme --rate-limit-rps 200       # dispatches per second
+  chronoshard tenants update acme --max-concurrent 50        # tasks in flight at once
+  chronoshard tenants update acme --submit-rate-limit-rps 1000
+  chronoshard tenants update acme --no-submit-rate-limit     # submits unlimited again
+
+Live: every node hears of the change at once (PostgreSQL NOTIFY; at the latest at its
+next 10 s refresh), and every dispatch round checks the limits as they are in the
+database, so the next round already applies them. Limits not named stay as they are."""
 
 
-def configure_tenants_create(parser: argparse.ArgumentParser) -> None:
+def positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be positive, got {text}")
+    return value
+
+
+def _add_limits(parser: argparse.ArgumentParser, *, defaults: bool) -> None:
+    """The quota flags of ``tenants create`` (``defaults``: say what a new tenant gets)
+    and ``tenants update``."""
     from chronoshard.scheduler.store.tenants import DEFAULT_MAX_CONCURRENT, DEFAULT_RATE_LIMIT_RPS
 
-    add_dsn(parser)
-    parser.add_argument("name", help="unique tenant name")
+    new_rate = f" (default {DEFAULT_RATE_LIMIT_RPS:g})" if defaults else ""
+    new_concurrent = f" (default {DEFAULT_MAX_CONCURRENT})" if defaults else ""
     parser.add_argument(
         "--rate-limit-rps",
-        type=float,
-        default=DEFAULT_RATE_LIMIT_RPS,
-        help=f"dispatches per second (default {DEFAULT_RATE_LIMIT_RPS:g})",
+        type=positive_float,
+        help=f"dispatches per second, cluster-wide{new_rate}",
     )
     parser.add_argument(
         "--max-concurrent",
         type=positive_int,
-        default=DEFAULT_MAX_CONCURRENT,
-        help=f"tasks running at once (default {DEFAULT_MAX_CONCURRENT})",
+        help=f"tasks dispatched or running at once, cluster-wide{new_concurrent}",
     )
     parser.add_argument(
-        "--rotate", action="store_true", help="if the tenant exists, give it a new API key"
+        "--submit-rate-limit-rps",
+        type=positive_float,
+        help="tasks submitted per second, cluster-wide (split over the nodes; over it a "
+        "submit is refused with RESOURCE_EXHAUSTED and a retry delay)"
+        + (" (default: no limit)" if defaults else ""),
+    )
+
+
+def configure_tenants_create(parser: argparse.ArgumentParser) -> None:
+    add_dsn(parser)
+    parser.add_argument("name", help="unique tenant name")
+    _add_limits(parser, defaults=True)
+    parser.add_argument(
+        "--rotate",
+        action="store_true",
+        help="if the tenant exists, give it a new API key (and the limits given)",
     )
     parser.add_argument(
         "--operator",
@@ -168,6 +216,7 @@ def run_tenants_create(args: argparse.Namespace, out: TextIO) -> int:
         args.name,
         rate_limit_rps=args.rate_limit_rps,
         max_concurrent_workers=args.max_concurrent,
+        submit_rate_limit_rps=args.submit_rate_limit_rps,
         if_exists="rotate" if args.rotate else "fail",
         operator=args.operator,
     )
@@ -188,6 +237,61 @@ def run_tenants_create(args: argparse.Namespace, out: TextIO) -> int:
     return EXIT_OK
 
 
+def configure_tenants_update(parser: argparse.ArgumentParser) -> None:
+    add_dsn(parser)
+    parser.add_argument("name", help="the tenant's name")
+    _add_limits(parser, defaults=False)
+    parser.add_argument(
+        "--no-submit-rate-limit",
+        action="store_true",
+        help="take the submit rate limit away",
+    )
+    add_output(parser)
+
+
+def run_tenants_update(args: argparse.Namespace, out: TextIO) -> int:
+    from chronoshard.scheduler.store.tenants import update_tenant
+
+    if args.no_submit_rate_limit and args.submit_rate_limit_rps is not None:
+        raise UsageError("--submit-rate-limit-rps and --no-submit-rate-limit contradict")
+    if not args.no_submit_rate_limit and all(
+        value is None
+        for value in (args.rate_limit_rps, args.max_concurrent, args.submit_rate_limit_rps)
+    ):
+        raise UsageError(
+            "nothing to change: give --rate-limit-rps, --max-concurrent, "
+            "--submit-rate-limit-rps or --no-submit-rate-limit"
+        )
+    tenant = update_tenant(
+        require_dsn(args),
+        args.name,
+        rate_limit_rps=args.rate_limit_rps,
+        max_concurrent_workers=args.max_concurrent,
+        submit_rate_limit_rps=args.submit_rate_limit_rps,
+        clear_submit_rate=args.no_submit_rate_limit,
+    )
+    if args.output == "json":
+        print(output.dumps(_tenant_limits(tenant)), file=out)
+        return EXIT_OK
+    submits = "unlimited" if tenant.submit_rate_limit_rps is None else tenant.submit_rate_limit_rps
+    print(
+        f"tenant {tenant.name}: {tenant.rate_limit_rps:g} dispatches/s, "
+        f"{tenant.max_concurrent_workers} at once, submits/s {submits}",
+        file=out,
+    )
+    return EXIT_OK
+
+
+def _tenant_limits(tenant: Tenant) -> dict[str, object]:
+    return {
+        "id": tenant.id,
+        "name": tenant.name,
+        "rate_limit_rps": tenant.rate_limit_rps,
+        "max_concurrent_workers": tenant.max_concurrent_workers,
+        "submit_rate_limit_rps": tenant.submit_rate_limit_rps,
+    }
+
+
 def configure_tenants_ls(parser: argparse.ArgumentParser) -> None:
     add_dsn(parser)
     add_output(parser)
@@ -205,6 +309,7 @@ def run_tenants_ls(args: argparse.Namespace, out: TextIO) -> int:
                 "tier": t.tier,
                 "rate_limit_rps": t.rate_limit_rps,
                 "max_concurrent_workers": t.max_concurrent_workers,
+                "submit_rate_limit_rps": t.submit_rate_limit_rps,
                 "home_region": t.home_region,
                 "operator": t.operator,
                 "created_at": t.created_at,
@@ -219,12 +324,13 @@ def run_tenants_ls(args: argparse.Namespace, out: TextIO) -> int:
             t.name,
             t.rate_limit_rps,
             t.max_concurrent_workers,
+            "" if t.submit_rate_limit_rps is None else t.submit_rate_limit_rps,
             t.home_region,
             "yes" if t.operator else "",
         ]
         for t in tenants
     ]
-    headers = ("ID", "NAME", "RATE/S", "CONCURRENT", "REGION", "OPERATOR")
+    headers = ("ID", "NAME", "RATE/S", "CONCURRENT", "SUBMITS/S", "REGION", "OPERATOR")
     print(output.table(headers, rows) if rows else "no tenants", file=out)
     return EXIT_OK
 
@@ -235,6 +341,12 @@ TENANT_COMMANDS: dict[str, Command] = {
         configure_tenants_create,
         run_tenants_create,
         TENANTS_CREATE_EPILOG,
+    ),
+    "update": Command(
+        "change a tenant's quotas, live",
+        configure_tenants_update,
+        run_tenants_update,
+        TENANTS_UPDATE_EPILOG,
     ),
     "ls": Command("list tenants", configure_tenants_ls, run_tenants_ls),
 }
@@ -331,7 +443,8 @@ examples:
 
 SPEC names a chronoshard.worker.Worker (or a function returning one). The worker finds
 the other nodes through the ones given; SIGTERM/Ctrl-C drains it (running tasks finish or
-checkpoint). Addresses default to ${TARGET_ENV}, the key to ${API_KEY_ENV}."""
+checkpoint). Addresses default to ${TARGET_ENV}, the key to ${API_KEY_ENV}; TLS
+(--tls-ca, --tls-cert, --tls-key) to ${TLS_CA_ENV}, ${TLS_CERT_ENV}, ${TLS_KEY_ENV}."""
 
 
 def configure_worker(parser: argparse.ArgumentParser) -> None:
@@ -352,6 +465,7 @@ def configure_worker(parser: argparse.ArgumentParser) -> None:
         help="serve the worker's Prometheus /metrics there "
         "(default: $CHRONOSHARD_WORKER_METRICS_LISTEN, else none)",
     )
+    add_tls(parser)
     parser.add_argument(
         "--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"]
     )
@@ -369,4 +483,13 @@ def run_worker(args: argparse.Namespace, out: TextIO) -> int:
         argv += ["--api-key", args.api_key]
     if args.metrics_listen:
         argv += ["--metrics-listen", args.metrics_listen]
+    if args.tls:
+        argv.append("--tls")
+    for flag, path in (
+        ("--tls-ca", args.tls_ca),
+        ("--tls-cert", args.tls_cert),
+        ("--tls-key", args.tls_key),
+    ):
+        if path:
+            argv += [flag, path]
     return worker_main(argv)

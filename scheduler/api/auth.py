@@ -16,23 +16,49 @@ time, so a key created a moment ago works at once). The cost of the cache is tha
 revoked or rotated key keeps working for up to ``cache_ttl_s`` on a node that served it
 recently. Every failure, whether the header is missing, malformed or names no tenant, is
 the same :class:`~.errors.Unauthenticated`, so a caller cannot probe which keys exist.
+
+A node that requires client certificates may also take a certificate for a tenant
+(``grpc.tls_client_identities``, :mod:`~chronoshard.scheduler.core.identities`): given
+the connection's auth context, a call whose certificate maps to a tenant needs no key,
+and a key it sends anyway must be that tenant's (else ``PERMISSION_DENIED``). Tenants
+found by certificate are cached like keys, by name, for the same ``cache_ttl_s``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import logging
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from chronoshard.clock import Clock, SystemClock
 from chronoshard.scheduler.core.api_keys import API_KEY_PREFIX, hash_api_key
+from chronoshard.scheduler.core.identities import AmbiguousIdentity, IdentityMap, PeerCertificate
 from chronoshard.scheduler.core.models import Tenant
-from chronoshard.scheduler.errors import Unauthenticated
+from chronoshard.scheduler.errors import PermissionDenied, Unauthenticated
+
+log = logging.getLogger(__name__)
 
 MAX_API_KEY_CHARS = 256
 """Far above a real key (46 chars); a longer value is refused before it is hashed."""
 AUTHORIZATION_KEY = "authorization"
 DEFAULT_CACHE_TTL_S = 30.0
 DEFAULT_MAX_CACHED = 10_000
+
+
+AuthContext = Mapping[str, Iterable[bytes]]
+"""A call's ``context.auth_context()``: the peer's TLS properties (empty in plaintext)."""
+_BY_NAME = "tenant-name:"
+"""Cache keys of tenants found by certificate; a key hash is hex, so never starts so."""
+
+
+def _authorizations(metadata: Iterable[Any] | None) -> list[Any]:
+    values = []
+    for item in metadata or ():
+        key, value = (item.key, item.value) if hasattr(item, "key") else item
+        if key == AUTHORIZATION_KEY:
+            values.append(value)
+    return values
 
 
 def bearer_key(metadata: Iterable[Any] | None) -> str:
@@ -46,11 +72,7 @@ def bearer_key(metadata: Iterable[Any] | None) -> str:
         Unauthenticated: no such entry, more than one, or a value that is not a bearer
             token shaped like an API key.
     """
-    values = []
-    for item in metadata or ():
-        key, value = (item.key, item.value) if hasattr(item, "key") else item
-        if key == AUTHORIZATION_KEY:
-            values.append(value)
+    values = _authorizations(metadata)
     if not values:
         raise Unauthenticated()
     # Two credentials on one call is a confused client, or someone hoping one of them
@@ -73,6 +95,20 @@ class TenantLookup(Protocol):
     """What the authenticator needs of the tenants table (:class:`TenantStore`)."""
 
     async def get_tenant_by_key_hash(self, api_key_hash: str) -> Tenant | None: ...
+
+
+class TenantNameLookup(Protocol):
+    """What certificate authentication needs of the tenants table (:class:`TenantStore`)."""
+
+    async def get_tenant_by_name(self, name: str) -> Tenant | None: ...
+
+
+@dataclass(frozen=True)
+class CertificateTenants:
+    """Client certificates as tenants: the rules, and where tenants are found by name."""
+
+    identities: IdentityMap
+    tenants: TenantNameLookup
 
 
 class TenantCache:
@@ -119,7 +155,8 @@ class TenantCache:
 
 
 class Authenticator:
-    """Resolves a call's API key to its tenant, caching known keys for ``cache_ttl_s``."""
+    """Resolves a call's API key (or, with ``certificates``, its client certificate) to
+    its tenant, caching known ones for ``cache_ttl_s``."""
 
     def __init__(
         self,
@@ -128,18 +165,74 @@ class Authenticator:
         *,
         clock: Clock | None = None,
         max_cached: int = DEFAULT_MAX_CACHED,
+        certificates: CertificateTenants | None = None,
     ) -> None:
         self._tenants = tenants
         self._clock = clock or SystemClock()
         self._cache = TenantCache(cache_ttl_s, max_cached)
+        self._certificates = certificates
 
-    async def authenticate(self, metadata: Iterable[Any] | None) -> Tenant:
-        """The tenant whose API key the call presents.
+    @property
+    def reads_certificates(self) -> bool:
+        """Whether a call's client certificate can name its tenant: callers must then
+        pass the call's auth context to :meth:`authenticate`."""
+        return self._certificates is not None
+
+    async def authenticate(
+        self, metadata: Iterable[Any] | None, auth_context: AuthContext | None = None
+    ) -> Tenant:
+        """The tenant whose API key the call presents, or whose client certificate (in
+        ``auth_context``) it connected with.
 
         Raises:
-            Unauthenticated: no valid key (see :func:`bearer_key`), or no tenant has it.
+            Unauthenticated: no valid key (see :func:`bearer_key`) and no certificate that
+                maps to a tenant, or no tenant has the key (or the certificate's name).
+            PermissionDenied: the key and the certificate are different tenants', or the
+                certificate matches several tenants' identities.
             StoreUnavailable: the lookup could not reach PostgreSQL.
         """
+        named = self._certificate_tenant(auth_context)
+        if named is None:
+            return await self._by_key(metadata)
+        if not _authorizations(metadata):
+            return await self._by_name(named)
+        tenant = await self._by_key(metadata)
+        if tenant.name != named:
+            raise PermissionDenied(
+                "the API key belongs to another tenant than the client certificate "
+                f"(whose tenant is {named!r}): send that tenant's key, or none"
+            )
+        return tenant
+
+    def _certificate_tenant(self, auth_context: AuthContext | None) -> str | None:
+        if self._certificates is None or not auth_context:
+            return None
+        try:
+            return self._certificates.identities.tenant_for(
+                PeerCertificate.from_auth_context(auth_context)
+            )
+        except AmbiguousIdentity as exc:
+            raise PermissionDenied(str(exc)) from None
+
+    async def _by_name(self, name: str) -> Tenant:
+        assert self._certificates is not None
+        cache_key = _BY_NAME + name
+        tenant = self._cache.get(cache_key, self._clock.monotonic())
+        if tenant is not None:
+            return tenant
+        tenant = await self._certificates.tenants.get_tenant_by_name(name)
+        if tenant is None:
+            # The setting names a tenant that is not there: the operator's to fix, and
+            # the caller learns no more than about an unknown key.
+            log.warning(
+                "a client certificate maps to a tenant that does not exist",
+                extra={"tenant": name},
+            )
+            raise Unauthenticated()
+        self._cache.put(cache_key, tenant, self._clock.monotonic())
+        return tenant
+
+    async def _by_key(self, metadata: Iterable[Any] | None) -> Tenant:
         key_hash = hash_api_key(bearer_key(metadata))
         tenant = self._cache.get(key_hash, self._clock.monotonic())
         if tenant is not None:

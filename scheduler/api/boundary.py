@@ -2,7 +2,9 @@
 
 Every servicer answers a failed call the same way, through :func:`abort`: the gRPC status
 its :class:`~.errors.SchedulerError` names, a readable message, and an ``ErrorInfo``
-(code, reason, field, retryable) in the trailing metadata (``chronoshard.wire``). Both are
+(code, reason, field, retryable) in the trailing metadata (``chronoshard.wire``); an error
+that says when to retry (``retry_after_s``: a tenant over its submit rate) adds the
+standard ``google.rpc.Status`` trailer with a ``RetryInfo``. Both are
 **bounded** here, whatever the servicer put in them: the message to
 :data:`MAX_MESSAGE_BYTES`, the field to :data:`MAX_FIELD_CHARS`. Messages quote request
 values only through :func:`~.errors.shown` (cut to 40 characters) anyway; the bound is
@@ -33,7 +35,7 @@ import grpc
 from chronoshard.scheduler.core.models import Tenant
 from chronoshard.scheduler.errors import SchedulerError
 from chronoshard.v1 import common_pb2
-from chronoshard.wire import error_info_metadata
+from chronoshard.wire import error_info_metadata, status_details_metadata
 
 log = logging.getLogger(__name__)
 
@@ -79,11 +81,18 @@ def internal_error() -> common_pb2.ErrorInfo:
     return common_pb2.ErrorInfo(code="INTERNAL", reason="INTERNAL", message=INTERNAL_MESSAGE)
 
 
-async def abort(context: Context, info: common_pb2.ErrorInfo) -> NoReturn:
-    """End the call with ``info``'s status, its message, and ``info`` as the trailer."""
+async def abort(
+    context: Context, info: common_pb2.ErrorInfo, *, retry_after_s: float | None = None
+) -> NoReturn:
+    """End the call with ``info``'s status, its message, and ``info`` as the trailer (and
+    a ``RetryInfo`` of ``retry_after_s`` when given)."""
     info = bounded(info)
-    context.set_trailing_metadata(error_info_metadata(info))
-    await context.abort(getattr(grpc.StatusCode, info.code), info.message)
+    code = getattr(grpc.StatusCode, info.code)
+    metadata = error_info_metadata(info)
+    if retry_after_s is not None:
+        metadata += status_details_metadata(code.value[0], info, retry_after_s)
+    context.set_trailing_metadata(metadata)
+    await context.abort(code, info.message)
     raise AssertionError("context.abort returned")  # it always raises
 
 
@@ -96,14 +105,26 @@ async def serve(name: str, context: Context, call: Callable[[], Awaitable[_Resp]
             log.warning(
                 "%s: %s", name, clip(str(exc), MAX_MESSAGE_BYTES), extra={"reason": exc.reason}
             )
-        await abort(context, error_info(exc))
+        await abort(context, error_info(exc), retry_after_s=getattr(exc, "retry_after_s", None))
     except Exception:
         log.exception("%s failed", name)
         await abort(context, internal_error())
 
 
 class Authenticates(Protocol):
-    async def authenticate(self, metadata: Any) -> Tenant: ...
+    @property
+    def reads_certificates(self) -> bool: ...
+
+    async def authenticate(self, metadata: Any, auth_context: Any = None) -> Tenant: ...
+
+
+def credentials_of(context: Context, auth: Authenticates) -> tuple[Any, Any]:
+    """What ``auth`` reads of a call: its metadata, and its peer's TLS properties when a
+    client certificate can name the tenant (``grpc.tls_client_identities``)."""
+    return (
+        context.invocation_metadata(),
+        context.auth_context() if auth.reads_certificates else None,
+    )
 
 
 async def serve_tenant(
@@ -116,7 +137,7 @@ async def serve_tenant(
     boundary (an unknown key is ``UNAUTHENTICATED`` like any refusal)."""
 
     async def authenticated() -> _Resp:
-        return await call(await auth.authenticate(context.invocation_metadata()))
+        return await call(await auth.authenticate(*credentials_of(context, auth)))
 
     return await serve(name, context, authenticated)
 

@@ -2,11 +2,13 @@
 
 The same three steps as every servicer: the caller's tenant from its API key, the whole
 request validated by :mod:`.schedule_requests` before anything is written, then one
-transaction in :class:`~chronoshard.scheduler.store.schedules.ScheduleStore`. This node
-creates no occurrence on a schedule's behalf: that is the materialiser's, on the owner of
-the schedule's shard. A call that changes when a schedule next runs (create, update,
-resume) tells the node (:class:`ScheduleListener`), which wakes its materialiser when it
-owns the shard; another owner finds the change within ``schedules.interval_s``.
+transaction in :class:`~chronoshard.scheduler.store.schedules.ScheduleStore`, run as the
+caller's tenant (:meth:`~chronoshard.scheduler.store.database.Store.tenant_transaction`:
+row-level security admits that tenant's rows only). This node creates no occurrence on a
+schedule's behalf: that is the materialiser's, on the owner of the schedule's shard. A
+call that changes when a schedule next runs (create, update, resume) tells the node
+(:class:`ScheduleListener`), which wakes its materialiser when it owns the shard; another
+owner finds the change within ``schedules.interval_s``.
 Occurrences an explicit call creates (trigger, backfill) are submitted here, through the
 submit path's insert, and routed like any submit.
 """
@@ -211,7 +213,7 @@ class ScheduleServiceServicer(schedule_service_pb2_grpc.ScheduleServiceServicer)
         if schedule.spec.start_at is not None:
             after = max(after, schedule.spec.start_at - timedelta(microseconds=1))
         nexts = upcoming(rule, after, schedule.spec.end_at, next_count)
-        runs = await self._schedules.runs(schedule.id, runs_count)
+        runs = await self._schedules.runs(tenant.id, schedule.id, runs_count)
         return pb.GetScheduleResponse(
             schedule=schedule_to_pb(schedule),
             next_occurrences=[convert.ts_to_pb(at) for at in nexts],
@@ -236,7 +238,7 @@ class ScheduleServiceServicer(schedule_service_pb2_grpc.ScheduleServiceServicer)
     ) -> pb.UpdateScheduleResponse:
         now = self._clock.now()
         spec = self._spec(tenant, request.spec, now)
-        async with self._store.transaction() as conn:
+        async with self._store.tenant_transaction(tenant.id) as conn:
             old = await self._locked(conn, tenant, request.id)
             cursor = await self._withdrawn_cursor(conn, old, now)
             anchor_at = spec.start_at or old.anchor_at
@@ -265,7 +267,7 @@ class ScheduleServiceServicer(schedule_service_pb2_grpc.ScheduleServiceServicer)
         self, tenant: Tenant, request: pb.PauseScheduleRequest
     ) -> pb.PauseScheduleResponse:
         now = self._clock.now()
-        async with self._store.transaction() as conn:
+        async with self._store.tenant_transaction(tenant.id) as conn:
             schedule = await self._locked(conn, tenant, request.id)
             if not schedule.paused:
                 cursor = await self._withdrawn_cursor(conn, schedule, now)
@@ -276,7 +278,7 @@ class ScheduleServiceServicer(schedule_service_pb2_grpc.ScheduleServiceServicer)
         self, tenant: Tenant, request: pb.ResumeScheduleRequest
     ) -> pb.ResumeScheduleResponse:
         now = self._clock.now()
-        async with self._store.transaction() as conn:
+        async with self._store.tenant_transaction(tenant.id) as conn:
             schedule = await self._locked(conn, tenant, request.id)
             if schedule.paused:
                 # From now: what fell in the pause is not caught up.
@@ -289,7 +291,7 @@ class ScheduleServiceServicer(schedule_service_pb2_grpc.ScheduleServiceServicer)
         self, tenant: Tenant, request: pb.DeleteScheduleRequest
     ) -> pb.DeleteScheduleResponse:
         now = self._clock.now()
-        async with self._store.transaction() as conn:
+        async with self._store.tenant_transaction(tenant.id) as conn:
             schedule = await self._locked(conn, tenant, request.id)
             withdrawn, _ = await self._schedules.withdraw_ahead(conn, schedule.id, now)
             await self._schedules.delete(conn, schedule.id)
@@ -301,7 +303,7 @@ class ScheduleServiceServicer(schedule_service_pb2_grpc.ScheduleServiceServicer)
         schedule = await self._found(tenant, request.id)
         now = self._clock.now()
         prepared = self._occurrence(schedule, now, now)
-        async with self._store.transaction() as conn:
+        async with self._store.tenant_transaction(tenant.id) as conn:
             runs, due = await self._schedules.insert_runs(
                 conn, tenant.id, schedule.id, [(now, Origin.TRIGGER, prepared)]
             )
@@ -327,7 +329,7 @@ class ScheduleServiceServicer(schedule_service_pb2_grpc.ScheduleServiceServicer)
         if not dates:
             return pb.BackfillScheduleResponse()
         runs = [(at, Origin.BACKFILL, self._occurrence(schedule, at, now)) for at in dates]
-        async with self._store.transaction() as conn:
+        async with self._store.tenant_transaction(tenant.id) as conn:
             created, due = await self._schedules.insert_runs(conn, tenant.id, schedule.id, runs)
         self._listener.tasks_submitted(due)
         return pb.BackfillScheduleResponse(

@@ -18,6 +18,7 @@ import grpc
 from grpc_health.v1 import health_pb2
 from grpc_health.v1.health import aio as health_aio
 
+from chronoshard.scheduler.api.tls import ServerCertificates
 from chronoshard.scheduler.config import GrpcConfig, SchedulerConfig
 from chronoshard.scheduler.core import health
 
@@ -117,16 +118,13 @@ def server_options(config: SchedulerConfig) -> list[tuple[str, Any]]:
 
 def bind(server: grpc.aio.Server, grpc_config: GrpcConfig) -> int:
     """Listen on ``grpc.listen``, with TLS when a certificate and key are configured (and
-    client certificates required when a client CA is); the port bound."""
+    client certificates required when a client CA is), the files re-read when they change
+    (:mod:`.tls`); the port bound.
+
+    Raises:
+        ConfigError: a TLS file is missing, unreadable or not a matching certificate and key.
+    """
     if grpc_config.tls_cert and grpc_config.tls_key:
-        with open(grpc_config.tls_key, "rb") as key, open(grpc_config.tls_cert, "rb") as cert:
-            pair = [(key.read(), cert.read())]
-        client_ca = None
-        if grpc_config.tls_client_ca:
-            with open(grpc_config.tls_client_ca, "rb") as ca:
-                client_ca = ca.read()
-        credentials = grpc.ssl_server_credentials(
-            pair, root_certificates=client_ca, require_client_auth=client_ca is not None
-        )
+        credentials = ServerCertificates(grpc_config).credentials()
         return int(server.add_secure_port(grpc_config.listen, credentials))
     return int(server.add_insecure_port(grpc_config.listen))

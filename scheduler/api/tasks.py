@@ -7,10 +7,15 @@ completely by the pure functions of :mod:`.task_requests` (values read through
 :mod:`.convert`) before anything is written, so a bad field is refused
 (``INVALID_ARGUMENT`` naming it) with nothing written; that is the only validation a
 submit gets (the store writes what it is handed: ``store.submits.SubmitStore``). Then
-one store call does the work, in one transaction. Single ``SubmitTask`` calls share that
+one store call does the work, in one transaction, run as the caller's tenant
+(:meth:`~chronoshard.scheduler.store.database.Store.tenant_transaction`: row-level
+security admits that tenant's rows only). Single ``SubmitTask`` calls share that
 transaction with concurrent ones (group commit, the node's one
 :class:`~chronoshard.scheduler.dispatch.group_commit.GroupCommitter` in its isolating
-mode): each is still answered only after its row committed, with its own outcome.
+mode): each is still answered only after its row committed, with its own outcome. Such
+a transaction holds several tenants' rows, so it runs as the node's role instead, not
+under row-level security: each request's tenant is the one its key authenticated
+(:mod:`chronoshard.scheduler.store.submits`).
 
 Errors leave in exactly one place, :meth:`TaskServiceServicer._serve`, through the
 node's one error boundary (:func:`.boundary.serve`): a :class:`~.errors.SchedulerError`
@@ -18,6 +23,12 @@ becomes the gRPC status its class names plus an ``ErrorInfo`` (reason, field,
 retryable) in the trailing metadata (see ``chronoshard.wire``), both bounded in size;
 anything else is a bug, logged with its traceback and answered ``INTERNAL`` with a
 generic message, so internals never reach a client.
+
+A tenant's quotas show here twice (docs/operations.md#tenants-and-quotas): a submit over
+the tenant's submit rate is refused before anything is written (``RESOURCE_EXHAUSTED``
+with a ``RetryInfo``, :mod:`.quotas`), and ``GetTask`` of a task that is due but waits
+says so when the tenant's dispatch quotas are what holds it (``waiting_reason``, read
+from the same rows the dispatch rounds' check reads).
 
 What the node must do when tasks appear or are cancelled (wake the preloader, forget a
 timer, tell a worker) it learns through the :class:`SubmitListener` it passes in, called
@@ -37,11 +48,13 @@ import grpc
 from chronoshard.clock import Clock, SystemClock
 from chronoshard.scheduler.api import boundary, convert, task_requests
 from chronoshard.scheduler.api.auth import Authenticator
+from chronoshard.scheduler.api.quotas import SubmitQuotas
 from chronoshard.scheduler.cluster.routing import ChangedTask
 from chronoshard.scheduler.config import SchedulerConfig
 from chronoshard.scheduler.core.ids import new_task_id, unix_ms
 from chronoshard.scheduler.core.listing import PageCursor
 from chronoshard.scheduler.core.models import PreparedTask, SubmitResult, Task, Tenant
+from chronoshard.scheduler.core.quotas import HeldBy
 from chronoshard.scheduler.core.states import TaskStatus
 from chronoshard.scheduler.dispatch.group_commit import GroupCommitter
 from chronoshard.scheduler.errors import (
@@ -51,6 +64,7 @@ from chronoshard.scheduler.errors import (
     TaskNotFound,
 )
 from chronoshard.scheduler.store.database import Store
+from chronoshard.scheduler.store.quotas import DispatchQuotaStore
 from chronoshard.scheduler.store.submits import (
     DEFAULT_LINGER_S,
     DEFAULT_MAX_BATCH,
@@ -65,6 +79,13 @@ log = logging.getLogger(__name__)
 _Req = TypeVar("_Req")
 _Resp = TypeVar("_Resp")
 Context: TypeAlias = grpc.aio.ServicerContext[Any, Any]
+
+WAITING_REASONS = {
+    HeldBy.RATE: "TENANT_RATE_LIMIT",
+    HeldBy.CONCURRENCY: "TENANT_CONCURRENCY_LIMIT",
+}
+"""``Task.waiting_reason`` for what holds a due task back."""
+_WAITING = frozenset({TaskStatus.SCHEDULED, TaskStatus.PRELOADED, TaskStatus.RETRYING})
 
 
 class SubmitListener(Protocol):
@@ -103,9 +124,13 @@ class TaskServiceServicer(task_service_pb2_grpc.TaskServiceServicer):
         authenticator: Authenticator,
         listener: SubmitListener | None = None,
         clock: Clock | None = None,
+        submit_quotas: SubmitQuotas | None = None,
     ) -> None:
         self._store = store
         self._submit_store = SubmitStore(store)
+        self._quota_rows = DispatchQuotaStore(store)
+        # None: no submit rate is enforced (a servicer without a node, in tests).
+        self._submit_quotas = submit_quotas
         self._queries = TaskQueries(store)
         self._auth = authenticator
         self._listener: SubmitListener = listener or _NoListener()
@@ -183,6 +208,7 @@ class TaskServiceServicer(task_service_pb2_grpc.TaskServiceServicer):
     ) -> task_service_pb2.SubmitTaskResponse:
         trace = task_requests.trace_context_from_metadata(context.invocation_metadata())
         prepared = self._prepare(tenant, request, trace, prefix="")
+        self._check_submit_rate(tenant, 1)
         try:
             result = await self._submits.submit((tenant.id, prepared))
         except IdempotencyConflict as exc:
@@ -206,6 +232,7 @@ class TaskServiceServicer(task_service_pb2_grpc.TaskServiceServicer):
             for i, item in enumerate(request.tasks)
         ]
         _check_batch_keys(prepared)
+        self._check_submit_rate(tenant, len(prepared))
         results = await self._insert(tenant, prepared, prefix="tasks[{}].")
         self._notify_submitted(results)
         return task_service_pb2.SubmitBatchResponse(
@@ -218,14 +245,31 @@ class TaskServiceServicer(task_service_pb2_grpc.TaskServiceServicer):
         self, tenant: Tenant, request: task_service_pb2.GetTaskRequest, context: Context
     ) -> task_service_pb2.GetTaskResponse:
         task_id = convert.uuid_from_pb(request.id, "id")
-        task = await self._store.get_task(tenant.id, task_id)
+        task, attempts = await self._store.get_task_attempts(
+            tenant.id, task_id, attempts=request.include_attempts
+        )
         if task is None:
             raise TaskNotFound(task_id)
         response = task_service_pb2.GetTaskResponse(task=convert.task_to_pb(task))
-        if request.include_attempts:
-            attempts = await self._store.get_attempts(task.id)
-            response.attempts.extend(convert.attempt_to_pb(a) for a in attempts)
+        reason = await self._waiting_reason(task)
+        if reason is not None:
+            response.task.waiting_reason = reason
+        response.attempts.extend(convert.attempt_to_pb(a) for a in attempts)
         return response
+
+    def _check_submit_rate(self, tenant: Tenant, tasks: int) -> None:
+        """Refuse the submit (QuotaExceeded) if it is over the tenant's submit rate."""
+        if self._submit_quotas is not None:
+            self._submit_quotas.check(tenant.id, tasks)
+
+    async def _waiting_reason(self, task: Task) -> str | None:
+        """Why a due task still waits, if its tenant's dispatch quotas hold it: one read
+        of the tenant's bucket and in-flight count, only for a task that is due and not
+        yet dispatched."""
+        if task.status not in _WAITING or task.due_at > self._clock.now():
+            return None
+        held_by = await self._quota_rows.held_by(task.tenant_id)
+        return None if held_by is None else WAITING_REASONS[held_by]
 
     async def _list_tasks(
         self, tenant: Tenant, request: task_service_pb2.ListTasksRequest, context: Context

@@ -8,7 +8,10 @@ way the owner must act on soon, it tells the owner through one channel
 * ``due <shard> <shard> ...`` — tasks became due within the lookahead (a submit, a retry
   scheduled): the owner wakes its preloader;
 * ``ready <shard> <scheduled_at> <id>`` (one line per task) — a task went back to
-  PRELOADED (a release accepted by this node): the owner reloads exactly those rows.
+  PRELOADED (a release accepted by this node): the owner reloads exactly those rows;
+* ``tenants`` — a tenant's quotas changed (``chronoshard tenants update``, sent by the
+  operator's transaction, ``store/sql/tenants.sql``): every node refreshes its tenant
+  cache (``on_tenants_changed``).
 
 Every node receives every notification and keeps what concerns shards it owns. A lost
 notification (the listener reconnecting) only costs latency: the periodic preload pass
@@ -22,7 +25,7 @@ import asyncio
 import logging
 import sys
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
 from typing import ClassVar, Protocol
 
@@ -35,6 +38,8 @@ from chronoshard.scheduler.store.database import Store
 log = logging.getLogger(__name__)
 
 CHANNEL = "chronoshard_shards"
+TENANTS_CHANGED = "tenants"
+"""The payload ``store/sql/tenants.sql`` sends when a tenant's quotas change."""
 MAX_PAYLOAD_CHARS = 7000
 RECONNECT_S = 1.0
 
@@ -61,6 +66,8 @@ def _chunks(kind: str, items: list[str], sep: str) -> list[str]:
 
 def decode(payload: str) -> tuple[str, set[int], list[tuple[int, TaskRef]]]:
     """(kind, shards to wake, tasks to reload); raises ValueError for a malformed payload."""
+    if payload == TENANTS_CHANGED:
+        return TENANTS_CHANGED, set(), []
     if payload.startswith("due "):
         return "due", {int(s) for s in payload[4:].split()}, []
     if payload.startswith("ready\n"):
@@ -86,6 +93,8 @@ class ShardSignals:
         self._dsn = dsn
         self._store = store
         self._handler: SignalHandler | None = None
+        # Set by the node: a tenant's quotas changed (its tenant cache refreshes).
+        self.on_tenants_changed: Callable[[], None] | None = None
         self._stats: dict[str, int] = {"sent": 0, "received": 0, "send_errors": 0, "reconnects": 0}
 
     def attach(self, handler: SignalHandler) -> None:
@@ -126,6 +135,10 @@ class ShardSignals:
             kind, shards, tasks = decode(payload)
         except ValueError as exc:
             log.warning("ignoring malformed signal", extra={"error": str(exc)})
+            return
+        if kind == TENANTS_CHANGED:
+            if self.on_tenants_changed is not None:
+                self.on_tenants_changed()
             return
         if self._handler is None:
             return  # not listening yet: the periodic passes find the work

@@ -22,6 +22,8 @@ of the worker's (queue, type) pairs and decides in three layers:
    is skipped, never dropped: it is *parked* out of the lane until the blocking condition
    can have changed (a ``task_finished`` of that tenant, the time its next token is due,
    or :meth:`~ReadyQueues.limits_changed`), so blocked tenants cost nothing per pop.
+   A tenant can also be *held* until a given time (:meth:`~ReadyQueues.hold`: the
+   cluster-wide quota check refused its tasks, docs/operations.md#tenants-and-quotas).
 3. **Task.** The chosen tenant's earliest task by ``due_at_wall`` among the worker's
    lanes of that class (FIFO within a tenant).
 
@@ -40,6 +42,16 @@ class, whether or not that task's tenant is currently held by its limits:
 While no higher class waits, a class may use every slot: reserved capacity is lent out,
 so an idle cluster is fully usable. A worker that cannot run the waiting higher-class
 task is not held back for it, since its slot could not serve that task anyway.
+
+**Cluster-wide concurrency.** On a node of a cluster the tenant's in-flight count is an
+estimate of the whole cluster's: :meth:`~ReadyQueues.observe_in_flight` sets it to what
+the last dispatch round read from PostgreSQL, and this node's own starts and settlements
+move it in between. Settlements through other nodes are not seen here, so with
+``concurrency_probe_s`` set a tenant held by its concurrency lets one task through every
+``concurrency_probe_s`` (a *probe*): the database's check decides on it and corrects the
+estimate. Without it (the default) a tenant at its limit waits for a ``task_finished``.
+A task whose worker's stream closed still runs, so :meth:`~ReadyQueues.task_left` frees
+its class slot on this node but not its tenant's.
 
 Costs: push, remove and the bookkeeping calls are O(log n); a pop is O(log n) per lane of
 the worker (amortised over parking and lazy deletion), plus the lanes' parked tenants once
@@ -60,6 +72,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from chronoshard.scheduler.core.models import Priority
+from chronoshard.scheduler.core.quotas import HeldBy
 from chronoshard.scheduler.errors import InvalidArgument
 
 __all__ = [
@@ -267,14 +280,17 @@ class _Lane:
 
 
 class _Tenant:
-    """Per-tenant selector state: fair-queuing passes, in-flight count, rate bucket and
-    the lanes it is parked out of."""
+    """Per-tenant selector state: fair-queuing passes, in-flight count, rate bucket, a
+    hold, and the lanes it is parked out of."""
 
     __slots__ = (
+        "held_by",
+        "held_until",
         "id",
         "in_flight",
         "parked",
         "passes",
+        "probe_at",
         "rate_wake",
         "refilled_at",
         "tiebreak",
@@ -291,7 +307,12 @@ class _Tenant:
         self.tokens = 0.0
         self.refilled_at: float | None = None  # None: bucket never used, so full
         self.parked: set[_Lane] = set()
-        self.rate_wake: float | None = None  # the valid entry in ReadyQueues._rate_wakes
+        # When its parking lifts by time (a token due, a hold ending, a probe): the valid
+        # entry in ReadyQueues._rate_wakes.
+        self.rate_wake: float | None = None
+        self.held_until = 0.0  # hold(): nothing of this tenant goes before then
+        self.held_by = HeldBy.RATE
+        self.probe_at = 0.0  # with concurrency probes: the next one may go then
 
 
 class ReadyQueues:
@@ -318,9 +339,15 @@ class ReadyQueues:
         policy: FairnessPolicy | None = None,
         tenant_limits: Callable[[uuid.UUID], TenantLimits] = lambda _tenant: UNLIMITED,
         capacity: int = 0,
+        concurrency_probe_s: float | None = None,
     ) -> None:
+        if concurrency_probe_s is not None and not concurrency_probe_s > 0:
+            raise InvalidArgument(
+                "concurrency_probe_s", f"must be positive, got {concurrency_probe_s!r}"
+            )
         self._policy = policy if policy is not None else FairnessPolicy()
         self._limits = tenant_limits
+        self._probe_s = concurrency_probe_s
         self._class_stride = [1.0 / self._policy.class_weights[p] for p in CLASSES]
         self._waiting: dict[uuid.UUID, _Entry] = {}
         self._heap_items = 0  # in all tenant heaps; minus len(_waiting) is garbage
@@ -333,6 +360,8 @@ class ReadyQueues:
         self._class_waiting = [0] * len(CLASSES)
         self._class_in_flight = [0] * len(CLASSES)
         self._rate_wakes: list[tuple[float, int, _Tenant]] = []
+        # Times each tenant was held back, by what (the node's throttling metric).
+        self._throttles: dict[tuple[uuid.UUID, HeldBy], int] = {}
         self._counters = dict.fromkeys(
             (
                 "pushed",
@@ -343,6 +372,8 @@ class ReadyQueues:
                 "empty_pops",
                 "throttled_by_rate",
                 "throttled_by_concurrency",
+                "held_by_quota",
+                "concurrency_probes",
                 "held_by_reserve",
                 "held_by_class_cap",
                 "started",
@@ -464,10 +495,11 @@ class ReadyQueues:
 
     def next_eligible_at(self, now: float) -> float | None:
         """The earliest time after ``now`` at which a waiting task held back by its
-        tenant's rate limit may go; None if no waiting task is known to be so held.
+        tenant's rate limit, a :meth:`hold` or until its next concurrency probe may go;
+        None if no waiting task is known to be so held.
 
-        Concurrency limits and class caps are lifted by events (``task_finished``,
-        ``set_capacity``), not by time, so they never show here."""
+        Concurrency limits (without probes) and class caps are lifted by events
+        (``task_finished``, ``set_capacity``), not by time, so they never show here."""
         self._release_rate_parked(now)
         wakes = self._rate_wakes
         while wakes:
@@ -487,6 +519,43 @@ class ReadyQueues:
         self._tenant(task.tenant_id).in_flight += 1
         self._class_in_flight[_RANK[task.priority]] += 1
         self._counters["started"] += 1
+
+    def task_left(self, priority: Priority | str) -> None:
+        """A started task's worker stream closed with the task unsettled: it leaves this
+        node's class counts (its slots left the capacity with the stream) but still
+        counts for its tenant, since the worker may still be running it."""
+        rank = _RANK[_priority(priority)]
+        self._counters["finished"] += 1
+        if self._class_in_flight[rank]:
+            self._class_in_flight[rank] -= 1
+        else:
+            self._counters["unmatched_finishes"] += 1
+
+    def observe_in_flight(self, tenant_id: uuid.UUID, in_flight: int, now: float) -> None:
+        """The cluster-wide in-flight count of the tenant, read by a dispatch round's
+        quota check: it replaces this node's estimate, and the next concurrency probe is
+        due ``concurrency_probe_s`` from ``now``."""
+        tenant = self._tenant(tenant_id)
+        tenant.in_flight = in_flight
+        if self._probe_s is not None:
+            tenant.probe_at = now + self._probe_s
+        if tenant.parked:
+            limit = self._limits(tenant_id).max_concurrent
+            if limit is None or in_flight < limit:
+                self._unpark(tenant)
+
+    def hold(self, tenant_id: uuid.UUID, until: float, held_by: HeldBy = HeldBy.RATE) -> None:
+        """Nothing of the tenant goes before ``until`` (monotonic seconds): the
+        cluster-wide check refused its tasks, and said when to ask again."""
+        tenant = self._tenant(tenant_id)
+        if until > tenant.held_until:
+            tenant.held_until = until
+            tenant.held_by = held_by
+
+    def throttles(self) -> dict[tuple[uuid.UUID, HeldBy], int]:
+        """Times each tenant was held back, by what; they only grow. O(tenants held so
+        far): for a metrics scrape."""
+        return dict(self._throttles)
 
     def task_finished(self, tenant_id: uuid.UUID, priority: Priority | str) -> None:
         """A started task completed, failed or was released: free its slot in the counts.
@@ -654,11 +723,25 @@ class ReadyQueues:
         return None
 
     def _held(self, tenant: _Tenant, now: float) -> bool:
-        """Whether the tenant's limits forbid a dispatch now; arms the wake for rate."""
+        """Whether the tenant's limits forbid a dispatch now; arms the wake for what
+        lifts by time (a rate token, a hold's end, the next concurrency probe)."""
+        if tenant.held_until > now:
+            self._counters["held_by_quota"] += 1
+            self._throttled(tenant, tenant.held_by)
+            self._wake_at(tenant, tenant.held_until)
+            return True
         limits = self._limits(tenant.id)
         if limits.max_concurrent is not None and tenant.in_flight >= limits.max_concurrent:
-            self._counters["throttled_by_concurrency"] += 1
-            return True
+            if self._probe_s is None or now < tenant.probe_at:
+                self._counters["throttled_by_concurrency"] += 1
+                self._throttled(tenant, HeldBy.CONCURRENCY)
+                if self._probe_s is not None:
+                    self._wake_at(tenant, tenant.probe_at)
+                return True
+            # One task goes for the cluster-wide check to judge; the next not before
+            # another probe interval, whatever that check answers.
+            tenant.probe_at = now + self._probe_s
+            self._counters["concurrency_probes"] += 1
         rps = limits.rate_limit_rps
         if rps is None:
             return False
@@ -666,11 +749,18 @@ class ReadyQueues:
         if tenant.tokens >= 1.0 - _TOKEN_EPS:
             return False
         self._counters["throttled_by_rate"] += 1
-        wake = now + (1.0 - tenant.tokens) / rps
+        self._throttled(tenant, HeldBy.RATE)
+        self._wake_at(tenant, now + (1.0 - tenant.tokens) / rps)
+        return True
+
+    def _throttled(self, tenant: _Tenant, held_by: HeldBy) -> None:
+        key = (tenant.id, held_by)
+        self._throttles[key] = self._throttles.get(key, 0) + 1
+
+    def _wake_at(self, tenant: _Tenant, wake: float) -> None:
         if tenant.rate_wake != wake:
             tenant.rate_wake = wake
             heapq.heappush(self._rate_wakes, (wake, next(self._seq), tenant))
-        return True
 
     @staticmethod
     def _refill(tenant: _Tenant, rps: float, now: float) -> None:

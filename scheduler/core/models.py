@@ -77,6 +77,8 @@ class Tenant:
     created_at: datetime
     operator: bool = False
     """May call cluster-wide admin operations (``AdminService.DrainNode``)."""
+    submit_rate_limit_rps: float | None = None
+    """Tasks per second the tenant may submit, cluster-wide; None: no limit."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,6 +16,7 @@ from enum import StrEnum
 from typing import Any, Generic, TypeVar
 
 from chronoshard.scheduler.core.models import Priority, Task, TaskRef
+from chronoshard.scheduler.core.quotas import Admission
 from chronoshard.scheduler.core.retry import FailureReport
 from chronoshard.scheduler.core.states import AttemptState, TaskStatus
 from chronoshard.scheduler.core.workflows import Place
@@ -260,6 +261,9 @@ class IntentResult:
     to be chosen again. Every other intent not in ``dispatched`` moved on."""
     places: Mapping[uuid.UUID, Place] = field(default_factory=dict)
     """The dispatched workflow tasks' refs and parents (their assignments carry them)."""
+    quotas: Mapping[uuid.UUID, Admission] = field(default_factory=dict)
+    """Per tenant, what the cluster-wide quota check admitted (empty without one, and
+    for a read-back). Intents it refused are in ``unwritten``: still PRELOADED."""
 
 
 def intent_committed(row: Mapping[str, Any], worker_id: str, epoch: int) -> bool | None:

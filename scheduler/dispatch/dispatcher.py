@@ -22,6 +22,17 @@ holds (a preload, a release, a reconciler repair): :meth:`Dispatcher.preloaded_u
 asks the preloader to read the owned shards' PRELOADED rows back, and
 :meth:`Dispatcher.adopt` takes those it does not hold yet.
 
+**Cluster-wide quotas** (docs/operations.md#tenants-and-quotas): the intents' transaction
+first checks each tenant of the round against its dispatch rate and concurrency, for the
+whole cluster (``store/quotas.py``), and writes only what they admit. The ready queues
+hear the answer: the tenant's in-flight count as the database counted it (their estimate
+until the next round), and for a tenant out of tokens a hold until its next one is due
+(at least ``QUOTA_MIN_HOLD_S``: a busy tenant's nodes must not ask the database every
+millisecond). The refused tasks go back to the ready queues, still PRELOADED. The ready
+queues' own limits (the same numbers, from the tenant cache) only spare the database
+rounds it would refuse; a tenant they hold for concurrency lets one task through every
+``QUOTA_PROBE_S`` (settlements through other nodes are not seen here).
+
 Lead dispatch: the assignment carries ``due_at`` and the SDK starts the handler exactly
 then, so lateness is the worker's timer precision rather than tick + commit + network.
 
@@ -50,6 +61,7 @@ from chronoshard.scheduler.config import SchedulerConfig
 from chronoshard.scheduler.core import rounds
 from chronoshard.scheduler.core.fairness import ReadyQueues, ReadyTask, TenantLimits
 from chronoshard.scheduler.core.models import Priority, Task
+from chronoshard.scheduler.core.quotas import HeldBy
 from chronoshard.scheduler.core.runs import Intent, IntentResult, Release, TimerTask
 from chronoshard.scheduler.core.states import AttemptState
 from chronoshard.scheduler.core.timing_wheel import TimingWheel
@@ -72,6 +84,11 @@ BACKLOG_REPORT_S = 1.0
 BACKLOG_COALESCE_S = 0.005
 """After a change, wait this long before reporting: a burst of changes (a dispatch round,
 a wheel tick) becomes one report per session, not one per task."""
+QUOTA_PROBE_S = 1.0
+"""A tenant this node believes at its concurrency lets one task through this often, for
+the cluster-wide check to judge: its attempts may have settled through other nodes."""
+QUOTA_MIN_HOLD_S = 0.02
+"""The shortest hold after the cluster-wide check refused a tenant for its rate."""
 
 
 class ShardView(Protocol):
@@ -119,7 +136,7 @@ class Dispatcher:
         self._wheel: TimingWheel[int, TimerTask] = TimingWheel(
             clock.monotonic(), tick_s=scheduling.wheel_tick_s, slots=scheduling.wheel_slots
         )
-        self._ready = ReadyQueues(tenant_limits=tenant_limits)
+        self._ready = ReadyQueues(tenant_limits=tenant_limits, concurrency_probe_s=QUOTA_PROBE_S)
         # Whose turn it is among worker sessions holding equal credits (issue 14).
         self._spread = rounds.Spread()
         # Chosen in the round being written: neither on the wheel nor ready meanwhile.
@@ -141,6 +158,9 @@ class Dispatcher:
             "store_errors": 0,
             "intents_read_back": 0,
             "adopted": 0,
+            # Rounds in which the cluster-wide quota check refused a tenant's tasks.
+            "quota_rate_holds": 0,
+            "quota_concurrency_refusals": 0,
         }
         sessions.set_listener(self)
 
@@ -257,6 +277,16 @@ class Dispatcher:
         self._ready.task_finished(task.tenant_id, task.priority)
         self._wake.set()
 
+    def task_left(self, task: TimerTask) -> None:
+        """Its worker's stream closed unsettled: the slot left with the stream, but the
+        attempt may still run, so it still counts for its tenant."""
+        self._ready.task_left(task.priority)
+        self._wake.set()
+
+    def throttles(self) -> dict[tuple[uuid.UUID, HeldBy], int]:
+        """Times each tenant's ready work was held back by its quotas, by which (metrics)."""
+        return self._ready.throttles()
+
     def tenant_limits_changed(self, tenant_id: uuid.UUID) -> None:
         """The tenant's limits were changed: its parked tasks are looked at again."""
         self._ready.limits_changed(tenant_id)
@@ -348,9 +378,21 @@ class Dispatcher:
         self._stats["intent_rows_skipped"] += rounds.give_back(
             written.leftover, result.unwritten, self._ready, now
         )
+        self._heard_quotas(result, now)
         if undeliverable:
             await self._abandon(undeliverable)
         return len(chosen)
+
+    def _heard_quotas(self, result: IntentResult, now: float) -> None:
+        """What the cluster-wide check said of each tenant of the round (after the
+        leftovers were given back: its count already includes what it admitted)."""
+        for tenant_id, answer in result.quotas.items():
+            self._ready.observe_in_flight(tenant_id, answer.in_flight, now)
+            if answer.held_by is HeldBy.RATE:
+                self._stats["quota_rate_holds"] += 1
+                self._ready.hold(tenant_id, now + max(answer.wait_s, QUOTA_MIN_HOLD_S))
+            elif answer.held_by is HeldBy.CONCURRENCY:
+                self._stats["quota_concurrency_refusals"] += 1
 
     def _trace_dispatch(self, task: Task, worker_id: str, since_ns: int, sent: bool) -> None:
         """The span of one dispatched attempt (tracing is on and the task carries a trace

@@ -59,7 +59,15 @@ class SessionListener(Protocol):
 
     def credits_available(self) -> None: ...
 
-    def task_ended(self, task: TimerTask) -> None: ...
+    def task_ended(self, task: TimerTask) -> None:
+        """A task this node sent settled (or its attempt was given up): no longer held
+        by any session, nor running."""
+        ...
+
+    def task_left(self, task: TimerTask) -> None:
+        """A task this node sent is no longer held by a session (its stream closed), but
+        its worker may still be running it."""
+        ...
 
 
 @dataclass(eq=False)
@@ -220,10 +228,11 @@ class SessionRegistry:
         if self._by_worker.get(session.worker_id) is session:
             del self._by_worker[session.worker_id]
         # Its unsettled tasks stay DISPATCHED/RUNNING in the database: the worker may
-        # still be running them and settle through another node; the lease decides.
+        # still be running them and settle through another node; the lease decides. So
+        # they still count against their tenants' concurrency.
         if self._listener is not None:
             for timer, _ in session.assigned.values():
-                self._listener.task_ended(timer)
+                self._listener.task_left(timer)
         session.assigned.clear()
         if self.on_sessions_changed is not None:
             self.on_sessions_changed()

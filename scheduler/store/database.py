@@ -27,6 +27,14 @@ machine (``states``) says which moves a write may make, and the stores over its 
   (``pg_terminate_backend``, then waits until it is gone), known by its pid and start
   time, recorded when the connection was made.
 
+**The API's transactions run as their tenant** (:meth:`Store.tenant_transaction`,
+docs/operations.md#row-level-security): role ``chronoshard_api`` and the setting
+``chronoshard.tenant_id``, both ``SET LOCAL``, so PostgreSQL's row-level security
+(migration 0014) admits only that tenant's rows, whatever a statement's own predicate
+says. Everything else (the dispatch path, which works across tenants by shard, and the
+API's group-committed submits) runs as the role the pool connected as, which owns the
+tables and is not restricted.
+
 **Every call is timed.** Each :meth:`Store.connection` block reports the wait for its
 pooled connection and how long it held it to the :class:`DatabaseTimings` given at open
 (the node's metrics), and remembers when a call last succeeded, so the node's health
@@ -72,10 +80,18 @@ from chronoshard.scheduler.errors import (
 )
 from chronoshard.scheduler.store import queries
 
+API_ROLE = "chronoshard_api"
+"""The role API transactions run as (migration 0014): row-level security applies to it."""
+TENANT_SETTING = "chronoshard.tenant_id"
+"""The setting that names the tenant the policies admit (``chronoshard_current_tenant()``)."""
+
 DEFAULT_POOL_MIN_SIZE = 1
 DEFAULT_POOL_MAX_SIZE = 10
 DEFAULT_OPEN_TIMEOUT_S = 30.0
 DEFAULT_ACQUIRE_TIMEOUT_S = 5.0
+CONNECT_PROBE_TIMEOUT_S = 5
+"""How long the one connection that asks why the pool could not open may take (libpq's
+``connect_timeout``, whole seconds)."""
 READ_BACK_TIMEOUT_S = 10.0
 """How long a submit whose commit outcome is unknown tries to read its rows back."""
 READ_BACK_RETRY_S = 0.25
@@ -164,6 +180,16 @@ def _configurer(
     return configure
 
 
+async def _connect_error(dsn: str) -> str | None:
+    """Why a connection to ``dsn`` fails now (libpq's message); None if it does not."""
+    try:
+        conn = await psycopg.AsyncConnection.connect(dsn, connect_timeout=CONNECT_PROBE_TIMEOUT_S)
+    except psycopg.Error as exc:
+        return str(exc).strip()
+    await conn.close()
+    return None
+
+
 async def check_pooled(conn: Connection) -> None:
     """The pool's check of a connection it is about to hand out: raises if it is dead.
 
@@ -250,7 +276,11 @@ class Store:
             await pool.open(wait=True, timeout=open_timeout_s)
         except psycopg.OperationalError as exc:
             await pool.close()
-            raise StoreUnavailable(f"cannot connect to PostgreSQL: {exc}") from exc
+            # The pool says only that it timed out; why its connections failed (a refused
+            # connection, sslmode=require against a server without SSL, a certificate that
+            # does not verify) is what the operator needs, so ask once more directly.
+            reason = await _connect_error(dsn) or str(exc)
+            raise StoreUnavailable(f"cannot connect to PostgreSQL: {reason}") from exc
         # Only now: the first connections may wait for PostgreSQL up to open_timeout_s.
         pool.reconnect_timeout = RECONNECT_GIVE_UP_S
         store = cls(pool, timings)
@@ -329,6 +359,24 @@ class Store:
                 raise
 
     @asynccontextmanager
+    async def tenant_transaction(self, tenant_id: uuid.UUID) -> AsyncIterator[Connection]:
+        """A transaction (:meth:`transaction`) that sees and writes only ``tenant_id``'s
+        rows: its first statement enters :data:`API_ROLE` with the tenant set (both
+        ``SET LOCAL``: they end with the transaction, so the pooled connection goes back
+        as it came). The one way an API call enters its tenant: row-level security is
+        defence in depth under the statements' own ``tenant_id`` predicates.
+
+        Raises:
+            CommitOutcomeUnknown, StoreUnavailable: as :meth:`transaction`.
+        """
+        async with self.transaction() as conn:
+            await conn.execute(
+                self._q["enter_tenant"],
+                {"role": API_ROLE, "setting": TENANT_SETTING, "tenant_id": tenant_id},
+            )
+            yield conn
+
+    @asynccontextmanager
     async def self_committing(self) -> AsyncIterator[Connection]:
         """A pooled (autocommit) connection for one write statement, which commits by
         itself: all of it or nothing, one round trip instead of BEGIN, the statement
@@ -398,15 +446,32 @@ class Store:
     # --- reads ------------------------------------------------------------------------
 
     async def get_task(self, tenant_id: uuid.UUID, task_id: uuid.UUID) -> Task | None:
-        """The task, or None if it does not exist *or belongs to another tenant*."""
-        async with self.connection() as conn:
+        """The task, or None if it does not exist *or belongs to another tenant*, read as
+        that tenant (:meth:`tenant_transaction`)."""
+        task, _ = await self.get_task_attempts(tenant_id, task_id, attempts=False)
+        return task
+
+    async def get_task_attempts(
+        self, tenant_id: uuid.UUID, task_id: uuid.UUID, *, attempts: bool = True
+    ) -> tuple[Task | None, list[TaskAttempt]]:
+        """The task (None: not found, or another tenant's) and, with ``attempts``, its
+        attempts oldest first, in one transaction as ``tenant_id`` (GetTask)."""
+        async with self.tenant_transaction(tenant_id) as conn:
             cur = conn.cursor(row_factory=dict_row)
             await cur.execute(self._q["get_task"], {"id": task_id, "tenant_id": tenant_id})
             row = await cur.fetchone()
-        return None if row is None else task_from_row(row)
+            if row is None:
+                return None, []
+            found: list[TaskAttempt] = []
+            if attempts:
+                await cur.execute(self._q["get_attempts"], {"task_id": task_id})
+                found = [_attempt(r) for r in await cur.fetchall()]
+        return task_from_row(row), found
 
     async def get_attempts(self, task_id: uuid.UUID) -> list[TaskAttempt]:
-        """The task's attempts, oldest first (empty before its first dispatch)."""
+        """The task's attempts, oldest first (empty before its first dispatch), read as
+        the node (any tenant's: not for the API, which reads them with its task through
+        :meth:`get_task_attempts`)."""
         async with self.connection() as conn:
             cur = conn.cursor(row_factory=dict_row)
             await cur.execute(self._q["get_attempts"], {"task_id": task_id})

@@ -2,10 +2,12 @@
 
 A small class over the :class:`~.database.Store`'s pool, with its statements in
 ``sql/expectations.sql``. Every statement names the caller's tenant, so another tenant's
-expectation is simply not found. Expectations the watchdog's config file defines sit in
-the same table with ``source = 'config'``: they are listed like the others, but a write
-or delete that meets one changes nothing and raises
-:class:`~.errors.ExpectationManagedByConfig`, because the watchdog would put it back.
+expectation is simply not found, and runs as that tenant
+(:meth:`Store.tenant_transaction`: row-level security admits its rows only).
+Expectations the watchdog's config file defines sit in the same table with ``source =
+'config'``: they are listed like the others, but a write or delete that meets one
+changes nothing and raises :class:`~.errors.ExpectationManagedByConfig`, because the
+watchdog would put it back.
 
 The servicer (:mod:`chronoshard.scheduler.api.expectations`) validates the request
 completely before it calls in here, and converts what comes back.
@@ -101,7 +103,10 @@ class ExpectationStore:
             "enabled": spec.enabled,
             "description": spec.description,
         }
-        async with self._store.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
+        async with (
+            self._store.tenant_transaction(tenant_id) as conn,
+            conn.cursor(row_factory=dict_row) as cur,
+        ):
             await cur.execute(self._q["upsert_expectation"], params)
             row = await cur.fetchone()
         if row is None:
@@ -116,7 +121,10 @@ class ExpectationStore:
             StoreUnavailable: PostgreSQL is away.
         """
         params = {"tenant_id": tenant_id, "after": after, "limit": limit + 1}
-        async with self._store.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
+        async with (
+            self._store.tenant_transaction(tenant_id) as conn,
+            conn.cursor(row_factory=dict_row) as cur,
+        ):
             await cur.execute(self._q["list_expectations"], params)
             rows = await cur.fetchall()
         # One row more than the page says whether another page exists.
@@ -131,7 +139,10 @@ class ExpectationStore:
             StoreUnavailable: PostgreSQL is away.
         """
         params = {"tenant_id": tenant_id, "job_id": job_id}
-        async with self._store.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
+        async with (
+            self._store.tenant_transaction(tenant_id) as conn,
+            conn.cursor(row_factory=dict_row) as cur,
+        ):
             await cur.execute(self._q["delete_expectation"], params)
             row = await cur.fetchone()
             if row is None:

@@ -29,6 +29,7 @@ from psycopg.rows import dict_row
 
 from chronoshard.scheduler.core.handoff import Cursor
 from chronoshard.scheduler.core.models import Priority, Task, TaskRef
+from chronoshard.scheduler.core.quotas import Admission
 from chronoshard.scheduler.core.retry import RetryBudget, decide
 from chronoshard.scheduler.core.runs import (
     Beat,
@@ -50,6 +51,7 @@ from chronoshard.scheduler.core.workflows import Place
 from chronoshard.scheduler.errors import StoreUnavailable
 from chronoshard.scheduler.store import queries
 from chronoshard.scheduler.store.database import Connection, Store, task_from_row
+from chronoshard.scheduler.store.quotas import DispatchQuotaStore
 from chronoshard.scheduler.store.workflow_progress import (
     Finished,
     finished_rows,
@@ -164,11 +166,17 @@ def _retry_rollbacks(
 
 
 class RunStore:
-    """Batch run-state statements over the :class:`Store`'s pool."""
+    """Batch run-state statements over the :class:`Store`'s pool.
 
-    def __init__(self, store: Store) -> None:
+    With ``quotas`` (a node's), every dispatch round is checked against its tenants'
+    cluster-wide quotas in the transaction that writes its intents (:mod:`.quotas`);
+    without (the store's own tests), intents are written as asked.
+    """
+
+    def __init__(self, store: Store, quotas: DispatchQuotaStore | None = None) -> None:
         self._store = store
         self._q = queries.load("runs.sql")
+        self._quotas = quotas
 
     # ---- shard-fenced writes ------------------------------------------------------------
 
@@ -280,15 +288,47 @@ class RunStore:
         """PRELOADED -> DISPATCHED (token+1, attempt+1, attempt row) for every intent whose
         shard is still ours and whose row is still PRELOADED, in one transaction.
 
+        With quotas, each tenant's intents are first cut to what its quotas admit, in the
+        order given (the selector's: earliest due first); the others are written nothing
+        and come back in ``unwritten``, with every tenant's answer in ``quotas``.
+
         Only after this returns may the assignments be sent (intent before action).
         """
+        answers: dict[uuid.UUID, Admission] = {}
+        refused: set[uuid.UUID] = set()
+
+        async def within_quotas(conn: Connection, mine: list[Intent]) -> list[Intent]:
+            if self._quotas is None:
+                return mine
+            wanted: dict[uuid.UUID, int] = {}
+            for intent in mine:
+                wanted[intent.task.tenant_id] = wanted.get(intent.task.tenant_id, 0) + 1
+            answers.update(await self._quotas.admit(conn, wanted))
+            left = {tenant: a.admitted for tenant, a in answers.items()}
+            admitted = []
+            for intent in mine:
+                tenant = intent.task.tenant_id
+                if left.get(tenant, 0) > 0:
+                    left[tenant] -= 1
+                    admitted.append(intent)
+                else:
+                    refused.add(intent.task.id)
+            return admitted
+
         rows, lost, places = await self._on_owned_intents(
             "write_intents",
             epochs,
             intents,
             lambda mine: {"worker_ids": [i.worker_id for i in mine], "lease_s": lease_s},
+            screen=within_quotas,
         )
-        return IntentResult([task_from_row(r) for r in rows], lost, places=places)
+        return IntentResult(
+            [task_from_row(r) for r in rows],
+            lost,
+            frozenset(refused),
+            places=places,
+            quotas=answers,
+        )
 
     async def _on_owned_intents(
         self,
@@ -296,17 +336,20 @@ class RunStore:
         epochs: Mapping[int, int],
         intents: Sequence[Intent],
         params: Callable[[list[Intent]], dict[str, Any]] = lambda mine: {},
+        screen: Callable[[Connection, list[Intent]], Awaitable[list[Intent]]] | None = None,
     ) -> tuple[list[dict[str, Any]], frozenset[int], dict[uuid.UUID, Place]]:
         """Run ``query`` for the intents of shards whose epoch is still ours, in one
-        transaction under their fence; its rows (``tasks`` rows), the shards found lost,
-        and the places of the workflow tasks among the rows (read in the same
-        transaction: a read failing after the intents committed would lose the
-        assignments)."""
+        transaction under their fence (``screen`` may cut them further first, in the
+        same transaction); its rows (``tasks`` rows), the shards found lost, and the
+        places of the workflow tasks among the rows (read in the same transaction: a read
+        failing after the intents committed would lose the assignments)."""
         shards = {i.task.shard: epochs[i.task.shard] for i in intents if i.task.shard in epochs}
         async with self._store.transaction() as conn:
             owned = await self._store.owned_shards(conn, shards)
             lost = frozenset(shards.keys() - owned)
             mine = [i for i in intents if i.task.shard in owned]
+            if mine and screen is not None:
+                mine = await screen(conn, mine)
             if not mine:
                 return [], lost, {}
             cur = conn.cursor(row_factory=dict_row)

@@ -1,14 +1,17 @@
 """The schedules table and its occurrences: :class:`ScheduleStore`.
 
 Two owners use it. The ScheduleService (``api/schedules.py``) creates, reads and changes
-schedules; a change that must take effect from the next occurrence (update, pause,
-delete) withdraws, in the same transaction, the occurrences created ahead that have not
-started. The materialiser (``cluster/materialiser.py``) takes the due schedules of the
-shards it owns, under the shard fence, and writes each one's :class:`~.core.schedules.Step`:
-its occurrences (keyed ``(schedule_id, logical_date)``: an existing one is left alone
-and its task not inserted), their tasks through the submit path's one insert
-statement (:meth:`.submits.SubmitStore.insert_in`), and the schedule's new instants, all
-in one transaction. A pass whose commit outcome is lost is simply run again: the key
+schedules, always as the caller's tenant (:meth:`Store.tenant_transaction`, opened here
+or by the servicer for the methods that take a connection), so row-level security admits
+that tenant's rows only; a change that must take effect from the next occurrence
+(update, pause, delete) withdraws, in the same transaction, the occurrences created
+ahead that have not started. The materialiser (``cluster/materialiser.py``) takes the
+due schedules of the shards it owns, whatever their tenants, as the node's role, under
+the shard fence, and writes each one's :class:`~.core.schedules.Step`: its occurrences
+(keyed ``(schedule_id, logical_date)``: an existing one is left alone and its task not
+inserted), their tasks through the submit path's one insert statement
+(:meth:`.submits.SubmitStore.insert_in`), and the schedule's new instants, all in one
+transaction. A pass whose commit outcome is lost is simply run again: the key
 makes a second write of an occurrence a no-op, and the row lock orders the retry after
 the lost transaction ended.
 """
@@ -203,29 +206,32 @@ class ScheduleStore:
 
     async def insert(self, params: Mapping[str, Any], spec: ScheduleSpec) -> Schedule | None:
         """Insert a schedule; None when the tenant already has one of that name."""
-        async with self._store.transaction() as conn:
+        async with self._store.tenant_transaction(params["tenant_id"]) as conn:
             cur = conn.cursor(row_factory=dict_row)
             await cur.execute(self._q["insert_schedule"], {**params, **_spec_params(spec)})
             row = await cur.fetchone()
         return None if row is None else schedule_from_row(row)
 
     async def get(self, tenant_id: uuid.UUID, name_or_id: str) -> Schedule | None:
-        async with self._store.connection() as conn:
+        async with self._store.tenant_transaction(tenant_id) as conn:
             cur = conn.cursor(row_factory=dict_row)
             await cur.execute(self._q["get_schedule"], {"tenant_id": tenant_id, **_key(name_or_id)})
             row = await cur.fetchone()
         return None if row is None else schedule_from_row(row)
 
     async def page(self, tenant_id: uuid.UUID, after: str | None, limit: int) -> list[Schedule]:
-        async with self._store.connection() as conn:
+        async with self._store.tenant_transaction(tenant_id) as conn:
             cur = conn.cursor(row_factory=dict_row)
             await cur.execute(
                 self._q["list_schedules"], {"tenant_id": tenant_id, "after": after, "limit": limit}
             )
             return [schedule_from_row(r) for r in await cur.fetchall()]
 
-    async def runs(self, schedule_id: uuid.UUID, limit: int) -> list[ScheduleRun]:
-        async with self._store.connection() as conn:
+    async def runs(
+        self, tenant_id: uuid.UUID, schedule_id: uuid.UUID, limit: int
+    ) -> list[ScheduleRun]:
+        """The schedule's newest ``limit`` occurrences, read as ``tenant_id``."""
+        async with self._store.tenant_transaction(tenant_id) as conn:
             cur = await conn.execute(self._q["runs"], {"schedule_id": schedule_id, "limit": limit})
             return [
                 ScheduleRun(

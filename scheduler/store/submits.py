@@ -13,6 +13,16 @@ without keys (most single submits) is that INSERT alone, self-committing
 (:meth:`Store.self_committing`): one statement instead of four (BEGIN, the tenant check,
 the INSERT, COMMIT), the tenant check inside it.
 
+**Who writes.** A ``SubmitBatch`` (:meth:`SubmitStore.insert_tasks`: one tenant) runs as
+its tenant, in a :meth:`Store.tenant_transaction`: row-level security refuses a row of
+any other tenant (docs/operations.md#row-level-security), keys or none, so its keyless
+batch is a transaction too (BEGIN, the tenant, the INSERT, COMMIT). Group commit's
+batches (:meth:`SubmitStore.insert_each`) hold many tenants' submits in one statement,
+which no single tenant setting could admit: they run as the node's own role, which RLS
+does not restrict, and what keeps them to their tenants is that each request's tenant is
+the one its API key authenticated (the servicer builds the pair; a request field never
+names a tenant).
+
 The store validates nothing: it takes :class:`~chronoshard.scheduler.core.models.PreparedTask`
 values, which the wire (``api.task_requests.submit_from_pb``) validated and built. What
 it does own:
@@ -50,6 +60,7 @@ import logging
 import time
 import uuid
 from collections.abc import Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -233,16 +244,17 @@ class SubmitStore:
             return []
         requests = [(tenant_id, p) for p in prepared]
         try:
-            if _keyless(requests):
-                # One tenant: its rows all go in, or none (an unknown tenant).
-                async with self._store.self_committing() as conn:
+            async with self._store.tenant_transaction(tenant_id) as conn:
+                if _keyless(requests):
+                    # One tenant: its rows all go in, or none (an unknown tenant).
                     outcomes = await self._insert_keyless(conn, requests)
-                _raise_first(outcomes)
-            else:
-                async with self._store.transaction() as conn:
+                    _raise_first(outcomes)
+                else:
                     outcomes = await self._write_submits(conn, requests, all_or_nothing=True)
         except CommitOutcomeUnknown as exc:
-            outcomes = await self._read_back_submits(requests, exc, all_or_nothing=True)
+            outcomes = await self._read_back_submits(
+                requests, exc, all_or_nothing=True, tenant_id=tenant_id
+            )
         return [o for o in outcomes if isinstance(o, SubmitResult)]
 
     async def insert_each(self, requests: Sequence[Request]) -> list[SubmitResult | SchedulerError]:
@@ -251,7 +263,8 @@ class SubmitStore:
         What group commit writes (:func:`~chronoshard.scheduler.api.tasks.submit_committer`):
         a request that would fail alone (an unknown tenant, a key reused with a different
         request, an id already in the batch) gets its error in its place, and the others
-        are written.
+        are written. As the node's role, not under row-level security (module docstring:
+        the batch holds several tenants' rows).
 
         Raises:
             StoreUnavailable: PostgreSQL failed; nothing was written.
@@ -265,7 +278,9 @@ class SubmitStore:
             async with self._store.transaction() as conn:
                 return await self._write_submits(conn, requests, all_or_nothing=False)
         except CommitOutcomeUnknown as exc:
-            return await self._read_back_submits(requests, exc, all_or_nothing=False)
+            return await self._read_back_submits(
+                requests, exc, all_or_nothing=False, tenant_id=None
+            )
 
     async def _read_back_submits(
         self,
@@ -273,8 +288,10 @@ class SubmitStore:
         unknown: CommitOutcomeUnknown,
         *,
         all_or_nothing: bool,
+        tenant_id: uuid.UUID | None,
     ) -> list[SubmitResult | SchedulerError]:
-        """Settle a submit batch whose commit outcome is unknown by reading it back.
+        """Settle a submit batch whose commit outcome is unknown by reading it back, as
+        ``tenant_id`` when the batch was one tenant's (None: group commit, as the node).
 
         The batch was one transaction, so either every task it inserted exists or none
         does. None found: nothing was written (or the batch inserted nothing: repeats and
@@ -290,7 +307,7 @@ class SubmitStore:
         while True:
             try:
                 await self._store.end_lost_transactions()
-                found = await self._find_submitted(requests)
+                found = await self._find_submitted(requests, tenant_id)
                 break
             except StoreUnavailable:
                 if time.monotonic() >= deadline:
@@ -301,7 +318,7 @@ class SubmitStore:
         rest = [r for r in requests if r[1].new.id not in found]
         answers: list[SubmitResult | SchedulerError] = []
         if rest:
-            async with self._store.transaction() as conn:
+            async with self._transaction(tenant_id) as conn:
                 answers = await self._write_submits(conn, rest, all_or_nothing=all_or_nothing)
         again = iter(answers)
         return [
@@ -309,9 +326,23 @@ class SubmitStore:
             for _, p in requests
         ]
 
-    async def _find_submitted(self, requests: Sequence[Request]) -> dict[uuid.UUID, Task]:
+    def _transaction(self, tenant_id: uuid.UUID | None) -> AbstractAsyncContextManager[Connection]:
+        """A transaction as ``tenant_id`` (row-level security), or as the node for a batch
+        of several tenants (None)."""
+        if tenant_id is None:
+            return self._store.transaction()
+        return self._store.tenant_transaction(tenant_id)
+
+    async def _find_submitted(
+        self, requests: Sequence[Request], tenant_id: uuid.UUID | None
+    ) -> dict[uuid.UUID, Task]:
         """The tasks of ``requests`` that exist, by id (their own ids: not key repeats)."""
-        async with self._store.connection() as conn:
+        reader = (
+            self._store.connection()
+            if tenant_id is None
+            else self._store.tenant_transaction(tenant_id)
+        )
+        async with reader as conn:
             cur = conn.cursor(row_factory=dict_row)
             await cur.execute(
                 self._q["get_tasks_by_ref"],

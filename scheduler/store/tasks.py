@@ -3,12 +3,14 @@ resolution.
 
 A small class over the :class:`~.database.Store`'s pool, with its statements in
 ``sql/tasks.sql``. Every query names the caller's tenant, so another tenant's task is
-simply not found (never an existence oracle, docs/architecture.md#d11). Every write names its row by
-``(scheduled_at, id)`` (read first by id: ``scheduled_at`` never changes) and the states
-it may start from, taken from the state machine (``states.sources``). A row that moved
-on between the read and the write therefore changes nothing, and the caller gets
-:class:`~.errors.CompareAndSetLost` (``ABORTED``): sending the request again sees the
-new state and gets a definite answer.
+simply not found (never an existence oracle, docs/architecture.md#d11), and runs in a
+transaction as that tenant (:meth:`Store.tenant_transaction`), so row-level security
+would refuse another tenant's row even to a statement that forgot its predicate. Every
+write names its row by ``(scheduled_at, id)`` (read first by id: ``scheduled_at`` never
+changes) and the states it may start from, taken from the state machine
+(``states.sources``). A row that moved on between the read and the write therefore
+changes nothing, and the caller gets :class:`~.errors.CompareAndSetLost` (``ABORTED``):
+sending the request again sees the new state and gets a definite answer.
 
 Cancel follows docs/architecture.md#d4 as ``states`` reads it: from SCHEDULED, PRELOADED, DISPATCHED
 and RETRYING the task becomes CANCELLED at once (a live attempt row with it); a RUNNING
@@ -112,7 +114,7 @@ class TaskQueries:
             "include_payloads": include_payloads,
             "limit": limit,
         }
-        async with self._store.connection() as conn:
+        async with self._store.tenant_transaction(tenant_id) as conn:
             cur = conn.cursor(row_factory=dict_row)
             await cur.execute(self._q["list_tasks"], params)
             return [task_from_row(row) for row in await cur.fetchall()]
@@ -190,7 +192,7 @@ class TaskQueries:
         """
         task = await self._get(tenant_id, task_id)
         if task.status is not TaskStatus.OUTCOME_UNKNOWN:
-            attempts = await self._store.get_attempts(task.id)
+            _, attempts = await self._store.get_task_attempts(tenant_id, task.id)
             resolved = [a for a in attempts if a.resolution is not None]
             if resolved and resolved[-1].resolution is resolution:
                 return task, False, []
@@ -225,8 +227,9 @@ class TaskQueries:
         self, name: str, params: dict[str, Any]
     ) -> tuple[Task | None, list[DueTask]]:
         """The one row ``name`` moved, and what it made due: a workflow task it made
-        terminal settles its run in the same transaction (:mod:`.workflow_progress`)."""
-        async with self._store.transaction() as conn:
+        terminal settles its run in the same transaction (:mod:`.workflow_progress`), as
+        ``params``' tenant."""
+        async with self._store.tenant_transaction(params["tenant_id"]) as conn:
             cur = conn.cursor(row_factory=dict_row)
             await cur.execute(self._q[name], params)
             row = await cur.fetchone()

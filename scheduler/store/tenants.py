@@ -4,7 +4,9 @@ Every statement over ``tenants`` is here (``sql/tenants.sql``), whoever issues i
 because the two sides share one row shape:
 
 * **The operator** (``chronoshard tenants ...``, the dev launcher, the test harness)
-  creates tenants and rotates their keys with :func:`create_tenant` and reads them with
+  creates tenants and rotates their keys with :func:`create_tenant`, changes their quotas
+  with :func:`update_tenant` (the nodes hear of it at once: the same transaction sends the
+  NOTIFY they listen for) and reads them with
   :func:`list_tenants`, synchronously over :mod:`.direct`'s one connection, like
   ``chronoshard migrate``: creating a tenant is an operator's act, not a tenant's API
   call. The API key is returned once, in clear, and only its hash is stored
@@ -18,6 +20,7 @@ because the two sides share one row shape:
 
 from __future__ import annotations
 
+import math
 import uuid
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -27,7 +30,7 @@ from psycopg.rows import dict_row
 
 from chronoshard.scheduler.core.api_keys import hash_api_key, new_api_key
 from chronoshard.scheduler.core.models import Tenant
-from chronoshard.scheduler.errors import InvalidArgument, StoreUnavailable
+from chronoshard.scheduler.errors import InvalidArgument, StoreUnavailable, TenantNotFound
 from chronoshard.scheduler.store import direct, queries
 from chronoshard.scheduler.store.database import Store
 
@@ -40,15 +43,24 @@ MAX_NAME_CHARS = 200
 _SQL = "tenants.sql"
 
 
-def check_limits(rate_limit_rps: float, max_concurrent_workers: int) -> None:
-    """A tenant's limits, as the operator may set them.
+def check_limits(
+    rate_limit_rps: float | None,
+    max_concurrent_workers: int | None,
+    submit_rate_limit_rps: float | None = None,
+) -> None:
+    """A tenant's limits, as the operator may set them (None: not being set).
 
     Raises:
-        InvalidArgument: the rate is not positive, or fewer than one worker may run.
+        InvalidArgument: a rate is not positive and finite, or fewer than one worker may
+            run.
     """
-    if not rate_limit_rps > 0:
-        raise InvalidArgument("rate_limit_rps", "must be positive")
-    if max_concurrent_workers < 1:
+    for field, rate in (
+        ("rate_limit_rps", rate_limit_rps),
+        ("submit_rate_limit_rps", submit_rate_limit_rps),
+    ):
+        if rate is not None and not (math.isfinite(rate) and rate > 0):
+            raise InvalidArgument(field, "must be positive")
+    if max_concurrent_workers is not None and max_concurrent_workers < 1:
         raise InvalidArgument("max_concurrent_workers", "must be at least 1")
 
 
@@ -84,8 +96,9 @@ def create_tenant(
     name: str,
     *,
     tier: str = DEFAULT_TIER,
-    rate_limit_rps: float = DEFAULT_RATE_LIMIT_RPS,
-    max_concurrent_workers: int = DEFAULT_MAX_CONCURRENT,
+    rate_limit_rps: float | None = None,
+    max_concurrent_workers: int | None = None,
+    submit_rate_limit_rps: float | None = None,
     home_region: str = DEFAULT_REGION,
     if_exists: Literal["fail", "rotate"] = "fail",
     operator: bool | None = None,
@@ -93,19 +106,30 @@ def create_tenant(
     """Create tenant ``name`` with a fresh API key (or, with ``if_exists="rotate"``, give
     an existing one a new key). ``operator`` sets whether the key may call operator-only
     admin operations (``AdminService.DrainNode``); None leaves an existing tenant's flag
-    as it is (a new tenant is not an operator).
+    as it is (a new tenant is not an operator). The limits are the new tenant's
+    (None: ``DEFAULT_RATE_LIMIT_RPS``, ``DEFAULT_MAX_CONCURRENT``, no submit limit); for a
+    tenant that exists and is rotated, each limit given is set as :func:`update_tenant`
+    sets it, and the others are left as they are.
 
     Raises:
         InvalidArgument: a field is invalid, or the name is taken and ``if_exists="fail"``.
         StoreUnavailable: PostgreSQL cannot be reached.
     """
-    check_operator_fields(name, rate_limit_rps, max_concurrent_workers)
+    check_operator_fields(
+        name,
+        DEFAULT_RATE_LIMIT_RPS if rate_limit_rps is None else rate_limit_rps,
+        DEFAULT_MAX_CONCURRENT if max_concurrent_workers is None else max_concurrent_workers,
+    )
+    check_limits(None, None, submit_rate_limit_rps)
     api_key = new_api_key()
+    limits = (rate_limit_rps, max_concurrent_workers, submit_rate_limit_rps)
     params = {
         "name": name,
         "tier": tier,
-        "rate_limit_rps": rate_limit_rps,
-        "max_concurrent_workers": max_concurrent_workers,
+        "rate_limit_rps": DEFAULT_RATE_LIMIT_RPS if rate_limit_rps is None else rate_limit_rps,
+        "max_concurrent_workers": (
+            DEFAULT_MAX_CONCURRENT if max_concurrent_workers is None else max_concurrent_workers
+        ),
         "home_region": home_region,
         "api_key_hash": hash_api_key(api_key),
     }
@@ -118,6 +142,18 @@ def create_tenant(
             conn.cursor(row_factory=dict_row) as cur,
         ):
             row = _rotated_or_inserted(cur, params, rotate=if_exists == "rotate")
+            if any(value is not None for value in limits):
+                # A new tenant got the dispatch limits from its insert; only the submit
+                # rate is left. A rotated one gets what was given (it was silently
+                # ignored before: `--rotate --rate-limit-rps` changed nothing).
+                row = _updated(
+                    cur,
+                    name,
+                    rate_limit_rps=rate_limit_rps,
+                    max_concurrent_workers=max_concurrent_workers,
+                    submit_rate_limit_rps=submit_rate_limit_rps,
+                    clear_submit_rate=False,
+                )
             if operator_flag_changes(operator, row["operator"]):
                 row = _one(
                     cur, "set_tenant_operator", {"tenant_id": row["id"], "operator": operator}
@@ -125,6 +161,84 @@ def create_tenant(
     except psycopg.OperationalError as exc:
         raise StoreUnavailable(f"cannot reach PostgreSQL: {exc}") from exc
     return NewTenant(Tenant(**row), api_key)
+
+
+def update_tenant(
+    dsn: str,
+    name: str,
+    *,
+    rate_limit_rps: float | None = None,
+    max_concurrent_workers: int | None = None,
+    submit_rate_limit_rps: float | None = None,
+    clear_submit_rate: bool = False,
+) -> Tenant:
+    """Change tenant ``name``'s quotas, live: each one given is set, the others stay;
+    ``clear_submit_rate`` takes its submit limit away. Every node hears of it at once
+    (PostgreSQL NOTIFY, sent with the commit; docs/operations.md#tenants-and-quotas).
+
+    Raises:
+        InvalidArgument: a limit is out of range, nothing is to change, or
+            ``clear_submit_rate`` is given with a submit rate.
+        TenantNotFound: no tenant is named ``name``.
+        StoreUnavailable: PostgreSQL cannot be reached.
+    """
+    check_limits(rate_limit_rps, max_concurrent_workers, submit_rate_limit_rps)
+    if clear_submit_rate and submit_rate_limit_rps is not None:
+        raise InvalidArgument("submit_rate_limit_rps", "cannot be both set and cleared")
+    if not clear_submit_rate and all(
+        value is None for value in (rate_limit_rps, max_concurrent_workers, submit_rate_limit_rps)
+    ):
+        raise InvalidArgument("limits", "name at least one limit to change")
+    try:
+        with (
+            direct.connect(dsn) as conn,
+            conn.transaction(),
+            conn.cursor(row_factory=dict_row) as cur,
+        ):
+            row = _updated(
+                cur,
+                name,
+                rate_limit_rps=rate_limit_rps,
+                max_concurrent_workers=max_concurrent_workers,
+                submit_rate_limit_rps=submit_rate_limit_rps,
+                clear_submit_rate=clear_submit_rate,
+            )
+    except psycopg.OperationalError as exc:
+        raise StoreUnavailable(f"cannot reach PostgreSQL: {exc}") from exc
+    return Tenant(**row)
+
+
+def _updated(
+    cur: psycopg.Cursor[dict[str, Any]],
+    name: str,
+    *,
+    rate_limit_rps: float | None,
+    max_concurrent_workers: int | None,
+    submit_rate_limit_rps: float | None,
+    clear_submit_rate: bool,
+) -> dict[str, Any]:
+    """Tenant ``name``'s row with the limits given set, and the nodes told (the NOTIFY
+    goes out when the transaction commits).
+
+    Raises:
+        TenantNotFound: no tenant is named ``name``.
+    """
+    q = queries.load(_SQL)
+    cur.execute(
+        q["update_tenant_limits"],
+        {
+            "name": name,
+            "rate_limit_rps": rate_limit_rps,
+            "max_concurrent_workers": max_concurrent_workers,
+            "submit_rate_limit_rps": submit_rate_limit_rps,
+            "clear_submit_rate": clear_submit_rate,
+        },
+    )
+    row = cur.fetchone()
+    if row is None:
+        raise TenantNotFound(name)
+    cur.execute(q["notify_tenants_changed"])
+    return row
 
 
 def _rotated_or_inserted(
@@ -193,6 +307,14 @@ class TenantStore:
         async with self._store.connection() as conn:
             cur = conn.cursor(row_factory=dict_row)
             await cur.execute(self._q["get_tenant_by_key_hash"], {"api_key_hash": api_key_hash})
+            row = await cur.fetchone()
+        return None if row is None else Tenant(**row)
+
+    async def get_tenant_by_name(self, name: str) -> Tenant | None:
+        """The tenant named ``name``, or None (a client certificate's tenant)."""
+        async with self._store.connection() as conn:
+            cur = conn.cursor(row_factory=dict_row)
+            await cur.execute(self._q["get_tenant_by_name"], {"name": name})
             row = await cur.fetchone()
         return None if row is None else Tenant(**row)
 

@@ -2,6 +2,11 @@
 transaction, read it, list, cancel and retry. What a terminal write of one of its tasks
 does to the run is :mod:`.workflow_progress`, which cancel uses like every other
 terminal write. The rules are :mod:`chronoshard.scheduler.core.workflows`.
+
+Every transaction :class:`WorkflowStore` opens runs as the run's tenant
+(:meth:`Store.tenant_transaction`), so row-level security admits that tenant's rows only;
+:meth:`WorkflowStore.create_in` writes in its caller's transaction, as whoever that is (a
+schedule's trigger: the tenant; the materialiser: the node).
 """
 
 from __future__ import annotations
@@ -140,7 +145,7 @@ class WorkflowStore:
         """Write the run, its tasks, their refs and its edges in one transaction. With an
         idempotency key already used, the original run and False (the caller compares
         fingerprints); else the new run and True."""
-        async with self._store.transaction() as conn:
+        async with self._store.tenant_transaction(new.tenant_id) as conn:
             created = await self.create_in(conn, new)
             if created is not None:
                 return created[0], True
@@ -204,7 +209,7 @@ class WorkflowStore:
         return run_from_row(row), tasks
 
     async def get(self, tenant_id: uuid.UUID, run_id: uuid.UUID) -> WorkflowRun | None:
-        async with self._store.connection() as conn:
+        async with self._store.tenant_transaction(tenant_id) as conn:
             return await self._run(conn, tenant_id, run_id)
 
     async def _run(
@@ -220,7 +225,7 @@ class WorkflowStore:
     ) -> tuple[list[RunTask], list[tuple[str, str]]]:
         """Every task of ``run`` (parents first) and its edges by ref, read together."""
         params = {"workflow_id": run.id, "scheduled_at": run.scheduled_at}
-        async with self._store.connection() as conn:
+        async with self._store.tenant_transaction(run.tenant_id) as conn:
             cur = conn.cursor(row_factory=dict_row)
             await cur.execute(self._q["run_tasks"], params)
             tasks = [
@@ -242,7 +247,7 @@ class WorkflowStore:
         after: tuple[datetime, uuid.UUID] | None,
         limit: int,
     ) -> list[WorkflowRun]:
-        async with self._store.connection() as conn:
+        async with self._store.tenant_transaction(tenant_id) as conn:
             cur = conn.cursor(row_factory=dict_row)
             await cur.execute(
                 self._q["list_runs"],
@@ -259,7 +264,7 @@ class WorkflowStore:
     async def cancel(self, run: WorkflowRun, reason: str) -> Cancelled:
         """Cancel every task of ``run`` not terminal yet, in one statement (the waiting ones
         read CANCELLED, never UPSTREAM_FAILED), then settle what became terminal."""
-        async with self._store.transaction() as conn:
+        async with self._store.tenant_transaction(run.tenant_id) as conn:
             cur = await conn.execute(
                 self._q["open_task_ids"], {"workflow_id": run.id, "scheduled_at": run.scheduled_at}
             )
@@ -292,7 +297,7 @@ class WorkflowStore:
             CompareAndSetLost: a task or the run moved on meanwhile (a concurrent retry
                 or cancel); nothing was written.
         """
-        async with self._store.transaction() as conn:
+        async with self._store.tenant_transaction(run.tenant_id) as conn:
             dag, statuses = await graph(conn, run.id, run.scheduled_at)
             plan = plan_retry(dag, statuses)
             if not plan.reopened:

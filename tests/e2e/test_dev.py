@@ -207,7 +207,14 @@ def test_dev_demo_settles_and_ctrl_c_with_a_dead_tee_leaves_nothing_behind(
         wait_for_output(proc, log, BANNER_DONE, START_TIMEOUT_S)
         cluster = json.loads((data_dir / "cluster.json").read_text())
         pids = cluster["pids"]
-        assert set(pids) >= {"dev-node-1", "watchdog", "demo-worker", "etcd", "lifeline"}
+        assert set(pids) >= {
+            "dev-node-1",
+            "watchdog",
+            "console",
+            "demo-worker",
+            "etcd",
+            "lifeline",
+        }
         if not os.environ.get(TEST_DSN_ENV):
             assert "postgres" in pids
             assert cluster["postgres_dir"] == str(data_dir / "postgres")
@@ -215,6 +222,12 @@ def test_dev_demo_settles_and_ctrl_c_with_a_dead_tee_leaves_nothing_behind(
         banner = log.read_text()
         assert "DEVELOPMENT ONLY" in banner and cluster["api_key"] in banner
         assert cluster["grpc"][0] in banner
+        # The web console runs, its address in the banner; its login page answers.
+        assert cluster["console"] in banner
+        with urllib.request.build_opener(urllib.request.ProxyHandler({})).open(
+            cluster["console"] + "/login", timeout=5
+        ) as login_page:
+            assert login_page.status == 200 and b'name="api_key"' in login_page.read()
 
         # The watchdog runs (with its canary) and reports itself healthy.
         assert watchdog_health(cluster["watchdog"], timeout_s=20) == "ok"

@@ -97,9 +97,19 @@ class ManagedProcess:
         )
 
 
-def wait_serving(address: str, timeout_s: float, process: ManagedProcess) -> None:
+def wait_serving(
+    address: str,
+    timeout_s: float,
+    process: ManagedProcess,
+    credentials: grpc.ChannelCredentials | None = None,
+) -> None:
+    """Until the node at ``address`` reports SERVING; ``credentials`` for a TLS node."""
     deadline = time.monotonic() + timeout_s
-    with grpc.insecure_channel(address) as channel:
+    with (
+        grpc.insecure_channel(address)
+        if credentials is None
+        else grpc.secure_channel(address, credentials)
+    ) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         while True:
             if not process.alive():
@@ -151,9 +161,15 @@ class ProcessGroup:
     workers: list[ManagedProcess] = field(default_factory=list)
 
     def start_scheduler(
-        self, node_id: str, *, host: str = "127.0.0.1", **env: str
+        self,
+        node_id: str,
+        *,
+        host: str = "127.0.0.1",
+        credentials: grpc.ChannelCredentials | None = None,
+        **env: str,
     ) -> SchedulerHandle:
-        """A node listening (and advertising) on ``host``; its metrics on the loopback."""
+        """A node listening (and advertising) on ``host``; its metrics on the loopback.
+        ``credentials`` are what its readiness is asked with (a TLS node's)."""
         grpc_port, metrics_port = free_ports(2)
         address = f"{host}:{grpc_port}"
         process = ManagedProcess(
@@ -177,7 +193,7 @@ class ProcessGroup:
         process.start()
         handle = SchedulerHandle(process, address, f"127.0.0.1:{metrics_port}")
         self.schedulers.append(handle)
-        wait_serving(address, READY_TIMEOUT_S, process)
+        wait_serving(address, READY_TIMEOUT_S, process, credentials)
         return handle
 
     def start_worker(

@@ -9,7 +9,9 @@ answer never comes back (``commits=True``), or it never gets it and rolls back
 the rows back, never by writing them again.
 
 * a submit batch, unkeyed, is answered with its task when it committed and with
-  UNAVAILABLE (nothing written) when it did not; either way one row at most;
+  UNAVAILABLE (nothing written) when it did not; either way one row at most: a
+  ``SubmitBatch`` (its tenant's transaction, whose COMMIT is lost) and group commit's
+  batch (one self-committing INSERT, lost itself);
 * dispatch intents read back tell the committed ones (to be sent) from the others;
 * a read-back ends the lost transaction's backend first, when it lives on;
 * a whole node: a preload whose answer is lost is read back onto the wheel, an intent
@@ -45,6 +47,7 @@ from harness.raw_worker import RawWorker, bearer, complete, grant, hello
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from chronoshard.scheduler.core.ids import new_task_id
+from chronoshard.scheduler.core.models import NewTask, SubmitResult
 from chronoshard.scheduler.core.runs import Intent
 from chronoshard.scheduler.core.sharding import shard_of
 from chronoshard.scheduler.errors import CommitOutcomeUnknown, StoreUnavailable
@@ -179,6 +182,22 @@ async def store(cutter: tuple[CommitCutter, str]) -> AsyncIterator[Store]:
         yield opened
 
 
+async def _submit_one(
+    store: Store, tenant_id: uuid.UUID, new: NewTask, *, group: bool
+) -> SubmitResult | Exception:
+    """``new`` submitted as group commit writes it (``insert_each``: one self-committing
+    INSERT) or as a ``SubmitBatch`` does (``insert_tasks``: a tenant transaction); its one
+    result."""
+    if group:
+        [result] = await SubmitStore(store).insert_each([(tenant_id, prepared_task(new))])
+        return result
+    [result] = await insert_tasks(store, tenant_id, [new])
+    return result
+
+
+SUBMIT_PATHS = pytest.mark.parametrize("group", [False, True], ids=["submit-batch", "group"])
+
+
 def _rows(dsn: str, task_id: uuid.UUID) -> int:
     with psycopg.connect(dsn) as conn:
         row = conn.execute("SELECT count(*) FROM tasks WHERE id = %s", (task_id,)).fetchone()
@@ -186,33 +205,37 @@ def _rows(dsn: str, task_id: uuid.UUID) -> int:
     return int(row[0])
 
 
+@SUBMIT_PATHS
 async def test_an_unkeyed_submit_whose_commit_answer_was_lost_is_read_back_once(
-    store: Store, cutter: tuple[CommitCutter, str], fresh_db_dsn: str
+    store: Store, cutter: tuple[CommitCutter, str], fresh_db_dsn: str, group: bool
 ) -> None:
     proxy, _ = cutter
     tenant = await new_tenant(store)
     new = new_task()
-    proxy.arm(INSERT_TASKS, commits=True, self_committing=True)
-    [result] = await insert_tasks(store, tenant.id, [new])
+    proxy.arm(INSERT_TASKS, commits=True, self_committing=group)
+    result = await _submit_one(store, tenant.id, new, group=group)
     assert proxy.cut == 1, "the COMMIT was not intercepted: the test proves nothing"
+    assert isinstance(result, SubmitResult)
     assert result.created and result.task.id == new.id
     assert _rows(fresh_db_dsn, new.id) == 1
 
 
+@SUBMIT_PATHS
 async def test_a_submit_whose_commit_never_arrived_is_unavailable_and_wrote_nothing(
-    store: Store, cutter: tuple[CommitCutter, str], fresh_db_dsn: str
+    store: Store, cutter: tuple[CommitCutter, str], fresh_db_dsn: str, group: bool
 ) -> None:
     proxy, _ = cutter
     tenant = await new_tenant(store)
     new = new_task()
-    proxy.arm(INSERT_TASKS, commits=False, self_committing=True)
+    proxy.arm(INSERT_TASKS, commits=False, self_committing=group)
     with pytest.raises(StoreUnavailable) as raised:
-        await insert_tasks(store, tenant.id, [new])
+        await _submit_one(store, tenant.id, new, group=group)
     assert proxy.cut == 1
     # Read back: known not written, so a plain retry is safe (not "outcome unknown").
     assert not isinstance(raised.value, CommitOutcomeUnknown)
     assert _rows(fresh_db_dsn, new.id) == 0
-    [result] = await insert_tasks(store, tenant.id, [new])
+    result = await _submit_one(store, tenant.id, new, group=group)
+    assert isinstance(result, SubmitResult)
     assert result.created and _rows(fresh_db_dsn, new.id) == 1
 
 

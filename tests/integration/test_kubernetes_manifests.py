@@ -26,7 +26,6 @@ import sysconfig
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import kubernetes_validate
@@ -43,7 +42,13 @@ from chronoshard.scheduler.cluster.shards import HANDOFF_SLACK_S
 from chronoshard.scheduler.config import SchedulerConfig
 from chronoshard.scheduler.core import health
 from chronoshard.scheduler.node import SERVER_GRACE_S, TASK_STOP_TIMEOUT_S
-from chronoshard.settings import ENV_PREFIX, describe
+from chronoshard.settings import (
+    CONFIG_CLASSES,
+    ENV_PREFIX,
+    OTHER_VARIABLES,
+    config_classes,
+    env_names,
+)
 from chronoshard.watchdog import __main__ as watchdog_main
 from chronoshard.watchdog.config import WatchdogConfig
 from chronoshard.watchdog.service import Watchdog
@@ -267,29 +272,25 @@ def config_file(rendered: Rendered, workload: Manifest, container: Manifest, pat
     raise AssertionError(f"nothing is mounted at {path}")
 
 
-def declared_variables(module: ModuleType) -> set[str]:
-    """The variable names an entry point's module reads: its ``*_ENV`` constants."""
-    return {
-        value
-        for name, value in vars(module).items()
-        if name.endswith("_ENV") and isinstance(value, str) and value.startswith(ENV_PREFIX)
-    }
-
-
 def known_variables(command: list[str]) -> set[str]:
-    """The CHRONOSHARD_* names the program run by ``command`` reads. settings.load
-    ignores a variable that names no key, so a misspelt one would be silently lost."""
+    """The CHRONOSHARD_* names the program run by ``command`` reads: its configuration's
+    keys and the settings.OTHER_VARIABLES that name it as a reader, test-only ones aside.
+    settings.load also lets another process's key or a test-only variable through (one
+    environment may serve several processes), which in a manifest would be a mistake."""
     program = command[0]
-    if program == "chronoshard-scheduler":
-        return {env for _, env, _, _ in describe(SchedulerConfig)} | {f"{ENV_PREFIX}CONFIG"}
-    if program == "chronoshard-watchdog":
-        return {env for _, env, _, _ in describe(WatchdogConfig)} | {f"{ENV_PREFIX}CONFIG"}
-    if program == "chronoshard":
-        names = declared_variables(cli_common)
-        if command[1:2] == ["worker"]:
-            names |= declared_variables(worker_runner)
-        return names
-    raise AssertionError(f"a container of the image runs {program!r}: which config is it?")
+    readers = {program}
+    if program == "chronoshard" and command[1:2] == ["worker"]:
+        readers.add("chronoshard worker")
+    elif program != "chronoshard" and program not in CONFIG_CLASSES:
+        raise AssertionError(f"a container of the image runs {program!r}: which config is it?")
+    names = {
+        name
+        for name, variable in OTHER_VARIABLES.items()
+        if not variable.test_only and readers & set(variable.readers)
+    }
+    if program in CONFIG_CLASSES:
+        names |= env_names(config_classes()[program])
+    return names
 
 
 def use_env(monkeypatch: pytest.MonkeyPatch, env: Mapping[str, str]) -> None:

@@ -217,6 +217,31 @@ _SNAPSHOT_QUERIES: dict[str, LiteralString] = {
         WHERE r.relnamespace = 'public'::regnamespace AND NOT t.tgisinternal
         ORDER BY 1
     """,
+    # Row-level security (0014): the tables under it, their policies, and what the API's
+    # role may do (privileges of the tables' owner depend on who ran the migrations).
+    "row level security": """
+        SELECT c.relname || ' rls' || CASE WHEN c.relforcerowsecurity THEN ' forced' ELSE '' END
+        FROM pg_class c
+        WHERE c.relnamespace = 'public'::regnamespace AND c.relrowsecurity
+        UNION ALL
+        SELECT tablename || ' policy ' || policyname || ' ' || cmd
+               || ' to ' || array_to_string(roles, ',')
+               || regexp_replace(' using ' || COALESCE(qual, '-') || ' check '
+                                 || COALESCE(with_check, '-'), '[[:space:]]+', ' ', 'g')
+        FROM pg_policies
+        WHERE schemaname = 'public'
+        UNION ALL
+        SELECT c.relname || ' grants ' || x.privilege_type || ' to chronoshard_api'
+        FROM pg_class c, aclexplode(c.relacl) x
+        WHERE c.relnamespace = 'public'::regnamespace AND x.grantee = 'chronoshard_api'::regrole
+        UNION ALL
+        SELECT c.relname || '.' || a.attname || ' grants ' || x.privilege_type
+               || ' to chronoshard_api'
+        FROM pg_class c
+        JOIN pg_attribute a ON a.attrelid = c.oid, aclexplode(a.attacl) x
+        WHERE c.relnamespace = 'public'::regnamespace AND x.grantee = 'chronoshard_api'::regrole
+        ORDER BY 1
+    """,
 }
 
 

@@ -89,6 +89,7 @@ def full_task_pb() -> common_pb2.Task:
         workflow_id="wf-1",
         unresolved_dependencies=2,
         schedule_id="sched-1",
+        waiting_reason="TENANT_RATE_LIMIT",
     )
     msg.retry_backoff.initial.CopyFrom(duration_pb2.Duration(seconds=1, nanos=500_000_000))
     msg.retry_backoff.max.CopyFrom(duration_pb2.Duration(seconds=60))

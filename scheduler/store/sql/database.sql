@@ -10,6 +10,16 @@
 --   cannot prove the index predicate, and the planner would not use the index).
 
 
+-- name: enter_tenant
+-- The first statement of every API transaction (Store.tenant_transaction): the role that
+-- row-level security applies to, and the tenant its policies admit (migration 0014). Both
+-- local to the transaction (is_local = true, as SET LOCAL): they end with it, committed
+-- or rolled back, and the pooled connection is the node's again.
+-- The role is chronoshard_api, the setting chronoshard.tenant_id (database.API_ROLE and
+-- database.TENANT_SETTING, bound as parameters).
+SELECT set_config('role', %(role)s::text, true),
+       set_config(%(setting)s::text, %(tenant_id)s::text, true);
+
 -- name: get_task
 -- By id alone (GetTask): probes the id index of every partition. The tenant is part of
 -- the predicate, so another tenant's task is simply not found.

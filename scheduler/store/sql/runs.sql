@@ -149,10 +149,14 @@ WITH chosen AS (
     RETURNING t.*
 ), attempts AS (
     -- shard_owners is locked FOR SHARE by this transaction and its epoch checked: the
-    -- epoch recorded is the one the write went through under.
+    -- epoch recorded is the one the write went through under. entered_at is the instant
+    -- of this statement, not of the transaction's start: the quota check before it may
+    -- have waited for another round's lock (store/quotas.py), and an attempt admitted
+    -- because another one finished must not seem to have started before that one ended.
     INSERT INTO task_attempts (task_id, attempt, scheduled_at, fencing_token, state, worker_id,
-                               epoch)
-    SELECT m.id, m.attempt, m.scheduled_at, m.fencing_token, 'DISPATCHED', m.worker_id, o.epoch
+                               epoch, entered_at)
+    SELECT m.id, m.attempt, m.scheduled_at, m.fencing_token, 'DISPATCHED', m.worker_id, o.epoch,
+           clock_timestamp()
     FROM moved AS m
     JOIN shard_owners AS o ON o.shard = m.shard
 )

@@ -1,0 +1,530 @@
+"""The console's HTTP server (aiohttp): routes, the session and CSRF checks, the
+security headers, and the calls each page makes through
+:mod:`chronoshard.console.backend`.
+
+Every response carries a strict content security policy (:data:`CSP`: scripts and styles
+from this origin only, no inline ones, no framing, forms posting only here), and
+``Cache-Control: no-store`` on pages: they hold a tenant's data. Every POST must carry
+the session's CSRF token (a 403 otherwise, before any handler runs). A session whose key
+the API stops accepting (revoked, rotated) is ended and the browser sent to the login
+page. Nothing here logs a key: the access log shows the request line, and URLs never
+hold one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import ssl
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from chronoshard.console import views
+from chronoshard.console.backend import Cluster, ExpectationView, MetricsPoller
+from chronoshard.console.markup import Html
+from chronoshard.console.sessions import Session, SessionStore, tokens_match
+from chronoshard.errors import (
+    ChronoshardError,
+    FailedPreconditionError,
+    InvalidArgumentError,
+    NotFoundError,
+    PermissionDeniedError,
+    UnauthenticatedError,
+)
+
+log = logging.getLogger(__name__)
+
+STATIC_DIR = Path(__file__).resolve().parent / "static"
+COOKIE = "chronoshard_console"
+CSP = (
+    "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+    "frame-ancestors 'none'; form-action 'self'; base-uri 'none'"
+)
+SECURITY_HEADERS = {
+    "Content-Security-Policy": CSP,
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "X-Frame-Options": "DENY",
+    "Cross-Origin-Opener-Policy": "same-origin",
+}
+PUBLIC_PATHS = ("/login",)
+UNSESSIONED_PATHS = ("/static/", "/healthz")
+TASK_PAGE_SIZE = 50
+SESSION_SWEEP_S = 60.0
+
+SESSIONS = web.AppKey("sessions", SessionStore)
+CLUSTER = web.AppKey("cluster", Cluster)
+POLLER = web.AppKey("poller", MetricsPoller)
+SECURE_COOKIE = web.AppKey("secure_cookie", bool)
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def _now() -> float:
+    return time.monotonic()
+
+
+def _page(body: Html, status: int = 200) -> web.Response:
+    return web.Response(text=body, status=status, content_type="text/html", charset="utf-8")
+
+
+def _set_cookie(request: web.Request, response: web.StreamResponse, session: Session) -> None:
+    response.set_cookie(
+        COOKIE,
+        session.id,
+        httponly=True,
+        samesite="Strict",
+        secure=request.app[SECURE_COOKIE],
+        path="/",
+    )
+
+
+def session_of(request: web.Request) -> Session:
+    session: Session = request["session"]
+    return session
+
+
+def client_of(request: web.Request) -> Any:
+    return session_of(request).client
+
+
+@web.middleware
+async def security_headers(request: web.Request, handler: Handler) -> web.StreamResponse:
+    try:
+        response = await handler(request)
+    except web.HTTPException as exc:
+        response = exc
+    response.headers.update(SECURITY_HEADERS)
+    if not request.path.startswith("/static/"):
+        response.headers["Cache-Control"] = "no-store"
+    if isinstance(response, web.HTTPException) and response.status >= 300:
+        raise response
+    return response
+
+
+@web.middleware
+async def sessions_and_csrf(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Find the session; send the unauthenticated to /login; refuse a POST whose CSRF
+    token is not the session's."""
+    if request.path.startswith(UNSESSIONED_PATHS) and request.method == "GET":
+        return await handler(request)
+    store = request.app[SESSIONS]
+    session = store.get(request.cookies.get(COOKIE), _now())
+    public = request.path.startswith(PUBLIC_PATHS)
+    if request.method == "POST":
+        form = await request.post()
+        presented = form.get("csrf")
+        if session is None or not tokens_match(
+            session.csrf_token, presented if isinstance(presented, str) else None
+        ):
+            return web.Response(
+                status=403, text="403: missing or wrong CSRF token (reload the page)"
+            )
+    if session is None or not (session.logged_in or public):
+        if public:
+            session = store.create(_now())
+            request["session"] = session
+            response = await handler(request)
+            _set_cookie(request, response, session)
+            return response
+        if request.path.endswith("/live"):
+            return web.json_response({"login": True}, status=401)
+        raise web.HTTPSeeOther("/login")
+    request["session"] = session
+    try:
+        return await handler(request)
+    except UnauthenticatedError:
+        # The key stopped working (revoked, rotated): this session is over.
+        await _end(request, session)
+        raise web.HTTPSeeOther("/login") from None
+
+
+async def _end(request: web.Request, session: Session) -> None:
+    request.app[SESSIONS].remove(session.id)
+    if session.client is not None:
+        await session.client.close()
+
+
+def _failure(request: web.Request, exc: ChronoshardError, what: str) -> web.Response:
+    """A refused call as a page: not found is 404; what the caller may not do, 403;
+    a refusal of the request, 409/400; the cluster failing, 502. The API's message is
+    shown (escaped), which names the cause."""
+    status = 502
+    if isinstance(exc, NotFoundError):
+        status = 404
+    elif isinstance(exc, PermissionDeniedError):
+        status = 403
+    elif isinstance(exc, FailedPreconditionError):
+        status = 409
+    elif isinstance(exc, InvalidArgumentError):
+        status = 400
+    title = f"{what}: not found" if status == 404 else f"{what}: refused"
+    return _page(views.error_page(title, str(exc), session_of(request).csrf_token), status)
+
+
+# --- login ----------------------------------------------------------------------------------
+
+
+async def login_form(request: web.Request) -> web.StreamResponse:
+    session = session_of(request)
+    if session.logged_in:
+        raise web.HTTPSeeOther("/")
+    return _page(views.login_page(session.csrf_token))
+
+
+async def login(request: web.Request) -> web.StreamResponse:
+    form = await request.post()
+    key = form.get("api_key")
+    old = session_of(request)
+    if not isinstance(key, str) or not key.strip():
+        return _page(views.login_page(old.csrf_token, "Enter an API key."), 400)
+    key = key.strip()
+    cluster = request.app[CLUSTER]
+    client = cluster.client(key)
+    try:
+        # Any call that needs a valid key tells whether this one is: the tenant's tasks.
+        await client.list(page_size=1)
+    except ChronoshardError as exc:
+        await client.close()
+        status = 401 if isinstance(exc, UnauthenticatedError) else 502
+        return _page(
+            views.login_page(old.csrf_token, f"The cluster refused the key: {exc}"), status
+        )
+    store = request.app[SESSIONS]
+    if old.client is not None:
+        await old.client.close()
+    session = store.log_in(old, key, "", _now())
+    session.client = client
+    response = web.HTTPSeeOther("/")
+    _set_cookie(request, response, session)
+    raise response
+
+
+async def logout(request: web.Request) -> web.StreamResponse:
+    await _end(request, session_of(request))
+    response = web.HTTPSeeOther("/login")
+    response.del_cookie(COOKIE, path="/")
+    raise response
+
+
+async def healthz(request: web.Request) -> web.StreamResponse:
+    return web.json_response({"status": "ok"})
+
+
+# --- overview -------------------------------------------------------------------------------
+
+
+async def _overview(request: web.Request) -> Html:
+    session = session_of(request)
+    cluster = request.app[CLUSTER]
+    poller = request.app[POLLER]
+    assert session.api_key is not None
+    topology = await cluster.topology(session.api_key)
+    first_time = not poller.latest
+    poller.watch(topology)
+    if first_time:
+        await poller.scrape_once()
+    poller.start()
+    expectations: list[ExpectationView] | None
+    try:
+        expectations = await cluster.expectations(session.api_key)
+    except ChronoshardError:
+        expectations = None
+    return views.overview_fragment(
+        topology, poller.latest, poller.history, expectations, time.time()
+    )
+
+
+async def overview(request: web.Request) -> web.StreamResponse:
+    try:
+        fragment = await _overview(request)
+    except ChronoshardError as exc:
+        if isinstance(exc, UnauthenticatedError):
+            raise
+        return _failure(request, exc, "Overview")
+    return _page(views.overview_page(fragment, session_of(request).csrf_token))
+
+
+async def overview_live(request: web.Request) -> web.StreamResponse:
+    try:
+        fragment = await _overview(request)
+    except UnauthenticatedError:
+        raise
+    except ChronoshardError as exc:
+        return web.json_response({"error": str(exc)}, status=502)
+    return web.json_response({"html": str(fragment), "live": True})
+
+
+# --- tasks ----------------------------------------------------------------------------------
+
+
+async def tasks(request: web.Request) -> web.StreamResponse:
+    filters = views.parse_filters(request.query)
+    try:
+        found = await client_of(request).list(
+            statuses=filters.status,
+            type=filters.type or None,
+            queue=filters.queue or None,
+            job_id=filters.job or None,
+            scheduled_from=filters.scheduled_from,
+            scheduled_before=filters.scheduled_before,
+            page_size=TASK_PAGE_SIZE,
+            page_token=filters.page_token or None,
+        )
+    except UnauthenticatedError:
+        raise
+    except ChronoshardError as exc:
+        return _failure(request, exc, "Tasks")
+    return _page(views.tasks_page(filters, found, session_of(request).csrf_token))
+
+
+async def task_search(request: web.Request) -> web.StreamResponse:
+    wanted = request.query.get("id", "").strip()
+    try:
+        task_id = str(uuid.UUID(wanted))
+    except ValueError:
+        csrf = session_of(request).csrf_token
+        message = f"{wanted!r} is not a task id (a UUID)."
+        return _page(views.error_page("Find a task", message, csrf), 400)
+    raise web.HTTPSeeOther(views.task_href(task_id))
+
+
+async def task(request: web.Request) -> web.StreamResponse:
+    task_id = request.match_info["task_id"]
+    notice = {"retried": "Sent back for a new attempt.", "cancelled": "Cancel requested."}.get(
+        request.query.get("done", "")
+    )
+    try:
+        found = await client_of(request).get(task_id, attempts=True)
+    except UnauthenticatedError:
+        raise
+    except ChronoshardError as exc:
+        return _failure(request, exc, f"Task {task_id}")
+    csrf = session_of(request).csrf_token
+    return _page(views.task_page(found, csrf, datetime.now(UTC), notice))
+
+
+async def task_live(request: web.Request) -> web.StreamResponse:
+    task_id = request.match_info["task_id"]
+    try:
+        found = await client_of(request).get(task_id, attempts=True)
+    except UnauthenticatedError:
+        raise
+    except ChronoshardError as exc:
+        return web.json_response(
+            {"error": str(exc)}, status=404 if isinstance(exc, NotFoundError) else 502
+        )
+    fragment = views.task_fragment(found, session_of(request).csrf_token, datetime.now(UTC))
+    return web.json_response(
+        {"html": str(fragment), "live": views.task_is_live(found), "status": found.status.value}
+    )
+
+
+async def task_action(request: web.Request) -> web.StreamResponse:
+    task_id, action = request.match_info["task_id"], request.match_info["action"]
+    client = client_of(request)
+    try:
+        if action == "retry":
+            await client.retry(task_id)
+            done = "retried"
+        elif action == "cancel":
+            await client.cancel(task_id, reason="cancelled from the console")
+            done = "cancelled"
+        else:
+            raise web.HTTPNotFound()
+    except UnauthenticatedError:
+        raise
+    except ChronoshardError as exc:
+        return _failure(request, exc, f"{action.capitalize()} {task_id}")
+    raise web.HTTPSeeOther(f"{views.task_href(task_id)}?done={done}")
+
+
+# --- schedules ------------------------------------------------------------------------------
+
+
+async def schedules(request: web.Request) -> web.StreamResponse:
+    try:
+        found = [s async for s in client_of(request).iter_schedules()]
+    except UnauthenticatedError:
+        raise
+    except ChronoshardError as exc:
+        return _failure(request, exc, "Schedules")
+    return _page(views.schedules_page(found, session_of(request).csrf_token))
+
+
+async def schedule(request: web.Request) -> web.StreamResponse:
+    name = request.match_info["schedule"]
+    notice = {
+        "paused": "Paused.",
+        "resumed": "Resumed.",
+        "triggered": "One occurrence started now.",
+    }.get(request.query.get("done", ""))
+    try:
+        details = await client_of(request).get_schedule(name, next_count=5, runs_count=10)
+    except UnauthenticatedError:
+        raise
+    except ChronoshardError as exc:
+        return _failure(request, exc, f"Schedule {name}")
+    return _page(views.schedule_page(details, session_of(request).csrf_token, notice))
+
+
+async def schedule_action(request: web.Request) -> web.StreamResponse:
+    name, action = request.match_info["schedule"], request.match_info["action"]
+    client = client_of(request)
+    try:
+        if action == "pause":
+            await client.pause_schedule(name)
+            done = "paused"
+        elif action == "resume":
+            await client.resume_schedule(name)
+            done = "resumed"
+        elif action == "trigger":
+            await client.trigger_schedule(name)
+            done = "triggered"
+        else:
+            raise web.HTTPNotFound()
+    except UnauthenticatedError:
+        raise
+    except ChronoshardError as exc:
+        return _failure(request, exc, f"{action.capitalize()} {name}")
+    raise web.HTTPSeeOther(f"{views.schedule_href(name)}?done={done}")
+
+
+# --- workflows and expectations ------------------------------------------------------------
+
+
+async def workflows(request: web.Request) -> web.StreamResponse:
+    try:
+        page = await client_of(request).list_workflows(page_size=100)
+    except UnauthenticatedError:
+        raise
+    except ChronoshardError as exc:
+        return _failure(request, exc, "Workflows")
+    return _page(views.workflows_page(page.workflows, session_of(request).csrf_token))
+
+
+async def workflow(request: web.Request) -> web.StreamResponse:
+    workflow_id = request.match_info["workflow_id"]
+    try:
+        detail = await client_of(request).get_workflow(workflow_id)
+    except UnauthenticatedError:
+        raise
+    except ChronoshardError as exc:
+        return _failure(request, exc, f"Workflow {workflow_id}")
+    return _page(views.workflow_page(detail, session_of(request).csrf_token))
+
+
+async def expectations(request: web.Request) -> web.StreamResponse:
+    session = session_of(request)
+    assert session.api_key is not None
+    try:
+        found = await request.app[CLUSTER].expectations(session.api_key)
+    except UnauthenticatedError:
+        raise
+    except ChronoshardError as exc:
+        return _failure(request, exc, "Expectations")
+    return _page(views.expectations_page(found, session.csrf_token))
+
+
+# --- the application -----------------------------------------------------------------------
+
+
+async def _sweep_sessions(app: web.Application) -> None:
+    while True:
+        await asyncio.sleep(SESSION_SWEEP_S)
+        for session in app[SESSIONS].expire(_now()):
+            if session.client is not None:
+                await session.client.close()
+
+
+async def _lifecycle(app: web.Application) -> Any:
+    sweeper = asyncio.get_running_loop().create_task(_sweep_sessions(app))
+    yield
+    sweeper.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await sweeper
+    await app[POLLER].close()
+    for session in app[SESSIONS].expire(float("inf")):
+        if session.client is not None:
+            await session.client.close()
+    await app[CLUSTER].close()
+
+
+def make_app(
+    cluster: Cluster,
+    *,
+    secure_cookie: bool = False,
+    poll_interval_s: float = 2.0,
+    idle_timeout_s: float | None = None,
+) -> web.Application:
+    app = web.Application(middlewares=[security_headers, sessions_and_csrf])
+    app[SESSIONS] = SessionStore() if idle_timeout_s is None else SessionStore(idle_timeout_s)
+    app[CLUSTER] = cluster
+    app[POLLER] = MetricsPoller(poll_interval_s)
+    app[SECURE_COOKIE] = secure_cookie
+    app.cleanup_ctx.append(_lifecycle)
+    app.add_routes(
+        [
+            web.get("/login", login_form),
+            web.post("/login", login),
+            web.post("/logout", logout),
+            web.get("/healthz", healthz),
+            web.get("/", overview),
+            web.get("/overview/live", overview_live),
+            web.get("/tasks", tasks),
+            web.get("/tasks/search", task_search),
+            web.get("/tasks/{task_id}", task),
+            web.get("/tasks/{task_id}/live", task_live),
+            web.post("/tasks/{task_id}/{action}", task_action),
+            web.get("/schedules", schedules),
+            web.get("/schedules/{schedule}", schedule),
+            web.post("/schedules/{schedule}/{action}", schedule_action),
+            web.get("/workflows", workflows),
+            web.get("/workflows/{workflow_id}", workflow),
+            web.get("/expectations", expectations),
+            web.static("/static", STATIC_DIR, append_version=False),
+        ]
+    )
+    return app
+
+
+def server_ssl(cert: str | None, key: str | None) -> ssl.SSLContext | None:
+    """TLS for the console's own listener (a certificate and its key), or None."""
+    if cert is None and key is None:
+        return None
+    if cert is None or key is None:
+        raise ValueError("the console's TLS needs both a certificate and its key")
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.load_cert_chain(cert, key)
+    return context
+
+
+async def serve(
+    cluster: Cluster,
+    host: str,
+    port: int,
+    *,
+    ssl_context: ssl.SSLContext | None = None,
+    ready: Callable[[str], None] | None = None,
+) -> None:
+    """Serve until cancelled; ``ready`` is told the URL once listening."""
+    app = make_app(cluster, secure_cookie=ssl_context is not None)
+    runner = web.AppRunner(app, access_log=log if log.isEnabledFor(logging.INFO) else None)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port, ssl_context=ssl_context)
+    await site.start()
+    scheme = "https" if ssl_context else "http"
+    if ready is not None:
+        ready(f"{scheme}://{host}:{port}")
+    try:
+        await asyncio.Event().wait()
+    finally:
+        await runner.cleanup()

@@ -1,0 +1,209 @@
+"""Tenant quotas, pure: token buckets, a dispatch round's admission, a node's share.
+
+A tenant has three quotas (docs/operations.md#tenants-and-quotas): a dispatch rate
+(``rate_limit_rps``), a concurrency (``max_concurrent_workers``: attempts DISPATCHED or
+RUNNING at once) and a submit rate (``submit_rate_limit_rps``, optional). The first two
+hold for the whole cluster: every dispatch round decides them in the transaction that
+writes its intents, from a token bucket kept in PostgreSQL and the tenant's in-flight rows
+counted there (``store/quotas.py``); :func:`admit` is that decision. The submit rate is
+enforced by each node on its own, with the node's share of it (:func:`node_share`), since
+a submit may arrive at any node and must not cost a database round trip to refuse.
+
+Token buckets here hold at most ``burst(rate) = max(1, rate)`` tokens (one second's worth,
+and never less than one whole task) and are full when first used. Over any window of
+``w`` seconds a bucket lets ``rate * w + burst(rate)`` through at most: that bound, summed
+over the buckets that serve a quota, is the quota's stated tolerance.
+
+No I/O and no clock: times are the caller's seconds (the database's clock for the
+dispatch bucket, the node's monotonic clock for submits).
+"""
+
+from __future__ import annotations
+
+import math
+import uuid
+from collections.abc import Collection
+from dataclasses import dataclass
+from enum import StrEnum
+
+__all__ = [
+    "Admission",
+    "HeldBy",
+    "SubmitRateLimiter",
+    "TokenBucket",
+    "admit",
+    "burst",
+    "node_share",
+    "refilled",
+]
+
+TOKEN_EPS = 1e-9
+"""A bucket this close to a whole token holds it: float error in the refill must never
+refuse a task for a few nanoseconds."""
+
+
+class HeldBy(StrEnum):
+    """Which quota held a tenant's work back (metric label, GetTask's waiting reason)."""
+
+    RATE = "rate"
+    CONCURRENCY = "concurrency"
+    SUBMIT_RATE = "submit_rate"
+
+
+def burst(rate: float) -> float:
+    """The most tokens a bucket of ``rate`` per second holds: one second's worth, and at
+    least one whole task."""
+    return max(1.0, rate)
+
+
+def refilled(tokens: float | None, rate: float, elapsed_s: float) -> float:
+    """The tokens a bucket holds ``elapsed_s`` after it held ``tokens`` (None: never used,
+    so full). Time that ran backwards adds nothing."""
+    cap = burst(rate)
+    if tokens is None:
+        return cap
+    return min(cap, tokens + max(0.0, elapsed_s) * rate)
+
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    """What one dispatch round may do for one tenant (:func:`admit`)."""
+
+    admitted: int
+    """How many of the tasks the round chose may be dispatched."""
+    tokens: float
+    """The bucket after the round took its tokens."""
+    in_flight: int
+    """The tenant's attempts in flight once the admitted ones are written."""
+    held_by: HeldBy | None
+    """Why fewer than wanted were admitted (None: all were)."""
+    wait_s: float
+    """With ``held_by`` RATE, seconds until the bucket holds a whole token again."""
+
+
+def admit(
+    wanted: int,
+    *,
+    in_flight: int,
+    max_concurrent: int,
+    tokens: float | None,
+    rate: float,
+    elapsed_s: float,
+) -> Admission:
+    """How many of ``wanted`` tasks of one tenant a dispatch round may write.
+
+    ``in_flight`` is the tenant's attempts in flight cluster-wide, ``tokens`` its bucket
+    as of ``elapsed_s`` ago (None: a new bucket). A round takes one token per task, never
+    more than the bucket holds in whole tokens, and never takes the tenant past
+    ``max_concurrent``; a tenant already past it (its limit was lowered) gets nothing.
+    """
+    if wanted < 0 or in_flight < 0 or max_concurrent < 0:
+        raise ValueError(f"negative count: {wanted=}, {in_flight=}, {max_concurrent=}")
+    if not (math.isfinite(rate) and rate > 0):
+        raise ValueError(f"rate must be positive and finite, got {rate!r}")
+    available = refilled(tokens, rate, elapsed_s)
+    by_concurrency = max(0, max_concurrent - in_flight)
+    by_rate = max(0, math.floor(available + TOKEN_EPS))  # a bucket in debt gives nothing
+    admitted = min(wanted, by_concurrency, by_rate)
+    left = available - admitted
+    held_by: HeldBy | None = None
+    if admitted < wanted:
+        held_by = HeldBy.CONCURRENCY if by_concurrency <= by_rate else HeldBy.RATE
+    wait_s = max(0.0, (1.0 - left) / rate) if held_by is HeldBy.RATE else 0.0
+    return Admission(admitted, left, in_flight + admitted, held_by, wait_s)
+
+
+def node_share(quota: float, nodes: Collection[str], node_id: str) -> float:
+    """This node's share of a quota split evenly over the live ``nodes``; the node
+    counts itself if it is not among them yet (its registration is on its way), so it
+    never takes the whole quota alone.
+
+    Every node computes its share from the same membership (etcd's live nodes), so the
+    shares sum to ``quota``. While the views differ the sum can be off: a node that
+    left (or died) still counts for the others until its lease expires, which only
+    lowers the sum; a node that joined takes ``quota / (n + 1)`` before the others have
+    seen it and still take ``quota / n``, so the sum exceeds ``quota`` by one share per
+    joining node until the membership watch reaches them (well under a second)."""
+    if quota < 0 or not math.isfinite(quota):
+        raise ValueError(f"quota must be finite and non-negative, got {quota!r}")
+    count = len(nodes) + (0 if node_id in nodes else 1)
+    return quota / count
+
+
+class TokenBucket:
+    """A token bucket of ``rate`` per second that may run into debt.
+
+    :meth:`take` of ``n`` tokens succeeds once the bucket holds ``min(n, burst)``: a
+    request bigger than the burst (a submit batch of 1,000 at 10/s) is let through when
+    the bucket is full, and the debt it leaves makes the next ones wait for it, so the
+    long-run rate holds and no request is refused for good.
+    """
+
+    __slots__ = ("rate", "tokens", "updated_at")
+
+    def __init__(self, rate: float, now: float) -> None:
+        if not (math.isfinite(rate) and rate > 0):
+            raise ValueError(f"rate must be positive and finite, got {rate!r}")
+        self.rate = rate
+        self.tokens = burst(rate)
+        self.updated_at = now
+
+    def set_rate(self, rate: float, now: float) -> None:
+        """A new rate from now on; what was earned so far at the old one is kept."""
+        self.refill(now)
+        self.rate = rate
+        self.tokens = min(self.tokens, burst(rate))
+
+    def take(self, n: int, now: float) -> float:
+        """Take ``n`` tokens: 0.0 if taken, else the seconds until they could be (nothing
+        is taken then)."""
+        self.refill(now)
+        needed = min(float(n), burst(self.rate))
+        if self.tokens + TOKEN_EPS >= needed:
+            self.tokens -= n
+            return 0.0
+        return (needed - self.tokens) / self.rate
+
+    def refill(self, now: float) -> None:
+        """Add what ``now`` earned since the last refill (a clock that went back earns
+        nothing)."""
+        if now > self.updated_at:
+            self.tokens = min(burst(self.rate), self.tokens + (now - self.updated_at) * self.rate)
+            self.updated_at = now
+
+
+class SubmitRateLimiter:
+    """Per-tenant submit buckets of one node, each at the node's share of the tenant's
+    submit rate. Bounded: buckets of tenants that went quiet are dropped once there are
+    more than ``max_tenants`` (a dropped bucket comes back full, which a tenant idle that
+    long has earned anyway)."""
+
+    def __init__(self, max_tenants: int = 10_000) -> None:
+        self._buckets: dict[uuid.UUID, TokenBucket] = {}
+        self._max_tenants = max_tenants
+
+    def check(self, tenant_id: uuid.UUID, tasks: int, rate: float | None, now: float) -> float:
+        """Take ``tasks`` tokens of the tenant's bucket at ``rate`` (None: unlimited);
+        0.0 if the submit may go, else the seconds the client should wait first."""
+        if rate is None:
+            self._buckets.pop(tenant_id, None)
+            return 0.0
+        bucket = self._buckets.get(tenant_id)
+        if bucket is None:
+            if len(self._buckets) >= self._max_tenants:
+                self._forget_full(now)
+            bucket = self._buckets[tenant_id] = TokenBucket(rate, now)
+        elif bucket.rate != rate:
+            bucket.set_rate(rate, now)
+        return bucket.take(tasks, now)
+
+    def _forget_full(self, now: float) -> None:
+        for tenant_id, bucket in list(self._buckets.items()):
+            bucket.refill(now)
+            if bucket.tokens >= burst(bucket.rate) - TOKEN_EPS:
+                del self._buckets[tenant_id]
+        if len(self._buckets) >= self._max_tenants:
+            self._buckets.clear()  # all busy at once: start over rather than grow
+
+    def __len__(self) -> int:
+        return len(self._buckets)
