@@ -232,15 +232,20 @@ def require_dsn(args: argparse.Namespace) -> str:
     return dsn
 
 
-def add_api(parser: argparse.ArgumentParser) -> None:
-    """``--target``, ``--api-key``, ``--tls``, ``--timeout-s`` and ``--output``."""
-    group = parser.add_argument_group("connection")
+def add_target(group: argparse._ActionsContainer) -> None:
+    """``--target``: the scheduler node(s) to call, from ``$CHRONOSHARD_TARGET`` by default."""
     group.add_argument(
         "--target",
         default=os.environ.get(TARGET_ENV, DEFAULT_TARGET),
         help=f"scheduler node(s), host:port[,host:port...] (default: ${TARGET_ENV}, "
         f"else {DEFAULT_TARGET})",
     )
+
+
+def add_api(parser: argparse.ArgumentParser) -> None:
+    """``--target``, ``--api-key``, ``--tls``, ``--timeout-s`` and ``--output``."""
+    group = parser.add_argument_group("connection")
+    add_target(group)
     group.add_argument(
         "--api-key",
         default=os.environ.get(API_KEY_ENV),

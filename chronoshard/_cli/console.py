@@ -20,6 +20,7 @@ from chronoshard._cli.common import (
     EXIT_OK,
     TARGET_ENV,
     UsageError,
+    add_target,
     add_tls,
     format_s,
     positive_duration_s,
@@ -49,15 +50,8 @@ def _listen(text: str) -> tuple[str, int]:
 
 
 def configure_console(parser: argparse.ArgumentParser) -> None:
-    import os
-
     group = parser.add_argument_group("cluster")
-    group.add_argument(
-        "--target",
-        default=os.environ.get(TARGET_ENV, DEFAULT_TARGET),
-        help=f"scheduler node(s), host:port[,host:port...] (default: ${TARGET_ENV}, "
-        f"else {DEFAULT_TARGET})",
-    )
+    add_target(group)
     add_tls(group)
     group.add_argument(
         "--call-timeout",
