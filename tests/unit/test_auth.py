@@ -3,31 +3,17 @@
 from __future__ import annotations
 
 import re
-import uuid
 from collections.abc import Sequence
-from datetime import UTC, datetime
 from typing import Any, NamedTuple
 
 import pytest
+from fixtures.rows import tenant_model
 
 from chronoshard.clock import FakeClock
 from chronoshard.scheduler.api.auth import Authenticator, TenantCache, bearer_key
 from chronoshard.scheduler.core.api_keys import hash_api_key, new_api_key
 from chronoshard.scheduler.core.models import Tenant
 from chronoshard.scheduler.errors import Unauthenticated
-
-
-def _tenant(name: str = "acme") -> Tenant:
-    return Tenant(
-        id=uuid.uuid4(),
-        name=name,
-        tier="standard",
-        rate_limit_rps=10.0,
-        max_concurrent_workers=5,
-        home_region="eu-west",
-        api_key_hash="unused",
-        created_at=datetime(2026, 1, 1, tzinfo=UTC),
-    )
 
 
 class _Metadatum(NamedTuple):
@@ -91,7 +77,7 @@ def test_bearer_key_refuses_everything_else(metadata: Sequence[Any] | None) -> N
 
 def test_cache_keeps_an_entry_for_exactly_its_ttl() -> None:
     cache = TenantCache(ttl_s=30.0)
-    tenant = _tenant()
+    tenant = tenant_model()
     cache.put("h", tenant, now=100.0)
     assert cache.get("h", now=129.999) is tenant
     assert cache.get("h", now=130.0) is None
@@ -100,13 +86,13 @@ def test_cache_keeps_an_entry_for_exactly_its_ttl() -> None:
 
 def test_cache_with_zero_ttl_keeps_nothing() -> None:
     cache = TenantCache(ttl_s=0.0)
-    cache.put("h", _tenant(), now=1.0)
+    cache.put("h", tenant_model(), now=1.0)
     assert cache.get("h", now=1.0) is None
 
 
 def test_full_cache_drops_expired_entries_first_then_the_oldest() -> None:
     cache = TenantCache(ttl_s=10.0, max_entries=3)
-    a, b, c, d, e = (_tenant(n) for n in "abcde")
+    a, b, c, d, e = (tenant_model(n) for n in "abcde")
     cache.put("a", a, now=0.0)
     cache.put("b", b, now=5.0)
     cache.put("c", c, now=6.0)
@@ -133,7 +119,7 @@ class _Lookup:
 
 
 async def test_authenticator_caches_known_keys_for_the_ttl() -> None:
-    key, tenant = new_api_key(), _tenant()
+    key, tenant = new_api_key(), tenant_model()
     lookup = _Lookup({hash_api_key(key): tenant})
     clock = FakeClock()
     auth = Authenticator(lookup, cache_ttl_s=30.0, clock=clock)
@@ -149,7 +135,7 @@ async def test_authenticator_caches_known_keys_for_the_ttl() -> None:
 
 
 async def test_authenticator_refuses_unknown_keys_without_caching_the_miss() -> None:
-    key, tenant = new_api_key(), _tenant()
+    key, tenant = new_api_key(), tenant_model()
     lookup = _Lookup({})
     auth = Authenticator(lookup, clock=FakeClock())
     metadata = [("authorization", f"Bearer {key}")]

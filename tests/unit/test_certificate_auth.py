@@ -4,10 +4,8 @@ else is the API-key path as before. Tenants in memory, on a fake clock."""
 
 from __future__ import annotations
 
-import uuid
-from datetime import UTC, datetime
-
 import pytest
+from fixtures.rows import tenant_model
 
 from chronoshard.clock import FakeClock
 from chronoshard.scheduler.api.auth import Authenticator, CertificateTenants
@@ -15,19 +13,6 @@ from chronoshard.scheduler.core.api_keys import hash_api_key, new_api_key
 from chronoshard.scheduler.core.identities import IdentityMap
 from chronoshard.scheduler.core.models import Tenant
 from chronoshard.scheduler.errors import PermissionDenied, Unauthenticated
-
-
-def _tenant(name: str) -> Tenant:
-    return Tenant(
-        id=uuid.uuid4(),
-        name=name,
-        tier="standard",
-        rate_limit_rps=10.0,
-        max_concurrent_workers=5,
-        home_region="local",
-        api_key_hash="unused",
-        created_at=datetime(2026, 1, 1, tzinfo=UTC),
-    )
 
 
 class _Tenants:
@@ -56,7 +41,7 @@ BILLING_KEY, ACME_KEY = new_api_key(), new_api_key()
 
 @pytest.fixture
 def tenants() -> _Tenants:
-    return _Tenants({BILLING_KEY: _tenant("billing"), ACME_KEY: _tenant("acme")})
+    return _Tenants({BILLING_KEY: tenant_model("billing"), ACME_KEY: tenant_model("acme")})
 
 
 @pytest.fixture
