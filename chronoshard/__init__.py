@@ -36,6 +36,7 @@ if TYPE_CHECKING:
         StaleFencingTokenError,
         UnauthenticatedError,
         UnavailableError,
+        WrongRegionError,
     )
     from chronoshard.sync_client import SyncClient
     from chronoshard.types import (
@@ -97,6 +98,7 @@ _LAZY: dict[str, str] = {
             "StaleFencingTokenError",
             "UnauthenticatedError",
             "UnavailableError",
+            "WrongRegionError",
         ),
         "chronoshard.errors",
     ),
@@ -195,6 +197,7 @@ __all__ = [
     "WorkflowTask",
     "WorkflowTaskState",
     "WorkflowTemplate",
+    "WrongRegionError",
     "__version__",
 ]
 

@@ -38,6 +38,11 @@ for and sends it again (to the next node), as long as its waits add up to no mor
 that and stay within the call's deadline; otherwise, or by default (0), it raises the
 error, whose ``retry_after_s`` says how long to wait.
 
+A node refuses a tenant homed in another region (:class:`WrongRegionError`, reason
+``WRONG_REGION``, naming the home region); nothing was done. With ``regions`` (a region's
+name to its nodes' targets) the client follows it: it moves to that region's targets for
+this call and every later one (once per call: a region that sends it on again raises).
+
 gRPC's asyncio channels belong to the event loop that created them, so a :class:`Client`
 opens its channels on first use and is then bound to that loop (using it from another loop
 raises RuntimeError instead of hanging). Blocking code uses ``SyncClient``, which drives a
@@ -72,6 +77,7 @@ from chronoshard.errors import (
     NotSentError,
     QuotaExceededError,
     UnavailableError,
+    WrongRegionError,
     from_rpc_error,
 )
 from chronoshard.types import (
@@ -247,6 +253,7 @@ class Client:
     arguments (see :func:`channel_options`). ``max_quota_wait_s`` is how long in all a
     call may wait, as the node asks, before it is sent again after a refusal for quota
     (:class:`~chronoshard.errors.QuotaExceededError`); 0, the default, raises it at once.
+    ``regions`` maps region names to targets, for following a tenant to its home region.
 
     Use as ``async with Client(...) as client:`` or call :meth:`close`.
     """
@@ -262,10 +269,10 @@ class Client:
         max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES,
         extra_channel_options: Mapping[str, int | str] | None = None,
         max_quota_wait_s: float = 0.0,
+        regions: Mapping[str, str | Sequence[str]] | None = None,
     ) -> None:
-        targets = (target,) if isinstance(target, str) else tuple(target)
-        if not targets or not all(isinstance(t, str) and t for t in targets):
-            raise ValueError(f"target must be 'host:port' or a non-empty list of them: {target!r}")
+        targets = _targets(target)
+        self._regions = {region: _targets(where) for region, where in (regions or {}).items()}
         if not timeout_s > 0:
             raise ValueError(f"timeout_s must be positive, got {timeout_s}")
         if max_in_flight < 1:
@@ -286,6 +293,9 @@ class Client:
             (("authorization", f"Bearer {api_key}"),) if api_key else ()
         )
         self._endpoints: builtins.list[_Endpoint] = []
+        # Channels of the targets left when following a tenant to its home region: calls
+        # may still run on them, so they close with the client.
+        self._left: builtins.list[_Endpoint] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         self._next = 0
         self._closed = False
@@ -303,7 +313,8 @@ class Client:
     async def close(self, grace_s: float | None = None) -> None:
         """Close every channel. Calls still running are cancelled (after ``grace_s``)."""
         self._closed = True
-        endpoints, self._endpoints = self._endpoints, []
+        endpoints, self._endpoints = self._endpoints + self._left, []
+        self._left = []
         for endpoint in endpoints:
             await endpoint.channel.close(grace=grace_s)
 
@@ -735,6 +746,7 @@ class Client:
         tried: set[int] = set()
         failure: ChronoshardError | None = None
         quota_waited_s = 0.0
+        followed = False
         while True:
             index = await self._connected_target(loop, deadline, start, tried)
             if self._closed:
@@ -762,6 +774,15 @@ class Client:
                 await asyncio.sleep(wait_s)
                 tried.discard(index)
                 start = (index + 1) % len(self._endpoints)
+            except WrongRegionError as exc:
+                home = self._regions.get(exc.home_region or "")
+                if followed or home is None:
+                    raise
+                # Nothing was done: the tenant's own region takes this call and the next.
+                followed = True
+                self._move_to(home, loop)
+                tried.clear()
+                start = 0
             except ChronoshardError as exc:
                 if not failover.may_try_another(exc.code, repeatable=repeatable):
                     raise
@@ -845,6 +866,15 @@ class Client:
                 "between loops): create one Client per loop, or use SyncClient"
             )
 
+    def _move_to(self, targets: tuple[str, ...], loop: asyncio.AbstractEventLoop) -> None:
+        if targets == self._targets:
+            return
+        self._left.extend(self._endpoints)
+        self._endpoints = []
+        self._targets = targets
+        self._next = 0
+        self._open(loop)
+
     def _open(self, loop: asyncio.AbstractEventLoop) -> None:
         credentials = self._tls.credentials() if self._tls else None
         for target in self._targets:
@@ -854,6 +884,13 @@ class Client:
                 channel = grpc.aio.secure_channel(target, credentials, options=self._options)
             self._endpoints.append(_Endpoint(target, channel, self._max_in_flight))
         self._loop = loop
+
+
+def _targets(target: str | Sequence[str]) -> tuple[str, ...]:
+    targets = (target,) if isinstance(target, str) else tuple(target)
+    if not targets or not all(isinstance(t, str) and t for t in targets):
+        raise ValueError(f"target must be 'host:port' or a non-empty list of them: {target!r}")
+    return targets
 
 
 def _spec_pb(spec: ScheduleSpec) -> schedule_service_pb2.ScheduleSpec:

@@ -50,6 +50,7 @@ __all__ = [
     "StaleFencingTokenError",
     "UnauthenticatedError",
     "UnavailableError",
+    "WrongRegionError",
     "error_for",
     "from_rpc_error",
 ]
@@ -63,7 +64,8 @@ class ChronoshardError(Exception):
     ``reason`` (the server's machine-readable reason, or the code's name), ``field`` (the
     request field at fault, or None), ``retryable``, ``details`` (readable text) and
     ``retry_after_s`` (how long the server asked the caller to wait before sending it
-    again, from its ``RetryInfo``; None when it said nothing).
+    again, from its ``RetryInfo``; None when it said nothing) and ``metadata`` (facts of
+    the reason, by name, from the server's ``ErrorInfo``; empty when it gave none).
     """
 
     default_retryable: ClassVar[bool] = False
@@ -77,8 +79,10 @@ class ChronoshardError(Exception):
         field: str | None = None,
         retryable: bool | None = None,
         retry_after_s: float | None = None,
+        metadata: Mapping[str, str] | None = None,
     ) -> None:
         super().__init__(details)
+        self.metadata: Mapping[str, str] = dict(metadata or {})
         self.code = code
         self.reason = reason or code.name
         self.field = field or None
@@ -133,6 +137,16 @@ class FailedPreconditionError(ChronoshardError):
 class StaleFencingTokenError(FailedPreconditionError):
     """Raised when a fencing token is no longer the task's (reason ``STALE_FENCING_TOKEN``):
     another attempt owns the task now, and the caller must stop acting on it."""
+
+
+class WrongRegionError(FailedPreconditionError):
+    """Raised when the tenant is homed in another region than the cluster that was asked
+    (FAILED_PRECONDITION, reason ``WRONG_REGION``): nothing was done. ``home_region`` is
+    where its calls belong; a :class:`~chronoshard.Client` given ``regions`` follows it."""
+
+    @property
+    def home_region(self) -> str | None:
+        return self.metadata.get("home_region")
 
 
 class ResourceExhaustedError(ChronoshardError):
@@ -215,6 +229,7 @@ _BY_CODE: Mapping[grpc.StatusCode, type[ChronoshardError]] = {
 _BY_REASON: Mapping[str, type[ChronoshardError]] = {
     "STALE_FENCING_TOKEN": StaleFencingTokenError,
     "QUOTA_EXCEEDED": QuotaExceededError,
+    "WRONG_REGION": WrongRegionError,
 }
 
 
@@ -234,6 +249,7 @@ def error_for(
     field: str | None = None,
     retryable: bool | None = None,
     retry_after_s: float | None = None,
+    metadata: Mapping[str, str] | None = None,
 ) -> ChronoshardError:
     """Build (not raise) the exception for a failure described by its parts."""
     cls = _BY_REASON.get(reason or "") or _BY_CODE.get(code, ChronoshardError)
@@ -244,6 +260,7 @@ def error_for(
         field=field,
         retryable=retryable,
         retry_after_s=retry_after_s,
+        metadata=metadata,
     )
 
 
@@ -267,6 +284,7 @@ def from_rpc_error(exc: grpc.RpcError) -> ChronoshardError:
             field=info.field or None,
             retryable=info.retryable,
             retry_after_s=retry_after_s,
+            metadata=dict(info.metadata),
         )
     error.__cause__ = exc
     return error

@@ -15,9 +15,21 @@ import os
 import socket
 from dataclasses import dataclass, field
 
+from chronoshard.scheduler.core.fairness import (
+    DEFAULT_CLASS_IN_FLIGHT_CAPS,
+    DEFAULT_CLASS_WEIGHTS,
+    DEFAULT_CRITICAL_RESERVE_FRACTION,
+    FairnessPolicy,
+)
 from chronoshard.scheduler.core.identities import IdentityError, IdentityMap
 from chronoshard.scheduler.core.jitter import DEFAULT_WINDOW_S as DEFAULT_JITTER_WINDOW_S
-from chronoshard.scheduler.core.models import DEFAULT_PAYLOAD_LIMIT_BYTES, MAX_RETRIES_LIMIT
+from chronoshard.scheduler.core.models import (
+    DEFAULT_PAYLOAD_LIMIT_BYTES,
+    MAX_RETRIES_LIMIT,
+    Priority,
+)
+from chronoshard.scheduler.core.regions import DEFAULT_REGION, RegionPolicy
+from chronoshard.scheduler.errors import InvalidArgument
 from chronoshard.settings import ConfigError, require
 from chronoshard.wire import DEFAULT_LEASE_MARGIN_S
 
@@ -467,6 +479,82 @@ class HealthConfig:
 
 
 @dataclass(frozen=True)
+class FairnessConfig:
+    """How the priority classes share a node's worker slots (the fair selector's policy;
+    docs/operations.md#priority-classes-and-fair-queuing has the rules and an example)."""
+
+    # Shares of dispatches between classes that all have work waiting (stride scheduling);
+    # with strict_critical, critical goes first whenever it waits and its weight is unused.
+    critical_weight: float = DEFAULT_CLASS_WEIGHTS[Priority.CRITICAL]
+    standard_weight: float = DEFAULT_CLASS_WEIGHTS[Priority.STANDARD]
+    bulk_weight: float = DEFAULT_CLASS_WEIGHTS[Priority.BULK]
+    strict_critical: bool = True
+    # While a critical task waits, standard plus bulk in flight stay within (1 - this) of
+    # the node's worker slots: the rest is kept for critical work. Lent out when none waits.
+    critical_reserve_fraction: float = DEFAULT_CRITICAL_RESERVE_FRACTION
+    # While a task of a higher class waits, this class may hold at most this share of the
+    # slots in flight (1.0: no cap). Running tasks are never preempted.
+    standard_cap_fraction: float = DEFAULT_CLASS_IN_FLIGHT_CAPS[Priority.STANDARD]
+    bulk_cap_fraction: float = DEFAULT_CLASS_IN_FLIGHT_CAPS[Priority.BULK]
+
+    def policy(self) -> FairnessPolicy:
+        """The selector's policy. Raises ConfigError naming the key of a bad value."""
+        for name in ("critical_weight", "standard_weight", "bulk_weight"):
+            value = getattr(self, name)
+            require(
+                math.isfinite(value) and value > 0,
+                f"fairness.{name}",
+                "must be a positive, finite number",
+            )
+        for name in ("standard_cap_fraction", "bulk_cap_fraction"):
+            value = getattr(self, name)
+            require(0.0 <= value <= 1.0, f"fairness.{name}", "must be in [0, 1]")
+        require(
+            0.0 <= self.critical_reserve_fraction < 1.0,
+            "fairness.critical_reserve_fraction",
+            "must be in [0, 1)",
+        )
+        return FairnessPolicy(
+            class_weights={
+                Priority.CRITICAL: self.critical_weight,
+                Priority.STANDARD: self.standard_weight,
+                Priority.BULK: self.bulk_weight,
+            },
+            class_in_flight_caps={
+                Priority.STANDARD: self.standard_cap_fraction,
+                Priority.BULK: self.bulk_cap_fraction,
+            },
+            critical_reserve_fraction=self.critical_reserve_fraction,
+            strict_critical=self.strict_critical,
+        )
+
+    def validate(self) -> None:
+        self.policy()
+
+
+@dataclass(frozen=True)
+class RegionConfig:
+    """Where the cluster runs, and whose tenants it serves (docs/operations.md#regions)."""
+
+    # The cluster's region: a tenant homed elsewhere is refused with FAILED_PRECONDITION
+    # (reason WRONG_REGION) naming its home region.
+    name: str = DEFAULT_REGION
+    # Home regions this cluster serves as well: the regions it took over in a disaster
+    # recovery (docs/operations.md#disaster-recovery).
+    adopted: tuple[str, ...] = ()
+
+    def policy(self) -> RegionPolicy:
+        """Raises ConfigError naming the key of a bad region name."""
+        try:
+            return RegionPolicy.of(self.name, self.adopted)
+        except InvalidArgument as exc:
+            raise ConfigError(exc.field, exc.message) from None
+
+    def validate(self) -> None:
+        self.policy()
+
+
+@dataclass(frozen=True)
 class SchedulerConfig:
     node_id: str = field(default_factory=default_node_id)
     metrics_listen: str = "127.0.0.1:9464"
@@ -488,6 +576,8 @@ class SchedulerConfig:
     maintenance: MaintenanceConfig = field(default_factory=MaintenanceConfig)
     clock: ClockConfig = field(default_factory=ClockConfig)
     health: HealthConfig = field(default_factory=HealthConfig)
+    fairness: FairnessConfig = field(default_factory=FairnessConfig)
+    region: RegionConfig = field(default_factory=RegionConfig)
 
     def validate(self) -> None:
         require(

@@ -272,6 +272,23 @@ class WrongNode(SchedulerError):
         self.field = "node_id"
 
 
+class WrongRegion(SchedulerError):
+    """Raised when the caller's tenant is homed in another region than this cluster's
+    (and not one it adopted in a disaster recovery): the error details name the home
+    region (``metadata["home_region"]``) so the client can follow it. Nothing was done."""
+
+    reason = "WRONG_REGION"
+    grpc_code_name = "FAILED_PRECONDITION"
+
+    def __init__(self, tenant_name: str, home_region: str, region: str) -> None:
+        super().__init__(
+            f"tenant {shown(tenant_name)} is homed in region {shown(home_region)}; this "
+            f"cluster serves region {shown(region)}: send the call to a node of "
+            f"{shown(home_region)}"
+        )
+        self.metadata = {"home_region": home_region, "region": region}
+
+
 class ExpectationNotFound(SchedulerError):
     """Raised when DeleteExpectation names a job the tenant has no expectation for."""
 

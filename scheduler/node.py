@@ -271,6 +271,7 @@ class SchedulerNode:
         await self.coordinator.connect()
         await self.coordinator.start_lease()
         shard_count = await self.coordinator.ensure_shard_count(config.scheduling.shard_count)
+        await self.coordinator.ensure_epoch_base(await self.store.highest_shard_epoch())
         tenants = TenantStore(self.store)
         # One key cache for every service: a key checked by one is known to the others.
         identities = config.grpc.tls_client_identities
@@ -279,6 +280,7 @@ class SchedulerNode:
             certificates=(
                 CertificateTenants(IdentityMap.parse(identities), tenants) if identities else None
             ),
+            regions=config.region.policy(),
         )
         self.tenant_limits = TenantLimitsCache(tenants.list_tenants)
         await self.tenant_limits.refresh()

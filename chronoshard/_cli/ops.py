@@ -187,6 +187,11 @@ def _add_limits(parser: argparse.ArgumentParser, *, defaults: bool) -> None:
         "submit is refused with RESOURCE_EXHAUSTED and a retry delay)"
         + (" (default: no limit)" if defaults else ""),
     )
+    parser.add_argument(
+        "--home-region",
+        help="the region whose clusters serve the tenant; any other refuses its calls "
+        "with WRONG_REGION naming this one" + (" (default: local)" if defaults else ""),
+    )
 
 
 def configure_tenants_create(parser: argparse.ArgumentParser) -> None:
@@ -217,6 +222,7 @@ def run_tenants_create(args: argparse.Namespace, out: TextIO) -> int:
         rate_limit_rps=args.rate_limit_rps,
         max_concurrent_workers=args.max_concurrent,
         submit_rate_limit_rps=args.submit_rate_limit_rps,
+        home_region=args.home_region,
         if_exists="rotate" if args.rotate else "fail",
         operator=args.operator,
     )
@@ -256,11 +262,16 @@ def run_tenants_update(args: argparse.Namespace, out: TextIO) -> int:
         raise UsageError("--submit-rate-limit-rps and --no-submit-rate-limit contradict")
     if not args.no_submit_rate_limit and all(
         value is None
-        for value in (args.rate_limit_rps, args.max_concurrent, args.submit_rate_limit_rps)
+        for value in (
+            args.rate_limit_rps,
+            args.max_concurrent,
+            args.submit_rate_limit_rps,
+            args.home_region,
+        )
     ):
         raise UsageError(
             "nothing to change: give --rate-limit-rps, --max-concurrent, "
-            "--submit-rate-limit-rps or --no-submit-rate-limit"
+            "--submit-rate-limit-rps, --no-submit-rate-limit or --home-region"
         )
     tenant = update_tenant(
         require_dsn(args),
@@ -269,6 +280,7 @@ def run_tenants_update(args: argparse.Namespace, out: TextIO) -> int:
         max_concurrent_workers=args.max_concurrent,
         submit_rate_limit_rps=args.submit_rate_limit_rps,
         clear_submit_rate=args.no_submit_rate_limit,
+        home_region=args.home_region,
     )
     if args.output == "json":
         print(output.dumps(_tenant_limits(tenant)), file=out)
@@ -276,7 +288,8 @@ def run_tenants_update(args: argparse.Namespace, out: TextIO) -> int:
     submits = "unlimited" if tenant.submit_rate_limit_rps is None else tenant.submit_rate_limit_rps
     print(
         f"tenant {tenant.name}: {tenant.rate_limit_rps:g} dispatches/s, "
-        f"{tenant.max_concurrent_workers} at once, submits/s {submits}",
+        f"{tenant.max_concurrent_workers} at once, submits/s {submits}, "
+        f"home region {tenant.home_region}",
         file=out,
     )
     return EXIT_OK
@@ -289,6 +302,7 @@ def _tenant_limits(tenant: Tenant) -> dict[str, object]:
         "rate_limit_rps": tenant.rate_limit_rps,
         "max_concurrent_workers": tenant.max_concurrent_workers,
         "submit_rate_limit_rps": tenant.submit_rate_limit_rps,
+        "home_region": tenant.home_region,
     }
 
 

@@ -22,6 +22,10 @@ A node that requires client certificates may also take a certificate for a tenan
 the connection's auth context, a call whose certificate maps to a tenant needs no key,
 and a key it sends anyway must be that tenant's (else ``PERMISSION_DENIED``). Tenants
 found by certificate are cached like keys, by name, for the same ``cache_ttl_s``.
+
+A tenant homed in a region the cluster does not serve is refused after it is known
+(:mod:`~chronoshard.scheduler.core.regions`): ``FAILED_PRECONDITION``, reason
+``WRONG_REGION``, naming its home region, so only a valid key learns where to go.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from chronoshard.clock import Clock, SystemClock
 from chronoshard.scheduler.core.api_keys import API_KEY_PREFIX, hash_api_key
 from chronoshard.scheduler.core.identities import AmbiguousIdentity, IdentityMap, PeerCertificate
 from chronoshard.scheduler.core.models import Tenant
+from chronoshard.scheduler.core.regions import RegionPolicy
 from chronoshard.scheduler.errors import PermissionDenied, Unauthenticated
 
 log = logging.getLogger(__name__)
@@ -166,8 +171,10 @@ class Authenticator:
         clock: Clock | None = None,
         max_cached: int = DEFAULT_MAX_CACHED,
         certificates: CertificateTenants | None = None,
+        regions: RegionPolicy | None = None,
     ) -> None:
         self._tenants = tenants
+        self._regions = regions if regions is not None else RegionPolicy()
         self._clock = clock or SystemClock()
         self._cache = TenantCache(cache_ttl_s, max_cached)
         self._certificates = certificates
@@ -189,8 +196,16 @@ class Authenticator:
                 maps to a tenant, or no tenant has the key (or the certificate's name).
             PermissionDenied: the key and the certificate are different tenants', or the
                 certificate matches several tenants' identities.
+            WrongRegion: the tenant is homed in a region this cluster does not serve.
             StoreUnavailable: the lookup could not reach PostgreSQL.
         """
+        tenant = await self._tenant(metadata, auth_context)
+        self._regions.check(tenant.name, tenant.home_region)
+        return tenant
+
+    async def _tenant(
+        self, metadata: Iterable[Any] | None, auth_context: AuthContext | None
+    ) -> Tenant:
         named = self._certificate_tenant(auth_context)
         if named is None:
             return await self._by_key(metadata)

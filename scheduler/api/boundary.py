@@ -67,6 +67,7 @@ def error_info(error: SchedulerError) -> common_pb2.ErrorInfo:
             message=str(error),
             field=getattr(error, "field", "") or "",
             retryable=error.retryable,
+            metadata=getattr(error, "metadata", None) or {},
         )
     )
 
@@ -74,6 +75,8 @@ def error_info(error: SchedulerError) -> common_pb2.ErrorInfo:
 def bounded(info: common_pb2.ErrorInfo) -> common_pb2.ErrorInfo:
     info.message = clip(info.message, MAX_MESSAGE_BYTES)
     info.field = clip(info.field, MAX_FIELD_CHARS)
+    for key in list(info.metadata):
+        info.metadata[key] = clip(info.metadata[key], MAX_FIELD_CHARS)
     return info
 
 

@@ -4,10 +4,16 @@ This is the one module that talks to etcd (docs/architecture.md#d5, #d12), so th
 be replaced here alone. Keys live under ``/{cluster}/``:
 
 * ``config/shard_count`` — fixed when the first node creates the cluster;
+* ``config/epoch_base`` — fixed by the first node that finds this etcd without one: the
+  highest epoch PostgreSQL had recorded then (:meth:`EtcdCoordinator.ensure_epoch_base`);
 * ``nodes/{node_id}`` — a JSON description of a live node, attached to its lease;
 * ``shards/{shard}`` — the owning node id, attached to the owner's lease. The key's
-  ``create_revision`` is the shard's **epoch**: claims are ``create_revision == 0 →
-  put`` transactions, so each successful claim gets a revision no earlier claim had;
+  ``create_revision`` plus the epoch base is the shard's **epoch**: claims are
+  ``create_revision == 0 → put`` transactions, so each successful claim gets a revision
+  no earlier claim had. The base is why a *fresh* etcd (a disaster recovery, a lost etcd
+  cluster rebuilt) still fences: its revisions restart at 1, but its epochs start above
+  every epoch the (replicated) database holds, so the shard owners' rows move forward
+  instead of refusing every claim as going backwards;
 * ``handoff/{shard}`` — the node id of the shard's incoming owner once it is warm
   (:mod:`chronoshard.scheduler.core.handoff`), attached to that node's lease; deleted by the claim
   that follows.
@@ -129,6 +135,8 @@ class EtcdCoordinator:
         self._clock = clock
         self._client: Etcd3Client | None = None
         self._lease_id = 0
+        # Added to a claim's create_revision to make its epoch (ensure_epoch_base).
+        self._epoch_base = 0
         self._ttl_s = max(2, math.ceil(config.lease_ttl_s))
         self._last_renewal = -math.inf
         self._keepalive_task: asyncio.Task[None] | None = None
@@ -281,23 +289,38 @@ class EtcdCoordinator:
 
     async def ensure_shard_count(self, configured: int) -> int:
         """Store the shard count if this node creates the cluster; else check it matches."""
+        stored = await self._fixed_once("ensure_shard_count", "config/shard_count", configured)
+        if stored != configured:
+            raise ShardCountMismatch(stored, configured)
+        return stored
+
+    async def ensure_epoch_base(self, highest_recorded: int) -> int:
+        """Fix this etcd's epoch base at ``highest_recorded`` (the database's highest shard
+        epoch) unless another node fixed it first; the base every later epoch adds to.
+
+        Read before any claim, so every epoch of this etcd is above what the database held
+        when the etcd was new, revisions restarting or not."""
+        self._epoch_base = await self._fixed_once(
+            "ensure_epoch_base", "config/epoch_base", highest_recorded
+        )
+        return self._epoch_base
+
+    async def _fixed_once(self, name: str, path: str, value: int) -> int:
+        """Put ``value`` at ``path`` if nothing is there; the value stored there either way."""
         kv = self._kv()
-        key = self._key("config/shard_count")
+        key = self._key(path)
         response = await self._call(
-            "ensure_shard_count",
+            name,
             lambda: kv.txn(
                 compare=[KVService.txn_compare_create_revision(key, 0)],
-                success=[KVService.txn_op_put(key, str(configured))],
+                success=[KVService.txn_op_put(key, str(value))],
                 failure=[KVService.txn_op_get(key)],
                 timeout=self._timeout(),
             ),
         )
         if response.succeeded:
-            return configured
-        stored = int(response.responses[0].response_range.kvs[0].value)
-        if stored != configured:
-            raise ShardCountMismatch(stored, configured)
-        return stored
+            return value
+        return int(response.responses[0].response_range.kvs[0].value)
 
     async def register_node(self, info: NodeInfo) -> None:
         kv = self._kv()
@@ -380,15 +403,18 @@ class EtcdCoordinator:
             ),
         )
         if response.succeeded:
-            return ShardClaim(shard, self._node_id, int(response.header.revision))
+            return ShardClaim(shard, self._node_id, self._epoch(response.header.revision))
         existing = response.responses[0].response_range.kvs
         if (
             existing
             and existing[0].value.decode() == self._node_id
             and int(existing[0].lease) == self._lease_id
         ):
-            return ShardClaim(shard, self._node_id, int(existing[0].create_revision))
+            return ShardClaim(shard, self._node_id, self._epoch(existing[0].create_revision))
         return None
+
+    def _epoch(self, create_revision: int) -> int:
+        return self._epoch_base + int(create_revision)
 
     async def release_shard(self, shard: int, epoch: int) -> bool:
         """Delete the claim if it is still the one made at ``epoch``."""
@@ -397,7 +423,7 @@ class EtcdCoordinator:
         response = await self._call(
             "release_shard",
             lambda: kv.txn(
-                compare=[KVService.txn_compare_create_revision(key, epoch)],
+                compare=[KVService.txn_compare_create_revision(key, epoch - self._epoch_base)],
                 success=[KVService.txn_op_delete(key)],
                 timeout=self._timeout(),
             ),
@@ -413,7 +439,7 @@ class EtcdCoordinator:
         items, revision = await self._range("shards/")
         for item in items:
             shard = _shard_of_key(item.key)
-            claims[shard] = ShardClaim(shard, item.value.decode(), int(item.create_revision))
+            claims[shard] = ShardClaim(shard, item.value.decode(), self._epoch(item.create_revision))
         return claims, revision
 
     def watch_claims(self) -> AsyncIterator[dict[int, ShardClaim]]:

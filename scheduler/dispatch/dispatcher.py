@@ -136,7 +136,11 @@ class Dispatcher:
         self._wheel: TimingWheel[int, TimerTask] = TimingWheel(
             clock.monotonic(), tick_s=scheduling.wheel_tick_s, slots=scheduling.wheel_slots
         )
-        self._ready = ReadyQueues(tenant_limits=tenant_limits, concurrency_probe_s=QUOTA_PROBE_S)
+        self._ready = ReadyQueues(
+            policy=config.fairness.policy(),
+            tenant_limits=tenant_limits,
+            concurrency_probe_s=QUOTA_PROBE_S,
+        )
         # Whose turn it is among worker sessions holding equal credits (issue 14).
         self._spread = rounds.Spread()
         # Chosen in the round being written: neither on the wheel nor ready meanwhile.

@@ -499,6 +499,13 @@ class Store:
 
     # --- shards -----------------------------------------------------------------------
 
+    async def highest_shard_epoch(self) -> int:
+        """The highest epoch any shard's owner ever recorded (0 for none)."""
+        async with self.connection() as conn:
+            cur = await conn.execute(self._q["highest_shard_epoch"])
+            row = await cur.fetchone()
+            return int(row[0]) if row is not None else 0
+
     async def claim_shard_epoch(self, shard: int, epoch: int, node_id: str) -> bool:
         """Raise ``shard``'s epoch to ``epoch`` for ``node_id``; whether this claim holds.
 

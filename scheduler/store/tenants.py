@@ -30,6 +30,7 @@ from psycopg.rows import dict_row
 
 from chronoshard.scheduler.core.api_keys import hash_api_key, new_api_key
 from chronoshard.scheduler.core.models import Tenant
+from chronoshard.scheduler.core.regions import DEFAULT_REGION, check_region_name
 from chronoshard.scheduler.errors import InvalidArgument, StoreUnavailable, TenantNotFound
 from chronoshard.scheduler.store import direct, queries
 from chronoshard.scheduler.store.database import Store
@@ -37,7 +38,6 @@ from chronoshard.scheduler.store.database import Store
 DEFAULT_TIER = "standard"
 DEFAULT_RATE_LIMIT_RPS = 10_000.0
 DEFAULT_MAX_CONCURRENT = 10_000
-DEFAULT_REGION = "local"
 MAX_NAME_CHARS = 200
 
 _SQL = "tenants.sql"
@@ -99,17 +99,17 @@ def create_tenant(
     rate_limit_rps: float | None = None,
     max_concurrent_workers: int | None = None,
     submit_rate_limit_rps: float | None = None,
-    home_region: str = DEFAULT_REGION,
+    home_region: str | None = None,
     if_exists: Literal["fail", "rotate"] = "fail",
     operator: bool | None = None,
 ) -> NewTenant:
     """Create tenant ``name`` with a fresh API key (or, with ``if_exists="rotate"``, give
     an existing one a new key). ``operator`` sets whether the key may call operator-only
     admin operations (``AdminService.DrainNode``); None leaves an existing tenant's flag
-    as it is (a new tenant is not an operator). The limits are the new tenant's
-    (None: ``DEFAULT_RATE_LIMIT_RPS``, ``DEFAULT_MAX_CONCURRENT``, no submit limit); for a
-    tenant that exists and is rotated, each limit given is set as :func:`update_tenant`
-    sets it, and the others are left as they are.
+    as it is (a new tenant is not an operator). The limits and home region are the new
+    tenant's (None: ``DEFAULT_RATE_LIMIT_RPS``, ``DEFAULT_MAX_CONCURRENT``, no submit
+    limit, ``DEFAULT_REGION``); for a tenant that exists and is rotated, each one given is
+    set as :func:`update_tenant` sets it, and the others are left as they are.
 
     Raises:
         InvalidArgument: a field is invalid, or the name is taken and ``if_exists="fail"``.
@@ -121,8 +121,10 @@ def create_tenant(
         DEFAULT_MAX_CONCURRENT if max_concurrent_workers is None else max_concurrent_workers,
     )
     check_limits(None, None, submit_rate_limit_rps)
+    if home_region is not None:
+        check_region_name(home_region, "home_region")
     api_key = new_api_key()
-    limits = (rate_limit_rps, max_concurrent_workers, submit_rate_limit_rps)
+    changes = (rate_limit_rps, max_concurrent_workers, submit_rate_limit_rps, home_region)
     params = {
         "name": name,
         "tier": tier,
@@ -130,7 +132,7 @@ def create_tenant(
         "max_concurrent_workers": (
             DEFAULT_MAX_CONCURRENT if max_concurrent_workers is None else max_concurrent_workers
         ),
-        "home_region": home_region,
+        "home_region": DEFAULT_REGION if home_region is None else home_region,
         "api_key_hash": hash_api_key(api_key),
     }
     try:
@@ -142,7 +144,7 @@ def create_tenant(
             conn.cursor(row_factory=dict_row) as cur,
         ):
             row = _rotated_or_inserted(cur, params, rotate=if_exists == "rotate")
-            if any(value is not None for value in limits):
+            if any(value is not None for value in changes):
                 # A new tenant got the dispatch limits from its insert; only the submit
                 # rate is left. A rotated one gets what was given (it was silently
                 # ignored before: `--rotate --rate-limit-rps` changed nothing).
@@ -153,6 +155,7 @@ def create_tenant(
                     max_concurrent_workers=max_concurrent_workers,
                     submit_rate_limit_rps=submit_rate_limit_rps,
                     clear_submit_rate=False,
+                    home_region=home_region,
                 )
             if operator_flag_changes(operator, row["operator"]):
                 row = _one(
@@ -171,24 +174,30 @@ def update_tenant(
     max_concurrent_workers: int | None = None,
     submit_rate_limit_rps: float | None = None,
     clear_submit_rate: bool = False,
+    home_region: str | None = None,
 ) -> Tenant:
-    """Change tenant ``name``'s quotas, live: each one given is set, the others stay;
-    ``clear_submit_rate`` takes its submit limit away. Every node hears of it at once
-    (PostgreSQL NOTIFY, sent with the commit; docs/operations.md#tenants-and-quotas).
+    """Change tenant ``name``'s quotas (or its home region), live: each one given is set,
+    the others stay; ``clear_submit_rate`` takes its submit limit away. Every node hears
+    of it at once (PostgreSQL NOTIFY, sent with the commit;
+    docs/operations.md#tenants-and-quotas), but a node's authentication cache may serve
+    the old home region for up to 30 s.
 
     Raises:
-        InvalidArgument: a limit is out of range, nothing is to change, or
-            ``clear_submit_rate`` is given with a submit rate.
+        InvalidArgument: a limit is out of range, a region name is invalid, nothing is to
+            change, or ``clear_submit_rate`` is given with a submit rate.
         TenantNotFound: no tenant is named ``name``.
         StoreUnavailable: PostgreSQL cannot be reached.
     """
     check_limits(rate_limit_rps, max_concurrent_workers, submit_rate_limit_rps)
+    if home_region is not None:
+        check_region_name(home_region, "home_region")
     if clear_submit_rate and submit_rate_limit_rps is not None:
         raise InvalidArgument("submit_rate_limit_rps", "cannot be both set and cleared")
     if not clear_submit_rate and all(
-        value is None for value in (rate_limit_rps, max_concurrent_workers, submit_rate_limit_rps)
+        value is None
+        for value in (rate_limit_rps, max_concurrent_workers, submit_rate_limit_rps, home_region)
     ):
-        raise InvalidArgument("limits", "name at least one limit to change")
+        raise InvalidArgument("limits", "name at least one limit (or the home region) to change")
     try:
         with (
             direct.connect(dsn) as conn,
@@ -202,6 +211,7 @@ def update_tenant(
                 max_concurrent_workers=max_concurrent_workers,
                 submit_rate_limit_rps=submit_rate_limit_rps,
                 clear_submit_rate=clear_submit_rate,
+                home_region=home_region,
             )
     except psycopg.OperationalError as exc:
         raise StoreUnavailable(f"cannot reach PostgreSQL: {exc}") from exc
@@ -216,6 +226,7 @@ def _updated(
     max_concurrent_workers: int | None,
     submit_rate_limit_rps: float | None,
     clear_submit_rate: bool,
+    home_region: str | None = None,
 ) -> dict[str, Any]:
     """Tenant ``name``'s row with the limits given set, and the nodes told (the NOTIFY
     goes out when the transaction commits).
@@ -232,6 +243,7 @@ def _updated(
             "max_concurrent_workers": max_concurrent_workers,
             "submit_rate_limit_rps": submit_rate_limit_rps,
             "clear_submit_rate": clear_submit_rate,
+            "home_region": home_region,
         },
     )
     row = cur.fetchone()

@@ -8,11 +8,14 @@ import urllib.request
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
 import grpc
+import psycopg
 import pytest
+from fixtures.etcd import EtcdFactory
 from fixtures.nodes import node_config, running_node
 from fixtures.stores import insert_tasks, new_task, new_tenant, tenant_with_key
 from fixtures.waiting import eventually
@@ -296,3 +299,37 @@ async def test_a_worker_that_goes_away_leaves_no_task_of_its_session_behind(
         return [t for t in asyncio.all_tasks() if "Queue.get" in repr(t.get_coro())]
 
     await eventually(lambda: not outbox_gets(), timeout_s=5, what="no outbox get left pending")
+
+
+async def test_a_fresh_etcd_hands_out_epochs_above_every_recorded_one(
+    fresh_db_dsn: str, etcd: EtcdProcess, etcd_factory: EtcdFactory
+) -> None:
+    """A new etcd (a disaster recovery, a lost etcd rebuilt) restarts its revisions at 1;
+    the database still holds the old, higher epochs. Claims must rise above them instead
+    of being refused as going backwards (which left every shard unowned)."""
+    shared = node_config(fresh_db_dsn, etcd.endpoint, shard_count=SHARDS)
+    async with running_node(shared) as before:
+        await _wait_for_shards(before)
+    # The old etcd served a long history: its epochs are far above the few revisions a
+    # fresh one will have reached by its first claims.
+    await _execute(fresh_db_dsn, "UPDATE shard_owners SET epoch = epoch + 100000")
+    highest = max((await _recorded_epochs(fresh_db_dsn)).values())
+    fresh = etcd_factory()
+    config = replace(shared, etcd=replace(shared.etcd, endpoints=(fresh.endpoint,)))
+    async with running_node(config) as after:
+        await _wait_for_shards(after)
+        epochs = dict(after.shards.epochs())
+        assert min(epochs.values()) > highest, (epochs, highest)
+        # And the rows moved forward: what the fence reads is the new owner's epoch.
+        assert await _recorded_epochs(fresh_db_dsn) == epochs
+
+
+async def _recorded_epochs(dsn: str) -> dict[int, int]:
+    async with await psycopg.AsyncConnection.connect(dsn) as conn:
+        cur = await conn.execute("SELECT shard, epoch FROM shard_owners")
+        return {int(shard): int(epoch) for shard, epoch in await cur.fetchall()}
+
+
+async def _execute(dsn: str, statement: str) -> None:
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        await conn.execute(statement)

@@ -210,15 +210,24 @@ class TaskAttempt(_message.Message):
     def __init__(self, attempt: _Optional[int] = ..., fencing_token: _Optional[int] = ..., state: _Optional[_Union[AttemptState, str]] = ..., worker_id: _Optional[str] = ..., entered_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finished_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., error: _Optional[str] = ..., resolution: _Optional[_Union[Resolution, str]] = ...) -> None: ...
 
 class ErrorInfo(_message.Message):
-    __slots__ = ("code", "reason", "message", "field", "retryable")
+    __slots__ = ("code", "reason", "message", "field", "retryable", "metadata")
+    class MetadataEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     CODE_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     FIELD_FIELD_NUMBER: _ClassVar[int]
     RETRYABLE_FIELD_NUMBER: _ClassVar[int]
+    METADATA_FIELD_NUMBER: _ClassVar[int]
     code: str
     reason: str
     message: str
     field: str
     retryable: bool
-    def __init__(self, code: _Optional[str] = ..., reason: _Optional[str] = ..., message: _Optional[str] = ..., field: _Optional[str] = ..., retryable: _Optional[bool] = ...) -> None: ...
+    metadata: _containers.ScalarMap[str, str]
+    def __init__(self, code: _Optional[str] = ..., reason: _Optional[str] = ..., message: _Optional[str] = ..., field: _Optional[str] = ..., retryable: _Optional[bool] = ..., metadata: _Optional[_Mapping[str, str]] = ...) -> None: ...

@@ -45,6 +45,11 @@ ON CONFLICT (shard) DO UPDATE
        OR (shard_owners.epoch = EXCLUDED.epoch AND shard_owners.node_id = EXCLUDED.node_id)
 RETURNING epoch;
 
+-- name: highest_shard_epoch
+-- The floor of a new etcd's epochs (EtcdCoordinator.ensure_epoch_base): every epoch it
+-- hands out rises above every epoch already recorded, whatever its revisions.
+SELECT coalesce(max(epoch), 0) FROM shard_owners;
+
 -- name: lock_shard_epochs
 -- The shard fence (Store.owned_shards): FOR SHARE on the owner rows of every shard the
 -- transaction writes for, in shard order (a fixed lock order: two transactions never

@@ -26,7 +26,8 @@ RETURNING id, name, tier, rate_limit_rps, max_concurrent_workers, home_region, a
 
 -- name: update_tenant_limits
 -- `chronoshard tenants update` (and `create --rotate` with limit flags): each limit given
--- is set, the others are left as they are; clear_submit_rate takes the submit limit away.
+-- (or the home region) is set, the others are left as they are; clear_submit_rate takes
+-- the submit limit away.
 -- The nodes hear of it through notify_tenants_changed in the same transaction.
 UPDATE tenants
 SET rate_limit_rps = coalesce(%(rate_limit_rps)s, rate_limit_rps),
@@ -34,7 +35,8 @@ SET rate_limit_rps = coalesce(%(rate_limit_rps)s, rate_limit_rps),
     submit_rate_limit_rps = CASE
         WHEN %(clear_submit_rate)s THEN NULL
         ELSE coalesce(%(submit_rate_limit_rps)s, submit_rate_limit_rps)
-    END
+    END,
+    home_region = coalesce(%(home_region)s, home_region)
 WHERE name = %(name)s
 RETURNING id, name, tier, rate_limit_rps, max_concurrent_workers, home_region, api_key_hash,
           created_at, operator, submit_rate_limit_rps;
