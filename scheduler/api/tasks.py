@@ -72,6 +72,7 @@ from chronoshard.scheduler.store.submits import (
     SubmitStore,
 )
 from chronoshard.scheduler.store.tasks import TaskQueries
+from chronoshard.scheduler.turns import in_turns
 from chronoshard.v1 import task_service_pb2, task_service_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -227,18 +228,19 @@ class TaskServiceServicer(task_service_pb2_grpc.TaskServiceServicer):
         if len(request.tasks) > self._max_batch:
             raise InvalidArgument("tasks", f"at most {self._max_batch} tasks per batch")
         trace = task_requests.trace_context_from_metadata(context.invocation_metadata())
-        prepared = [
-            self._prepare(tenant, item, trace, prefix=f"tasks[{i}].")
-            for i, item in enumerate(request.tasks)
-        ]
+        prepared = await in_turns(
+            request.tasks,
+            lambda i, item: self._prepare(tenant, item, trace, prefix=f"tasks[{i}]."),
+        )
         _check_batch_keys(prepared)
         self._check_submit_rate(tenant, len(prepared))
         results = await self._insert(tenant, prepared, prefix="tasks[{}].")
         self._notify_submitted(results)
         return task_service_pb2.SubmitBatchResponse(
-            results=[
-                task_service_pb2.SubmitBatchResult(submitted=_submit_response(r)) for r in results
-            ]
+            results=await in_turns(
+                results,
+                lambda _, r: task_service_pb2.SubmitBatchResult(submitted=_submit_response(r)),
+            )
         )
 
     async def _get_task(

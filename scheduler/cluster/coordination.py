@@ -439,7 +439,9 @@ class EtcdCoordinator:
         items, revision = await self._range("shards/")
         for item in items:
             shard = _shard_of_key(item.key)
-            claims[shard] = ShardClaim(shard, item.value.decode(), self._epoch(item.create_revision))
+            claims[shard] = ShardClaim(
+                shard, item.value.decode(), self._epoch(item.create_revision)
+            )
         return claims, revision
 
     def watch_claims(self) -> AsyncIterator[dict[int, ShardClaim]]:

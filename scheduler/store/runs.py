@@ -58,6 +58,7 @@ from chronoshard.scheduler.store.workflow_progress import (
     places,
     settle,
 )
+from chronoshard.scheduler.turns import in_turns
 from chronoshard.wire import DEFAULT_LEASE_MARGIN_S
 
 log = logging.getLogger(__name__)
@@ -205,7 +206,8 @@ class RunStore:
                 batch_keys([r[0] for r in due], [r[1] for r in due]),
             )
             rows = await dict_cur.fetchall()
-        return [timer_from_row(r) for r in rows], frozenset(epochs.keys() - owned)
+        timers = await in_turns(rows, lambda _, row: timer_from_row(row))
+        return timers, frozenset(epochs.keys() - owned)
 
     async def load_preloaded(
         self,
