@@ -33,6 +33,7 @@ loudly rather than leaving it half alive. Shutdown (SIGTERM) runs in this order 
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import uuid
 from collections.abc import Awaitable, Collection, Coroutine, Sequence
@@ -47,6 +48,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from chronoshard import __version__
 from chronoshard.clock import Clock, SystemClock
 from chronoshard.http_endpoint import HttpServer
+from chronoshard.scheduler import garbage
 from chronoshard.scheduler.api.access import AccessInterceptor
 from chronoshard.scheduler.api.admin import AdminServicer
 from chronoshard.scheduler.api.auth import Authenticator, CertificateTenants
@@ -170,6 +172,8 @@ class SchedulerNode:
         self.host_clock = clock or SystemClock()
         self.metrics = SchedulerMetrics(config.node_id, __version__)
         self._tasks: list[asyncio.Task[None]] = []
+        # The garbage collector's thresholds before the node took full collections over.
+        self._gc_thresholds: tuple[int, int, int] | None = None
         self._side_tasks: set[asyncio.Task[None]] = set()
         self._server: grpc.aio.Server | None = None
         self._task_service: TaskServiceServicer | None = None
@@ -395,6 +399,9 @@ class SchedulerNode:
         self._supervise("backlog-report", self.dispatcher.report_backlogs())
         self._supervise("signals", self.signals.listen())
         self._supervise("health", self._watch_health())
+        # Full collections on the node's schedule, not whenever a backlog grows the heap.
+        self._gc_thresholds = garbage.take_over_full_collections()
+        self._supervise("garbage", garbage.collect_periodically())
 
     async def _start_metrics(self) -> str:
         # On the event loop (chronoshard.http_endpoint): a scrape reads the components'
@@ -611,6 +618,8 @@ class SchedulerNode:
         await self.store.close()
         if self._metrics_server is not None:
             await self._metrics_server.close()
+        if self._gc_thresholds is not None:
+            gc.set_threshold(*self._gc_thresholds)
         self.stopped.set()
         log.info("scheduler node stopped", extra={"node_id": self.config.node_id})
 

@@ -19,13 +19,14 @@ import logging
 import ssl
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from aiohttp import web
 
+from chronoshard.client import Client
 from chronoshard.console import views
 from chronoshard.console.backend import Cluster, ExpectationView, MetricsPoller
 from chronoshard.console.markup import Html
@@ -38,8 +39,10 @@ from chronoshard.errors import (
     PermissionDeniedError,
     UnauthenticatedError,
 )
+from chronoshard.types import Resolution
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"
 COOKIE = "chronoshard_console"
@@ -140,6 +143,8 @@ async def sessions_and_csrf(request: web.Request, handler: Handler) -> web.Strea
     request["session"] = session
     try:
         return await handler(request)
+    except Refused as refused:
+        return _failure(request, refused.error, refused.what)
     except UnauthenticatedError:
         # The key stopped working (revoked, rotated): this session is over.
         await _end(request, session)
@@ -150,6 +155,27 @@ async def _end(request: web.Request, session: Session) -> None:
     request.app[SESSIONS].remove(session.id)
     if session.client is not None:
         await session.client.close()
+
+
+class Refused(Exception):
+    """An API call of a page refused: :func:`sessions_and_csrf` shows it as the page."""
+
+    def __init__(self, error: ChronoshardError, what: str) -> None:
+        super().__init__(str(error))
+        self.error = error
+        self.what = what
+
+
+async def asked(request: web.Request, what: str, call: Callable[[Client], Awaitable[T]]) -> T:
+    """``call`` with the session's client. A refusal raises :class:`Refused`, shown as
+    the error page about ``what``; an unauthenticated one ends the session (the
+    middleware's), whatever page asked."""
+    try:
+        return await call(client_of(request))
+    except UnauthenticatedError:
+        raise
+    except ChronoshardError as exc:
+        raise Refused(exc, what) from exc
 
 
 def _failure(request: web.Request, exc: ChronoshardError, what: str) -> web.Response:
@@ -243,12 +269,7 @@ async def _overview(request: web.Request) -> Html:
 
 
 async def overview(request: web.Request) -> web.StreamResponse:
-    try:
-        fragment = await _overview(request)
-    except ChronoshardError as exc:
-        if isinstance(exc, UnauthenticatedError):
-            raise
-        return _failure(request, exc, "Overview")
+    fragment = await asked(request, "Overview", lambda _: _overview(request))
     return _page(views.overview_page(fragment, session_of(request).csrf_token))
 
 
@@ -267,8 +288,10 @@ async def overview_live(request: web.Request) -> web.StreamResponse:
 
 async def tasks(request: web.Request) -> web.StreamResponse:
     filters = views.parse_filters(request.query)
-    try:
-        found = await client_of(request).list(
+    found = await asked(
+        request,
+        "Tasks",
+        lambda client: client.list(
             statuses=filters.status,
             type=filters.type or None,
             queue=filters.queue or None,
@@ -277,11 +300,8 @@ async def tasks(request: web.Request) -> web.StreamResponse:
             scheduled_before=filters.scheduled_before,
             page_size=TASK_PAGE_SIZE,
             page_token=filters.page_token or None,
-        )
-    except UnauthenticatedError:
-        raise
-    except ChronoshardError as exc:
-        return _failure(request, exc, "Tasks")
+        ),
+    )
     return _page(views.tasks_page(filters, found, session_of(request).csrf_token))
 
 
@@ -298,15 +318,12 @@ async def task_search(request: web.Request) -> web.StreamResponse:
 
 async def task(request: web.Request) -> web.StreamResponse:
     task_id = request.match_info["task_id"]
-    notice = {"retried": "Sent back for a new attempt.", "cancelled": "Cancel requested."}.get(
-        request.query.get("done", "")
-    )
-    try:
-        found = await client_of(request).get(task_id, attempts=True)
-    except UnauthenticatedError:
-        raise
-    except ChronoshardError as exc:
-        return _failure(request, exc, f"Task {task_id}")
+    notice = {
+        "retried": "Sent back for a new attempt.",
+        "cancelled": "Cancel requested.",
+        "marked-failed": "Marked failed: dead-lettered.",
+    }.get(request.query.get("done", ""))
+    found = await asked(request, f"Task {task_id}", lambda c: c.get(task_id, attempts=True))
     csrf = session_of(request).csrf_token
     return _page(views.task_page(found, csrf, datetime.now(UTC), notice))
 
@@ -329,20 +346,20 @@ async def task_live(request: web.Request) -> web.StreamResponse:
 
 async def task_action(request: web.Request) -> web.StreamResponse:
     task_id, action = request.match_info["task_id"], request.match_info["action"]
-    client = client_of(request)
-    try:
-        if action == "retry":
-            await client.retry(task_id)
-            done = "retried"
-        elif action == "cancel":
-            await client.cancel(task_id, reason="cancelled from the console")
-            done = "cancelled"
-        else:
-            raise web.HTTPNotFound()
-    except UnauthenticatedError:
-        raise
-    except ChronoshardError as exc:
-        return _failure(request, exc, f"{action.capitalize()} {task_id}")
+    calls: dict[str, tuple[str, Callable[[Client], Awaitable[object]]]] = {
+        "retry": ("retried", lambda c: c.retry(task_id)),
+        "cancel": ("cancelled", lambda c: c.cancel(task_id, reason="cancelled from the console")),
+        "mark-failed": (
+            "marked-failed",
+            lambda c: c.resolve(
+                task_id, Resolution.MARK_FAILED, reason="marked failed from the console"
+            ),
+        ),
+    }
+    if action not in calls:
+        raise web.HTTPNotFound()
+    done, call = calls[action]
+    await asked(request, f"{action.capitalize()} {task_id}", call)
     raise web.HTTPSeeOther(f"{views.task_href(task_id)}?done={done}")
 
 
@@ -350,12 +367,7 @@ async def task_action(request: web.Request) -> web.StreamResponse:
 
 
 async def schedules(request: web.Request) -> web.StreamResponse:
-    try:
-        found = [s async for s in client_of(request).iter_schedules()]
-    except UnauthenticatedError:
-        raise
-    except ChronoshardError as exc:
-        return _failure(request, exc, "Schedules")
+    found = await asked(request, "Schedules", lambda c: _all(c.iter_schedules()))
     return _page(views.schedules_page(found, session_of(request).csrf_token))
 
 
@@ -366,34 +378,25 @@ async def schedule(request: web.Request) -> web.StreamResponse:
         "resumed": "Resumed.",
         "triggered": "One occurrence started now.",
     }.get(request.query.get("done", ""))
-    try:
-        details = await client_of(request).get_schedule(name, next_count=5, runs_count=10)
-    except UnauthenticatedError:
-        raise
-    except ChronoshardError as exc:
-        return _failure(request, exc, f"Schedule {name}")
+    details = await asked(
+        request,
+        f"Schedule {name}",
+        lambda c: c.get_schedule(name, next_count=5, runs_count=10),
+    )
     return _page(views.schedule_page(details, session_of(request).csrf_token, notice))
 
 
 async def schedule_action(request: web.Request) -> web.StreamResponse:
     name, action = request.match_info["schedule"], request.match_info["action"]
-    client = client_of(request)
-    try:
-        if action == "pause":
-            await client.pause_schedule(name)
-            done = "paused"
-        elif action == "resume":
-            await client.resume_schedule(name)
-            done = "resumed"
-        elif action == "trigger":
-            await client.trigger_schedule(name)
-            done = "triggered"
-        else:
-            raise web.HTTPNotFound()
-    except UnauthenticatedError:
-        raise
-    except ChronoshardError as exc:
-        return _failure(request, exc, f"{action.capitalize()} {name}")
+    calls: dict[str, tuple[str, Callable[[Client], Awaitable[object]]]] = {
+        "pause": ("paused", lambda c: c.pause_schedule(name)),
+        "resume": ("resumed", lambda c: c.resume_schedule(name)),
+        "trigger": ("triggered", lambda c: c.trigger_schedule(name)),
+    }
+    if action not in calls:
+        raise web.HTTPNotFound()
+    done, call = calls[action]
+    await asked(request, f"{action.capitalize()} {name}", call)
     raise web.HTTPSeeOther(f"{views.schedule_href(name)}?done={done}")
 
 
@@ -401,36 +404,62 @@ async def schedule_action(request: web.Request) -> web.StreamResponse:
 
 
 async def workflows(request: web.Request) -> web.StreamResponse:
-    try:
-        page = await client_of(request).list_workflows(page_size=100)
-    except UnauthenticatedError:
-        raise
-    except ChronoshardError as exc:
-        return _failure(request, exc, "Workflows")
+    page = await asked(request, "Workflows", lambda c: c.list_workflows(page_size=100))
     return _page(views.workflows_page(page.workflows, session_of(request).csrf_token))
 
 
 async def workflow(request: web.Request) -> web.StreamResponse:
+    workflow_id = request.match_info["workflow_id"]
+    notice = {
+        "cancelled": "Cancelled: waiting tasks at once, running ones asked to stop.",
+        "retried": "Its failed and cancelled tasks were sent back; what completed is kept.",
+    }.get(request.query.get("done", ""))
+    detail = await asked(request, f"Workflow {workflow_id}", lambda c: c.get_workflow(workflow_id))
+    return _page(views.workflow_page(detail, session_of(request).csrf_token, notice))
+
+
+async def workflow_live(request: web.Request) -> web.StreamResponse:
     workflow_id = request.match_info["workflow_id"]
     try:
         detail = await client_of(request).get_workflow(workflow_id)
     except UnauthenticatedError:
         raise
     except ChronoshardError as exc:
-        return _failure(request, exc, f"Workflow {workflow_id}")
-    return _page(views.workflow_page(detail, session_of(request).csrf_token))
+        return web.json_response(
+            {"error": str(exc)}, status=404 if isinstance(exc, NotFoundError) else 502
+        )
+    fragment = views.workflow_fragment(detail, session_of(request).csrf_token)
+    return web.json_response({"html": str(fragment), "live": views.workflow_is_live(detail)})
+
+
+async def workflow_action(request: web.Request) -> web.StreamResponse:
+    workflow_id, action = request.match_info["workflow_id"], request.match_info["action"]
+    calls: dict[str, tuple[str, Callable[[Client], Awaitable[object]]]] = {
+        "cancel": (
+            "cancelled",
+            lambda c: c.cancel_workflow(workflow_id, reason="cancelled from the console"),
+        ),
+        "retry": ("retried", lambda c: c.retry_workflow(workflow_id)),
+    }
+    if action not in calls:
+        raise web.HTTPNotFound()
+    done, call = calls[action]
+    await asked(request, f"{action.capitalize()} workflow {workflow_id}", call)
+    raise web.HTTPSeeOther(f"{views.workflow_href(workflow_id)}?done={done}")
 
 
 async def expectations(request: web.Request) -> web.StreamResponse:
     session = session_of(request)
     assert session.api_key is not None
-    try:
-        found = await request.app[CLUSTER].expectations(session.api_key)
-    except UnauthenticatedError:
-        raise
-    except ChronoshardError as exc:
-        return _failure(request, exc, "Expectations")
+    api_key = session.api_key
+    found = await asked(
+        request, "Expectations", lambda _: request.app[CLUSTER].expectations(api_key)
+    )
     return _page(views.expectations_page(found, session.csrf_token))
+
+
+async def _all(items: AsyncIterator[T]) -> list[T]:
+    return [item async for item in items]
 
 
 # --- the application -----------------------------------------------------------------------
@@ -488,6 +517,8 @@ def make_app(
             web.post("/schedules/{schedule}/{action}", schedule_action),
             web.get("/workflows", workflows),
             web.get("/workflows/{workflow_id}", workflow),
+            web.get("/workflows/{workflow_id}/live", workflow_live),
+            web.post("/workflows/{workflow_id}/{action}", workflow_action),
             web.get("/expectations", expectations),
             web.static("/static", STATIC_DIR, append_version=False),
         ]

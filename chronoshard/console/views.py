@@ -37,6 +37,7 @@ from chronoshard.types import (
     TaskStatus,
     Workflow,
     WorkflowDetail,
+    WorkflowState,
 )
 
 EMPTY = "—"
@@ -59,7 +60,9 @@ CANCELLABLE = frozenset(
 )
 """States CancelTask accepts (a terminal task cannot be cancelled)."""
 RETRYABLE = frozenset({TaskStatus.DEAD_LETTER, TaskStatus.OUTCOME_UNKNOWN})
-"""States RetryTask accepts."""
+"""States RetryTask accepts (on OUTCOME_UNKNOWN it is ResolveTask RETRY)."""
+WORKFLOW_RETRYABLE = frozenset({WorkflowState.FAILED, WorkflowState.CANCELLED})
+"""Workflow states RetryWorkflow runs again from (SUCCEEDED would change nothing)."""
 
 
 # --- formatting ------------------------------------------------------------------------------
@@ -412,7 +415,14 @@ def task_fragment(task: Task, csrf: str, now: datetime) -> Html:
     actions = []
     if task.status in CANCELLABLE:
         actions.append(action_button(task_href(task.id) + "/cancel", "Cancel", csrf, "danger"))
-    if task.status in RETRYABLE:
+    if task.status is TaskStatus.OUTCOME_UNKNOWN:
+        # Nobody knows whether the last attempt's effect happened: the operator decides,
+        # having looked at the effect (docs/console.md "Tasks whose outcome is unknown").
+        actions.append(action_button(task_href(task.id) + "/retry", "Run again", csrf))
+        actions.append(
+            action_button(task_href(task.id) + "/mark-failed", "Mark failed", csrf, "danger")
+        )
+    elif task.status in RETRYABLE:
         actions.append(action_button(task_href(task.id) + "/retry", "Retry", csrf))
     links: list[tuple[str, object]] = []
     if task.workflow_id:
@@ -916,10 +926,23 @@ def workflow_svg(detail: WorkflowDetail) -> Html:
     )
 
 
-def workflow_fragment(detail: WorkflowDetail) -> Html:
+def workflow_href(workflow_id: str) -> str:
+    return "/workflows/" + urllib.parse.quote(workflow_id, safe="")
+
+
+def workflow_is_live(detail: WorkflowDetail) -> bool:
+    return detail.workflow.state is WorkflowState.RUNNING
+
+
+def workflow_fragment(detail: WorkflowDetail, csrf: str) -> Html:
     w = detail.workflow
+    actions = []
+    if w.state is WorkflowState.RUNNING:
+        actions.append(action_button(workflow_href(w.id) + "/cancel", "Cancel", csrf, "danger"))
+    if w.state in WORKFLOW_RETRYABLE:
+        actions.append(action_button(workflow_href(w.id) + "/retry", "Retry failed", csrf))
     return html(
-        "{0}<h2>Graph</h2>{1}",
+        '<div class="actions">{2}</div>{0}<h2>Graph</h2>{1}',
         _fields(
             [
                 ("state", status_badge(w.state)),
@@ -932,15 +955,18 @@ def workflow_fragment(detail: WorkflowDetail) -> Html:
             ]
         ),
         workflow_svg(detail),
+        join(actions),
     )
 
 
-def workflow_page(detail: WorkflowDetail, csrf: str) -> Html:
+def workflow_page(detail: WorkflowDetail, csrf: str, notice: str | None = None) -> Html:
+    url = workflow_href(detail.workflow.id) + "/live" if workflow_is_live(detail) else None
     return page(
         f"Workflow {detail.workflow.name}",
-        live_section(None, workflow_fragment(detail)),
+        live_section(url, workflow_fragment(detail, csrf)),
         active="workflows",
         csrf=csrf,
+        notice=notice,
     )
 
 

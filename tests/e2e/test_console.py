@@ -83,6 +83,7 @@ class Setup:
     key_b: str
     failed_task: str
     workflow_id: str
+    failed_workflow_id: str
 
 
 def _http_ok(url: str) -> bool:
@@ -147,6 +148,24 @@ def setup(
                     ],
                     [WorkflowEdge(p, c) for p, c in edges],
                 ).workflow.id
+                # A workflow whose last task fails (no retries): FAILED until retried.
+                failed_workflow = client.create_workflow(
+                    "ledger-reload",
+                    [
+                        WorkflowTask("fetch", TaskSpec(type="console.ok", strict_timing=True)),
+                        WorkflowTask(
+                            "apply",
+                            TaskSpec(type="console.flaky", max_retries=0, strict_timing=True),
+                        ),
+                    ],
+                    [WorkflowEdge("fetch", "apply")],
+                ).workflow.id
+                until(
+                    lambda: client.get_workflow(failed_workflow).workflow.state.value
+                    == "FAILED",
+                    timeout_s=WAIT_S,
+                    what="the second workflow to fail",
+                )
                 until(
                     lambda: client.get(failed).status.value == "DEAD_LETTER",
                     timeout_s=WAIT_S,
@@ -157,7 +176,16 @@ def setup(
                     timeout_s=WAIT_S,
                     what="the workflow to succeed",
                 )
-            yield Setup(cluster, url, console, cluster.api_key, tenant_b.api_key, failed, workflow)
+            yield Setup(
+                cluster,
+                url,
+                console,
+                cluster.api_key,
+                tenant_b.api_key,
+                failed,
+                workflow,
+                failed_workflow,
+            )
         except BaseException:
             print(cluster.logs())
             print("==== console\n" + console.log())
@@ -315,6 +343,29 @@ def test_open_a_workflow_graph(tenant_a: Visit, setup: Setup) -> None:
 
     assert top("extract") < top("clean") == top("enrich") < top("load")
     shot(page, "workflow")
+
+
+def test_retry_a_failed_workflow_and_see_it_succeed(tenant_a: Visit, setup: Setup) -> None:
+    page = tenant_a.page
+    page.goto(f"{setup.url}/workflows/{setup.failed_workflow_id}")
+    graph = page.locator("svg.dag g[data-ref=apply]")
+    assert graph.get_attribute("data-status") == "DEAD_LETTER"
+    # A finished run has no Cancel; a failed one offers the retry.
+    assert page.locator("form[action$='/cancel']").count() == 0
+    page.click("form[action$='/retry'] button")
+    page.wait_for_url(f"{setup.url}/workflows/{setup.failed_workflow_id}?done=retried")
+    assert "what completed is kept" in page.locator(".notice").inner_text()
+    # The page follows the run without a reload: the retried task completes (its second
+    # attempt succeeds), the one that had completed was not run again.
+    page.wait_for_selector(
+        "svg.dag g[data-ref=apply][data-status=COMPLETED]", timeout=WAIT_S * 1000
+    )
+    assert page.locator("svg.dag g[data-ref=fetch]").get_attribute("data-status") == "COMPLETED"
+    with SyncClient(setup.cluster.targets(), api_key=setup.key_a) as client:
+        detail = client.get_workflow(setup.failed_workflow_id)
+    assert detail.workflow.state.value == "SUCCEEDED"
+    fetch = next(t for t in detail.tasks if t.ref == "fetch")
+    assert fetch.task.attempt == 1
 
 
 def test_tenant_b_cannot_see_tenant_as_task(browser: Any, setup: Setup) -> None:

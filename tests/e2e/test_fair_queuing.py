@@ -70,7 +70,8 @@ CRITICAL_RPS = 20.0
 CRITICAL_TASKS = 200
 CRITICAL_AHEAD_S = 1.0
 # docs/operations.md#priority-classes-and-fair-queuing: on this 2-core machine, shared by
-# the flood's producer, PostgreSQL, the node and both workers; p99 measured 128-220 ms.
+# the flood's producer, PostgreSQL, the node and both workers; p99 measured 155-185 ms
+# (30,000 and 200,000 tasks; bench/README.md "Fair queuing under a flood").
 CRITICAL_P99_BOUND_S = 0.35
 WAITING_TASKS = 8
 WAITING_CONCURRENCY = 2

@@ -12,7 +12,7 @@ from chronoshard._cli.admin import NodeMetrics
 from chronoshard.console import graph, lateness, views
 from chronoshard.console.markup import Html, escape, html
 from chronoshard.console.sessions import SessionStore, tokens_match
-from chronoshard.types import TaskStatus
+from chronoshard.types import Priority, RetryPolicy, Task, TaskStatus
 
 
 def test_values_are_escaped_unless_they_are_markup() -> None:
@@ -91,3 +91,60 @@ def test_filters_are_read_and_what_cannot_be_read_is_named() -> None:
         filters.query(page_token="p1")
         == "status=DEAD_LETTER&type=t&from=2026-01-02T03%3A04&page=p1"
     )
+
+
+def _task(status: TaskStatus) -> Task:
+    now = datetime(2026, 12, 4, tzinfo=UTC)
+    return Task(
+        id="0193a000-0000-7000-8000-000000000001",
+        tenant_id="t",
+        type="console.flaky",
+        status=status,
+        scheduled_at=now,
+        due_at=now,
+        priority=Priority.STANDARD,
+        queue="default",
+        payload={},
+        result=None,
+        last_error=None,
+        attempt=1,
+        fencing_token=1,
+        retry_count=0,
+        retry_policy=RetryPolicy(),
+        timeout_s=None,
+        strict_timing=False,
+        idempotent=False,
+        idempotency_key=None,
+        job_id=None,
+        worker_id=None,
+        lease_expires_at=None,
+        checkpoint=None,
+        shard=0,
+        trace_context={},
+        created_at=now,
+        updated_at=now,
+        finished_at=None,
+        workflow_id=None,
+        unresolved_dependencies=0,
+        schedule_id=None,
+        logical_date=None,
+    )
+
+
+@pytest.mark.parametrize(
+    ("status", "actions"),
+    [
+        (TaskStatus.OUTCOME_UNKNOWN, {"cancel", "retry", "mark-failed"}),
+        (TaskStatus.DEAD_LETTER, {"retry"}),
+        (TaskStatus.RUNNING, {"cancel"}),
+        (TaskStatus.COMPLETED, set()),
+    ],
+)
+def test_a_task_offers_the_actions_its_state_allows(status: TaskStatus, actions: set[str]) -> None:
+    shown = str(views.task_fragment(_task(status), "tok", datetime.now(UTC)))
+    offered = {
+        action
+        for action in ("cancel", "retry", "mark-failed")
+        if f'action="/tasks/0193a000-0000-7000-8000-000000000001/{action}"' in shown
+    }
+    assert offered == actions
