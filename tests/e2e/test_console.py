@@ -161,8 +161,7 @@ def setup(
                     [WorkflowEdge("fetch", "apply")],
                 ).workflow.id
                 until(
-                    lambda: client.get_workflow(failed_workflow).workflow.state.value
-                    == "FAILED",
+                    lambda: client.get_workflow(failed_workflow).workflow.state.value == "FAILED",
                     timeout_s=WAIT_S,
                     what="the second workflow to fail",
                 )
