@@ -34,6 +34,7 @@ from chronoshard.types import (
     AttemptState,
     BackfillResult,
     CatchupPolicy,
+    Incident,
     JitterMode,
     OverlapPolicy,
     Priority,
@@ -67,7 +68,13 @@ from chronoshard.types import (
     coerce_enum,
     require_aware,
 )
-from chronoshard.v1 import common_pb2, schedule_service_pb2, task_service_pb2, workflow_service_pb2
+from chronoshard.v1 import (
+    common_pb2,
+    schedule_service_pb2,
+    task_service_pb2,
+    watchdog_service_pb2,
+    workflow_service_pb2,
+)
 
 _E = TypeVar("_E", bound=StrEnum)
 
@@ -160,6 +167,22 @@ def _enum_from_pb(enum: type[_E], pb_enum: Any, prefix: str, value: int, *, lowe
 
 def _enum_to_pb(pb_enum: Any, prefix: str, member: StrEnum) -> Any:
     return pb_enum.Value(prefix + member.value.upper())
+
+
+def incident_from_pb(msg: watchdog_service_pb2.Incident) -> Incident:
+    severity = watchdog_service_pb2.Severity.Name(msg.severity).removeprefix("SEVERITY_")
+    opened_at = _datetime(msg, "opened_at")
+    if opened_at is None:
+        raise ProtocolError("the server sent an incident without opened_at")
+    return Incident(
+        id=msg.id,
+        kind=msg.kind,
+        job_id=_text(msg.job_id),
+        severity=severity.lower(),
+        summary=msg.summary,
+        opened_at=opened_at,
+        resolved_at=_datetime(msg, "resolved_at"),
+    )
 
 
 def status_to_pb(status: TaskStatus) -> common_pb2.TaskStatus:

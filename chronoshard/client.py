@@ -82,6 +82,7 @@ from chronoshard.errors import (
 )
 from chronoshard.types import (
     BackfillResult,
+    Incident,
     JitterMode,
     Priority,
     Resolution,
@@ -112,6 +113,8 @@ from chronoshard.v1 import (
     schedule_service_pb2_grpc,
     task_service_pb2,
     task_service_pb2_grpc,
+    watchdog_service_pb2,
+    watchdog_service_pb2_grpc,
     workflow_service_pb2,
     workflow_service_pb2_grpc,
 )
@@ -232,6 +235,9 @@ class _Endpoint:
             ),
             **_unary_methods(
                 workflow_service_pb2_grpc.WorkflowServiceStub(channel), workflow_service_pb2
+            ),
+            **_unary_methods(
+                watchdog_service_pb2_grpc.WatchdogServiceStub(channel), watchdog_service_pb2
             ),
         }
         self.slots = asyncio.Semaphore(max_in_flight)
@@ -720,6 +726,22 @@ class Client:
         comes back unchanged; a RUNNING one raises :class:`FailedPreconditionError`."""
         request = workflow_service_pb2.RetryWorkflowRequest(id=str(workflow_id))
         return convert.workflow_retry_result_from_pb(await self._call("RetryWorkflow", request))
+
+    # --- the watchdog's incidents ---------------------------------------------------------
+
+    async def list_incidents(
+        self, *, include_resolved: bool = False, limit: int = 0
+    ) -> builtins.list[Incident]:
+        """The watchdog's incidents about the tenant's jobs, newest first: the open ones,
+        and with ``include_resolved`` those resolved in the last day too; at most
+        ``limit`` (0: the server's default, 100; it caps it at 1,000)."""
+        if limit < 0:
+            raise ValueError(f"limit must be >= 0, got {limit}")
+        request = watchdog_service_pb2.ListIncidentsRequest(
+            include_resolved=include_resolved, page_size=limit
+        )
+        response = await self._call("ListIncidents", request)
+        return [convert.incident_from_pb(i) for i in response.incidents]
 
     # --- plumbing ------------------------------------------------------------------------
 

@@ -38,6 +38,7 @@ from chronoshard.client import (
 from chronoshard.errors import ChronoshardError
 from chronoshard.types import (
     BackfillResult,
+    Incident,
     JitterMode,
     Priority,
     Resolution,
@@ -375,6 +376,14 @@ class SyncClient:
     def retry_workflow(self, workflow_id: str | uuid.UUID) -> WorkflowRetryResult:
         """Blocking :meth:`Client.retry_workflow`."""
         return self._wait(self._client.retry_workflow(workflow_id))
+
+    def list_incidents(
+        self, *, include_resolved: bool = False, limit: int = 0
+    ) -> builtins.list[Incident]:
+        """Blocking :meth:`Client.list_incidents`."""
+        return self._wait(
+            self._client.list_incidents(include_resolved=include_resolved, limit=limit)
+        )
 
     def _wait(self, call: Coroutine[Any, Any, T]) -> T:
         if not self._finalizer.alive:

@@ -729,3 +729,19 @@ class WorkflowRetryResult:
 
     workflow: Workflow
     reopened: int
+
+
+@dataclass(frozen=True)
+class Incident:
+    """One of the watchdog's incidents about the tenant's jobs (``Client.list_incidents``):
+    ``kind`` says what fired (``"job_overdue"``, ``"schedule_missed"``), ``severity``
+    the expectation's (``"critical"`` .. ``"info"``); ``resolved_at`` is None while it
+    is open."""
+
+    id: int
+    kind: str
+    job_id: str | None
+    severity: str
+    summary: str
+    opened_at: datetime
+    resolved_at: datetime | None

@@ -466,9 +466,6 @@ class PostgresServer(ServerProcess):
         return {"user": self._run_as.uid, "group": self._run_as.gid, "extra_groups": []}
 
     def _initdb(self, bin_dir: Path) -> None:
-        self.data_dir.mkdir(mode=0o700, exist_ok=True)
-        if self._run_as is not None:
-            os.chown(self.data_dir, self._run_as.uid, self._run_as.gid)
         command = [
             str(bin_dir / "initdb"),
             f"--pgdata={self._data_arg}",
@@ -478,21 +475,11 @@ class PostgresServer(ServerProcess):
             "--locale=C",
             "--no-instructions",
         ]
-        if not self._fsync:
-            command.append("--no-sync")
-        result = self._run(command, check=False)
-        if result.returncode != 0:
-            raise ServiceError(
-                f"initdb failed with status {result.returncode}:\n"
-                f"{(result.stdout + result.stderr)[-LOG_TAIL_CHARS:]}"
-            )
+        self._fill_data_dir(command)
 
     def _base_backup(self, bin_dir: Path, source: PostgresStandby) -> None:
         """Fill the data dir with a base backup of the primary, configured as its standby
         (``standby.signal`` and ``primary_conninfo``, plus ``primary_slot_name``)."""
-        self.data_dir.mkdir(mode=0o700, exist_ok=True)
-        if self._run_as is not None:
-            os.chown(self.data_dir, self._run_as.uid, self._run_as.gid)
         command = [
             str(bin_dir / "pg_basebackup"),
             f"--pgdata={self._data_arg}",
@@ -504,12 +491,20 @@ class PostgresServer(ServerProcess):
         ]
         if source.slot is not None:
             command += ["--create-slot", f"--slot={source.slot}"]
+        self._fill_data_dir(command)
+
+    def _fill_data_dir(self, command: list[str]) -> None:
+        """Run ``command`` (initdb or pg_basebackup) into a new data dir of the server's
+        user; ``--no-sync`` when fsync is off."""
+        self.data_dir.mkdir(mode=0o700, exist_ok=True)
+        if self._run_as is not None:
+            os.chown(self.data_dir, self._run_as.uid, self._run_as.gid)
         if not self._fsync:
             command.append("--no-sync")
         result = self._run(command, check=False)
         if result.returncode != 0:
             raise ServiceError(
-                f"pg_basebackup failed with status {result.returncode}:\n"
+                f"{Path(command[0]).name} failed with status {result.returncode}:\n"
                 f"{(result.stdout + result.stderr)[-LOG_TAIL_CHARS:]}"
             )
 

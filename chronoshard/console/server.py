@@ -32,6 +32,7 @@ from chronoshard.console.backend import Cluster, ExpectationView, MetricsPoller
 from chronoshard.console.markup import Html
 from chronoshard.console.sessions import Session, SessionStore, tokens_match
 from chronoshard.errors import (
+    AlreadyExistsError,
     ChronoshardError,
     FailedPreconditionError,
     InvalidArgumentError,
@@ -39,7 +40,7 @@ from chronoshard.errors import (
     PermissionDeniedError,
     UnauthenticatedError,
 )
-from chronoshard.types import Resolution
+from chronoshard.types import Incident, Resolution
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -144,6 +145,10 @@ async def sessions_and_csrf(request: web.Request, handler: Handler) -> web.Strea
     try:
         return await handler(request)
     except Refused as refused:
+        if request.path.endswith("/live"):
+            # The page's script keeps what it shows and says why it stopped refreshing.
+            status = 404 if isinstance(refused.error, NotFoundError) else 502
+            return web.json_response({"error": str(refused.error)}, status=status)
         return _failure(request, refused.error, refused.what)
     except UnauthenticatedError:
         # The key stopped working (revoked, rotated): this session is over.
@@ -263,8 +268,13 @@ async def _overview(request: web.Request) -> Html:
         expectations = await cluster.expectations(session.api_key)
     except ChronoshardError:
         expectations = None
+    incidents: list[Incident] | None
+    try:
+        incidents = await client_of(request).list_incidents()
+    except ChronoshardError:
+        incidents = None
     return views.overview_fragment(
-        topology, poller.latest, poller.history, expectations, time.time()
+        topology, poller.latest, poller.history, expectations, incidents, time.time()
     )
 
 
@@ -274,12 +284,7 @@ async def overview(request: web.Request) -> web.StreamResponse:
 
 
 async def overview_live(request: web.Request) -> web.StreamResponse:
-    try:
-        fragment = await _overview(request)
-    except UnauthenticatedError:
-        raise
-    except ChronoshardError as exc:
-        return web.json_response({"error": str(exc)}, status=502)
+    fragment = await asked(request, "Overview", lambda _: _overview(request))
     return web.json_response({"html": str(fragment), "live": True})
 
 
@@ -330,14 +335,7 @@ async def task(request: web.Request) -> web.StreamResponse:
 
 async def task_live(request: web.Request) -> web.StreamResponse:
     task_id = request.match_info["task_id"]
-    try:
-        found = await client_of(request).get(task_id, attempts=True)
-    except UnauthenticatedError:
-        raise
-    except ChronoshardError as exc:
-        return web.json_response(
-            {"error": str(exc)}, status=404 if isinstance(exc, NotFoundError) else 502
-        )
+    found = await asked(request, f"Task {task_id}", lambda c: c.get(task_id, attempts=True))
     fragment = views.task_fragment(found, session_of(request).csrf_token, datetime.now(UTC))
     return web.json_response(
         {"html": str(fragment), "live": views.task_is_live(found), "status": found.status.value}
@@ -371,12 +369,36 @@ async def schedules(request: web.Request) -> web.StreamResponse:
     return _page(views.schedules_page(found, session_of(request).csrf_token))
 
 
+async def schedule_form(request: web.Request) -> web.StreamResponse:
+    return _page(views.schedule_form_page(views.ScheduleForm(), session_of(request).csrf_token))
+
+
+async def schedule_create(request: web.Request) -> web.StreamResponse:
+    form, made = views.read_schedule_form(await request.post())
+    csrf = session_of(request).csrf_token
+    if isinstance(made, str):
+        return _page(views.schedule_form_page(form, csrf, made), 400)
+    spec = made
+    try:
+        created = await client_of(request).create_schedule(spec)
+    except UnauthenticatedError:
+        raise
+    except ChronoshardError as exc:
+        # Refused as a request (a cron it cannot read, a name in use): on the form, with
+        # what was typed, so it can be corrected; the cluster failing is the error page.
+        if isinstance(exc, InvalidArgumentError | AlreadyExistsError):
+            return _page(views.schedule_form_page(form, csrf, str(exc)), 400)
+        raise Refused(exc, "New schedule") from exc
+    raise web.HTTPSeeOther(f"{views.schedule_href(created.id)}?done=created")
+
+
 async def schedule(request: web.Request) -> web.StreamResponse:
     name = request.match_info["schedule"]
     notice = {
         "paused": "Paused.",
         "resumed": "Resumed.",
         "triggered": "One occurrence started now.",
+        "created": "Created.",
     }.get(request.query.get("done", ""))
     details = await asked(
         request,
@@ -420,14 +442,7 @@ async def workflow(request: web.Request) -> web.StreamResponse:
 
 async def workflow_live(request: web.Request) -> web.StreamResponse:
     workflow_id = request.match_info["workflow_id"]
-    try:
-        detail = await client_of(request).get_workflow(workflow_id)
-    except UnauthenticatedError:
-        raise
-    except ChronoshardError as exc:
-        return web.json_response(
-            {"error": str(exc)}, status=404 if isinstance(exc, NotFoundError) else 502
-        )
+    detail = await asked(request, f"Workflow {workflow_id}", lambda c: c.get_workflow(workflow_id))
     fragment = views.workflow_fragment(detail, session_of(request).csrf_token)
     return web.json_response({"html": str(fragment), "live": views.workflow_is_live(detail)})
 
@@ -452,10 +467,11 @@ async def expectations(request: web.Request) -> web.StreamResponse:
     session = session_of(request)
     assert session.api_key is not None
     api_key = session.api_key
+    incidents = await asked(request, "Incidents", lambda c: c.list_incidents(include_resolved=True))
     found = await asked(
         request, "Expectations", lambda _: request.app[CLUSTER].expectations(api_key)
     )
-    return _page(views.expectations_page(found, session.csrf_token))
+    return _page(views.expectations_page(found, incidents, session.csrf_token))
 
 
 async def _all(items: AsyncIterator[T]) -> list[T]:
@@ -513,6 +529,8 @@ def make_app(
             web.get("/tasks/{task_id}/live", task_live),
             web.post("/tasks/{task_id}/{action}", task_action),
             web.get("/schedules", schedules),
+            web.get("/schedules/new", schedule_form),
+            web.post("/schedules/new", schedule_create),
             web.get("/schedules/{schedule}", schedule),
             web.post("/schedules/{schedule}/{action}", schedule_action),
             web.get("/workflows", workflows),

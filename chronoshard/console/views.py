@@ -29,11 +29,15 @@ from chronoshard.console.backend import ExpectationView, TopologyView
 from chronoshard.console.lateness import History, Point
 from chronoshard.console.markup import Html, escape, html, join
 from chronoshard.types import (
+    Incident,
+    Priority,
     Schedule,
     ScheduleDetails,
+    ScheduleSpec,
     Task,
     TaskAttempt,
     TaskPage,
+    TaskSpec,
     TaskStatus,
     Workflow,
     WorkflowDetail,
@@ -650,11 +654,41 @@ def _count(value: float | None) -> str:
     return EMPTY if value is None else str(int(value))
 
 
+def incidents_table(incidents: Sequence[Incident]) -> Html:
+    """Incidents newest first: state, severity, job, what fired, since when."""
+    if not incidents:
+        return html('<p class="empty">No incident.</p>')
+    rows = join(
+        html(
+            '<tr class="incident {0}"><td>{1}</td><td>{2}</td><td class="mono">{3}</td>'
+            "<td>{4}</td><td>{5}</td><td>{6}</td><td>{7}</td></tr>",
+            "open" if i.resolved_at is None else "resolved",
+            html('<span class="badge s-failed">open</span>')
+            if i.resolved_at is None
+            else html('<span class="badge s-completed">resolved</span>'),
+            i.severity,
+            i.job_id or EMPTY,
+            i.kind,
+            i.summary,
+            when(i.opened_at),
+            when(i.resolved_at),
+        )
+        for i in incidents
+    )
+    return html(
+        '<table class="incidents"><thead><tr><th>state</th><th>severity</th><th>job</th>'
+        "<th>kind</th><th>summary</th><th>opened</th><th>resolved</th></tr></thead>"
+        "<tbody>{0}</tbody></table>",
+        rows,
+    )
+
+
 def overview_fragment(
     topology: TopologyView,
     latest: Mapping[str, NodeMetrics | str],
     history: History,
     expectations: Sequence[ExpectationView] | None,
+    incidents: Sequence[Incident] | None,
     now_s: float,
 ) -> Html:
     epochs: dict[str, list[int]] = {}
@@ -708,12 +742,16 @@ def overview_fragment(
     else:
         watched = html(
             '<p>{0} expectation(s) registered, {1} enabled: <a href="/expectations">see them'
-            "</a>. Open incidents are the watchdog's (its alert receivers and "
-            "<code>chronoshard_watchdog_*</code> metrics): the public API does not serve "
-            "them yet.</p>",
+            "</a>.</p>",
             len(expectations),
             sum(1 for e in expectations if e.enabled),
         )
+    if incidents is None:
+        watched = html(
+            '{0}<p class="empty">The watchdog\'s incidents could not be read.</p>', watched
+        )
+    else:
+        watched = html("{0}<h3>Open incidents</h3>{1}", watched, incidents_table(incidents))
     return html(
         '<p class="summary">{0} node(s), {1}/{2} shards owned{3} (answered by {4}); as of '
         "{5}.</p>"
@@ -783,7 +821,116 @@ def schedules_page(schedules: Sequence[Schedule], csrf: str, notice: str | None 
         if schedules
         else html('<p class="empty">No schedule yet.</p>')
     )
-    return page("Schedules", body, active="schedules", csrf=csrf, notice=notice)
+    new = html('<p><a class="button" href="/schedules/new">New schedule</a></p>')
+    return page(
+        "Schedules", html("{0}{1}", new, body), active="schedules", csrf=csrf, notice=notice
+    )
+
+
+SCHEDULE_FORM_KEYS = ("name", "cron", "timezone", "interval_s", "type", "queue", "priority")
+PAYLOAD_FORM_KEY = "payload"
+MAX_FORM_PAYLOAD_CHARS = 65_536
+"""Far above a form's use; the API's own payload limit still applies."""
+
+
+@dataclass(frozen=True)
+class ScheduleForm:
+    """What the new-schedule form holds: the fields as typed, kept to show again."""
+
+    values: Mapping[str, str] = field(default_factory=dict)
+
+    def get(self, key: str) -> str:
+        return self.values.get(key, "")
+
+
+def read_schedule_form(form: Mapping[str, object]) -> tuple[ScheduleForm, ScheduleSpec | str]:
+    """The form's fields, and the spec they make or the first problem with them (named as
+    the form labels it). The API judges the rest (a cron it cannot read, a time zone it
+    does not know) and its refusal is shown on the form the same way."""
+    values = {key: str(form.get(key) or "").strip() for key in SCHEDULE_FORM_KEYS}
+    values[PAYLOAD_FORM_KEY] = str(form.get(PAYLOAD_FORM_KEY) or "").strip()
+    kept = ScheduleForm(values)
+    if not values["name"]:
+        return kept, "name: give the schedule a name"
+    if not values["type"]:
+        return kept, "task type: name the handler type each occurrence runs"
+    if bool(values["cron"]) == bool(values["interval_s"]):
+        return kept, "rule: give a cron expression or an interval in seconds, not both"
+    interval_s: float | None = None
+    if values["interval_s"]:
+        try:
+            interval_s = float(values["interval_s"])
+        except ValueError:
+            return kept, f"interval: {values['interval_s']!r} is not a number of seconds"
+    payload: dict[str, object] | None = None
+    if values[PAYLOAD_FORM_KEY]:
+        if len(values[PAYLOAD_FORM_KEY]) > MAX_FORM_PAYLOAD_CHARS:
+            return kept, f"payload: over {MAX_FORM_PAYLOAD_CHARS} characters"
+        try:
+            parsed = json.loads(values[PAYLOAD_FORM_KEY])
+        except ValueError as exc:
+            return kept, f"payload: not JSON ({exc})"
+        if not isinstance(parsed, dict):
+            return kept, "payload: must be a JSON object ({...})"
+        payload = parsed
+    try:
+        priority = Priority(values["priority"]) if values["priority"] else None
+        spec = ScheduleSpec(
+            name=values["name"],
+            task=TaskSpec(
+                type=values["type"], payload=payload, priority=priority, queue=values["queue"]
+            ),
+            cron=values["cron"] or None,
+            interval_s=interval_s,
+            timezone=values["timezone"] or None,
+        )
+    except (TypeError, ValueError) as exc:
+        return kept, str(exc)
+    return kept, spec
+
+
+def schedule_form_page(form: ScheduleForm, csrf: str, error: str | None = None) -> Html:
+    problem = html('<p class="error" role="alert">{0}</p>', error) if error else Html("")
+
+    def text(key: str, label: str, hint: str = "") -> Html:
+        return html(
+            '<label for="{0}">{1}</label><input type="text" id="{0}" name="{0}" value="{2}"'
+            ' placeholder="{3}">',
+            key,
+            label,
+            form.get(key),
+            hint,
+        )
+
+    priorities = join(
+        html(
+            '<option value="{0}"{1}>{2}</option>',
+            value,
+            Html(" selected") if form.get("priority") == value else Html(""),
+            label,
+        )
+        for value, label in (("", "server default"), *((p.value, p.value) for p in Priority))
+    )
+    body = html(
+        '<form method="post" action="/schedules/new" class="schedule-form">{0}{1}'
+        "{2}{3}{4}{5}{6}{7}"
+        '<label for="priority">priority</label><select id="priority" name="priority">{8}'
+        "</select>"
+        '<label for="payload">payload (a JSON object)</label>'
+        '<textarea id="payload" name="payload" rows="4">{9}</textarea>'
+        '<button type="submit">Create</button></form>',
+        problem,
+        csrf_field(csrf),
+        text("name", "name"),
+        text("cron", "cron", "0 3 * * *"),
+        text("timezone", "time zone", "UTC"),
+        text("interval_s", "or every (seconds)", "3600"),
+        text("type", "task type"),
+        text("queue", "queue", "default"),
+        priorities,
+        form.get(PAYLOAD_FORM_KEY),
+    )
+    return page("New schedule", body, active="schedules", csrf=csrf)
 
 
 def schedule_page(details: ScheduleDetails, csrf: str, notice: str | None = None) -> Html:
@@ -973,7 +1120,9 @@ def workflow_page(detail: WorkflowDetail, csrf: str, notice: str | None = None) 
 # --- expectations ---------------------------------------------------------------------------
 
 
-def expectations_page(expectations: Sequence[ExpectationView], csrf: str) -> Html:
+def expectations_page(
+    expectations: Sequence[ExpectationView], incidents: Sequence[Incident], csrf: str
+) -> Html:
     rows = join(
         html(
             "<tr><td>{0}</td><td>{1}</td><td>{2}</td><td>{3}</td><td>{4}</td><td>{5}</td>"
@@ -998,7 +1147,12 @@ def expectations_page(expectations: Sequence[ExpectationView], csrf: str) -> Htm
         if expectations
         else html('<p class="empty">No expectation registered (chronoshard expect add).</p>')
     )
-    return page("Expectations", body, active="expectations", csrf=csrf)
+    body = html(
+        "{0}<h2>Incidents (open, and resolved in the last day)</h2>{1}",
+        body,
+        incidents_table(incidents),
+    )
+    return page("Expectations and incidents", body, active="expectations", csrf=csrf)
 
 
 __all__ = ["escape"]

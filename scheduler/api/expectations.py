@@ -35,6 +35,7 @@ from chronoshard.scheduler.store.expectations import (
     Expectation,
     ExpectationSpec,
     ExpectationStore,
+    Incident,
 )
 from chronoshard.v1 import watchdog_service_pb2, watchdog_service_pb2_grpc
 
@@ -50,6 +51,8 @@ and the bound keeps interval + tolerance far from any timestamp overflow."""
 MAX_TOLERANCE_S = MAX_INTERVAL_S
 MAX_DESCRIPTION_CHARS = 1000
 MAX_PAGE_SIZE = 1000
+RESOLVED_SHOWN_FOR_S = 86_400.0
+"""``ListIncidents(include_resolved)`` shows incidents resolved within this (a day)."""
 MAX_PAGE_TOKEN_CHARS = 1024
 SEVERITIES = ("critical", "error", "warning", "info")
 
@@ -125,8 +128,11 @@ def severity_from_pb(value: int) -> str:
     return name.removeprefix("SEVERITY_").lower()
 
 
-def severity_to_pb(value: str) -> int:
-    return int(watchdog_service_pb2.Severity.Value(f"SEVERITY_{value.upper()}"))
+def severity_to_pb(value: str) -> watchdog_service_pb2.Severity:
+    number: watchdog_service_pb2.Severity = getattr(
+        watchdog_service_pb2, f"SEVERITY_{value.upper()}"
+    )
+    return number
 
 
 def expectation_to_pb(expectation: Expectation) -> watchdog_service_pb2.Expectation:
@@ -134,7 +140,7 @@ def expectation_to_pb(expectation: Expectation) -> watchdog_service_pb2.Expectat
         job_id=expectation.job_id,
         interval=convert.duration_to_pb(expectation.interval_s),
         tolerance=convert.duration_to_pb(expectation.tolerance_s),
-        severity=severity_to_pb(expectation.severity),  # type: ignore[arg-type]
+        severity=severity_to_pb(expectation.severity),
         enabled=expectation.enabled,
         description=expectation.description,
         created_at=convert.ts_to_pb(expectation.created_at),
@@ -167,6 +173,11 @@ class WatchdogServiceServicer(watchdog_service_pb2_grpc.WatchdogServiceServicer)
         self, request: watchdog_service_pb2.DeleteExpectationRequest, context: Context
     ) -> watchdog_service_pb2.DeleteExpectationResponse:
         return await self._serve("DeleteExpectation", self._delete, request, context)
+
+    async def ListIncidents(
+        self, request: watchdog_service_pb2.ListIncidentsRequest, context: Context
+    ) -> watchdog_service_pb2.ListIncidentsResponse:
+        return await self._serve("ListIncidents", self._incidents, request, context)
 
     async def _serve(
         self,
@@ -215,3 +226,31 @@ class WatchdogServiceServicer(watchdog_service_pb2_grpc.WatchdogServiceServicer)
         return watchdog_service_pb2.DeleteExpectationResponse(
             expectation=expectation_to_pb(expectation)
         )
+
+    async def _incidents(
+        self, tenant: Tenant, request: watchdog_service_pb2.ListIncidentsRequest
+    ) -> watchdog_service_pb2.ListIncidentsResponse:
+        limit = task_requests.page_size_from_pb(request.page_size, MAX_PAGE_SIZE)
+        found = await self._expectations.incidents(
+            tenant.id,
+            include_resolved=request.include_resolved,
+            resolved_within_s=RESOLVED_SHOWN_FOR_S,
+            limit=limit,
+        )
+        return watchdog_service_pb2.ListIncidentsResponse(
+            incidents=[incident_to_pb(i) for i in found]
+        )
+
+
+def incident_to_pb(incident: Incident) -> watchdog_service_pb2.Incident:
+    message = watchdog_service_pb2.Incident(
+        id=incident.id,
+        kind=incident.kind,
+        job_id=incident.job_id or "",
+        severity=severity_to_pb(incident.severity),
+        summary=incident.summary,
+        opened_at=convert.ts_to_pb(incident.opened_at),
+    )
+    if incident.resolved_at is not None:
+        message.resolved_at.CopyFrom(convert.ts_to_pb(incident.resolved_at))
+    return message

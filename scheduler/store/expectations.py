@@ -77,6 +77,19 @@ def _expectation(row: Mapping[str, Any]) -> Expectation:
     )
 
 
+@dataclass(frozen=True)
+class Incident:
+    """One of the watchdog's alerts about a tenant's job (``alerts``)."""
+
+    id: int
+    kind: str
+    job_id: str | None
+    severity: str
+    summary: str
+    opened_at: datetime
+    resolved_at: datetime | None
+
+
 class ExpectationStore:
     """Register, list and delete expectations, for one tenant at a time."""
 
@@ -152,3 +165,31 @@ class ExpectationStore:
                     raise ExpectationManagedByConfig(job_id)
                 raise ExpectationNotFound(job_id)
         return _expectation(row)
+
+    async def incidents(
+        self,
+        tenant_id: uuid.UUID,
+        *,
+        include_resolved: bool,
+        resolved_within_s: float,
+        limit: int,
+    ) -> list[Incident]:
+        """The tenant's incidents, newest first: open ones, and with ``include_resolved``
+        those resolved within the last ``resolved_within_s``; at most ``limit``.
+
+        Raises:
+            StoreUnavailable: PostgreSQL is away.
+        """
+        params = {
+            "tenant_id": tenant_id,
+            "include_resolved": include_resolved,
+            "resolved_within_s": resolved_within_s,
+            "limit": limit,
+        }
+        async with (
+            self._store.tenant_transaction(tenant_id) as conn,
+            conn.cursor(row_factory=dict_row) as cur,
+        ):
+            await cur.execute(self._q["list_incidents"], params)
+            rows = await cur.fetchall()
+        return [Incident(**row) for row in rows]

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 from fixtures.system import chromium
 from harness.cluster import Cluster, running_cluster
@@ -58,6 +59,9 @@ WORKER = "console_workers:worker"
 ENV = {"CHRONOSHARD_WORKERS__HEARTBEAT_INTERVAL_S": "1"}
 SCRIPT_PAYLOAD = "<script>window.__pwned = 1</script><b>bold?</b>"
 SCHEDULE = "nightly-ledger"
+# The watchdog's alert about the schedule's job, as its checker writes one (the watchdog's
+# own tests open such alerts for real; here only their display is at stake).
+INCIDENT_SUMMARY = "nightly-ledger has not completed for 26 h <em>(expected daily)</em>"
 WAIT_S = 20.0
 TERMINAL = {"COMPLETED", "DEAD_LETTER", "CANCELLED", "UPSTREAM_FAILED"}
 
@@ -126,6 +130,13 @@ def setup(
         try:
             until(lambda: _http_ok(url + "/healthz"), timeout_s=WAIT_S, what="the console")
             tenant_b = cluster.new_tenant(f"b-{uuid.uuid4().hex[:8]}")
+            with psycopg.connect(cluster.dsn, autocommit=True) as conn:
+                conn.execute(
+                    "INSERT INTO alerts (kind, dedup_key, tenant_id, job_id, severity, summary)"
+                    " VALUES ('job_overdue', 'job/nightly-ledger', %s, 'nightly-ledger',"
+                    " 'critical', %s)",
+                    (cluster.tenant.tenant.id, INCIDENT_SUMMARY),
+                )
             with SyncClient(cluster.targets(), api_key=cluster.api_key) as client:
                 failed = client.submit(
                     "console.flaky", {"note": SCRIPT_PAYLOAD}, max_retries=0, strict_timing=True
@@ -268,6 +279,11 @@ def test_the_overview_shows_the_node_and_its_shards(tenant_a: Visit, setup: Setu
     assert "node-1" in page.locator("table.nodes").inner_text()
     assert page.locator("svg.shards rect.cell").count() == 8
     assert page.locator("svg.shards rect.unowned").count() == 0
+    # The tenant's open incident, its HTML as text.
+    incident = page.locator("table.incidents tr.incident.open")
+    assert incident.count() == 1
+    assert INCIDENT_SUMMARY in incident.inner_text()
+    assert page.locator("table.incidents em").count() == 0
     # The live section refreshes itself from /overview/live (a stamp after each swap).
     playwright_sync.expect(page.locator("#live")).to_have_attribute(
         "data-updated", re.compile(".+"), timeout=10_000
@@ -322,6 +338,35 @@ def test_pause_a_schedule(tenant_a: Visit, setup: Setup) -> None:
     shot(page, "schedule-paused")
 
 
+def test_create_a_schedule_from_the_form(tenant_a: Visit, setup: Setup) -> None:
+    page = tenant_a.page
+    page.goto(setup.url + "/schedules")
+    page.click("a[href='/schedules/new']")
+    page.fill("#name", "hourly-digest")
+    page.fill("#cron", "0 * * * * * *")  # seven fields: the API refuses it
+    page.fill("#type", "console.ok")
+    page.fill("#payload", '{"title": "<i>digest</i>"}')
+    page.click("form.schedule-form button[type=submit]")
+    # Refused by the API, on the form, with what was typed kept (and not run as HTML).
+    error = page.locator("form.schedule-form .error").inner_text()
+    assert "INVALID_ARGUMENT" in error and "cron" in error
+    assert page.locator("#name").input_value() == "hourly-digest"
+    assert page.locator("#payload").input_value() == '{"title": "<i>digest</i>"}'
+    assert page.locator("form.schedule-form i").count() == 0
+    shot(page, "schedule-form-refused")
+    page.fill("#cron", "0 * * * *")
+    page.click("form.schedule-form button[type=submit]")
+    page.wait_for_url(re.compile(r".*/schedules/[0-9a-f-]+\?done=created$"))
+    assert "Created." in page.locator(".notice").inner_text()
+    occurrences = page.locator("h2:has-text('Next occurrences') + ul > li")
+    assert occurrences.count() == 5  # the console asks for the next five
+    with SyncClient(setup.cluster.targets(), api_key=setup.key_a) as client:
+        made = client.get_schedule("hourly-digest")
+    assert made.schedule.spec.cron == "0 * * * *"
+    assert made.schedule.spec.task is not None
+    assert made.schedule.spec.task.payload == {"title": "<i>digest</i>"}
+
+
 def test_open_a_workflow_graph(tenant_a: Visit, setup: Setup) -> None:
     page = tenant_a.page
     page.goto(setup.url + "/workflows")
@@ -360,6 +405,7 @@ def test_retry_a_failed_workflow_and_see_it_succeed(tenant_a: Visit, setup: Setu
         "svg.dag g[data-ref=apply][data-status=COMPLETED]", timeout=WAIT_S * 1000
     )
     assert page.locator("svg.dag g[data-ref=fetch]").get_attribute("data-status") == "COMPLETED"
+    shot(page, "workflow-retried")
     with SyncClient(setup.cluster.targets(), api_key=setup.key_a) as client:
         detail = client.get_workflow(setup.failed_workflow_id)
     assert detail.workflow.state.value == "SUCCEEDED"
@@ -377,6 +423,11 @@ def test_tenant_b_cannot_see_tenant_as_task(browser: Any, setup: Setup) -> None:
         page.goto(setup.url + "/tasks")
         assert page.locator("table.tasks").count() == 0
         assert "No task matches" in page.inner_text("main")
+        # Nor A's incidents.
+        page.goto(setup.url + "/expectations")
+        assert page.locator("table.incidents").count() == 0
+        assert "No incident." in page.inner_text("main")
+        page.goto(f"{setup.url}/tasks/{setup.failed_task}")
         shot(page, "tenant-b-not-found")
     finally:
         visit.context.close()

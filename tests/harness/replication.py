@@ -25,17 +25,11 @@ written locally (``synchronous_commit=on`` with no synchronous standby), the WAL
 ships it afterwards, and what the standby had not received when the primary died is
 lost at failover, as in production.
 
-Why a controller process (this module, run as a script) rather than the servers in the
-test process: as :mod:`harness.outage` found, forking PostgreSQL (run as an unprivileged
-user under root) from a process whose gRPC threads are busy can crash the child before
-its ``exec`` (status -11), and the drill loads gRPC. The controller loads no gRPC and is
-the only process that forks. Everything that is only SQL or a signal (promotion by
-``pg_promote()``, LSN reads, holding the WAL sender) is done by the client directly.
-
-Protocol, one line each way: the controller prints ``ready PRIMARY_PORT STANDBY_PORT``
-once both servers are up (or ``error <text>``), then answers each command read from
-stdin (``kill_primary``, ``quit``) with ``ok`` or ``error <text>``. End of input means
-``quit``: both servers stop and their directories are deleted.
+The servers run under a controller process (this module, run as a script; why, and its
+line protocol: :mod:`harness.controller`), the only process that forks them: it prints
+``ready PRIMARY_PORT STANDBY_PORT`` and takes ``kill_primary`` and ``quit``. Everything
+that is only SQL or a signal (promotion by ``pg_promote()``, LSN reads, holding the WAL
+sender) the client does directly.
 """
 
 from __future__ import annotations
@@ -43,19 +37,16 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import subprocess
 import sys
-import threading
 import time
 import urllib.parse
 from pathlib import Path
-from types import TracebackType
-from typing import IO, Any, Self
+from typing import Any
 
 import psycopg
 
-CONTROL_TIMEOUT_S = 60.0
-"""Bound on one controller command: initdb, base backup and two starts on a busy box."""
+from harness.controller import CONTROL_TIMEOUT_S, Controller
+
 CONNECT_TIMEOUT_S = 5
 POLL_INTERVAL_S = 0.05
 SLOT_NAME = "chronoshard_standby"
@@ -80,7 +71,7 @@ def lsn_value(lsn: str) -> int:
     return (int(high, 16) << 32) | int(low, 16)
 
 
-class ReplicatedPostgres:
+class ReplicatedPostgres(Controller):
     """The controller's client: DSNs of both servers, WAL positions, failover.
 
     Synchronous (psycopg's blocking API): an async drill runs the waits in a thread
@@ -88,10 +79,8 @@ class ReplicatedPostgres:
     """
 
     def __init__(self, log_path: Path, *, bin_dir: Path) -> None:
-        self._log_path = log_path
+        super().__init__("replication controller", log_path)
         self._bin_dir = bin_dir
-        self._proc: subprocess.Popen[str] | None = None
-        self._lock = threading.Lock()
         self._held: list[int] = []
         self.primary_port = 0
         self.standby_port = 0
@@ -101,59 +90,15 @@ class ReplicatedPostgres:
 
     def open(self) -> None:
         """Start the controller; returns once the primary and its standby accept."""
-        with self._log_path.open("ab") as log:
-            self._proc = subprocess.Popen(
-                [sys.executable, __file__, str(self._bin_dir)],
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=log,
-                text=True,
-                start_new_session=True,
-            )
-        word, _, ports = self._answer().partition(" ")
-        if word != "ready":
-            raise RuntimeError(
-                f"the replication controller did not start: {word} {ports}; "
-                f"its log: {self._log_path}"
-            )
-        primary, standby = ports.split()
+        primary, standby = self._launch(__file__, str(self._bin_dir))
         self.primary_port, self.standby_port = int(primary), int(standby)
 
     def close(self) -> None:
         """Stop both servers and delete their directories (the controller's ``quit``)."""
-        proc, self._proc = self._proc, None
-        if proc is None:
-            return
-        # A WAL sender held by SIGSTOP would keep the primary's fast shutdown waiting.
-        self.release_wal_shipping()
-        try:
-            assert proc.stdin is not None
-            proc.stdin.close()
-            proc.wait(CONTROL_TIMEOUT_S)
-        except (OSError, subprocess.TimeoutExpired):
-            # A controller that does not end cannot be helped: kill it. Its servers, in
-            # sessions of their own, may then outlive it; its log says what it was doing.
-            proc.kill()
-            proc.wait()
-        finally:
-            if proc.stdout is not None:
-                proc.stdout.close()
-
-    def __enter__(self) -> Self:
-        try:
-            self.open()
-        except BaseException:
-            self.close()
-            raise
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
+        if self._proc is not None:
+            # A WAL sender held by SIGSTOP would keep the primary's fast shutdown waiting.
+            self.release_wal_shipping()
+        super().close()
 
     # -- addresses
 
@@ -272,24 +217,6 @@ class ReplicatedPostgres:
     def _connect(dsn: str) -> psycopg.Connection[Any]:
         return psycopg.connect(dsn, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S)
 
-    def _command(self, command: str) -> None:
-        with self._lock:
-            assert self._proc is not None and self._proc.stdin is not None
-            self._proc.stdin.write(command + "\n")
-            self._proc.stdin.flush()
-            answer = self._answer()
-        if answer != "ok":
-            raise RuntimeError(f"{command} failed: {answer}; controller log: {self._log_path}")
-
-    def _answer(self) -> str:
-        assert self._proc is not None and self._proc.stdout is not None
-        line = _read_line(self._proc.stdout, CONTROL_TIMEOUT_S)
-        if line is None:
-            raise RuntimeError(
-                f"the replication controller did not answer; its log: {self._log_path}"
-            )
-        return line.strip()
-
 
 def _dsn(port: int, dbname: str) -> str:
     if not port:
@@ -305,14 +232,6 @@ def _state(pid: int) -> str | None:
         return None
     # The command name (in parentheses) may hold spaces; the state follows it.
     return stat.rpartition(")")[2].split()[0]
-
-
-def _read_line(stream: IO[str], timeout_s: float) -> str | None:
-    result: list[str] = []
-    reader = threading.Thread(target=lambda: result.append(stream.readline()), daemon=True)
-    reader.start()
-    reader.join(timeout_s)
-    return result[0] if result and result[0] else None
 
 
 # -- the controller (run as a script)

@@ -79,7 +79,6 @@ TENANT_OF: Mapping[str, str] = {
     "tenant_dispatch_buckets": "SELECT tenant_id FROM tenant_dispatch_buckets",
 }
 NOT_GRANTED = (
-    "alerts",
     "tenant_dispatch_buckets",
     "shard_owners",
     "worker_sessions",
@@ -205,6 +204,16 @@ async def world(db_dsn: str, etcd: EtcdProcess) -> AsyncIterator[World]:
         finally:
             worker.stop()
             await asyncio.wait_for(running, timeout=10)
+        # The watchdog's alerts about each tenant's job (WatchdogService.ListIncidents
+        # reads them as the tenant), and one of the cluster's own, which no tenant sees.
+        async with await psycopg.AsyncConnection.connect(db_dsn, autocommit=True) as conn:
+            for made, tenant in ((a, a.tenant_id), (b, b.tenant_id), (None, None)):
+                name = "cluster" if made is None else made.name
+                await conn.execute(
+                    "INSERT INTO alerts (kind, dedup_key, tenant_id, summary)"
+                    " VALUES ('job_overdue', %s, %s, %s)",
+                    (f"rls/{name}", tenant, f"{name}'s job is overdue"),
+                )
         yield World(node, db_dsn, a, b)
 
 

@@ -252,3 +252,62 @@ async def test_the_cli_adds_lists_and_removes(api: Api, capsys: pytest.CaptureFi
     code, _ = await asyncio.to_thread(run_cli, ["expect", "rm", "backup", *common])
     assert code == cli.EXIT_NOT_FOUND  # NOT_FOUND is exit code 3 for every command
     assert "EXPECTATION_NOT_FOUND" in capsys.readouterr().err
+
+
+async def _alert(
+    dsn: str,
+    tenant: Tenant | None,
+    job_id: str,
+    *,
+    opened_ago_s: float,
+    resolved_ago_s: float | None = None,
+    severity: str = "critical",
+) -> int:
+    """An alert row as the watchdog writes one (watchdog/store.py ``open_alert``)."""
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        cur = await conn.execute(
+            "INSERT INTO alerts (kind, dedup_key, tenant_id, job_id, severity, summary,"
+            " opened_at, resolved_at) VALUES ('job_overdue', %s, %s, %s, %s, %s,"
+            " now() - make_interval(secs => %s),"
+            " now() - make_interval(secs => %s)) RETURNING id",
+            (
+                f"job/{job_id}/{opened_ago_s}",
+                None if tenant is None else tenant.id,
+                job_id,
+                severity,
+                f"{job_id} is overdue",
+                opened_ago_s,
+                resolved_ago_s,
+            ),
+        )
+        row = await cur.fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+async def test_incidents_are_the_tenant_s_own_newest_first_open_or_recently_resolved(
+    api: Api,
+) -> None:
+    async with await Store.open(api.dsn, 1, 1) as store:
+        other, _ = await tenant_with_key(store)
+    open_old = await _alert(api.dsn, api.tenant, "etl", opened_ago_s=600)
+    open_new = await _alert(api.dsn, api.tenant, "report", opened_ago_s=60, severity="warning")
+    resolved = await _alert(api.dsn, api.tenant, "backup", opened_ago_s=300, resolved_ago_s=120)
+    await _alert(api.dsn, api.tenant, "ancient", opened_ago_s=200_000, resolved_ago_s=100_000)
+    await _alert(api.dsn, other, "etl", opened_ago_s=30)  # another tenant's
+    await _alert(api.dsn, None, "chronoshard/canary", opened_ago_s=10)  # the cluster's
+
+    answer = await api.stub.ListIncidents(pb.ListIncidentsRequest(), metadata=api.auth())
+    assert [i.id for i in answer.incidents] == [open_new, open_old]
+    assert answer.incidents[0].severity == pb.SEVERITY_WARNING
+    assert answer.incidents[0].summary == "report is overdue"
+    assert not answer.incidents[0].HasField("resolved_at")
+
+    recent = await api.stub.ListIncidents(
+        pb.ListIncidentsRequest(include_resolved=True), metadata=api.auth()
+    )
+    assert [i.id for i in recent.incidents] == [open_new, resolved, open_old]
+    assert recent.incidents[1].HasField("resolved_at")
+
+    one = await api.stub.ListIncidents(pb.ListIncidentsRequest(page_size=1), metadata=api.auth())
+    assert [i.id for i in one.incidents] == [open_new]

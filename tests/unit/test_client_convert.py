@@ -605,3 +605,29 @@ def test_every_public_name_resolves() -> None:
     for name in chronoshard.__all__:
         assert getattr(chronoshard, name) is not None
     assert isinstance(Task, type)
+
+
+def test_an_incident_comes_back_as_the_server_sent_it() -> None:
+    from chronoshard.v1 import watchdog_service_pb2
+
+    opened = datetime(2026, 12, 4, 3, 0, tzinfo=UTC)
+    message = watchdog_service_pb2.Incident(
+        id=7,
+        kind="job_overdue",
+        job_id="nightly",
+        severity=watchdog_service_pb2.SEVERITY_WARNING,
+        summary="nightly is overdue",
+    )
+    message.opened_at.FromDatetime(opened)
+    incident = convert.incident_from_pb(message)
+    assert (incident.id, incident.kind, incident.job_id, incident.severity) == (
+        7,
+        "job_overdue",
+        "nightly",
+        "warning",
+    )
+    assert incident.opened_at == opened and incident.resolved_at is None
+    message.resolved_at.FromDatetime(opened + timedelta(hours=1))
+    message.job_id = ""
+    again = convert.incident_from_pb(message)
+    assert again.resolved_at == opened + timedelta(hours=1) and again.job_id is None

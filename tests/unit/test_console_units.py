@@ -148,3 +148,43 @@ def test_a_task_offers_the_actions_its_state_allows(status: TaskStatus, actions:
         if f'action="/tasks/0193a000-0000-7000-8000-000000000001/{action}"' in shown
     }
     assert offered == actions
+
+
+def test_the_schedule_form_makes_a_spec_or_names_its_first_problem() -> None:
+    form, made = views.read_schedule_form(
+        {
+            "name": " nightly ",
+            "cron": "0 3 * * *",
+            "timezone": "Europe/Paris",
+            "type": "report.build",
+            "priority": "bulk",
+            "payload": '{"to": "<b>ops</b>"}',
+        }
+    )
+    assert not isinstance(made, str)
+    assert made.name == "nightly" and made.cron == "0 3 * * *"
+    assert made.timezone == "Europe/Paris" and made.interval_s is None
+    assert made.task is not None and made.task.type == "report.build"
+    assert made.task.priority is Priority.BULK and made.task.payload == {"to": "<b>ops</b>"}
+    # What was typed comes back as typed (escaped when shown), to be corrected.
+    shown = str(views.schedule_form_page(form, "tok", "x"))
+    assert "&lt;b&gt;ops&lt;/b&gt;" in shown and "<b>ops" not in shown
+
+
+@pytest.mark.parametrize(
+    ("fields", "problem"),
+    [
+        ({"cron": "* * * * *", "type": "t"}, "name:"),
+        ({"name": "n", "cron": "* * * * *"}, "task type:"),
+        ({"name": "n", "type": "t"}, "rule:"),
+        ({"name": "n", "type": "t", "cron": "* * * * *", "interval_s": "60"}, "rule:"),
+        ({"name": "n", "type": "t", "interval_s": "often"}, "interval:"),
+        ({"name": "n", "type": "t", "interval_s": "60", "payload": "[1]"}, "payload:"),
+        ({"name": "n", "type": "t", "interval_s": "60", "payload": "{"}, "payload: not JSON"),
+    ],
+)
+def test_a_schedule_form_that_cannot_make_a_spec_says_why(
+    fields: dict[str, str], problem: str
+) -> None:
+    _, made = views.read_schedule_form(fields)
+    assert isinstance(made, str) and made.startswith(problem), made

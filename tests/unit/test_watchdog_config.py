@@ -226,6 +226,7 @@ def test_watchdog_service_contract() -> None:
         "CreateExpectation": (False, False),
         "ListExpectations": (False, False),
         "DeleteExpectation": (False, False),
+        "ListIncidents": (False, False),
     }
     assert callable(watchdog_service_pb2_grpc.add_WatchdogServiceServicer_to_server)
     # `enabled` keeps presence: unset means true, an explicit false must survive the wire.

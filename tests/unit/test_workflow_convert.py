@@ -547,6 +547,7 @@ def test_the_client_reaches_every_workflow_call() -> None:
     assert endpoint.methods["RetryWorkflow"].endswith("/RetryWorkflow")
     # The task calls are still there: RPC names are unique across the services.
     assert endpoint.methods["SubmitTask"].endswith("TaskService/SubmitTask")
+    assert endpoint.methods["ListIncidents"] == "/chronoshard.v1.WatchdogService/ListIncidents"
 
 
 def test_failover_repeats_only_what_is_harmless_to_repeat() -> None:

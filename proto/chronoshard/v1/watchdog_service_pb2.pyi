@@ -97,3 +97,35 @@ class DeleteExpectationResponse(_message.Message):
     EXPECTATION_FIELD_NUMBER: _ClassVar[int]
     expectation: Expectation
     def __init__(self, expectation: _Optional[_Union[Expectation, _Mapping]] = ...) -> None: ...
+
+class Incident(_message.Message):
+    __slots__ = ("id", "kind", "job_id", "severity", "summary", "opened_at", "resolved_at")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    SEVERITY_FIELD_NUMBER: _ClassVar[int]
+    SUMMARY_FIELD_NUMBER: _ClassVar[int]
+    OPENED_AT_FIELD_NUMBER: _ClassVar[int]
+    RESOLVED_AT_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    kind: str
+    job_id: str
+    severity: Severity
+    summary: str
+    opened_at: _timestamp_pb2.Timestamp
+    resolved_at: _timestamp_pb2.Timestamp
+    def __init__(self, id: _Optional[int] = ..., kind: _Optional[str] = ..., job_id: _Optional[str] = ..., severity: _Optional[_Union[Severity, str]] = ..., summary: _Optional[str] = ..., opened_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., resolved_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class ListIncidentsRequest(_message.Message):
+    __slots__ = ("include_resolved", "page_size")
+    INCLUDE_RESOLVED_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    include_resolved: bool
+    page_size: int
+    def __init__(self, include_resolved: _Optional[bool] = ..., page_size: _Optional[int] = ...) -> None: ...
+
+class ListIncidentsResponse(_message.Message):
+    __slots__ = ("incidents",)
+    INCIDENTS_FIELD_NUMBER: _ClassVar[int]
+    incidents: _containers.RepeatedCompositeFieldContainer[Incident]
+    def __init__(self, incidents: _Optional[_Iterable[_Union[Incident, _Mapping]]] = ...) -> None: ...

@@ -50,6 +50,11 @@ class WatchdogServiceStub:
                 request_serializer=chronoshard_dot_v1_dot_watchdog__service__pb2.DeleteExpectationRequest.SerializeToString,
                 response_deserializer=chronoshard_dot_v1_dot_watchdog__service__pb2.DeleteExpectationResponse.FromString,
                 _registered_method=True)
+        self.ListIncidents = channel.unary_unary(
+                '/chronoshard.v1.WatchdogService/ListIncidents',
+                request_serializer=chronoshard_dot_v1_dot_watchdog__service__pb2.ListIncidentsRequest.SerializeToString,
+                response_deserializer=chronoshard_dot_v1_dot_watchdog__service__pb2.ListIncidentsResponse.FromString,
+                _registered_method=True)
 
 
 class WatchdogServiceServicer:
@@ -78,6 +83,15 @@ class WatchdogServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListIncidents(self, request, context):
+        """Lists the caller's incidents (the watchdog's alerts about its jobs), newest first:
+        the open ones, and with include_resolved those resolved in the last day too. The
+        cluster's own incidents (no tenant) go to the watchdog's sinks and metrics only.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_WatchdogServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -95,6 +109,11 @@ def add_WatchdogServiceServicer_to_server(servicer, server):
                     servicer.DeleteExpectation,
                     request_deserializer=chronoshard_dot_v1_dot_watchdog__service__pb2.DeleteExpectationRequest.FromString,
                     response_serializer=chronoshard_dot_v1_dot_watchdog__service__pb2.DeleteExpectationResponse.SerializeToString,
+            ),
+            'ListIncidents': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListIncidents,
+                    request_deserializer=chronoshard_dot_v1_dot_watchdog__service__pb2.ListIncidentsRequest.FromString,
+                    response_serializer=chronoshard_dot_v1_dot_watchdog__service__pb2.ListIncidentsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -179,6 +198,33 @@ class WatchdogService:
             '/chronoshard.v1.WatchdogService/DeleteExpectation',
             chronoshard_dot_v1_dot_watchdog__service__pb2.DeleteExpectationRequest.SerializeToString,
             chronoshard_dot_v1_dot_watchdog__service__pb2.DeleteExpectationResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListIncidents(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/chronoshard.v1.WatchdogService/ListIncidents',
+            chronoshard_dot_v1_dot_watchdog__service__pb2.ListIncidentsRequest.SerializeToString,
+            chronoshard_dot_v1_dot_watchdog__service__pb2.ListIncidentsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -44,3 +44,16 @@ DELETE FROM expectations
 WHERE tenant_id = %(tenant_id)s AND job_id = %(job_id)s AND source = 'api'
 RETURNING job_id, interval_s, tolerance_s, severity, enabled, description, created_at,
           updated_at, source;
+
+-- name: list_incidents
+-- WatchdogService.ListIncidents: the tenant's alerts, newest first, the open ones and
+-- (include_resolved) those resolved within resolved_within_s by PostgreSQL's clock
+-- (alerts_tenant_opened_idx).
+SELECT id, kind, job_id, severity, summary, opened_at, resolved_at
+FROM alerts
+WHERE tenant_id = %(tenant_id)s
+  AND (resolved_at IS NULL
+       OR (%(include_resolved)s
+           AND resolved_at >= now() - make_interval(secs => %(resolved_within_s)s)))
+ORDER BY opened_at DESC, id DESC
+LIMIT %(limit)s;
