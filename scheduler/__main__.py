@@ -12,6 +12,7 @@ import os
 import sys
 
 from chronoshard import daemon, logs, tracing
+from chronoshard.scheduler import garbage
 from chronoshard.scheduler.config import SchedulerConfig
 from chronoshard.scheduler.node import SchedulerNode
 from chronoshard.settings import ConfigError, load
@@ -60,6 +61,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     logs.setup(config.log_level, config.log_format, node_id=config.node_id)
     tracing.configure_from_env("chronoshard-scheduler")
+    # Process-wide, so here and not in the node: a test runs several nodes in one process.
+    garbage.take_over_full_collections()
     try:
         return daemon.run(lambda: daemon.serve(SchedulerNode(config), "node"))
     finally:

@@ -9,7 +9,7 @@ and again, each longer than the last, and every timer due meanwhile fires that l
 (critical lateness p99 390 ms under a 200,000-task bulk flood, bench/README.md "Fair
 queuing under a flood").
 
-So the node puts the oldest generation's automatic threshold out of reach (the young
+So the scheduler process puts the oldest generation's automatic threshold out of reach (the young
 generations stay automatic: cyclic garbage mostly dies young) and runs a full collection
 itself every :data:`FULL_INTERVAL_S`. A full pass costs what it did, once per interval
 instead of whenever the heap grows; memory held by long-lived cycles waits at most that
@@ -32,7 +32,8 @@ _OUT_OF_REACH = 1_000_000
 
 
 def take_over_full_collections() -> tuple[int, int, int]:
-    """Stop automatic full collections; the thresholds as they were (to restore)."""
+    """Stop automatic full collections for the whole process (the scheduler's entry point
+    calls it once; nodes run in tests keep the defaults); the thresholds as they were."""
     before = gc.get_threshold()
     gc.set_threshold(before[0], before[1], _OUT_OF_REACH)
     return before

@@ -33,7 +33,6 @@ loudly rather than leaving it half alive. Shutdown (SIGTERM) runs in this order 
 from __future__ import annotations
 
 import asyncio
-import gc
 import logging
 import uuid
 from collections.abc import Awaitable, Collection, Coroutine, Sequence
@@ -172,8 +171,6 @@ class SchedulerNode:
         self.host_clock = clock or SystemClock()
         self.metrics = SchedulerMetrics(config.node_id, __version__)
         self._tasks: list[asyncio.Task[None]] = []
-        # The garbage collector's thresholds before the node took full collections over.
-        self._gc_thresholds: tuple[int, int, int] | None = None
         self._side_tasks: set[asyncio.Task[None]] = set()
         self._server: grpc.aio.Server | None = None
         self._task_service: TaskServiceServicer | None = None
@@ -399,8 +396,8 @@ class SchedulerNode:
         self._supervise("backlog-report", self.dispatcher.report_backlogs())
         self._supervise("signals", self.signals.listen())
         self._supervise("health", self._watch_health())
-        # Full collections on the node's schedule, not whenever a backlog grows the heap.
-        self._gc_thresholds = garbage.take_over_full_collections()
+        # Full collections on the node's schedule, not whenever a backlog grows the heap
+        # (the scheduler's entry point took the automatic ones over, process-wide).
         self._supervise("garbage", garbage.collect_periodically())
 
     async def _start_metrics(self) -> str:
@@ -618,8 +615,6 @@ class SchedulerNode:
         await self.store.close()
         if self._metrics_server is not None:
             await self._metrics_server.close()
-        if self._gc_thresholds is not None:
-            gc.set_threshold(*self._gc_thresholds)
         self.stopped.set()
         log.info("scheduler node stopped", extra={"node_id": self.config.node_id})
 
