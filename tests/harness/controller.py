@@ -17,6 +17,8 @@ import os
 import subprocess
 import sys
 import threading
+import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Self
@@ -123,3 +125,23 @@ def read_line(stream: IO[str], timeout_s: float) -> str | None:
     reader.start()
     reader.join(timeout_s)
     return result[0] if result and result[0] else None
+
+
+def answer_commands(commands: Mapping[str, Callable[[], None]]) -> None:
+    """The script half: run each command read from stdin, answer ``ok`` or ``error <text>``
+    (its time to stderr, the controller's log); return at ``quit`` or end of input."""
+    for line in sys.stdin:
+        command = line.strip()
+        if command == "quit":
+            return
+        started = time.monotonic()
+        try:
+            run = commands.get(command)
+            if run is None:
+                raise ValueError(f"unknown command {command!r}")
+            run()
+        except Exception as exc:
+            print(f"error {exc!r}".replace("\n", " "), flush=True)
+            continue
+        print(f"{command} took {time.monotonic() - started:.3f} s", file=sys.stderr, flush=True)
+        print("ok", flush=True)

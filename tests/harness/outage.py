@@ -14,11 +14,9 @@ protocol: :mod:`harness.controller`. This one prints ``ready PORT`` and takes ``
 
 from __future__ import annotations
 
-import sys
-import time
 from pathlib import Path
 
-from harness.controller import Controller
+from harness.controller import Controller, answer_commands
 
 
 class RestartablePostgres(Controller):
@@ -50,27 +48,7 @@ def _serve() -> None:
 
     with PostgresServer(fsync=False) as server:
         print(f"ready {server.port}", flush=True)
-        for line in sys.stdin:
-            command = line.strip()
-            if command == "quit":
-                break
-            started = time.monotonic()
-            try:
-                if command == "stop":
-                    server.stop_immediately()
-                elif command == "start":
-                    server.start()
-                else:
-                    raise ValueError(f"unknown command {command!r}")
-            except Exception as exc:
-                print(f"error {exc!r}".replace("\n", " "), flush=True)
-                continue
-            print(
-                f"{command} took {time.monotonic() - started:.3f} s",
-                file=sys.stderr,
-                flush=True,
-            )
-            print("ok", flush=True)
+        answer_commands({"stop": server.stop_immediately, "start": server.start})
 
 
 if __name__ == "__main__":

@@ -45,7 +45,7 @@ from typing import Any
 
 import psycopg
 
-from harness.controller import CONTROL_TIMEOUT_S, Controller
+from harness.controller import CONTROL_TIMEOUT_S, Controller, answer_commands
 
 CONNECT_TIMEOUT_S = 5
 POLL_INTERVAL_S = 0.05
@@ -324,28 +324,18 @@ def _serve(bin_dir: Path) -> None:
             raise
         print(f"standby up in {time.monotonic() - started:.3f} s", file=sys.stderr)
         print(f"ready {primary.port} {standby.port}", flush=True)
-        primary_killed = False
-        for line in sys.stdin:
-            command = line.strip()
-            if command == "quit":
-                break
-            started = time.monotonic()
-            try:
-                if command == "kill_primary":
-                    # Once reaped, its pid may be anyone's: never signal it again.
-                    pid = primary.pid
-                    if pid is None or primary_killed:
-                        raise RuntimeError("the primary is not running")
-                    primary_killed = True
-                    _kill_server(pid, CONTROL_TIMEOUT_S)
-                    primary.stop()  # Reaps the postmaster and closes its descriptors.
-                else:
-                    raise ValueError(f"unknown command {command!r}")
-            except Exception as exc:
-                print(f"error {exc!r}".replace("\n", " "), flush=True)
-                continue
-            print(f"{command} took {time.monotonic() - started:.3f} s", file=sys.stderr)
-            print("ok", flush=True)
+        killed: list[int] = []
+
+        def kill_primary() -> None:
+            # Once reaped, its pid may be anyone's: never signal it again.
+            pid = primary.pid
+            if pid is None or killed:
+                raise RuntimeError("the primary is not running")
+            killed.append(pid)
+            _kill_server(pid, CONTROL_TIMEOUT_S)
+            primary.stop()  # Reaps the postmaster and closes its descriptors.
+
+        answer_commands({"kill_primary": kill_primary})
 
 
 if __name__ == "__main__":
