@@ -54,6 +54,8 @@ from chronoshard.types import (
     TaskSpec,
     TaskStatus,
     TriggerRule,
+    WorkerSession,
+    WorkerSessionPage,
     Workflow,
     WorkflowCancelResult,
     WorkflowCreateResult,
@@ -69,6 +71,7 @@ from chronoshard.types import (
     require_aware,
 )
 from chronoshard.v1 import (
+    admin_service_pb2,
     common_pb2,
     schedule_service_pb2,
     task_service_pb2,
@@ -182,6 +185,38 @@ def incident_from_pb(msg: watchdog_service_pb2.Incident) -> Incident:
         summary=msg.summary,
         opened_at=opened_at,
         resolved_at=_datetime(msg, "resolved_at"),
+    )
+
+
+def worker_session_from_pb(msg: admin_service_pb2.WorkerSession) -> WorkerSession:
+    reported_at = _datetime(msg, "reported_at")
+    if reported_at is None:
+        raise ProtocolError("the server sent a worker session without reported_at")
+    return WorkerSession(
+        worker_id=msg.worker_id,
+        node_id=msg.node_id,
+        session_id=msg.session_id,
+        tenant_id=_text(msg.tenant_id),
+        tenant_name=msg.tenant_name,
+        queues=tuple(msg.queues),
+        task_types=tuple(msg.task_types),
+        slots=msg.slots,
+        credits=msg.credits,
+        running=msg.running,
+        draining=msg.draining,
+        connected_at=_datetime(msg, "connected_at"),
+        reported_at=reported_at,
+    )
+
+
+def worker_session_page_from_pb(
+    msg: admin_service_pb2.ListWorkerSessionsResponse,
+) -> WorkerSessionPage:
+    return WorkerSessionPage(
+        sessions=tuple(worker_session_from_pb(s) for s in msg.sessions),
+        next_page_token=_text(msg.next_page_token),
+        restricted=msg.restricted,
+        answered_by=msg.node_id,
     )
 
 

@@ -16,7 +16,7 @@ most once per call, all within the call's single deadline — only if repeating 
 do harm, because the first attempt may have been applied:
 
 - reads (``GetTask``, ``ListTasks``, ``GetSchedule``, ``ListSchedules``,
-  ``GetWorkflow``, ``ListWorkflows``, ``ListIncidents``): always;
+  ``GetWorkflow``, ``ListWorkflows``, ``ListIncidents``, ``ListWorkerSessions``): always;
 - ``CancelTask``: always (cancelling a cancelled task returns it unchanged; a cancel
   request on a running task is recorded once whatever the number of calls);
 - ``CancelWorkflow``: always, for the same reasons (a finished workflow is returned
@@ -62,6 +62,7 @@ REPEATABLE_ALWAYS = frozenset(
         "ListWorkflows",
         "CancelWorkflow",
         "ListIncidents",
+        "ListWorkerSessions",
     }
 )
 """Calls that may be sent again after an attempt that may have been applied."""

@@ -4,11 +4,12 @@ Each subcommand is a :class:`~chronoshard._cli.common.Command` registered in
 :data:`COMMANDS`: a function that adds its arguments to an ``argparse`` parser, a function
 that runs it and returns the exit code, and an epilog of examples for ``--help``. Adding a
 subcommand means writing those and one line in the table; ``main`` never changes. Groups
-(``tasks``, ``schedules``, ``workflows``, ``tenants``, ``partitions``, ``expect``)
-register their children the same way, one level down. The commands live in
+(``tasks``, ``schedules``, ``workflows``, ``workers``, ``tenants``, ``partitions``,
+``expect``) register their children the same way, one level down. The commands live in
 :mod:`chronoshard._cli` by what they talk to: ``tasks`` (TaskService), ``schedules``
 (ScheduleService), ``workflows`` (WorkflowService), ``admin``
-(AdminService, metrics, WatchdogService), ``health`` (gRPC health and /healthz probes),
+(AdminService's topology and drains, metrics, WatchdogService), ``workers``
+(AdminService's worker sessions), ``health`` (gRPC health and /healthz probes),
 ``ops`` (the database and local processes); ``output`` formats tables and JSON.
 
 Exit codes are a contract for scripts (``EXIT_CODES_HELP``): 0 ok, 1 the server refused
@@ -30,6 +31,7 @@ from chronoshard._cli import health as _cli_health
 from chronoshard._cli import ops as _cli_ops
 from chronoshard._cli import schedules as _cli_schedules
 from chronoshard._cli import tasks as _cli_tasks
+from chronoshard._cli import workers as _cli_workers
 from chronoshard._cli import workflows as _cli_workflows
 from chronoshard._cli.common import (
     API_KEY_ENV,
@@ -115,10 +117,15 @@ COMMANDS: dict[str, Command] = {
         _configure_group(_cli_workflows.WORKFLOW_COMMANDS, "workflows_command"),
     ),
     "status": Command(
-        "nodes, shard owners and epochs, wheel sizes, worker sessions, dispatch lateness",
+        "nodes, shard owners and epochs, wheel sizes, worker sessions, dispatch lateness "
+        "(an operator key; another key sees the nodes)",
         _cli_admin.configure_status,
         _cli_admin.run_status,
         _cli_admin.STATUS_EPILOG,
+    ),
+    "workers": Command(
+        "list the worker sessions: which worker is connected to which node, serving what",
+        _configure_group(_cli_workers.WORKER_COMMANDS, "workers_command"),
     ),
     "drain": Command(
         "drain a scheduler node (operator key)",

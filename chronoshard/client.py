@@ -1,6 +1,8 @@
 """The Python client of ``TaskService``, ``ScheduleService`` and ``WorkflowService``:
 submit, inspect, cancel and retry tasks; create, read, change and run recurring
-schedules; create, read, cancel and retry DAG workflows.
+schedules; create, read, cancel and retry DAG workflows. Also the watchdog's incidents
+(``WatchdogService.ListIncidents``) and the cluster's worker sessions
+(``AdminService.ListWorkerSessions``).
 
 :class:`Client` is the asyncio client; :class:`~chronoshard.sync_client.SyncClient`
 offers the same methods as blocking calls. Both speak the types of
@@ -97,6 +99,8 @@ from chronoshard.types import (
     TaskPage,
     TaskSpec,
     TaskStatus,
+    WorkerSession,
+    WorkerSessionPage,
     Workflow,
     WorkflowCancelResult,
     WorkflowCreateResult,
@@ -109,6 +113,8 @@ from chronoshard.types import (
     coerce_enum,
 )
 from chronoshard.v1 import (
+    admin_service_pb2,
+    admin_service_pb2_grpc,
     schedule_service_pb2,
     schedule_service_pb2_grpc,
     task_service_pb2,
@@ -239,6 +245,7 @@ class _Endpoint:
             **_unary_methods(
                 watchdog_service_pb2_grpc.WatchdogServiceStub(channel), watchdog_service_pb2
             ),
+            **_unary_methods(admin_service_pb2_grpc.AdminServiceStub(channel), admin_service_pb2),
         }
         self.slots = asyncio.Semaphore(max_in_flight)
 
@@ -742,6 +749,49 @@ class Client:
         )
         response = await self._call("ListIncidents", request)
         return [convert.incident_from_pb(i) for i in response.incidents]
+
+    # --- the cluster's worker sessions -----------------------------------------------------
+
+    async def list_worker_sessions(
+        self,
+        *,
+        worker_id: str | None = None,
+        node_id: str | None = None,
+        page_size: int = 0,
+        page_token: str | None = None,
+    ) -> WorkerSessionPage:
+        """One page of the cluster's live worker sessions (one per worker and node it has
+        a stream with), ordered by worker id then node id: the sessions the tenant's own
+        workers opened (with its key), or every session for an operator's key
+        (``restricted`` says which). ``worker_id`` and ``node_id`` narrow it to one
+        worker, one node; ``page_size`` 0 is the server's default (100; it caps it at
+        1,000)."""
+        if page_size < 0:
+            raise ValueError(f"page_size must be >= 0, got {page_size}")
+        request = admin_service_pb2.ListWorkerSessionsRequest(
+            worker_id=worker_id or "",
+            node_id=node_id or "",
+            page_size=page_size,
+            page_token=page_token or "",
+        )
+        response = await self._call("ListWorkerSessions", request)
+        return convert.worker_session_page_from_pb(response)
+
+    async def iter_worker_sessions(
+        self, *, worker_id: str | None = None, node_id: str | None = None, page_size: int = 0
+    ) -> AsyncIterator[WorkerSession]:
+        """Every session :meth:`list_worker_sessions` lists, following page tokens; one
+        call per page."""
+        token: str | None = None
+        while True:
+            page = await self.list_worker_sessions(
+                worker_id=worker_id, node_id=node_id, page_size=page_size, page_token=token
+            )
+            for session in page.sessions:
+                yield session
+            if page.next_page_token is None:
+                return
+            token = page.next_page_token
 
     # --- plumbing ------------------------------------------------------------------------
 

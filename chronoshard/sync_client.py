@@ -53,6 +53,8 @@ from chronoshard.types import (
     TaskPage,
     TaskSpec,
     TaskStatus,
+    WorkerSession,
+    WorkerSessionPage,
     Workflow,
     WorkflowCancelResult,
     WorkflowCreateResult,
@@ -384,6 +386,35 @@ class SyncClient:
         return self._wait(
             self._client.list_incidents(include_resolved=include_resolved, limit=limit)
         )
+
+    def list_worker_sessions(
+        self,
+        *,
+        worker_id: str | None = None,
+        node_id: str | None = None,
+        page_size: int = 0,
+        page_token: str | None = None,
+    ) -> WorkerSessionPage:
+        """Blocking :meth:`Client.list_worker_sessions`."""
+        return self._wait(
+            self._client.list_worker_sessions(
+                worker_id=worker_id, node_id=node_id, page_size=page_size, page_token=page_token
+            )
+        )
+
+    def iter_worker_sessions(
+        self, *, worker_id: str | None = None, node_id: str | None = None, page_size: int = 0
+    ) -> Iterator[WorkerSession]:
+        """Blocking :meth:`Client.iter_worker_sessions`: fetches one page per step."""
+        token: str | None = None
+        while True:
+            page = self.list_worker_sessions(
+                worker_id=worker_id, node_id=node_id, page_size=page_size, page_token=token
+            )
+            yield from page.sessions
+            if page.next_page_token is None:
+                return
+            token = page.next_page_token
 
     def _wait(self, call: Coroutine[Any, Any, T]) -> T:
         if not self._finalizer.alive:

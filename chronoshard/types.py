@@ -58,6 +58,8 @@ __all__ = [
     "TaskSpec",
     "TaskStatus",
     "TriggerRule",
+    "WorkerSession",
+    "WorkerSessionPage",
     "Workflow",
     "WorkflowCancelResult",
     "WorkflowCreateResult",
@@ -745,3 +747,43 @@ class Incident:
     summary: str
     opened_at: datetime
     resolved_at: datetime | None
+
+
+@dataclass(frozen=True)
+class WorkerSession:
+    """One worker's stream with one scheduler node (``Client.list_worker_sessions``).
+
+    ``tenant_id``/``tenant_name`` name the tenant whose API key opened the stream (workers
+    serve every tenant's tasks: this says whose worker it is). ``credits`` are the ones
+    the worker granted the node and the node has not used; ``running`` the tasks the
+    node sent on the stream that the worker has not settled. Both are as of
+    ``reported_at``: the node's last record of its sessions (every
+    ``workers.session_timeout_s / 3``), or the answer's time for the answering node's
+    own sessions. ``connected_at`` is None for a record an older node wrote."""
+
+    worker_id: str
+    node_id: str
+    session_id: str
+    tenant_id: str | None
+    tenant_name: str
+    queues: tuple[str, ...]
+    task_types: tuple[str, ...]
+    slots: int
+    credits: int
+    running: int
+    draining: bool
+    connected_at: datetime | None
+    reported_at: datetime
+
+
+@dataclass(frozen=True)
+class WorkerSessionPage:
+    """One page of ``Client.list_worker_sessions``, ordered by worker id then node id;
+    ``next_page_token`` is None on the last page. ``restricted`` is True when the key is
+    not an operator's: only the sessions its own tenant's workers opened are listed.
+    ``answered_by`` is the node that answered (its own sessions' figures are live)."""
+
+    sessions: tuple[WorkerSession, ...]
+    next_page_token: str | None
+    restricted: bool
+    answered_by: str

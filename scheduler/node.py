@@ -82,6 +82,7 @@ from chronoshard.scheduler.core.models import Task
 from chronoshard.scheduler.core.quotas import HeldBy
 from chronoshard.scheduler.core.runs import TimerTask
 from chronoshard.scheduler.core.schedules import Schedule
+from chronoshard.scheduler.core.worker_sessions import DescribedSessions, SessionOwners
 from chronoshard.scheduler.dispatch.dispatcher import Dispatcher
 from chronoshard.scheduler.dispatch.preloader import Preloader
 from chronoshard.scheduler.dispatch.sessions import SessionRegistry
@@ -317,7 +318,16 @@ class SchedulerNode:
             on_dispatched=self._on_dispatched,
         )
         self.settlements = Settlements(config.workers, self.runs, self.clock, self.dispatcher)
-        self.gateway = Gateway(config, self.sessions, self.settlements)
+        # Whose key opened each worker stream: its record and ListWorkerSessions say so.
+        self.session_owners = SessionOwners()
+        self.described_sessions = DescribedSessions(self.sessions, self.session_owners, self.clock)
+        self.gateway = Gateway(
+            config,
+            self.sessions,
+            self.settlements,
+            authenticator=self.authenticator,
+            owners=self.session_owners,
+        )
         self.preloader = Preloader(config, self.clock, self.runs, self.dispatcher, self.shards)
         self.dispatcher.on_preloaded_unknown = self.preloader.resync
         self.signals = ShardSignals(config.database.dsn, self.store)
@@ -359,7 +369,7 @@ class SchedulerNode:
         self.liveness = WorkerLiveness(
             config.node_id,
             config.workers.session_timeout_s,
-            self.sessions,
+            self.described_sessions,
             WorkerSessionStore(self.store),
         )
         self.sessions.on_sessions_changed = self._sessions_changed
@@ -420,6 +430,11 @@ class SchedulerNode:
             drain=self.drain,
             undrain=self.undrain,
             is_draining=lambda: self._draining,
+            authenticator=self.authenticator,
+            clock=self.clock,
+            session_records=WorkerSessionStore(self.store),
+            own_sessions=self.described_sessions,
+            session_timeout_s=self.config.workers.session_timeout_s,
         )
         admin_service_pb2_grpc.add_AdminServiceServicer_to_server(admin, server)
         names = [

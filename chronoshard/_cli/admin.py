@@ -6,7 +6,9 @@ owners and their epochs, from etcd), then reads each node's Prometheus endpoint 
 address is in the topology) for what only the node knows: timers in its wheel, tasks
 ready to dispatch, worker sessions, and the dispatch lateness histogram. Turning that
 text into numbers is the pure :func:`parse_node_metrics`; a node whose endpoint does
-not answer is shown with the error instead of numbers, never hidden.
+not answer is shown with the error instead of numbers, never hidden. The shards, epochs
+and metrics endpoints are an operator key's: with another key the node answers the
+nodes only (``restricted``), and ``status`` shows them and says so.
 """
 
 from __future__ import annotations
@@ -230,6 +232,7 @@ def status_report(topology: Any, metrics: dict[str, NodeMetrics | str]) -> dict[
     owned = set(epochs)
     return {
         "answered_by": topology.node_id,
+        "restricted": topology.restricted,
         "shard_count": topology.shard_count,
         "nodes": nodes,
         "shards": [
@@ -277,6 +280,17 @@ def status_text(report: dict[str, Any], *, show_shards: bool) -> str:
                 state,
             ]
         )
+    if report["restricted"]:
+        # Nothing of the shards or the metrics came: only the node columns mean anything.
+        return "\n".join(
+            [
+                f"cluster: {len(report['nodes'])} node(s) (answered by {report['answered_by']})",
+                "",
+                output.table(("NODE", "ADDRESS", "STATE"), [[r[0], r[1], r[-1]] for r in rows]),
+                "",
+                RESTRICTED_NOTE,
+            ]
+        )
     owned = report["shard_count"] - len(report["unowned_shards"])
     lines = [
         f"cluster: {len(report['nodes'])} node(s), {owned}/{report['shard_count']} shards "
@@ -307,13 +321,19 @@ def status_text(report: dict[str, Any], *, show_shards: bool) -> str:
     return "\n".join(lines)
 
 
+RESTRICTED_NOTE = (
+    "This key is not an operator's: the shard map, epochs and the nodes' metrics are an\n"
+    "operator key's (chronoshard tenants create NAME --operator)."
+)
+
 STATUS_EPILOG = """\
 examples:
   chronoshard status
   chronoshard status --shards                 # every shard, its owner and epoch
   chronoshard status -o json | jq '.nodes[] | {node_id, shards: (.shards | length)}'
 
-The topology comes from etcd through any node; the numbers from each node's /metrics."""
+The topology comes from etcd through any node; the numbers from each node's /metrics.
+The shards, epochs and metrics need an operator key; another key sees the nodes only."""
 
 
 def configure_status(parser: argparse.ArgumentParser) -> None:
@@ -332,7 +352,12 @@ def run_status(args: argparse.Namespace, out: TextIO) -> int:
         "GetTopology",
         admin_service_pb2.GetTopologyRequest(),
     )
-    metrics = {node.node_id: scrape(node.metrics_address) for node in topology.nodes}
+    # A restricted answer names no metrics endpoint: nothing to scrape, nothing to report.
+    metrics = (
+        {}
+        if topology.restricted
+        else {n.node_id: scrape(n.metrics_address) for n in topology.nodes}
+    )
     report = status_report(topology, metrics)
     if args.output == "json":
         print(output.dumps(report), file=out)

@@ -11,11 +11,16 @@ format, same cache, same single "missing or invalid API key" answer):
   receives is decided by its queues and task types, not by the key it presents (see
   docs/architecture.md, Decisions). A refused ``Connect`` never opens a session, and a
   refused settlement is never queued, so nothing is written for a bad key;
-- **reading the topology** (``GetTopology``, ``ListShards``) needs a valid key too:
-  workers discover nodes with it and the CLI's ``status`` shows it;
-- **changing the cluster** (``DrainNode``, ``UndrainNode``) needs an *operator* key: a
-  tenant row with ``operator = true`` (``chronoshard tenants create NAME --operator``).
-  Any other valid key gets ``PERMISSION_DENIED``.
+- **reading the topology** (``GetTopology``) and **the worker sessions**
+  (``ListWorkerSessions``) need a valid key too: workers discover nodes with the
+  topology, whatever their key. What each answers depends on the key, so the servicer
+  asks again whom it answers (:mod:`.admin`): an operator's key gets the cluster views
+  (the shard map, epochs, metrics endpoints, every tenant's sessions), any other the
+  nodes and its own workers' sessions;
+- **the shard map** (``ListShards``) and **changing the cluster** (``DrainNode``,
+  ``UndrainNode``) need an *operator* key: a tenant row with ``operator = true``
+  (``chronoshard tenants create NAME --operator``). Any other valid key gets
+  ``PERMISSION_DENIED``.
 
 Health checks and reflection stay open: load balancers and ``grpcurl`` must work
 without a key, and neither reveals tasks or tenants.
@@ -52,7 +57,11 @@ log = logging.getLogger(__name__)
 WORKER_SERVICE_PREFIX = "/chronoshard.v1.WorkerService/"
 ADMIN_SERVICE_PREFIX = "/chronoshard.v1.AdminService/"
 OPERATOR_METHODS = frozenset(
-    {"/chronoshard.v1.AdminService/DrainNode", "/chronoshard.v1.AdminService/UndrainNode"}
+    {
+        "/chronoshard.v1.AdminService/ListShards",
+        "/chronoshard.v1.AdminService/DrainNode",
+        "/chronoshard.v1.AdminService/UndrainNode",
+    }
 )
 
 

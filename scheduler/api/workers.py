@@ -21,6 +21,13 @@ task refs are converted once per task, not once per beat (:func:`_beats`), becau
 converting them dominated what a heartbeat cost the node (``bench/heartbeats.py``). Only
 what the statements need becomes a core value.
 
+Whose worker a stream is: the tenant whose key (or client certificate) opened it,
+asked of the authenticator once per stream (the access interceptor has just checked the
+same key, so the answer is cached) and kept in the node's
+:class:`~chronoshard.scheduler.core.worker_sessions.SessionOwners` for the sessions'
+records and ``AdminService.ListWorkerSessions``. It changes nothing about which tasks the
+worker gets.
+
 The protocol is written down in ``docs/worker-protocol.md``.
 """
 
@@ -29,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import unicodedata
+import uuid
 from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
 from typing import Any, ClassVar
@@ -50,6 +58,7 @@ from chronoshard.scheduler.core.runs import (
     SettleOutcome,
 )
 from chronoshard.scheduler.core.states import AttemptState
+from chronoshard.scheduler.core.worker_sessions import SessionOwners
 from chronoshard.scheduler.dispatch import faults
 from chronoshard.scheduler.dispatch.faults import CrashPoint
 from chronoshard.scheduler.dispatch.sessions import SessionRegistry, WorkerSession
@@ -146,10 +155,15 @@ class Gateway(worker_service_pb2_grpc.WorkerServiceServicer):
         config: SchedulerConfig,
         sessions: SessionRegistry,
         settlements: Settlements,
+        *,
+        authenticator: boundary.Authenticates,
+        owners: SessionOwners,
     ) -> None:
         self._config = config
         self._sessions = sessions
         self._settlements = settlements
+        self._authenticator = authenticator
+        self._owners = owners
         # Resolved once the node flushed at stop: every stream sends what is queued for
         # it and ends (made lazily: it needs the running loop).
         self._streams_end: asyncio.Future[None] | None = None
@@ -211,6 +225,7 @@ class Gateway(worker_service_pb2_grpc.WorkerServiceServicer):
                 reject=worker_service_pb2.Reject(error=boundary.error_info(exc))
             )
             return
+        owner = await self._owner(context, hello.worker_id)
         session = self._sessions.open(
             hello.worker_id,
             queues=_served_queues(hello),
@@ -218,6 +233,8 @@ class Gateway(worker_service_pb2_grpc.WorkerServiceServicer):
             slots=hello.slots,
             accepts_batches=hello.accepts_batches,
         )
+        # Before anything awaits: the liveness record the open just asked for names it.
+        self._owners.opened(session.session_id, owner)
         reader = asyncio.create_task(
             self._read(session, request_iterator), name=f"worker-reader-{session.session_id}"
         )
@@ -231,6 +248,24 @@ class Gateway(worker_service_pb2_grpc.WorkerServiceServicer):
         finally:
             await _stop_reader(session, reader)
             self._sessions.close(session)
+            self._owners.closed(session.session_id)
+
+    async def _owner(self, context: Any, worker_id: str) -> uuid.UUID | None:
+        """The tenant whose key opened this stream (admitted by the access interceptor,
+        so a cache hit); None, and a warning, if it cannot be told now (the key was
+        revoked meanwhile, PostgreSQL is away): the stream serves all the same, and only
+        an operator's listing shows it."""
+        try:
+            tenant = await self._authenticator.authenticate(
+                *boundary.credentials_of(context, self._authenticator)
+            )
+        except SchedulerError as exc:
+            log.warning(
+                "could not tell whose worker this is",
+                extra={"worker_id": worker_id, "error": str(exc)},
+            )
+            return None
+        return tenant.id
 
     async def _outbox_writes(
         self, session: WorkerSession, reader: asyncio.Task[None]

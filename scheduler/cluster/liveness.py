@@ -1,4 +1,5 @@
-"""Which workers have a session with which node, recorded in ``worker_sessions``.
+"""Which workers have a session with which node, and what each session is, recorded in
+``worker_sessions``.
 
 A worker holds one stream to every node, and each node knows only its own streams, yet
 a node taking shards over in a planned handoff must know which workers the cluster has,
@@ -14,6 +15,12 @@ maintenance forgets them after a day). The statements are
 Nothing here decides whether a task may run again: a worker cut off by a partition looks
 exactly like a gone one, so leases and the workers' self-fencing decide that
 (:mod:`.reconciler`).
+
+Each record also says what the session is (a
+:class:`~chronoshard.scheduler.core.worker_sessions.SessionReport`: whose key opened it,
+its queues and types, slots, credits, tasks running), so that any node can list the
+cluster's sessions (``AdminService.ListWorkerSessions``); the figures that change
+(credits, running) are as of the last refresh.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ from collections.abc import Collection
 from typing import ClassVar, Protocol
 
 from chronoshard.events import wait_event
+from chronoshard.scheduler.core.worker_sessions import SessionReport
 from chronoshard.scheduler.errors import StoreUnavailable
 
 log = logging.getLogger(__name__)
@@ -32,12 +40,14 @@ REFRESHES_PER_TIMEOUT = 3
 
 
 class SessionSource(Protocol):
-    def worker_ids(self) -> set[str]: ...
+    def reports(self) -> list[SessionReport]:
+        """The node's live sessions, as of now."""
+        ...
 
 
 class LivenessStore(Protocol):
     async def touch_worker_sessions(
-        self, node_id: str, worker_ids: Collection[str], closed: Collection[str] = ()
+        self, node_id: str, live: Collection[SessionReport], closed: Collection[str] = ()
     ) -> None: ...
 
 
@@ -74,10 +84,13 @@ class WorkerLiveness:
             await wait_event(self._wake, self._interval_s)
 
     async def report_once(self) -> None:
-        live = self._sessions.worker_ids()
+        reports = self._sessions.reports()
+        live = {r.worker_id for r in reports}
         # Sessions closed since the last report are written once more, as closed: "last
         # seen" is then their close (or just after), not up to an interval before it.
-        await self._store.touch_worker_sessions(self._node_id, live, closed=self._reported - live)
+        await self._store.touch_worker_sessions(
+            self._node_id, reports, closed=self._reported - live
+        )
         self._reported = live
         self._stats["reports"] += 1
 

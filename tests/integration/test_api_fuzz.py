@@ -489,6 +489,10 @@ def test_drawn_admin_requests_with_an_operator_key(api: Node, data: st.DataObjec
     if method.endswith(("/DrainNode", "/UndrainNode")):
         assert answer.code is grpc.StatusCode.NOT_FOUND, (method, answer.details)
         assert info is not None and (info.reason, info.field) == ("NODE_NOT_FOUND", "node_id")
+    elif method.endswith("/ListWorkerSessions") and answer.code is not grpc.StatusCode.OK:
+        # Drawn filters and page tokens: refused on the field, or listed.
+        assert answer.code is grpc.StatusCode.INVALID_ARGUMENT, (method, answer.details)
+        assert info is not None and info.field in ("worker_id", "node_id", "page_token")
     else:
         assert answer.code is grpc.StatusCode.OK, (method, answer.details)
 
@@ -650,6 +654,10 @@ def _oversized(field: str, size: int) -> tuple[str, Message]:
             "AdminService/DrainNode",
             lambda: admin_service_pb2.DrainNodeRequest(node_id=text),
         ),
+        "worker session filter": (
+            "AdminService/ListWorkerSessions",
+            lambda: admin_service_pb2.ListWorkerSessionsRequest(worker_id=text),
+        ),
         "expectation job id": (
             "WatchdogService/DeleteExpectation",
             lambda: wd.DeleteExpectationRequest(job_id=text),
@@ -693,6 +701,8 @@ OUTCOMES: dict[str, tuple[int, grpc.StatusCode, grpc.StatusCode]] = {
     "fail message": (0, _MISSING, _MISSING),
     # An id no live node has is NOT_FOUND (and the message quotes only 40 characters).
     "node id": (0, grpc.StatusCode.NOT_FOUND, grpc.StatusCode.NOT_FOUND),
+    # A worker id nobody has lists nothing.
+    "worker session filter": (200, _BAD, grpc.StatusCode.OK),
     "expectation job id": (200, _BAD, _MISSING),
     "expectation description": (1000, _BAD, grpc.StatusCode.OK),
     "message": (MAX_MESSAGE, grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.OK),

@@ -14,6 +14,7 @@ from typing import Any
 import psycopg
 import pytest
 from fixtures.cli_runs import run
+from fixtures.waiting import eventually
 from harness.cluster import Cluster, running_cluster
 
 from chronoshard import cli
@@ -241,7 +242,8 @@ async def test_status_and_drain(
 ) -> None:
     done = await run(capsys, "submit", "cli.ok", "--strict", "--wait", *_common(cluster))
     assert done.code == 0, done.err
-    status = await run(capsys, "status", "-o", "json", *_common(cluster))
+    ops = _common(cluster, await _key(cluster, "ops", operator=True))
+    status = await run(capsys, "status", "-o", "json", *ops)
     assert status.code == 0, status.err
     report = status.json()
     [node] = report["nodes"]
@@ -249,13 +251,20 @@ async def test_status_and_drain(
     assert node["metrics"]["worker_sessions"] >= 1
     assert node["metrics"]["dispatched"] >= 1 and node["metrics"]["lateness_p50_s"] is not None
     assert report["shard_count"] == SHARDS and report["unowned_shards"] == []
+    assert report["restricted"] is False
     assert sorted(s["shard"] for s in report["shards"]) == list(range(SHARDS))
     assert all(s["epoch"] > 0 and s["node_id"] == node["node_id"] for s in report["shards"])
-    table = await run(capsys, "status", "--shards", *_common(cluster))
+    table = await run(capsys, "status", "--shards", *ops)
     assert node["node_id"] in table.out and "serving" in table.out and "EPOCH" in table.out
+    # A tenant's key: the nodes, and why there is no more.
+    tenants = await run(capsys, "status", *_common(cluster))
+    assert tenants.code == 0, tenants.err
+    assert NODE in tenants.out and "serving" in tenants.out and "EPOCH" not in tenants.out
+    assert "not an operator's" in tenants.out
+    restricted = await run(capsys, "status", "-o", "json", *_common(cluster))
+    assert restricted.json()["restricted"] is True and restricted.json()["shards"] == []
 
     node_id = node["node_id"]
-    ops = _common(cluster, await _key(cluster, "ops", operator=True))
     denied = await run(capsys, "drain", node_id, *_common(cluster))
     assert denied.code == cli.EXIT_FAILURE and "PERMISSION_DENIED" in denied.err
     after = await run(capsys, "status", "-o", "json", *_common(cluster))
@@ -272,6 +281,34 @@ async def test_status_and_drain(
     assert undrained.code == 0 and undrained.out.strip() == f"undrained {node_id}"
     back = await run(capsys, "status", "-o", "json", *_common(cluster))
     assert back.json()["nodes"][0]["draining"] is False
+
+
+async def test_workers_ls(
+    cluster: Cluster, worker: Worker, capsys: pytest.CaptureFixture[str]
+) -> None:
+    async def listed() -> Any:
+        shown = await run(capsys, "workers", "ls", "-o", "json", *_common(cluster))
+        assert shown.code == cli.EXIT_OK, shown.err
+        return shown.json() if shown.json()["sessions"] else None
+
+    mine = await eventually(listed, timeout_s=10, what="the worker's session")
+    assert mine["restricted"] is True and mine["more"] is False
+    [session] = mine["sessions"]
+    assert (session["worker_id"], session["node_id"], session["slots"]) == ("cli-worker", NODE, 4)
+    assert session["task_types"] == ["cli.fail", "cli.ok"] and session["queues"] == ["default"]
+    assert session["tenant_name"] == cluster.tenant.tenant.name
+
+    ops = _common(cluster, await _key(cluster, "ops-workers", operator=True))
+    table = await run(capsys, "workers", "ls", *ops)
+    assert table.code == cli.EXIT_OK, table.err
+    assert "WORKER" in table.out and "CREDITS" in table.out and "cli-worker" in table.out
+    assert cluster.tenant.tenant.name in table.out and "tenant's workers only" not in table.out
+    other = await run(capsys, "workers", "ls", *_common(cluster, await _key(cluster, "other")))
+    assert other.out.splitlines()[0] == "no worker sessions"
+    assert "tenant's workers only" in other.out
+    bad = await run(capsys, "workers", "ls", "--worker", "x" * 201, *_common(cluster))
+    assert bad.code == cli.EXIT_FAILURE
+    assert "INVALID_ARGUMENT" in bad.err and "worker_id: must be at most 200" in bad.err
 
 
 async def test_tenants_on_the_database(

@@ -10,6 +10,7 @@ from datetime import UTC, datetime, timedelta
 
 import psycopg
 import pytest
+from fixtures.rows import session_reports
 from fixtures.waiting import eventually
 
 from chronoshard.scheduler.cluster.maintenance import (
@@ -132,7 +133,7 @@ async def test_a_round_forgets_worker_sessions_nobody_refreshed_for_a_day(
     store: Store, fresh_db_dsn: str
 ) -> None:
     sessions = WorkerSessionStore(store)
-    await sessions.touch_worker_sessions("node-a", ["fresh", "stale"])
+    await sessions.touch_worker_sessions("node-a", session_reports("fresh", "stale"))
     with psycopg.connect(fresh_db_dsn, autocommit=True) as conn:
         conn.execute(
             "UPDATE worker_sessions SET last_seen_at = now() - make_interval(secs => %s)"

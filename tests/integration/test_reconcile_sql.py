@@ -19,6 +19,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from fixtures.rows import session_reports
 from fixtures.stores import EPOCH, OWNER, SHARD, submit
 from fixtures.waiting import eventually
 from psycopg.rows import dict_row
@@ -678,13 +679,14 @@ async def test_workers_seen_are_those_with_an_open_session_on_the_given_nodes(
     store: Store,
 ) -> None:
     sessions = WorkerSessionStore(store)
-    await sessions.touch_worker_sessions("node-a", ["w1", "w2"])
-    await sessions.touch_worker_sessions("node-b", ["w3"])
+    await sessions.touch_worker_sessions("node-a", session_reports("w1", "w2"))
+    await sessions.touch_worker_sessions("node-b", session_reports("w3"))
     assert await sessions.workers_seen(["node-a", "node-b"], 10) == {"w1", "w2", "w3"}
     assert await sessions.workers_seen(["node-b"], 10) == {"w3"}
-    await sessions.touch_worker_sessions("node-a", ["w1"], closed=["w2"])  # w2 stopped
+    # w2 stopped
+    await sessions.touch_worker_sessions("node-a", session_reports("w1"), closed=["w2"])
     assert await sessions.workers_seen(["node-a"], 10) == {"w1"}
-    await sessions.touch_worker_sessions("node-a", ["w1", "w2"])  # and came back
+    await sessions.touch_worker_sessions("node-a", session_reports("w1", "w2"))  # and came back
     assert await sessions.workers_seen(["node-a"], 10) == {"w1", "w2"}
     await _sql(store, "UPDATE worker_sessions SET last_seen_at = now() - interval '11 s'")
     assert await sessions.workers_seen(["node-a"], 10) == set()  # node-a died: rows aged

@@ -1,9 +1,10 @@
 """Row-level security on the tenant tables (migration 0014,
 docs/operations.md#row-level-security) against a real PostgreSQL and a real node.
 
-One node and one SDK worker run on this module's database; two tenants each submit
-(SubmitTask and SubmitBatch), create a workflow, a schedule they trigger and an
-expectation through the node's API, and the worker runs every task of both. That puts
+One node and two SDK workers (one with each tenant's key) run on this module's
+database; two tenants each submit (SubmitTask and SubmitBatch), create a workflow, a
+schedule they trigger and an expectation through the node's API, and the workers run
+every task of both. That puts
 rows of both tenants in every tenant table; the tests then read them three ways:
 
 * as ``chronoshard_api`` with no tenant set (``SET ROLE``, as an operator in psql would):
@@ -77,11 +78,12 @@ TENANT_OF: Mapping[str, str] = {
     "expectations": "SELECT tenant_id FROM expectations",
     "alerts": "SELECT tenant_id FROM alerts",
     "tenant_dispatch_buckets": "SELECT tenant_id FROM tenant_dispatch_buckets",
+    # The tenant whose key opened each worker stream (0016).
+    "worker_sessions": "SELECT tenant_id FROM worker_sessions",
 }
 NOT_GRANTED = (
     "tenant_dispatch_buckets",
     "shard_owners",
-    "worker_sessions",
     "canary_executions",
     "schema_migrations",
 )
@@ -178,14 +180,16 @@ async def world(db_dsn: str, etcd: EtcdProcess) -> AsyncIterator[World]:
         (_, key_a), (_, key_b) = [
             await tenant_with_key(node.store, rate_limit_rps=1000.0) for _ in range(2)
         ]
-        # One worker, with A's key: workers serve every tenant's tasks.
-        worker = Worker([address], api_key=key_a, slots=4)
+        # A worker with each tenant's key (workers serve every tenant's tasks; the key
+        # says whose worker it is, in worker_sessions).
+        workers = [Worker([address], api_key=key, slots=2) for key in (key_a, key_b)]
 
-        @worker.task(TASK_TYPE)
         async def echo(ctx: TaskContext) -> dict[str, Any]:
             return dict(ctx.payload)
 
-        running = asyncio.create_task(worker.run())
+        for worker in workers:
+            worker.task(TASK_TYPE)(echo)
+        running = [asyncio.create_task(worker.run()) for worker in workers]
         try:
             async with (
                 Client(address, api_key=key_a) as client_a,
@@ -202,8 +206,9 @@ async def world(db_dsn: str, etcd: EtcdProcess) -> AsyncIterator[World]:
 
                 await eventually(all_completed, timeout_s=30, what="both tenants' tasks ran")
         finally:
-            worker.stop()
-            await asyncio.wait_for(running, timeout=10)
+            for worker in workers:
+                worker.stop()
+            await asyncio.wait_for(asyncio.gather(*running), timeout=10)
         # The watchdog's alerts about each tenant's job (WatchdogService.ListIncidents
         # reads them as the tenant), and one of the cluster's own, which no tenant sees.
         async with await psycopg.AsyncConnection.connect(db_dsn, autocommit=True) as conn:

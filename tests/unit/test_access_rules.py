@@ -24,11 +24,14 @@ def test_every_worker_call_needs_a_key(method: str) -> None:
     assert rule_for(method) is Rule.ANY_KEY
 
 
-def test_admin_reads_need_a_key_and_changes_an_operator() -> None:
+def test_the_shard_map_and_changes_need_an_operator_and_the_rest_a_key() -> None:
+    # GetTopology and ListWorkerSessions answer any key, scoped to it by the servicer
+    # (a worker discovers the nodes with whatever key it has).
     rules = {m.rsplit("/", 1)[1]: rule_for(m) for m in _methods(admin_service_pb2, "AdminService")}
+    assert rules.pop("ListShards") is Rule.OPERATOR
     assert rules.pop("DrainNode") is Rule.OPERATOR
     assert rules.pop("UndrainNode") is Rule.OPERATOR
-    assert rules and set(rules.values()) == {Rule.ANY_KEY}
+    assert rules == {"GetTopology": Rule.ANY_KEY, "ListWorkerSessions": Rule.ANY_KEY}
 
 
 @pytest.mark.parametrize(

@@ -150,6 +150,7 @@ def test_services_expose_their_rpcs() -> None:
     assert methods(admin_service_pb2, "AdminService") == {
         "GetTopology": unary,
         "ListShards": unary,
+        "ListWorkerSessions": unary,
         "DrainNode": unary,
         "UndrainNode": unary,
     }

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\"chronoshard/v1/admin_service.proto\x12\x0e\x63hronoshard.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xa9\x01\n\x04Node\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x17\n\x0fmetrics_address\x18\x03 \x01(\t\x12.\n\nstarted_at\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0e\n\x06shards\x18\x05 \x03(\r\x12\x10\n\x08\x64raining\x18\x06 \x01(\x08\x12\x14\n\x0c\x63lock_skewed\x18\x07 \x01(\x08\";\n\nShardOwner\x12\r\n\x05shard\x18\x01 \x01(\r\x12\x0f\n\x07node_id\x18\x02 \x01(\t\x12\r\n\x05\x65poch\x18\x03 \x01(\x03\"\x14\n\x12GetTopologyRequest\"\x8c\x01\n\x13GetTopologyResponse\x12#\n\x05nodes\x18\x01 \x03(\x0b\x32\x14.chronoshard.v1.Node\x12*\n\x06shards\x18\x02 \x03(\x0b\x32\x1a.chronoshard.v1.ShardOwner\x12\x13\n\x0bshard_count\x18\x03 \x01(\r\x12\x0f\n\x07node_id\x18\x04 \x01(\t\"\x13\n\x11ListShardsRequest\"O\n\nShardState\x12)\n\x05owner\x18\x01 \x01(\x0b\x32\x1a.chronoshard.v1.ShardOwner\x12\x16\n\x0etarget_node_id\x18\x02 \x01(\t\"U\n\x12ListShardsResponse\x12*\n\x06shards\x18\x01 \x03(\x0b\x32\x1a.chronoshard.v1.ShardState\x12\x13\n\x0bshard_count\x18\x02 \x01(\r\"#\n\x10\x44rainNodeRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\"7\n\x11\x44rainNodeResponse\x12\"\n\x04node\x18\x01 \x01(\x0b\x32\x14.chronoshard.v1.Node\"%\n\x12UndrainNodeRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\"9\n\x13UndrainNodeResponse\x12\"\n\x04node\x18\x01 \x01(\x0b\x32\x14.chronoshard.v1.Node2\xe5\x02\n\x0c\x41\x64minService\x12V\n\x0bGetTopology\x12\".chronoshard.v1.GetTopologyRequest\x1a#.chronoshard.v1.GetTopologyResponse\x12S\n\nListShards\x12!.chronoshard.v1.ListShardsRequest\x1a\".chronoshard.v1.ListShardsResponse\x12P\n\tDrainNode\x12 .chronoshard.v1.DrainNodeRequest\x1a!.chronoshard.v1.DrainNodeResponse\x12V\n\x0bUndrainNode\x12\".chronoshard.v1.UndrainNodeRequest\x1a#.chronoshard.v1.UndrainNodeResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\"chronoshard/v1/admin_service.proto\x12\x0e\x63hronoshard.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xa9\x01\n\x04Node\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x17\n\x0fmetrics_address\x18\x03 \x01(\t\x12.\n\nstarted_at\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0e\n\x06shards\x18\x05 \x03(\r\x12\x10\n\x08\x64raining\x18\x06 \x01(\x08\x12\x14\n\x0c\x63lock_skewed\x18\x07 \x01(\x08\";\n\nShardOwner\x12\r\n\x05shard\x18\x01 \x01(\r\x12\x0f\n\x07node_id\x18\x02 \x01(\t\x12\r\n\x05\x65poch\x18\x03 \x01(\x03\"\x14\n\x12GetTopologyRequest\"\xa0\x01\n\x13GetTopologyResponse\x12#\n\x05nodes\x18\x01 \x03(\x0b\x32\x14.chronoshard.v1.Node\x12*\n\x06shards\x18\x02 \x03(\x0b\x32\x1a.chronoshard.v1.ShardOwner\x12\x13\n\x0bshard_count\x18\x03 \x01(\r\x12\x0f\n\x07node_id\x18\x04 \x01(\t\x12\x12\n\nrestricted\x18\x05 \x01(\x08\"\x13\n\x11ListShardsRequest\"O\n\nShardState\x12)\n\x05owner\x18\x01 \x01(\x0b\x32\x1a.chronoshard.v1.ShardOwner\x12\x16\n\x0etarget_node_id\x18\x02 \x01(\t\"U\n\x12ListShardsResponse\x12*\n\x06shards\x18\x01 \x03(\x0b\x32\x1a.chronoshard.v1.ShardState\x12\x13\n\x0bshard_count\x18\x02 \x01(\r\"#\n\x10\x44rainNodeRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\"7\n\x11\x44rainNodeResponse\x12\"\n\x04node\x18\x01 \x01(\x0b\x32\x14.chronoshard.v1.Node\"%\n\x12UndrainNodeRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\"9\n\x13UndrainNodeResponse\x12\"\n\x04node\x18\x01 \x01(\x0b\x32\x14.chronoshard.v1.Node\"f\n\x19ListWorkerSessionsRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0f\n\x07node_id\x18\x02 \x01(\t\x12\x11\n\tpage_size\x18\x03 \x01(\r\x12\x12\n\npage_token\x18\x04 \x01(\t\"\xb9\x02\n\rWorkerSession\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0f\n\x07node_id\x18\x02 \x01(\t\x12\x12\n\nsession_id\x18\x03 \x01(\t\x12\x11\n\ttenant_id\x18\x04 \x01(\t\x12\x13\n\x0btenant_name\x18\x05 \x01(\t\x12\x0e\n\x06queues\x18\x06 \x03(\t\x12\x12\n\ntask_types\x18\x07 \x03(\t\x12\r\n\x05slots\x18\x08 \x01(\r\x12\x0f\n\x07\x63redits\x18\t \x01(\r\x12\x0f\n\x07running\x18\n \x01(\r\x12\x10\n\x08\x64raining\x18\x0b \x01(\x08\x12\x30\n\x0c\x63onnected_at\x18\x0c \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0breported_at\x18\r \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\x8b\x01\n\x1aListWorkerSessionsResponse\x12/\n\x08sessions\x18\x01 \x03(\x0b\x32\x1d.chronoshard.v1.WorkerSession\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\x12\x0f\n\x07node_id\x18\x03 \x01(\t\x12\x12\n\nrestricted\x18\x04 \x01(\x08\x32\xd2\x03\n\x0c\x41\x64minService\x12V\n\x0bGetTopology\x12\".chronoshard.v1.GetTopologyRequest\x1a#.chronoshard.v1.GetTopologyResponse\x12S\n\nListShards\x12!.chronoshard.v1.ListShardsRequest\x1a\".chronoshard.v1.ListShardsResponse\x12k\n\x12ListWorkerSessions\x12).chronoshard.v1.ListWorkerSessionsRequest\x1a*.chronoshard.v1.ListWorkerSessionsResponse\x12P\n\tDrainNode\x12 .chronoshard.v1.DrainNodeRequest\x1a!.chronoshard.v1.DrainNodeResponse\x12V\n\x0bUndrainNode\x12\".chronoshard.v1.UndrainNodeRequest\x1a#.chronoshard.v1.UndrainNodeResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -39,21 +39,27 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_GETTOPOLOGYREQUEST']._serialized_start=320
   _globals['_GETTOPOLOGYREQUEST']._serialized_end=340
   _globals['_GETTOPOLOGYRESPONSE']._serialized_start=343
-  _globals['_GETTOPOLOGYRESPONSE']._serialized_end=483
-  _globals['_LISTSHARDSREQUEST']._serialized_start=485
-  _globals['_LISTSHARDSREQUEST']._serialized_end=504
-  _globals['_SHARDSTATE']._serialized_start=506
-  _globals['_SHARDSTATE']._serialized_end=585
-  _globals['_LISTSHARDSRESPONSE']._serialized_start=587
-  _globals['_LISTSHARDSRESPONSE']._serialized_end=672
-  _globals['_DRAINNODEREQUEST']._serialized_start=674
-  _globals['_DRAINNODEREQUEST']._serialized_end=709
-  _globals['_DRAINNODERESPONSE']._serialized_start=711
-  _globals['_DRAINNODERESPONSE']._serialized_end=766
-  _globals['_UNDRAINNODEREQUEST']._serialized_start=768
-  _globals['_UNDRAINNODEREQUEST']._serialized_end=805
-  _globals['_UNDRAINNODERESPONSE']._serialized_start=807
-  _globals['_UNDRAINNODERESPONSE']._serialized_end=864
-  _globals['_ADMINSERVICE']._serialized_start=867
-  _globals['_ADMINSERVICE']._serialized_end=1224
+  _globals['_GETTOPOLOGYRESPONSE']._serialized_end=503
+  _globals['_LISTSHARDSREQUEST']._serialized_start=505
+  _globals['_LISTSHARDSREQUEST']._serialized_end=524
+  _globals['_SHARDSTATE']._serialized_start=526
+  _globals['_SHARDSTATE']._serialized_end=605
+  _globals['_LISTSHARDSRESPONSE']._serialized_start=607
+  _globals['_LISTSHARDSRESPONSE']._serialized_end=692
+  _globals['_DRAINNODEREQUEST']._serialized_start=694
+  _globals['_DRAINNODEREQUEST']._serialized_end=729
+  _globals['_DRAINNODERESPONSE']._serialized_start=731
+  _globals['_DRAINNODERESPONSE']._serialized_end=786
+  _globals['_UNDRAINNODEREQUEST']._serialized_start=788
+  _globals['_UNDRAINNODEREQUEST']._serialized_end=825
+  _globals['_UNDRAINNODERESPONSE']._serialized_start=827
+  _globals['_UNDRAINNODERESPONSE']._serialized_end=884
+  _globals['_LISTWORKERSESSIONSREQUEST']._serialized_start=886
+  _globals['_LISTWORKERSESSIONSREQUEST']._serialized_end=988
+  _globals['_WORKERSESSION']._serialized_start=991
+  _globals['_WORKERSESSION']._serialized_end=1304
+  _globals['_LISTWORKERSESSIONSRESPONSE']._serialized_start=1307
+  _globals['_LISTWORKERSESSIONSRESPONSE']._serialized_end=1446
+  _globals['_ADMINSERVICE']._serialized_start=1449
+  _globals['_ADMINSERVICE']._serialized_end=1915
 # @@protoc_insertion_point(module_scope)

@@ -45,6 +45,11 @@ class AdminServiceStub:
                 request_serializer=chronoshard_dot_v1_dot_admin__service__pb2.ListShardsRequest.SerializeToString,
                 response_deserializer=chronoshard_dot_v1_dot_admin__service__pb2.ListShardsResponse.FromString,
                 _registered_method=True)
+        self.ListWorkerSessions = channel.unary_unary(
+                '/chronoshard.v1.AdminService/ListWorkerSessions',
+                request_serializer=chronoshard_dot_v1_dot_admin__service__pb2.ListWorkerSessionsRequest.SerializeToString,
+                response_deserializer=chronoshard_dot_v1_dot_admin__service__pb2.ListWorkerSessionsResponse.FromString,
+                _registered_method=True)
         self.DrainNode = channel.unary_unary(
                 '/chronoshard.v1.AdminService/DrainNode',
                 request_serializer=chronoshard_dot_v1_dot_admin__service__pb2.DrainNodeRequest.SerializeToString,
@@ -62,14 +67,28 @@ class AdminServiceServicer:
     """
 
     def GetTopology(self, request, context):
-        """The live nodes and who owns which shard.
+        """The live nodes and who owns which shard. Any valid key. An operator key gets the
+        whole view; any other key gets the nodes only (id, address, start, draining, clock
+        skew: what a worker needs to reach every node), marked restricted.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def ListShards(self, request, context):
-        """Every shard with its current and target owner, for watching a handoff.
+        """Every shard with its current and target owner, for watching a handoff. Needs an
+        operator key.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListWorkerSessions(self, request, context):
+        """The cluster's live worker sessions: which worker has a stream with which node,
+        serving what, with how many slots, credits and tasks running. Any valid key: a
+        tenant's key sees the sessions its own workers opened (with that tenant's key), an
+        operator key sees every session. Read from the nodes' session records (refreshed
+        every workers.session_timeout_s / 3), the answering node's own sessions live.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -107,6 +126,11 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.ListShards,
                     request_deserializer=chronoshard_dot_v1_dot_admin__service__pb2.ListShardsRequest.FromString,
                     response_serializer=chronoshard_dot_v1_dot_admin__service__pb2.ListShardsResponse.SerializeToString,
+            ),
+            'ListWorkerSessions': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListWorkerSessions,
+                    request_deserializer=chronoshard_dot_v1_dot_admin__service__pb2.ListWorkerSessionsRequest.FromString,
+                    response_serializer=chronoshard_dot_v1_dot_admin__service__pb2.ListWorkerSessionsResponse.SerializeToString,
             ),
             'DrainNode': grpc.unary_unary_rpc_method_handler(
                     servicer.DrainNode,
@@ -174,6 +198,33 @@ class AdminService:
             '/chronoshard.v1.AdminService/ListShards',
             chronoshard_dot_v1_dot_admin__service__pb2.ListShardsRequest.SerializeToString,
             chronoshard_dot_v1_dot_admin__service__pb2.ListShardsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListWorkerSessions(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/chronoshard.v1.AdminService/ListWorkerSessions',
+            chronoshard_dot_v1_dot_admin__service__pb2.ListWorkerSessionsRequest.SerializeToString,
+            chronoshard_dot_v1_dot_admin__service__pb2.ListWorkerSessionsResponse.FromString,
             options,
             channel_credentials,
             insecure,
