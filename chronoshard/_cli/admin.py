@@ -96,6 +96,8 @@ class NodeMetrics:
     dispatched: float = 0.0
     """Tasks dispatched since the node started (the lateness histogram's count)."""
     lateness_mean_s: float | None = None
+    """None when the exposition has no ``_sum``: prometheus_client writes none for a
+    histogram with negative buckets, which the node's lateness histogram has."""
     lateness_p50_s: float | None = None
     lateness_p99_s: float | None = None
     lateness_buckets: tuple[tuple[float, float], ...] = field(default=(), repr=False)
@@ -107,7 +109,10 @@ def parse_node_metrics(text: str) -> NodeMetrics:
 
     values: dict[str, Any] = {}
     buckets: list[tuple[float, float]] = []
-    count = total = 0.0
+    count = 0.0
+    # prometheus_client writes no _sum for a histogram with negative buckets, as the
+    # lateness histogram has (a task sent ahead is early): then there is no mean.
+    total: float | None = None
     for family in text_string_to_metric_families(text):
         if family.name in GAUGES and family.samples:
             values[GAUGES[family.name]] = float(family.samples[0].value)
@@ -123,7 +128,7 @@ def parse_node_metrics(text: str) -> NodeMetrics:
     return NodeMetrics(
         **values,
         dispatched=count,
-        lateness_mean_s=total / count if count else None,
+        lateness_mean_s=total / count if count and total is not None else None,
         lateness_p50_s=histogram_quantile(0.5, buckets),
         lateness_p99_s=histogram_quantile(0.99, buckets),
         lateness_buckets=tuple(buckets),

@@ -4,13 +4,13 @@ cluster at ``--target``.
 The console has no key of its own: each user logs in with theirs, so the command takes
 the cluster's address and TLS (the same flags as every command that calls a node) and
 where to listen, with an optional certificate for HTTPS (which also makes the session
-cookie ``Secure``).
+cookie ``Secure``). It runs until SIGTERM or SIGINT, then stops gracefully
+(:class:`~chronoshard.console.server.ConsoleServer`) and exits 0.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import sys
 from typing import TextIO
 
@@ -36,9 +36,11 @@ examples:
   chronoshard console --target node-1:7070,node-2:7070 --listen 0.0.0.0:8443 \\
       --https-cert console.pem --https-key console-key.pem --tls-ca ca.pem
 
-Log in with a tenant's API key (an operator key sees the same cluster views: nodes,
-shards, lateness). The key stays in the console's memory; the browser gets a session
-cookie only. Without --https-cert, serve it on the loopback or behind a TLS proxy.
+Log in with an API key: an operator key sees the cluster views (nodes, shards, epochs,
+lateness, every worker); a tenant's key its own tasks, schedules, workflows, workers and
+incidents. The key stays in the console's memory; the browser gets a session cookie
+only. Without --https-cert, serve it on the loopback or behind a TLS proxy. SIGTERM
+stops it gracefully.
 --target defaults to ${TARGET_ENV}, else {DEFAULT_TARGET}."""
 
 
@@ -73,8 +75,9 @@ def configure_console(parser: argparse.ArgumentParser) -> None:
 
 
 def run_console(args: argparse.Namespace, out: TextIO) -> int:
+    from chronoshard import daemon
     from chronoshard.console.backend import Cluster
-    from chronoshard.console.server import serve, server_ssl
+    from chronoshard.console.server import ConsoleServer, server_ssl
 
     if (args.https_cert is None) != (args.https_key is None):
         raise UsageError("--https-cert and --https-key go together")
@@ -89,9 +92,13 @@ def run_console(args: argparse.Namespace, out: TextIO) -> int:
         print(f"chronoshard console: serving {url} for {','.join(cluster.targets)}", file=out)
         out.flush()
 
+    server = ConsoleServer(cluster, host, port, ssl_context=context, ready=ready)
     try:
-        asyncio.run(serve(cluster, host, port, ssl_context=context, ready=ready))
+        # Until SIGTERM or SIGINT, then a written-out stop (ConsoleServer's docstring).
+        code = daemon.run(lambda: daemon.serve(server, "chronoshard console"))
     except OSError as exc:
         print(f"chronoshard console: cannot listen on {host}:{port}: {exc}", file=sys.stderr)
         return 1
-    return EXIT_OK
+    print("chronoshard console: stopped", file=out)
+    out.flush()
+    return EXIT_OK if code == 0 else 1

@@ -1,18 +1,21 @@
 """The console's calls to the cluster: the public gRPC API and the nodes' /metrics, with
 the user's API key. The only module of the console that talks to anything.
 
-Tasks, schedules and workflows go through :class:`chronoshard.Client`, one per session
-(the client sends its key on every call, and the tenant scoping is the API's: another
-tenant's task is NotFoundError like a task that does not exist). The cluster views —
-the topology (``AdminService.GetTopology``: nodes, shard owners and epochs) and the
-watchdog's expectations (``WatchdogService``) — are not in the client; they are called
-through the generated stubs over one shared channel per target, with the session's key
-as the call's metadata, so the API decides who may see them. Errors come back as the
-client's :class:`~chronoshard.errors.ChronoshardError` either way.
+Tasks, schedules, workflows, incidents and worker sessions go through
+:class:`chronoshard.Client`, one per session (the client sends its key on every call, and
+the tenant scoping is the API's: another tenant's task is NotFoundError like a task that
+does not exist; another tenant's workers are not listed). The topology
+(``AdminService.GetTopology``: nodes, shard owners and epochs) and the watchdog's
+expectations (``WatchdogService``) are not in the client; they are called through the
+generated stubs over one shared channel per target, with the session's key as the
+call's metadata, so the API decides who may see them: a key without the operator flag
+gets the nodes only (``TopologyView.restricted``). Errors come back as the client's
+:class:`~chronoshard.errors.ChronoshardError` either way.
 
-The nodes' /metrics (wheel sizes, worker sessions, dispatch lateness) need no key; the
-:class:`MetricsPoller` scrapes every node the topology named, every ``interval_s``,
-into a :class:`~chronoshard.console.lateness.History` the overview plots.
+The nodes' /metrics (wheel sizes, worker sessions, dispatch lateness) need no key, but
+their addresses come only in an operator's topology; the :class:`MetricsPoller` scrapes
+every node such a topology named, every ``interval_s``, into a
+:class:`~chronoshard.console.lateness.History` the overview plots.
 """
 
 from __future__ import annotations
@@ -69,6 +72,9 @@ class TopologyView:
     shard_count: int
     nodes: tuple[NodeView, ...]
     shards: tuple[ShardView, ...]
+    restricted: bool = False
+    """Answered for a key without the operator flag: the nodes only (no shards, epochs,
+    nor metrics endpoints)."""
 
 
 @dataclass(frozen=True)
@@ -104,7 +110,7 @@ def topology_view(reply: admin_service_pb2.GetTopologyResponse) -> TopologyView:
             (ShardView(s.shard, s.node_id, s.epoch) for s in reply.shards), key=lambda s: s.shard
         )
     )
-    return TopologyView(reply.node_id, reply.shard_count, nodes, shards)
+    return TopologyView(reply.node_id, reply.shard_count, nodes, shards, reply.restricted)
 
 
 def expectation_view(exp: watchdog_service_pb2.Expectation) -> ExpectationView:

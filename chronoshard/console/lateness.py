@@ -4,9 +4,10 @@ A node's /metrics has ``chronoshard_dispatch_lateness_seconds`` as a cumulative
 histogram since it started. The console scrapes every node every few seconds and keeps
 the last samples here (a bounded ring per node, in memory: the console keeps no store);
 the difference between two samples is what happened in between: how many tasks were
-dispatched (a rate), their mean lateness (Δsum / Δcount) and the 99th percentile of the
-bucket differences (estimated as Prometheus does). A counter that went down means the
-node restarted: that interval is skipped, not drawn as a negative rate.
+dispatched (a rate), and the median and 99th percentile of the bucket differences
+(estimated as Prometheus does). No mean: the histogram has negative buckets (a task sent
+ahead is early), for which prometheus_client exposes no ``_sum``. A counter that went
+down means the node restarted: that interval is skipped, not drawn as a negative rate.
 """
 
 from __future__ import annotations
@@ -27,7 +28,6 @@ class Sample:
     at: float
     """Wall-clock seconds (UNIX time) of the scrape."""
     dispatched: float
-    lateness_sum_s: float
     buckets: tuple[tuple[float, float], ...]
 
 
@@ -37,14 +37,12 @@ class Point:
 
     at: float
     rate_per_s: float
-    mean_s: float | None
+    p50_s: float | None
     p99_s: float | None
 
 
 def sample(at: float, metrics: NodeMetrics) -> Sample:
-    mean = metrics.lateness_mean_s
-    total = 0.0 if mean is None else mean * metrics.dispatched
-    return Sample(at, metrics.dispatched, total, metrics.lateness_buckets)
+    return Sample(at, metrics.dispatched, metrics.lateness_buckets)
 
 
 def points(samples: Sequence[Sample]) -> list[Point]:
@@ -55,11 +53,11 @@ def points(samples: Sequence[Sample]) -> list[Point]:
         count = after.dispatched - before.dispatched
         if elapsed <= 0 or count < 0:
             continue
-        mean = (after.lateness_sum_s - before.lateness_sum_s) / count if count else None
         earlier = dict(before.buckets)
         deltas = [(bound, n - earlier.get(bound, 0.0)) for bound, n in after.buckets]
+        p50 = histogram_quantile(0.5, deltas) if count else None
         p99 = histogram_quantile(0.99, deltas) if count else None
-        found.append(Point(after.at, count / elapsed, mean, p99))
+        found.append(Point(after.at, count / elapsed, p50, p99))
     return found
 
 

@@ -27,7 +27,7 @@ from typing import Any, TypeVar
 from aiohttp import web
 
 from chronoshard.client import Client
-from chronoshard.console import views
+from chronoshard.console import cluster_views, views
 from chronoshard.console.backend import Cluster, ExpectationView, MetricsPoller
 from chronoshard.console.markup import Html
 from chronoshard.console.sessions import Session, SessionStore, tokens_match
@@ -40,7 +40,7 @@ from chronoshard.errors import (
     PermissionDeniedError,
     UnauthenticatedError,
 )
-from chronoshard.types import Incident, Resolution
+from chronoshard.types import Incident, Resolution, WorkerSession
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -252,17 +252,30 @@ async def healthz(request: web.Request) -> web.StreamResponse:
 # --- overview -------------------------------------------------------------------------------
 
 
+OVERVIEW_SESSIONS = 1000
+"""Worker sessions the overview sums up at most (one page): enough for its one line."""
+
+
 async def _overview(request: web.Request) -> Html:
     session = session_of(request)
     cluster = request.app[CLUSTER]
     poller = request.app[POLLER]
     assert session.api_key is not None
     topology = await cluster.topology(session.api_key)
-    first_time = not poller.latest
-    poller.watch(topology)
-    if first_time:
-        await poller.scrape_once()
-    poller.start()
+    if not topology.restricted:
+        # Only an operator's topology names the nodes' metrics endpoints.
+        first_time = not poller.latest
+        poller.watch(topology)
+        if first_time:
+            await poller.scrape_once()
+        poller.start()
+    sessions: list[WorkerSession] | None
+    try:
+        sessions = list(
+            (await client_of(request).list_worker_sessions(page_size=OVERVIEW_SESSIONS)).sessions
+        )
+    except ChronoshardError:
+        sessions = None
     expectations: list[ExpectationView] | None
     try:
         expectations = await cluster.expectations(session.api_key)
@@ -273,18 +286,48 @@ async def _overview(request: web.Request) -> Html:
         incidents = await client_of(request).list_incidents()
     except ChronoshardError:
         incidents = None
-    return views.overview_fragment(
-        topology, poller.latest, poller.history, expectations, incidents, time.time()
+    return cluster_views.overview_fragment(
+        topology, poller.latest, poller.history, sessions, expectations, incidents, time.time()
     )
 
 
 async def overview(request: web.Request) -> web.StreamResponse:
     fragment = await asked(request, "Overview", lambda _: _overview(request))
-    return _page(views.overview_page(fragment, session_of(request).csrf_token))
+    return _page(cluster_views.overview_page(fragment, session_of(request).csrf_token))
 
 
 async def overview_live(request: web.Request) -> web.StreamResponse:
     fragment = await asked(request, "Overview", lambda _: _overview(request))
+    return web.json_response({"html": str(fragment), "live": True})
+
+
+# --- workers --------------------------------------------------------------------------------
+
+WORKERS_PAGE_SIZE = 100
+
+
+async def _workers(request: web.Request, filters: cluster_views.WorkerFilters) -> Html:
+    found = await asked(
+        request,
+        "Workers",
+        lambda client: client.list_worker_sessions(
+            worker_id=filters.worker or None,
+            node_id=filters.node or None,
+            page_size=WORKERS_PAGE_SIZE,
+            page_token=filters.page_token or None,
+        ),
+    )
+    return cluster_views.workers_fragment(filters, found, datetime.now(UTC))
+
+
+async def workers(request: web.Request) -> web.StreamResponse:
+    filters = cluster_views.parse_worker_filters(request.query)
+    fragment = await _workers(request, filters)
+    return _page(cluster_views.workers_page(filters, fragment, session_of(request).csrf_token))
+
+
+async def workers_live(request: web.Request) -> web.StreamResponse:
+    fragment = await _workers(request, cluster_views.parse_worker_filters(request.query))
     return web.json_response({"html": str(fragment), "live": True})
 
 
@@ -538,6 +581,8 @@ def make_app(
             web.get("/workflows/{workflow_id}/live", workflow_live),
             web.post("/workflows/{workflow_id}/{action}", workflow_action),
             web.get("/expectations", expectations),
+            web.get("/workers", workers),
+            web.get("/workers/live", workers_live),
             web.static("/static", STATIC_DIR, append_version=False),
         ]
     )
@@ -556,24 +601,63 @@ def server_ssl(cert: str | None, key: str | None) -> ssl.SSLContext | None:
     return context
 
 
-async def serve(
-    cluster: Cluster,
-    host: str,
-    port: int,
-    *,
-    ssl_context: ssl.SSLContext | None = None,
-    ready: Callable[[str], None] | None = None,
-) -> None:
-    """Serve until cancelled; ``ready`` is told the URL once listening."""
-    app = make_app(cluster, secure_cookie=ssl_context is not None)
-    runner = web.AppRunner(app, access_log=log if log.isEnabledFor(logging.INFO) else None)
-    await runner.setup()
-    site = web.TCPSite(runner, host, port, ssl_context=ssl_context)
-    await site.start()
-    scheme = "https" if ssl_context else "http"
-    if ready is not None:
-        ready(f"{scheme}://{host}:{port}")
-    try:
-        await asyncio.Event().wait()
-    finally:
-        await runner.cleanup()
+SHUTDOWN_GRACE_S = 5.0
+"""At a stop, how long requests in flight get to finish (a page's calls to the cluster
+are bounded by the call timeout; a live refresh is one such page)."""
+
+
+class ConsoleServer:
+    """The console as a long-lived service (:class:`chronoshard.daemon.Service`): start
+    listening, then wait until asked to stop (SIGTERM, SIGINT), then stop in this order:
+    stop accepting connections, let the requests in flight finish (up to
+    :data:`SHUTDOWN_GRACE_S`), stop the metrics poller and the session sweeper, close
+    every session's client, close the shared channels (the application's cleanup)."""
+
+    def __init__(
+        self,
+        cluster: Cluster,
+        host: str,
+        port: int,
+        *,
+        ssl_context: ssl.SSLContext | None = None,
+        ready: Callable[[str], None] | None = None,
+    ) -> None:
+        app = make_app(cluster, secure_cookie=ssl_context is not None)
+        self._runner = web.AppRunner(
+            app,
+            access_log=log if log.isEnabledFor(logging.INFO) else None,
+            shutdown_timeout=SHUTDOWN_GRACE_S,
+        )
+        self._host = host
+        self._port = port
+        self._ssl_context = ssl_context
+        self._ready = ready
+        self._stopped = asyncio.Event()
+
+    async def start(self) -> str:
+        """Listen; the URL (``ready`` is told it too).
+
+        Raises:
+            OSError: the address cannot be listened on.
+        """
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self._host, self._port, ssl_context=self._ssl_context)
+        try:
+            await site.start()
+        except OSError:
+            await self._runner.cleanup()
+            raise
+        scheme = "https" if self._ssl_context else "http"
+        url = f"{scheme}://{self._host}:{self._port}"
+        if self._ready is not None:
+            self._ready(url)
+        return url
+
+    async def wait(self) -> None:
+        """Return once stopped: the console supervises no loop that could fail on its
+        own (the poller and the sweeper log their failures and go on)."""
+        await self._stopped.wait()
+
+    async def stop(self) -> None:
+        await self._runner.cleanup()
+        self._stopped.set()

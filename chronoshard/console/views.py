@@ -1,4 +1,7 @@
-"""The console's pages as HTML, from the client's types: pure functions, no I/O.
+"""The console's pages as HTML, from the client's types: pure functions, no I/O. The
+frame and what every page shares are here with the tenant's pages (tasks, schedules,
+workflows, expectations); the cluster's pages (the overview, the workers) are
+:mod:`.cluster_views`.
 
 Every page is :func:`page` around a body; every value from the cluster passes through
 :func:`~chronoshard.console.markup.html`, which escapes it. Nothing here emits a
@@ -7,9 +10,10 @@ allows neither, so geometry (the attempt timeline, the lateness plot, the shard 
 the workflow graph) is SVG attributes and colour is CSS classes from the static sheet.
 Forms that change something carry the session's CSRF token (:func:`csrf_field`).
 
-The parts that refresh live (the overview, a task that is not finished) are rendered by
-their own ``*_fragment`` function, which the page embeds and the JSON endpoint returns,
-so what the script swaps in is exactly what a reload would show.
+The parts that refresh live (the overview, the workers, a task or workflow that is not
+finished) are rendered by their own ``*_fragment`` function, which the page embeds and
+the JSON endpoint returns, so what the script swaps in is exactly what a reload would
+show.
 """
 
 from __future__ import annotations
@@ -22,11 +26,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-from chronoshard._cli.admin import NodeMetrics, ranges
 from chronoshard._cli.output import schedule_rule
 from chronoshard.console import graph
-from chronoshard.console.backend import ExpectationView, TopologyView
-from chronoshard.console.lateness import History, Point
+from chronoshard.console.backend import ExpectationView
 from chronoshard.console.markup import Html, escape, html, join
 from chronoshard.types import (
     Incident,
@@ -50,6 +52,7 @@ NAV = (
     ("tasks", "/tasks", "Tasks"),
     ("schedules", "/schedules", "Schedules"),
     ("workflows", "/workflows", "Workflows"),
+    ("workers", "/workers", "Workers"),
     ("expectations", "/expectations", "Expectations"),
 )
 CANCELLABLE = frozenset(
@@ -533,125 +536,7 @@ def task_page(task: Task, csrf: str, now: datetime, notice: str | None = None) -
     )
 
 
-# --- overview -------------------------------------------------------------------------------
-
-PLOT_WIDTH = 720
-PLOT_HEIGHT = 180
-PLOT_PAD = 36
-SHARD_CELL = 34
-SHARD_COLUMNS = 16
-OWNER_CLASSES = 8
-
-
-def lateness_svg(history: History, now_s: float) -> Html:
-    """Mean and p99 dispatch lateness per node over the kept history (ms), as lines."""
-    series: list[tuple[str, list[Point]]] = [
-        (node, history.points(node)) for node in history.nodes()
-    ]
-    values = [v for _, pts in series for p in pts for v in (p.mean_s, p.p99_s) if v is not None]
-    if not values:
-        return html(
-            '<p class="empty">No dispatch yet in the console\'s history (it samples each '
-            "node every 2 s while the overview is open).</p>"
-        )
-    oldest = min(p.at for _, pts in series for p in pts)
-    span_s = max(now_s - oldest, 1.0)
-    low, high = min(min(values), 0.0), max(max(values), 0.001)
-
-    def xy(point_at: float, value: float) -> str:
-        x = PLOT_PAD + (point_at - oldest) / span_s * (PLOT_WIDTH - 2 * PLOT_PAD)
-        y = PLOT_HEIGHT - PLOT_PAD - (value - low) / (high - low) * (PLOT_HEIGHT - 2 * PLOT_PAD)
-        return f"{x:.1f},{y:.1f}"
-
-    lines = []
-    for index, (node, pts) in enumerate(series):
-        for kind in ("mean", "p99"):
-            coords = [
-                xy(p.at, v)
-                for p in pts
-                if (v := (p.mean_s if kind == "mean" else p.p99_s)) is not None
-            ]
-            if coords:
-                lines.append(
-                    html(
-                        '<polyline points="{0}" class="line o-{1} {2}"><title>{3} {2}</title>'
-                        "</polyline>",
-                        " ".join(coords),
-                        index % OWNER_CLASSES,
-                        kind,
-                        node,
-                    )
-                )
-    legend = join(
-        html('<span class="key o-{0}">{1}</span>', i % OWNER_CLASSES, node)
-        for i, (node, _) in enumerate(series)
-    )
-    return html(
-        '<svg class="plot" viewBox="0 0 {0} {1}" width="{0}" height="{1}" role="img" '
-        'aria-label="dispatch lateness over time">'
-        '<line x1="{2}" y1="{3}" x2="{4}" y2="{3}" class="axis"></line>'
-        '<text x="4" y="{5}" class="tl-axis">{6}</text>'
-        '<text x="4" y="{3}" class="tl-axis">{7}</text>'
-        '<text x="{2}" y="{8}" class="tl-axis">−{9}</text>'
-        '<text x="{4}" y="{8}" class="tl-axis" text-anchor="end">now</text>{10}</svg>'
-        '<p class="legend">{11} <span class="hint">solid: mean, dashed: p99 of each '
-        "interval</span></p>",
-        PLOT_WIDTH,
-        PLOT_HEIGHT,
-        PLOT_PAD,
-        PLOT_HEIGHT - PLOT_PAD,
-        PLOT_WIDTH - PLOT_PAD,
-        PLOT_PAD,
-        seconds_text(high),
-        seconds_text(low),
-        PLOT_HEIGHT - 8,
-        seconds_text(span_s),
-        join(lines),
-        legend,
-    )
-
-
-def shard_map_svg(topology: TopologyView) -> Html:
-    owner_index = {n.node_id: i for i, n in enumerate(topology.nodes)}
-    owned = {s.shard: s for s in topology.shards}
-    cells = []
-    for shard in range(topology.shard_count):
-        x = (shard % SHARD_COLUMNS) * SHARD_CELL
-        y = (shard // SHARD_COLUMNS) * SHARD_CELL
-        owner = owned.get(shard)
-        css = "unowned" if owner is None else f"o-{owner_index.get(owner.node_id, 0) % 8}"
-        tip = "unowned" if owner is None else f"{owner.node_id}, epoch {owner.epoch}"
-        cells.append(
-            html(
-                '<g><rect x="{0}" y="{1}" width="{2}" height="{2}" class="cell {3}">'
-                "<title>shard {4}: {5}</title></rect>"
-                '<text x="{6}" y="{7}" class="cell-text">{4}</text>'
-                '<text x="{6}" y="{8}" class="cell-epoch">e{9}</text></g>',
-                x + 1,
-                y + 1,
-                SHARD_CELL - 2,
-                css,
-                shard,
-                tip,
-                x + SHARD_CELL / 2,
-                y + 14,
-                y + 27,
-                owner.epoch if owner else "-",
-            )
-        )
-    rows = max(1, -(-topology.shard_count // SHARD_COLUMNS))
-    width = min(max(topology.shard_count, 1), SHARD_COLUMNS) * SHARD_CELL
-    return html(
-        '<svg class="shards" viewBox="0 0 {0} {1}" width="{0}" height="{1}" role="img" '
-        'aria-label="shard map">{2}</svg>',
-        width,
-        rows * SHARD_CELL,
-        join(cells),
-    )
-
-
-def _count(value: float | None) -> str:
-    return EMPTY if value is None else str(int(value))
+# --- incidents ------------------------------------------------------------------------------
 
 
 def incidents_table(incidents: Sequence[Incident]) -> Html:
@@ -681,100 +566,6 @@ def incidents_table(incidents: Sequence[Incident]) -> Html:
         "<tbody>{0}</tbody></table>",
         rows,
     )
-
-
-def overview_fragment(
-    topology: TopologyView,
-    latest: Mapping[str, NodeMetrics | str],
-    history: History,
-    expectations: Sequence[ExpectationView] | None,
-    incidents: Sequence[Incident] | None,
-    now_s: float,
-) -> Html:
-    epochs: dict[str, list[int]] = {}
-    for shard in topology.shards:
-        epochs.setdefault(shard.node_id, []).append(shard.epoch)
-    rows = []
-    for index, node in enumerate(topology.nodes):
-        scraped = latest.get(node.node_id)
-        metrics = scraped if isinstance(scraped, NodeMetrics) else NodeMetrics()
-        points = history.points(node.node_id)
-        rate = points[-1].rate_per_s if points else None
-        state = "draining" if node.draining else "serving"
-        if metrics.self_fenced:
-            state = "SELF-FENCED"
-        if node.clock_skewed or metrics.clock_skewed:
-            state = "CLOCK SKEWED"
-        if isinstance(scraped, str):
-            state += f" ({scraped})"
-        node_epochs = epochs.get(node.node_id, [])
-        rows.append(
-            html(
-                '<tr><td><span class="key o-{0}">{1}</span></td><td class="mono">{2}</td>'
-                "<td>{3} ({4})</td><td>{5}</td><td>{6}</td><td>{7}</td><td>{8}</td><td>{9}</td>"
-                "<td>{10}</td><td>{11}</td><td>{12}</td><td>{13}</td></tr>",
-                index % OWNER_CLASSES,
-                node.node_id,
-                node.address,
-                len(node.shards),
-                ranges(node.shards),
-                (
-                    f"{min(node_epochs)}–{max(node_epochs)}"
-                    if len(set(node_epochs)) > 1
-                    else (node_epochs[0] if node_epochs else EMPTY)
-                ),
-                _count(metrics.wheel_timers),
-                _count(metrics.ready_tasks),
-                _count(metrics.worker_sessions),
-                _count(metrics.dispatched),
-                EMPTY if rate is None else f"{rate:.1f}/s",
-                seconds_text(metrics.lateness_p50_s),
-                seconds_text(metrics.lateness_p99_s),
-                state,
-            )
-        )
-    owned = len(topology.shards)
-    unowned = topology.shard_count - owned
-    if expectations is None:
-        watched = html(
-            '<p class="empty">The watchdog\'s expectations could not be read with this key.</p>'
-        )
-    else:
-        watched = html(
-            '<p>{0} expectation(s) registered, {1} enabled: <a href="/expectations">see them'
-            "</a>.</p>",
-            len(expectations),
-            sum(1 for e in expectations if e.enabled),
-        )
-    if incidents is None:
-        watched = html(
-            '{0}<p class="empty">The watchdog\'s incidents could not be read.</p>', watched
-        )
-    else:
-        watched = html("{0}<h3>Open incidents</h3>{1}", watched, incidents_table(incidents))
-    return html(
-        '<p class="summary">{0} node(s), {1}/{2} shards owned{3} (answered by {4}); as of '
-        "{5}.</p>"
-        '<table class="nodes"><thead><tr><th>node</th><th>address</th><th>shards</th>'
-        "<th>epochs</th><th>wheel</th><th>ready</th><th>sessions</th><th>dispatched</th>"
-        "<th>rate</th><th>late p50</th><th>late p99</th><th>state</th></tr></thead>"
-        "<tbody>{6}</tbody></table>"
-        "<h2>Shard map</h2>{7}<h2>Dispatch lateness</h2>{8}<h2>Watchdog</h2>{9}",
-        len(topology.nodes),
-        owned,
-        topology.shard_count,
-        f", {unowned} UNOWNED" if unowned else "",
-        topology.answered_by,
-        when(datetime.fromtimestamp(now_s, UTC)),
-        join(rows),
-        shard_map_svg(topology),
-        lateness_svg(history, now_s),
-        watched,
-    )
-
-
-def overview_page(fragment: Html, csrf: str) -> Html:
-    return page("Overview", live_section("/overview/live", fragment), active="overview", csrf=csrf)
 
 
 # --- schedules ---------------------------------------------------------------------------------

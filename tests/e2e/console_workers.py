@@ -12,7 +12,9 @@ from typing import Any
 
 from chronoshard.worker import TaskContext, Worker
 
-worker = Worker([], slots=8)
+WORKER_ID = "ledger-worker-1"
+# A fixed id: the workers page lists it by name.
+worker = Worker([], slots=8, worker_id=WORKER_ID)
 FIRST_ATTEMPT_ERROR = "the first attempt of a console test task fails on purpose"
 
 

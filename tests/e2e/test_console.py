@@ -3,16 +3,21 @@ cluster: Debian's headless chromium driven by Playwright (its own browser downlo
 never used: ``executable_path`` is the system's, :func:`fixtures.system.chromium`).
 
 One scheduler node process, one worker process (``console_workers.py``: ``console.flaky``
-fails its first attempt with a traceback and succeeds on a retry) and the console
-process itself (``python -m chronoshard.cli console``) are shared by the module, as is
-one browser. Tenant A has a dead-lettered task whose payload holds a ``<script>``, a
-schedule and a diamond workflow; tenant B has nothing. The tests, in order, as a user:
-log in (a wrong key first: the API's refusal is shown), find the failed task, read its
-traceback, retry it and see it complete without reloading (the live update), pause the
-schedule, open the workflow's graph; as tenant B, see A's task as "not found"; and the
-security checks: the payload renders as text (the script never ran), the session cookie
-is HttpOnly and SameSite=Strict, no URL the browser asked for holds the key, every page
-carries the CSP, a POST without (or with a wrong) CSRF token is refused with 403.
+fails its first attempt with a traceback and succeeds on a retry; it connects with tenant
+A's key, so it is A's worker) and the console process itself (``python -m chronoshard.cli
+console``) are shared by the module, as is one browser. Tenant A has a dead-lettered task
+whose payload holds a ``<script>``, a schedule, a diamond workflow and an open incident;
+tenant B has nothing; an operator tenant sees the cluster views. The tests, in order, as
+a user: log in (a wrong key first: the API's refusal is shown), see the cluster overview
+as the operator and the restricted one as tenant A (its nodes, workers and incidents, and
+why no more), the workers page (A's own worker; every worker with its tenant for the
+operator; none for B), find the failed task, read its traceback, retry it and see it
+complete without reloading (the live update), pause the schedule, create one from the
+form, open the workflow's graph, retry a failed workflow; as tenant B, see A's task as
+"not found"; and the security checks: the payload renders as text (the script never
+ran), the session cookie is HttpOnly and SameSite=Strict, no URL the browser asked for
+holds the key, every page carries the CSP, a POST without (or with a wrong) CSRF token is
+refused with 403. Last, a console of its own is stopped with SIGTERM: it exits 0 at once.
 
 The screenshots go to a temporary folder, or with
 CHRONOSHARD_UPDATE_SCREENSHOTS=1 to docs/console/, where docs/console.md shows them (a
@@ -36,6 +41,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from console_workers import WORKER_ID
 from fixtures.system import chromium
 from harness.cluster import Cluster, running_cluster
 from harness.processes import ManagedProcess
@@ -85,9 +91,34 @@ class Setup:
     console: ManagedProcess
     key_a: str
     key_b: str
+    key_operator: str
     failed_task: str
     workflow_id: str
     failed_workflow_id: str
+
+
+def _console(cluster: Cluster, log_dir: Path, name: str = "console") -> tuple[ManagedProcess, str]:
+    """A ``chronoshard console`` process for the cluster on a free port, and its URL."""
+    port = free_ports(1)[0]
+    console = ManagedProcess(
+        name=name,
+        argv=[
+            sys.executable,
+            "-m",
+            "chronoshard.cli",
+            "console",
+            "--target",
+            ",".join(cluster.targets()),
+            "--listen",
+            f"127.0.0.1:{port}",
+        ],
+        env={**os.environ},
+        log_path=log_dir / f"{name}.log",
+    )
+    console.start()
+    url = f"http://127.0.0.1:{port}"
+    until(lambda: _http_ok(url + "/healthz"), timeout_s=WAIT_S, what=f"the {name}")
+    return console, url
 
 
 def _http_ok(url: str) -> bool:
@@ -109,27 +140,10 @@ def setup(
         db_dsn, etcd.endpoint, log_dir, nodes=1, workers=0, shard_count=8, scheduler_env=ENV
     ) as cluster:
         cluster.start_worker("worker-1", WORKER)
-        port = free_ports(1)[0]
-        console = ManagedProcess(
-            name="console",
-            argv=[
-                sys.executable,
-                "-m",
-                "chronoshard.cli",
-                "console",
-                "--target",
-                ",".join(cluster.targets()),
-                "--listen",
-                f"127.0.0.1:{port}",
-            ],
-            env={**os.environ},
-            log_path=log_dir / "console.log",
-        )
-        console.start()
-        url = f"http://127.0.0.1:{port}"
+        console, url = _console(cluster, log_dir)
         try:
-            until(lambda: _http_ok(url + "/healthz"), timeout_s=WAIT_S, what="the console")
             tenant_b = cluster.new_tenant(f"b-{uuid.uuid4().hex[:8]}")
+            operator = cluster.new_tenant(f"ops-{uuid.uuid4().hex[:8]}", operator=True)
             with psycopg.connect(cluster.dsn, autocommit=True) as conn:
                 conn.execute(
                     "INSERT INTO alerts (kind, dedup_key, tenant_id, job_id, severity, summary)"
@@ -192,6 +206,7 @@ def setup(
                 console,
                 cluster.api_key,
                 tenant_b.api_key,
+                operator.api_key,
                 failed,
                 workflow,
                 failed_workflow,
@@ -252,6 +267,13 @@ def tenant_a(browser: Any, setup: Setup) -> Iterator[Visit]:
     visit.context.close()
 
 
+@pytest.fixture(scope="module")
+def operator(browser: Any, setup: Setup) -> Iterator[Visit]:
+    visit = _visit(browser, setup, setup.key_operator)
+    yield visit
+    visit.context.close()
+
+
 def shot(page: Any, name: str) -> None:
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(SCREENSHOTS / f"{name}.png"), full_page=True)
@@ -273,22 +295,107 @@ def test_a_wrong_key_is_refused_with_the_apis_reason(browser: Any, setup: Setup)
         context.close()
 
 
-def test_the_overview_shows_the_node_and_its_shards(tenant_a: Visit, setup: Setup) -> None:
-    page = tenant_a.page
+def test_the_operator_overview_shows_the_node_its_shards_and_the_workers(
+    operator: Visit, setup: Setup
+) -> None:
+    page = operator.page
     page.goto(setup.url + "/")
     assert "node-1" in page.locator("table.nodes").inner_text()
     assert page.locator("svg.shards rect.cell").count() == 8
     assert page.locator("svg.shards rect.unowned").count() == 0
+    assert page.locator(".restricted").count() == 0
+    # Every tenant's workers: tenant A's one worker, one session with the one node.
+    summary = page.locator("#sessions-summary").inner_text()
+    assert "1 session(s) in the cluster, of 1 worker(s) with 8 slot(s)" in summary
+    # The live section refreshes itself from /overview/live (a stamp after each swap).
+    playwright_sync.expect(page.locator("#live")).to_have_attribute(
+        "data-updated", re.compile(".+"), timeout=10_000
+    )
+    # Tasks dispatched while the page is open are plotted, without a reload: the console
+    # samples the node's lateness histogram every 2 s (a point per interval, per node).
+    with SyncClient(setup.cluster.targets(), api_key=setup.key_a) as client:
+        for i in range(24):
+            client.submit("console.ok", {"i": i}, delay_s=0.25 * i, strict_timing=True)
+    plotted = page.locator("svg.plot polyline.p50")
+    playwright_sync.expect(plotted).to_have_count(1, timeout=WAIT_S * 1000)
+    assert page.locator("svg.plot polyline.p99").count() == 1
+    until(
+        lambda: len((plotted.get_attribute("points") or "").split()) >= 2,
+        timeout_s=WAIT_S,
+        what="two points of dispatch lateness",
+    )
+    shot(page, "overview")
+
+
+def test_a_tenants_overview_has_its_own_views_and_says_why_no_more(
+    tenant_a: Visit, setup: Setup
+) -> None:
+    page = tenant_a.page
+    page.goto(setup.url + "/")
+    # The nodes its workers connect to, no shard map, no lateness, and why.
+    assert "node-1" in page.locator("table.nodes").inner_text()
+    assert page.locator("svg.shards").count() == 0
+    assert page.locator("svg.plot").count() == 0
+    assert "not an operator's" in page.locator(".notice.restricted").inner_text()
+    summary = page.locator("#sessions-summary").inner_text()
+    assert "1 session(s) of this tenant's workers" in summary
     # The tenant's open incident, its HTML as text.
     incident = page.locator("table.incidents tr.incident.open")
     assert incident.count() == 1
     assert INCIDENT_SUMMARY in incident.inner_text()
     assert page.locator("table.incidents em").count() == 0
-    # The live section refreshes itself from /overview/live (a stamp after each swap).
+    shot(page, "overview-tenant")
+    page.click("nav a[href='/expectations']")
+    page.wait_for_url(setup.url + "/expectations")
+    assert INCIDENT_SUMMARY in page.locator("table.incidents").inner_text()
+    shot(page, "incidents")
+
+
+def test_the_workers_page_lists_each_tenants_own_workers_and_every_one_for_an_operator(
+    tenant_a: Visit, operator: Visit, browser: Any, setup: Setup
+) -> None:
+    page = tenant_a.page
+    page.goto(setup.url + "/")
+    page.click("nav a[href='/workers']")
+    page.wait_for_url(setup.url + "/workers")
+    [row] = page.locator("table.workers tr.session").all()
+    assert (row.get_attribute("data-worker"), row.get_attribute("data-node")) == (
+        WORKER_ID,
+        "node-1",
+    )
+    cells = row.inner_text()
+    assert "console.flaky, console.ok" in cells and "default" in cells and "serving" in cells
+    assert page.locator("table.workers th", has_text="tenant").count() == 0
+    assert "Your tenant's workers only" in page.locator(".notice.restricted").inner_text()
+    # The figures refresh without a reload.
     playwright_sync.expect(page.locator("#live")).to_have_attribute(
         "data-updated", re.compile(".+"), timeout=10_000
     )
-    shot(page, "overview")
+
+    # The operator sees every tenant's workers, and whose each is.
+    page = operator.page
+    page.goto(setup.url + "/workers")
+    [row] = page.locator("table.workers tr.session").all()
+    assert setup.cluster.tenant.tenant.name in row.inner_text()
+    assert page.locator("table.workers th", has_text="tenant").count() == 1
+    assert page.locator(".restricted").count() == 0
+    # Filtered to a worker nobody has: none, and the filter stays in the form.
+    page.fill("form.filters input[name=worker]", "<b>nobody</b>")
+    page.click("form.filters button[type=submit]")
+    page.wait_for_url(re.compile(r".*/workers\?worker=.*"))
+    assert "No worker session matches." in page.inner_text("main")
+    assert page.locator("form.filters input[name=worker]").input_value() == "<b>nobody</b>"
+    page.goto(setup.url + "/workers")
+    shot(page, "workers")
+
+    # Tenant B has no worker of its own: A's is not listed to it.
+    visit = _visit(browser, setup, setup.key_b)
+    try:
+        visit.page.goto(setup.url + "/workers")
+        assert visit.page.locator("table.workers").count() == 0
+        assert "No worker session matches." in visit.page.inner_text("main")
+    finally:
+        visit.context.close()
 
 
 def test_find_the_failed_task_read_its_traceback_retry_it_and_see_it_complete(
@@ -456,3 +563,26 @@ def test_a_post_without_the_csrf_token_is_refused(tenant_a: Visit, setup: Setup)
     page = tenant_a.page
     page.goto(f"{setup.url}/schedules/{SCHEDULE}")
     assert "paused" in page.locator("dl.fields").inner_text()
+
+
+def test_sigterm_stops_the_console_gracefully(browser: Any, setup: Setup, tmp_path: Path) -> None:
+    console, url = _console(setup.cluster, tmp_path, "console-stopped")
+    try:
+        context = browser.new_context()
+        page = context.new_page()
+        page.goto(url + "/login")
+        page.fill("#api_key", setup.key_a)
+        page.click("button[type=submit]")
+        page.wait_for_url(url + "/")  # a session, with its client's channels open
+        context.close()
+        started = time.monotonic()
+        code = console.stop(timeout_s=10)
+        took_s = time.monotonic() - started
+    finally:
+        if console.alive():
+            console.kill()
+    # Not killed by the signal (-15): it stopped its server and closed its sessions.
+    assert code == 0, console.log()
+    assert took_s < 6.0, took_s
+    assert console.logged("chronoshard console: stopped")
+    assert "Traceback" not in console.log()

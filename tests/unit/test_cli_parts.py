@@ -137,6 +137,9 @@ def test_node_metrics_are_read_from_the_exposition() -> None:
     assert metrics.self_fenced == 0 and metrics.shards_owned is None
     assert metrics.clock_skewed == 1 and metrics.clock_offset_s == -600.25
     assert metrics.dispatched == 100 and metrics.lateness_mean_s == pytest.approx(-0.025)
+    # No _sum (prometheus_client writes none for negative buckets): no mean, not 0.
+    without_sum = parse_node_metrics(NODE_METRICS.replace("_sum -2.5", "_count_x 0"))
+    assert without_sum.dispatched == 100 and without_sum.lateness_mean_s is None
     assert metrics.lateness_p50_s == pytest.approx(0.0)
     assert metrics.lateness_p99_s == pytest.approx(0.0098)
 

@@ -1,18 +1,30 @@
 """The web console's pure parts (chronoshard.console): escaping, sessions and CSRF
 tokens, the workflow graph's layout, lateness from cumulative histograms, the task
-list's filters. The console in a browser is tests/e2e/test_console.py."""
+list's filters, the workers page and a tenant's overview (and the CLI's rows of worker
+sessions). The console in a browser is tests/e2e/test_console.py."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import pytest
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
-from chronoshard._cli.admin import NodeMetrics
-from chronoshard.console import graph, lateness, views
+from chronoshard._cli.admin import NodeMetrics, parse_node_metrics
+from chronoshard._cli.workers import session_rows
+from chronoshard.console import cluster_views, graph, lateness, views
+from chronoshard.console.backend import NodeView, TopologyView
 from chronoshard.console.markup import Html, escape, html
 from chronoshard.console.sessions import SessionStore, tokens_match
-from chronoshard.types import Priority, RetryPolicy, Task, TaskStatus
+from chronoshard.scheduler.metrics import LATENESS_BUCKETS_S
+from chronoshard.types import (
+    Priority,
+    RetryPolicy,
+    Task,
+    TaskStatus,
+    WorkerSession,
+    WorkerSessionPage,
+)
 
 
 def test_values_are_escaped_unless_they_are_markup() -> None:
@@ -59,24 +71,44 @@ def test_a_cycle_or_an_unknown_ref_is_refused() -> None:
         graph.layers(["a"], [("a", "z")])
 
 
-def _metrics(count: float, total: float, buckets: tuple[tuple[float, float], ...]) -> NodeMetrics:
-    return NodeMetrics(
-        dispatched=count,
-        lateness_mean_s=total / count if count else None,
-        lateness_buckets=buckets,
-    )
+def _metrics(count: float, buckets: tuple[tuple[float, float], ...]) -> NodeMetrics:
+    return NodeMetrics(dispatched=count, lateness_buckets=buckets)
 
 
 def test_lateness_points_are_differences_and_a_restart_is_skipped() -> None:
     inf = float("inf")
-    first = lateness.sample(100.0, _metrics(10, 1.0, ((0.1, 10), (1.0, 10), (inf, 10))))
-    second = lateness.sample(102.0, _metrics(30, 11.0, ((0.1, 10), (1.0, 30), (inf, 30))))
-    restarted = lateness.sample(104.0, _metrics(2, 0.1, ((0.1, 2), (1.0, 2), (inf, 2))))
+    first = lateness.sample(100.0, _metrics(10, ((0.1, 10), (1.0, 10), (inf, 10))))
+    second = lateness.sample(102.0, _metrics(30, ((0.1, 10), (1.0, 30), (inf, 30))))
+    restarted = lateness.sample(104.0, _metrics(2, ((0.1, 2), (1.0, 2), (inf, 2))))
     [point] = lateness.points([first, second, restarted])
     assert point.at == 102.0
     assert point.rate_per_s == 10.0  # 20 dispatches in 2 s
-    assert point.mean_s == pytest.approx(0.5)  # 10 s of lateness over 20
-    assert point.p99_s is not None and 0.1 < point.p99_s <= 1.0  # all 20 in (0.1, 1]
+    # All 20 in (0.1, 1]: the 10 before them do not count.
+    assert point.p50_s == pytest.approx(0.55)
+    assert point.p99_s == pytest.approx(0.991)
+
+
+def test_lateness_from_a_real_exposition_with_early_dispatches() -> None:
+    # The node's histogram has negative buckets (sent ahead: early), for which
+    # prometheus_client writes no _sum: p50 and p99 come from the buckets, no mean.
+    registry = CollectorRegistry()
+    histogram = Histogram(
+        "chronoshard_dispatch_lateness_seconds",
+        "lateness",
+        ["node"],
+        buckets=LATENESS_BUCKETS_S,
+        registry=registry,
+    ).labels("n1")
+    histogram.observe(0.003)
+    before = parse_node_metrics(generate_latest(registry).decode())
+    for _ in range(10):
+        histogram.observe(-0.06)  # lead dispatch: 60 ms early
+    after = parse_node_metrics(generate_latest(registry).decode())
+    assert after.dispatched == 11 and after.lateness_mean_s is None
+    [point] = lateness.points([lateness.sample(0.0, before), lateness.sample(2.0, after)])
+    assert point.rate_per_s == 5.0
+    assert point.p50_s is not None and -0.1 < point.p50_s <= -0.05
+    assert point.p99_s is not None and -0.1 < point.p99_s <= -0.05
 
 
 def test_filters_are_read_and_what_cannot_be_read_is_named() -> None:
@@ -188,3 +220,86 @@ def test_a_schedule_form_that_cannot_make_a_spec_says_why(
 ) -> None:
     _, made = views.read_schedule_form(fields)
     assert isinstance(made, str) and made.startswith(problem), made
+
+
+def _session(worker_id: str, node_id: str, **fields: object) -> WorkerSession:
+    values: dict[str, object] = {
+        "worker_id": worker_id,
+        "node_id": node_id,
+        "session_id": f"{node_id}/1",
+        "tenant_id": "7b7c5d4e-0000-4000-8000-000000000001",
+        "tenant_name": "acme",
+        "queues": ("default",),
+        "task_types": ("a.t", "b.t"),
+        "slots": 4,
+        "credits": 1,
+        "running": 2,
+        "draining": False,
+        "connected_at": NOW - timedelta(seconds=90),
+        "reported_at": NOW - timedelta(seconds=3),
+    }
+    values.update(fields)
+    return WorkerSession(**values)  # type: ignore[arg-type]
+
+
+NOW = datetime(2030, 1, 2, 3, 4, 5, tzinfo=UTC)
+
+
+def test_the_workers_page_escapes_names_and_shows_the_tenant_to_an_operator_only() -> None:
+    sessions = (
+        _session("<b>w1</b>", "node-1"),
+        _session("<b>w1</b>", "node-2", draining=True, tenant_name="<i>evil</i>"),
+    )
+    filters = cluster_views.parse_worker_filters({"worker": " <b>w1</b> ", "page": "tok"})
+    everyone = WorkerSessionPage(sessions, "next", restricted=False, answered_by="node-1")
+    made = cluster_views.workers_fragment(filters, everyone, NOW)
+    assert "<b>w1</b>" not in made and "&lt;b&gt;w1&lt;/b&gt;" in made
+    assert "<th>tenant</th>" in made and "&lt;i&gt;evil&lt;/i&gt;" in made
+    assert made.count('class="session"') == 2 and "draining" in made and "90.0 s ago" in made
+    # The next page keeps the filter; the first page is offered from a later one.
+    assert "/workers?worker=%3Cb%3Ew1%3C%2Fb%3E&amp;page=next" in made
+    assert '/workers?worker=%3Cb%3Ew1%3C%2Fb%3E">← First page' in made
+    own = cluster_views.workers_fragment(
+        filters, WorkerSessionPage(sessions[:1], None, restricted=True, answered_by="n"), NOW
+    )
+    assert "<th>tenant</th>" not in own and "Your tenant" in own and "Next page" not in own
+    page = cluster_views.workers_page(filters, own, "csrf")
+    assert 'data-live="/workers/live?worker=%3Cb%3Ew1%3C%2Fb%3E&amp;page=tok"' in page
+
+
+def test_a_tenants_overview_says_why_it_has_no_cluster_view() -> None:
+    topology = TopologyView(
+        answered_by="n1",
+        shard_count=0,
+        nodes=(NodeView("n1", "10.0.0.1:7070", "", NOW, (), False, True),),
+        shards=(),
+        restricted=True,
+    )
+    sessions = [_session("w1", "n1"), _session("w1", "n2"), _session("w2", "n1", slots=2)]
+    made = cluster_views.overview_fragment(
+        topology, {}, lateness.History(), sessions, [], [], NOW.timestamp()
+    )
+    assert "not an operator&#x27;s" in made and "CLOCK SKEWED" in made
+    assert 'class="shards"' not in made and 'class="plot"' not in made
+    # Two workers (one with a session on each node): their slots counted once each.
+    assert "3 session(s) of this tenant&#x27;s workers, of 2 worker(s) with 6 slot(s)" in made
+    unread = cluster_views.overview_fragment(
+        topology, {}, lateness.History(), None, None, None, NOW.timestamp()
+    )
+    assert "worker sessions could not be read" in unread
+
+
+def test_the_cli_lists_one_row_per_session() -> None:
+    [row] = session_rows([_session("w1", "n1", tenant_name="")], NOW)
+    assert row == [
+        "w1",
+        "n1",
+        "7b7c5d4e-0000-4000-8000-000000000001",
+        "default",
+        "a.t,b.t",
+        4,
+        1,
+        2,
+        "1m30s ago",
+        "serving",
+    ]
