@@ -185,6 +185,8 @@ def incident_from_pb(msg: watchdog_service_pb2.Incident) -> Incident:
         summary=msg.summary,
         opened_at=opened_at,
         resolved_at=_datetime(msg, "resolved_at"),
+        tenant_id=_text(msg.tenant_id),
+        tenant_name=msg.tenant_name,
     )
 
 

@@ -737,15 +737,17 @@ class Client:
     # --- the watchdog's incidents ---------------------------------------------------------
 
     async def list_incidents(
-        self, *, include_resolved: bool = False, limit: int = 0
+        self, *, include_resolved: bool = False, limit: int = 0, all_tenants: bool = False
     ) -> builtins.list[Incident]:
         """The watchdog's incidents about the tenant's jobs, newest first: the open ones,
         and with ``include_resolved`` those resolved in the last day too; at most
-        ``limit`` (0: the server's default, 100; it caps it at 1,000)."""
+        ``limit`` (0: the server's default, 100; it caps it at 1,000). With
+        ``all_tenants`` (an operator key only, else :class:`PermissionDeniedError`)
+        every tenant's incidents and the cluster's own, each naming its tenant."""
         if limit < 0:
             raise ValueError(f"limit must be >= 0, got {limit}")
         request = watchdog_service_pb2.ListIncidentsRequest(
-            include_resolved=include_resolved, page_size=limit
+            include_resolved=include_resolved, page_size=limit, all_tenants=all_tenants
         )
         response = await self._call("ListIncidents", request)
         return [convert.incident_from_pb(i) for i in response.incidents]

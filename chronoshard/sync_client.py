@@ -380,11 +380,13 @@ class SyncClient:
         return self._wait(self._client.retry_workflow(workflow_id))
 
     def list_incidents(
-        self, *, include_resolved: bool = False, limit: int = 0
+        self, *, include_resolved: bool = False, limit: int = 0, all_tenants: bool = False
     ) -> builtins.list[Incident]:
         """Blocking :meth:`Client.list_incidents`."""
         return self._wait(
-            self._client.list_incidents(include_resolved=include_resolved, limit=limit)
+            self._client.list_incidents(
+                include_resolved=include_resolved, limit=limit, all_tenants=all_tenants
+            )
         )
 
     def list_worker_sessions(

@@ -747,6 +747,10 @@ class Incident:
     summary: str
     opened_at: datetime
     resolved_at: datetime | None
+    tenant_id: str | None = None
+    """Whose job it is, in an operator's listing of every tenant's (``all_tenants``); None
+    there for the cluster's own incidents, and in a tenant's own listing."""
+    tenant_name: str = ""
 
 
 @dataclass(frozen=True)

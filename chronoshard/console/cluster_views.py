@@ -7,7 +7,8 @@ What a page shows depends on the key (docs/console.md): the cluster views (the n
 shards and epochs, wheel sizes, dispatch lateness, the shard map, every tenant's worker
 sessions) are an operator key's. ``GetTopology`` answers another key the nodes only
 (``restricted``), and its overview says so and shows what is the tenant's own: the
-nodes its workers connect to, its workers' sessions, its watchdog.
+nodes its workers connect to, its workers' sessions, its watchdog. An operator's
+overview lists every tenant's open incidents and the cluster's own.
 """
 
 from __future__ import annotations
@@ -260,16 +261,21 @@ def sessions_summary(sessions: Sequence[WorkerSession] | None, restricted: bool)
 
 
 def _watchdog(
-    expectations: Sequence[ExpectationView] | None, incidents: Sequence[Incident] | None
+    expectations: Sequence[ExpectationView] | None,
+    incidents: Sequence[Incident] | None,
+    *,
+    every_tenant: bool,
 ) -> Html:
+    """The key's tenant's expectations in one line, and the open incidents: for an
+    operator (``every_tenant``) every tenant's and the cluster's own, with whose."""
     if expectations is None:
         watched = html(
             '<p class="empty">The watchdog\'s expectations could not be read with this key.</p>'
         )
     else:
         watched = html(
-            '<p>{0} expectation(s) registered, {1} enabled: <a href="/expectations">see them'
-            "</a>.</p>",
+            "<p>{0} expectation(s) registered by this key's tenant, {1} enabled: "
+            '<a href="/expectations">see them</a>.</p>',
             len(expectations),
             sum(1 for e in expectations if e.enabled),
         )
@@ -278,7 +284,14 @@ def _watchdog(
             '{0}<p class="empty">The watchdog\'s incidents could not be read.</p>', watched
         )
     else:
-        watched = html("{0}<h3>Open incidents</h3>{1}", watched, incidents_table(incidents))
+        heading = (
+            "Open incidents (every tenant's, and the cluster's own)"
+            if every_tenant
+            else "Open incidents"
+        )
+        watched = html(
+            "{0}<h3>{1}</h3>{2}", watched, heading, incidents_table(incidents, whose=every_tenant)
+        )
     return watched
 
 
@@ -295,7 +308,7 @@ def overview_fragment(
     nodes, its own workers and watchdog, and why there is no more."""
     as_of = when(datetime.fromtimestamp(now_s, UTC))
     workers = sessions_summary(sessions, topology.restricted)
-    watchdog = _watchdog(expectations, incidents)
+    watchdog = _watchdog(expectations, incidents, every_tenant=not topology.restricted)
     if topology.restricted:
         return html(
             '<p class="summary">{0} node(s) (answered by {1}); as of {2}.</p>'

@@ -283,7 +283,8 @@ async def _overview(request: web.Request) -> Html:
         expectations = None
     incidents: list[Incident] | None
     try:
-        incidents = await client_of(request).list_incidents()
+        # An operator's overview: every tenant's incidents and the cluster's own.
+        incidents = await client_of(request).list_incidents(all_tenants=not topology.restricted)
     except ChronoshardError:
         incidents = None
     return cluster_views.overview_fragment(

@@ -539,18 +539,23 @@ def task_page(task: Task, csrf: str, now: datetime, notice: str | None = None) -
 # --- incidents ------------------------------------------------------------------------------
 
 
-def incidents_table(incidents: Sequence[Incident]) -> Html:
-    """Incidents newest first: state, severity, job, what fired, since when."""
+def incidents_table(incidents: Sequence[Incident], *, whose: bool = False) -> Html:
+    """Incidents newest first: state, severity, job, what fired, since when; with
+    ``whose`` (an operator's listing of every tenant's) the tenant of each, or
+    "cluster" for the cluster's own."""
     if not incidents:
         return html('<p class="empty">No incident.</p>')
     rows = join(
         html(
-            '<tr class="incident {0}"><td>{1}</td><td>{2}</td><td class="mono">{3}</td>'
-            "<td>{4}</td><td>{5}</td><td>{6}</td><td>{7}</td></tr>",
+            '<tr class="incident {0}"><td>{1}</td>{2}<td>{3}</td><td class="mono">{4}</td>'
+            "<td>{5}</td><td>{6}</td><td>{7}</td><td>{8}</td></tr>",
             "open" if i.resolved_at is None else "resolved",
             html('<span class="badge s-failed">open</span>')
             if i.resolved_at is None
             else html('<span class="badge s-completed">resolved</span>'),
+            html('<td class="tenant">{0}</td>', i.tenant_name or i.tenant_id or "cluster")
+            if whose
+            else Html(""),
             i.severity,
             i.job_id or EMPTY,
             i.kind,
@@ -561,9 +566,10 @@ def incidents_table(incidents: Sequence[Incident]) -> Html:
         for i in incidents
     )
     return html(
-        '<table class="incidents"><thead><tr><th>state</th><th>severity</th><th>job</th>'
+        '<table class="incidents"><thead><tr><th>state</th>{0}<th>severity</th><th>job</th>'
         "<th>kind</th><th>summary</th><th>opened</th><th>resolved</th></tr></thead>"
-        "<tbody>{0}</tbody></table>",
+        "<tbody>{1}</tbody></table>",
+        Html("<th>tenant</th>") if whose else Html(""),
         rows,
     )
 

@@ -11,6 +11,10 @@ servicer only converts and calls. Errors leave through
 :meth:`WatchdogServiceServicer._serve` only (the node's one error boundary,
 :mod:`.boundary`), as a gRPC status plus an ``ErrorInfo`` in the trailing metadata.
 
+``ListIncidents`` lists the tenant's incidents; with ``all_tenants`` (an operator key
+only) every tenant's and the cluster's own, read as the node's role: the console's
+overview for an operator.
+
 Expectations defined in the watchdog's config file live in the same table with
 ``source = 'config'``: the API lists them but refuses to change or delete them
 (``FAILED_PRECONDITION``), because the watchdog would silently put them back.
@@ -29,7 +33,7 @@ import grpc
 from chronoshard.scheduler.api import boundary, convert, task_requests
 from chronoshard.scheduler.api.auth import Authenticator
 from chronoshard.scheduler.core.models import MAX_KEY_LENGTH, Tenant
-from chronoshard.scheduler.errors import InvalidArgument, seconds_text
+from chronoshard.scheduler.errors import InvalidArgument, PermissionDenied, seconds_text
 from chronoshard.scheduler.store.database import Store
 from chronoshard.scheduler.store.expectations import (
     Expectation,
@@ -231,6 +235,20 @@ class WatchdogServiceServicer(watchdog_service_pb2_grpc.WatchdogServiceServicer)
         self, tenant: Tenant, request: watchdog_service_pb2.ListIncidentsRequest
     ) -> watchdog_service_pb2.ListIncidentsResponse:
         limit = task_requests.page_size_from_pb(request.page_size, MAX_PAGE_SIZE)
+        if request.all_tenants:
+            if not tenant.operator:
+                raise PermissionDenied(
+                    "ListIncidents with all_tenants needs an operator API key "
+                    "(chronoshard tenants create NAME --operator)"
+                )
+            every = await self._expectations.all_incidents(
+                include_resolved=request.include_resolved,
+                resolved_within_s=RESOLVED_SHOWN_FOR_S,
+                limit=limit,
+            )
+            return watchdog_service_pb2.ListIncidentsResponse(
+                incidents=[incident_to_pb(i, with_tenant=True) for i in every]
+            )
         found = await self._expectations.incidents(
             tenant.id,
             include_resolved=request.include_resolved,
@@ -242,7 +260,10 @@ class WatchdogServiceServicer(watchdog_service_pb2_grpc.WatchdogServiceServicer)
         )
 
 
-def incident_to_pb(incident: Incident) -> watchdog_service_pb2.Incident:
+def incident_to_pb(
+    incident: Incident, *, with_tenant: bool = False
+) -> watchdog_service_pb2.Incident:
+    """``with_tenant``: an operator's listing of every tenant's, which names each one's."""
     message = watchdog_service_pb2.Incident(
         id=incident.id,
         kind=incident.kind,
@@ -253,4 +274,7 @@ def incident_to_pb(incident: Incident) -> watchdog_service_pb2.Incident:
     )
     if incident.resolved_at is not None:
         message.resolved_at.CopyFrom(convert.ts_to_pb(incident.resolved_at))
+    if with_tenant and incident.tenant_id is not None:
+        message.tenant_id = str(incident.tenant_id)
+        message.tenant_name = incident.tenant_name
     return message

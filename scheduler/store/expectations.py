@@ -79,7 +79,8 @@ def _expectation(row: Mapping[str, Any]) -> Expectation:
 
 @dataclass(frozen=True)
 class Incident:
-    """One of the watchdog's alerts about a tenant's job (``alerts``)."""
+    """One of the watchdog's alerts about a tenant's job (``alerts``); in an operator's
+    listing of every tenant's, also whose (None and "": the cluster's own)."""
 
     id: int
     kind: str
@@ -88,6 +89,8 @@ class Incident:
     summary: str
     opened_at: datetime
     resolved_at: datetime | None
+    tenant_id: uuid.UUID | None = None
+    tenant_name: str = ""
 
 
 class ExpectationStore:
@@ -191,5 +194,25 @@ class ExpectationStore:
             conn.cursor(row_factory=dict_row) as cur,
         ):
             await cur.execute(self._q["list_incidents"], params)
+            rows = await cur.fetchall()
+        return [Incident(**row) for row in rows]
+
+    async def all_incidents(
+        self, *, include_resolved: bool, resolved_within_s: float, limit: int
+    ) -> list[Incident]:
+        """Every tenant's incidents and the cluster's own, as :meth:`incidents` selects
+        and orders them, each with its tenant (an operator's view: read as the node's
+        role, which no tenant's row policy limits).
+
+        Raises:
+            StoreUnavailable: PostgreSQL is away.
+        """
+        params = {
+            "include_resolved": include_resolved,
+            "resolved_within_s": resolved_within_s,
+            "limit": limit,
+        }
+        async with self._store.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
+            await cur.execute(self._q["list_all_incidents"], params)
             rows = await cur.fetchall()
         return [Incident(**row) for row in rows]

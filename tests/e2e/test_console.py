@@ -68,6 +68,7 @@ SCHEDULE = "nightly-ledger"
 # The watchdog's alert about the schedule's job, as its checker writes one (the watchdog's
 # own tests open such alerts for real; here only their display is at stake).
 INCIDENT_SUMMARY = "nightly-ledger has not completed for 26 h <em>(expected daily)</em>"
+CLUSTER_INCIDENT = "the canary has not run for 45 s"
 WAIT_S = 20.0
 TERMINAL = {"COMPLETED", "DEAD_LETTER", "CANCELLED", "UPSTREAM_FAILED"}
 
@@ -150,6 +151,12 @@ def setup(
                     " VALUES ('job_overdue', 'job/nightly-ledger', %s, 'nightly-ledger',"
                     " 'critical', %s)",
                     (cluster.tenant.tenant.id, INCIDENT_SUMMARY),
+                )
+                # And one of the cluster's own (no tenant): the operator's overview only.
+                conn.execute(
+                    "INSERT INTO alerts (kind, dedup_key, severity, summary) VALUES"
+                    " ('canary_late', 'canary/late', 'critical', %s)",
+                    (CLUSTER_INCIDENT,),
                 )
             with SyncClient(cluster.targets(), api_key=cluster.api_key) as client:
                 failed = client.submit(
@@ -307,6 +314,14 @@ def test_the_operator_overview_shows_the_node_its_shards_and_the_workers(
     # Every tenant's workers: tenant A's one worker, one session with the one node.
     summary = page.locator("#sessions-summary").inner_text()
     assert "1 session(s) in the cluster, of 1 worker(s) with 8 slot(s)" in summary
+    # Every tenant's open incidents and the cluster's own, each with whose it is.
+    incidents = page.locator("table.incidents tr.incident.open")
+    tenants = {
+        incidents.nth(i).locator("td.tenant").inner_text(): incidents.nth(i).inner_text()
+        for i in range(incidents.count())
+    }
+    assert INCIDENT_SUMMARY in tenants[setup.cluster.tenant.tenant.name]
+    assert CLUSTER_INCIDENT in tenants["cluster"]
     # The live section refreshes itself from /overview/live (a stamp after each swap).
     playwright_sync.expect(page.locator("#live")).to_have_attribute(
         "data-updated", re.compile(".+"), timeout=10_000
@@ -339,9 +354,9 @@ def test_a_tenants_overview_has_its_own_views_and_says_why_no_more(
     assert "not an operator's" in page.locator(".notice.restricted").inner_text()
     summary = page.locator("#sessions-summary").inner_text()
     assert "1 session(s) of this tenant's workers" in summary
-    # The tenant's open incident, its HTML as text.
+    # The tenant's open incident, its HTML as text (not the cluster's own).
     incident = page.locator("table.incidents tr.incident.open")
-    assert incident.count() == 1
+    assert incident.count() == 1 and page.locator("table.incidents td.tenant").count() == 0
     assert INCIDENT_SUMMARY in incident.inner_text()
     assert page.locator("table.incidents em").count() == 0
     shot(page, "overview-tenant")

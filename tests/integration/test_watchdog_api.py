@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import io
 import logging
+import uuid
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -22,7 +23,7 @@ from chronoshard.scheduler.api.expectations import WatchdogServiceServicer
 from chronoshard.scheduler.core.api_keys import new_api_key
 from chronoshard.scheduler.core.models import Tenant
 from chronoshard.scheduler.store.database import Store
-from chronoshard.scheduler.store.tenants import TenantStore
+from chronoshard.scheduler.store.tenants import TenantStore, create_tenant
 from chronoshard.v1 import watchdog_service_pb2 as pb
 from chronoshard.v1 import watchdog_service_pb2_grpc
 from chronoshard.wire import error_info_from_metadata
@@ -311,3 +312,39 @@ async def test_incidents_are_the_tenant_s_own_newest_first_open_or_recently_reso
 
     one = await api.stub.ListIncidents(pb.ListIncidentsRequest(page_size=1), metadata=api.auth())
     assert [i.id for i in one.incidents] == [open_new]
+
+
+async def test_an_operator_lists_every_tenants_incidents_and_the_clusters_own(api: Api) -> None:
+    operator = await asyncio.to_thread(
+        create_tenant, api.dsn, f"ops-{uuid.uuid4().hex[:8]}", operator=True
+    )
+    async with await Store.open(api.dsn, 1, 1) as store:
+        other, _ = await tenant_with_key(store)
+    mine = await _alert(api.dsn, api.tenant, "etl", opened_ago_s=90)
+    theirs = await _alert(api.dsn, other, "etl", opened_ago_s=60)
+    cluster = await _alert(api.dsn, None, "chronoshard/canary", opened_ago_s=30)
+    old = await _alert(api.dsn, other, "old", opened_ago_s=5_000, resolved_ago_s=4_000)
+
+    every = await api.stub.ListIncidents(
+        pb.ListIncidentsRequest(all_tenants=True, include_resolved=True, page_size=1000),
+        metadata=api.auth(operator.api_key),
+    )
+    # Other tests' alerts share the module's database: ours, in their order.
+    ours = [i for i in every.incidents if i.id in (mine, theirs, cluster, old)]
+    assert [i.id for i in ours] == [cluster, theirs, mine, old]
+    by_id = {i.id: (i.tenant_id, i.tenant_name) for i in ours}
+    assert by_id[mine] == (str(api.tenant.id), api.tenant.name)
+    assert by_id[theirs] == (str(other.id), other.name)
+    assert by_id[cluster] == ("", "")  # the cluster's own: no tenant
+    # The tenant's own listing is as before: its own, without naming the tenant.
+    own = await api.stub.ListIncidents(pb.ListIncidentsRequest(), metadata=api.auth())
+    assert [(i.id, i.tenant_id) for i in own.incidents] == [(mine, "")]
+
+    code, info = await refused(
+        api.stub.ListIncidents(pb.ListIncidentsRequest(all_tenants=True), metadata=api.auth())
+    )
+    assert code is grpc.StatusCode.PERMISSION_DENIED and info is not None
+    assert info.message == (
+        "ListIncidents with all_tenants needs an operator API key "
+        "(chronoshard tenants create NAME --operator)"
+    )

@@ -99,7 +99,7 @@ class DeleteExpectationResponse(_message.Message):
     def __init__(self, expectation: _Optional[_Union[Expectation, _Mapping]] = ...) -> None: ...
 
 class Incident(_message.Message):
-    __slots__ = ("id", "kind", "job_id", "severity", "summary", "opened_at", "resolved_at")
+    __slots__ = ("id", "kind", "job_id", "severity", "summary", "opened_at", "resolved_at", "tenant_id", "tenant_name")
     ID_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
@@ -107,6 +107,8 @@ class Incident(_message.Message):
     SUMMARY_FIELD_NUMBER: _ClassVar[int]
     OPENED_AT_FIELD_NUMBER: _ClassVar[int]
     RESOLVED_AT_FIELD_NUMBER: _ClassVar[int]
+    TENANT_ID_FIELD_NUMBER: _ClassVar[int]
+    TENANT_NAME_FIELD_NUMBER: _ClassVar[int]
     id: int
     kind: str
     job_id: str
@@ -114,15 +116,19 @@ class Incident(_message.Message):
     summary: str
     opened_at: _timestamp_pb2.Timestamp
     resolved_at: _timestamp_pb2.Timestamp
-    def __init__(self, id: _Optional[int] = ..., kind: _Optional[str] = ..., job_id: _Optional[str] = ..., severity: _Optional[_Union[Severity, str]] = ..., summary: _Optional[str] = ..., opened_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., resolved_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    tenant_id: str
+    tenant_name: str
+    def __init__(self, id: _Optional[int] = ..., kind: _Optional[str] = ..., job_id: _Optional[str] = ..., severity: _Optional[_Union[Severity, str]] = ..., summary: _Optional[str] = ..., opened_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., resolved_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., tenant_id: _Optional[str] = ..., tenant_name: _Optional[str] = ...) -> None: ...
 
 class ListIncidentsRequest(_message.Message):
-    __slots__ = ("include_resolved", "page_size")
+    __slots__ = ("include_resolved", "page_size", "all_tenants")
     INCLUDE_RESOLVED_FIELD_NUMBER: _ClassVar[int]
     PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    ALL_TENANTS_FIELD_NUMBER: _ClassVar[int]
     include_resolved: bool
     page_size: int
-    def __init__(self, include_resolved: _Optional[bool] = ..., page_size: _Optional[int] = ...) -> None: ...
+    all_tenants: bool
+    def __init__(self, include_resolved: _Optional[bool] = ..., page_size: _Optional[int] = ..., all_tenants: _Optional[bool] = ...) -> None: ...
 
 class ListIncidentsResponse(_message.Message):
     __slots__ = ("incidents",)

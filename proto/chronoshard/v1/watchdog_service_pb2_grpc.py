@@ -85,8 +85,10 @@ class WatchdogServiceServicer:
 
     def ListIncidents(self, request, context):
         """Lists the caller's incidents (the watchdog's alerts about its jobs), newest first:
-        the open ones, and with include_resolved those resolved in the last day too. The
-        cluster's own incidents (no tenant) go to the watchdog's sinks and metrics only.
+        the open ones, and with include_resolved those resolved in the last day too. With
+        all_tenants (an operator key only; any other gets PERMISSION_DENIED) every tenant's
+        incidents and the cluster's own (no tenant: a late canary, the watchdog's database),
+        each naming its tenant.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -57,3 +57,17 @@ WHERE tenant_id = %(tenant_id)s
            AND resolved_at >= now() - make_interval(secs => %(resolved_within_s)s)))
 ORDER BY opened_at DESC, id DESC
 LIMIT %(limit)s;
+
+-- name: list_all_incidents
+-- WatchdogService.ListIncidents(all_tenants), an operator's: every tenant's alerts and
+-- the cluster's own (tenant_id NULL), with the tenant's name, as list_incidents orders
+-- and bounds them. Run as the node's role: no tenant's row policy applies.
+SELECT a.id, a.kind, a.job_id, a.severity, a.summary, a.opened_at, a.resolved_at,
+       a.tenant_id, COALESCE(t.name, '') AS tenant_name
+FROM alerts AS a
+LEFT JOIN tenants AS t ON t.id = a.tenant_id
+WHERE a.resolved_at IS NULL
+   OR (%(include_resolved)s
+       AND a.resolved_at >= now() - make_interval(secs => %(resolved_within_s)s))
+ORDER BY a.opened_at DESC, a.id DESC
+LIMIT %(limit)s;
