@@ -158,6 +158,8 @@ class RunManager:
         self.draining = False
         self.executor: Executor | None = None
         self._skew_log = WarningThrottle(SKEW_LOG_INTERVAL_S)
+        # The credit plan asked for in this event-loop turn (_regrant), not yet made.
+        self._regrant_pending: asyncio.Handle | None = None
         # Wired by bind(): the topology needs the run manager as its host first.
         self._topology: Topology | None = None
         self._settlements: Settlements | None = None
@@ -454,6 +456,16 @@ class RunManager:
         self._regrant()
 
     def _regrant(self) -> None:
+        """Grant and recall credits as the slots now allow, once the events of this
+        event-loop turn are in: a batch of assignments, or the runs that ended together,
+        then make one plan and one message per node, not one each (issue 14: planning
+        per event was a tenth of a worker's CPU in a stampede, and each grant one more
+        message for the node to read)."""
+        if self._regrant_pending is None:
+            self._regrant_pending = asyncio.get_running_loop().call_soon(self._regrant_now)
+
+    def _regrant_now(self) -> None:
+        self._regrant_pending = None
         if self.draining:
             return
         grants, recalls = self.ledger.plan()

@@ -25,9 +25,12 @@ it and from the same counts, outside any round.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
+import psycopg
 from psycopg.rows import dict_row
 
 from chronoshard.scheduler.core.quotas import TOKEN_EPS, Admission, HeldBy, admit, refilled
@@ -57,54 +60,44 @@ class DispatchQuotaStore:
         tenant, in ``conn``'s transaction; the buckets are drawn from as decided, and the
         rows stay locked until that transaction ends. A tenant that no longer exists is
         left out of the answer (its tasks are not written)."""
-        tenant_ids = sorted(wanted)
-        if not tenant_ids:
-            return {}
-        new = [t for t in tenant_ids if t not in self._known]
+        return await (await self.read(conn, wanted)).admit(wanted)
+
+    async def read(self, conn: Connection, tenant_ids: Iterable[uuid.UUID]) -> PendingQuotas:
+        """:meth:`admit` in two steps: the tenants' bucket rows are locked and read now (in
+        a pipelined transaction: queued, so they share a round trip with what else is
+        queued before the answer is read), the decision is taken by
+        :meth:`PendingQuotas.admit`. ``tenant_ids`` may hold more tenants than are
+        finally wanted (the round's shards not yet fenced): a tenant wanted for none is
+        locked and left as it was."""
+        ids = sorted(set(tenant_ids))
+        if not ids:
+            return PendingQuotas(self, None, [])
+        new = [t for t in ids if t not in self._known]
         if new:
             await conn.execute(self._q["create_dispatch_buckets"], {"tenant_ids": new})
-        await conn.execute(self._q["lock_dispatch_buckets"], {"tenant_ids": tenant_ids})
+        await conn.execute(self._q["lock_dispatch_buckets"], {"tenant_ids": ids})
         cur = conn.cursor(row_factory=dict_row)
-        await cur.execute(self._q["dispatch_quotas"], {"tenant_ids": tenant_ids})
-        rows = await cur.fetchall()
+        await cur.execute(self._q["dispatch_quotas"], {"tenant_ids": ids})
+        return PendingQuotas(self, cur, ids)
+
+    def _saw(self, asked: Sequence[uuid.UUID], found: Iterable[uuid.UUID]) -> None:
         # A bucket created by a transaction that then rolled back is gone: created again
         # next round (this one leaves the tenant's tasks unwritten).
-        self._known.difference_update(set(tenant_ids) - {row["tenant_id"] for row in rows})
-        answers: dict[uuid.UUID, Admission] = {}
-        # (tenant, tokens, as of, the quota that refused some, now)
-        drawn: list[tuple[uuid.UUID, float, datetime, HeldBy | None, datetime]] = []
-        for row in rows:
-            tenant_id = row["tenant_id"]
-            self._known.add(tenant_id)
-            answer = admit(
-                wanted[tenant_id],
-                in_flight=row["in_flight"],
-                max_concurrent=row["max_concurrent_workers"],
-                tokens=row["tokens"],
-                rate=row["rate_limit_rps"],
-                elapsed_s=row["elapsed_s"],
-            )
-            answers[tenant_id] = answer
-            if answer.admitted:
-                drawn.append((tenant_id, answer.tokens, row["now"], answer.held_by, row["now"]))
-            elif answer.held_by is not None:
-                # Nothing drawn: the stored tokens as of the old instant still say the
-                # same (refilling them from it gives what this round saw).
-                drawn.append(
-                    (tenant_id, row["tokens"], row["refilled_at"], answer.held_by, row["now"])
-                )
+        self._known.difference_update(asked)
+        self._known.update(found)
+
+    async def _store_drawn(self, conn: Connection, drawn: Sequence[_Drawn]) -> None:
         if drawn:
             await conn.execute(
                 self._q["store_dispatch_buckets"],
                 {
-                    "tenant_ids": [d[0] for d in drawn],
-                    "tokens": [d[1] for d in drawn],
-                    "refilled_ats": [d[2] for d in drawn],
-                    "held_bys": [None if d[3] is None else str(d[3]) for d in drawn],
-                    "held_ats": [d[4] for d in drawn],
+                    "tenant_ids": [d.tenant_id for d in drawn],
+                    "tokens": [d.tokens for d in drawn],
+                    "refilled_ats": [d.refilled_at for d in drawn],
+                    "held_bys": [None if d.held_by is None else str(d.held_by) for d in drawn],
+                    "held_ats": [d.now for d in drawn],
                 },
             )
-        return answers
 
     async def held_by(self, tenant_id: uuid.UUID) -> HeldBy | None:
         """Which dispatch quota holds the tenant (GetTask's waiting reason): its
@@ -129,3 +122,67 @@ class DispatchQuotaStore:
         if tokens < 1.0 - TOKEN_EPS or emptied or (recent and row["held_by"] == HeldBy.RATE):
             return HeldBy.RATE
         return None
+
+
+@dataclass(frozen=True)
+class _Drawn:
+    """A bucket as a round leaves it: its tokens as of ``refilled_at``, and the quota
+    that refused some of its tasks (None: none) at ``now``."""
+
+    tenant_id: uuid.UUID
+    tokens: float
+    refilled_at: datetime
+    held_by: HeldBy | None
+    now: datetime
+
+
+class PendingQuotas:
+    """The quota rows of a round's tenants, locked and read (:meth:`DispatchQuotaStore.read`)."""
+
+    def __init__(
+        self,
+        quotas: DispatchQuotaStore,
+        rows: psycopg.AsyncCursor[dict[str, Any]] | None,
+        asked: Sequence[uuid.UUID],
+    ) -> None:
+        self._quotas = quotas
+        self._rows = rows
+        self._asked = asked
+
+    async def admit(self, wanted: Mapping[uuid.UUID, int]) -> dict[uuid.UUID, Admission]:
+        """How many of ``wanted`` each tenant's quotas admit (only tenants asked for in
+        :meth:`DispatchQuotaStore.read`); the buckets drawn from are stored (queued) in
+        the same transaction."""
+        if self._rows is None:
+            return {}
+        conn = self._rows.connection
+        rows = await self._rows.fetchall()
+        self._quotas._saw(self._asked, (row["tenant_id"] for row in rows))
+        answers: dict[uuid.UUID, Admission] = {}
+        drawn: list[_Drawn] = []
+        for row in rows:
+            tenant_id = row["tenant_id"]
+            count = wanted.get(tenant_id, 0)
+            if count <= 0:
+                continue  # locked for a shard the fence then refused: nothing to decide
+            answer = admit(
+                count,
+                in_flight=row["in_flight"],
+                max_concurrent=row["max_concurrent_workers"],
+                tokens=row["tokens"],
+                rate=row["rate_limit_rps"],
+                elapsed_s=row["elapsed_s"],
+            )
+            answers[tenant_id] = answer
+            if answer.admitted:
+                drawn.append(
+                    _Drawn(tenant_id, answer.tokens, row["now"], answer.held_by, row["now"])
+                )
+            elif answer.held_by is not None:
+                # Nothing drawn: the stored tokens as of the old instant still say the
+                # same (refilling them from it gives what this round saw).
+                drawn.append(
+                    _Drawn(tenant_id, row["tokens"], row["refilled_at"], answer.held_by, row["now"])
+                )
+        await self._quotas._store_drawn(conn, drawn)
+        return answers

@@ -130,6 +130,9 @@ def _keyset(after: Cursor | None) -> dict[str, Any]:
     return {"after_due": after[0] if after else None, "after_id": after[1] if after else None}
 
 
+_Screen = Callable[[list[Intent]], Awaitable[list[Intent]]]
+"""Cuts a round's intents (of owned shards) to those it may write, in its transaction."""
+
 ROLLBACK_RETRIES = 3
 _P = ParamSpec("_P")
 _T = TypeVar("_T")
@@ -298,31 +301,37 @@ class RunStore:
         """
         answers: dict[uuid.UUID, Admission] = {}
         refused: set[uuid.UUID] = set()
+        quotas = self._quotas
 
-        async def within_quotas(conn: Connection, mine: list[Intent]) -> list[Intent]:
-            if self._quotas is None:
-                return mine
-            wanted: dict[uuid.UUID, int] = {}
-            for intent in mine:
-                wanted[intent.task.tenant_id] = wanted.get(intent.task.tenant_id, 0) + 1
-            answers.update(await self._quotas.admit(conn, wanted))
-            left = {tenant: a.admitted for tenant, a in answers.items()}
-            admitted = []
-            for intent in mine:
-                tenant = intent.task.tenant_id
-                if left.get(tenant, 0) > 0:
-                    left[tenant] -= 1
-                    admitted.append(intent)
-                else:
-                    refused.add(intent.task.id)
-            return admitted
+        async def read_quotas(conn: Connection) -> _Screen | None:
+            if quotas is None:
+                return None
+            pending = await quotas.read(conn, (i.task.tenant_id for i in intents))
+
+            async def within_quotas(mine: list[Intent]) -> list[Intent]:
+                wanted: dict[uuid.UUID, int] = {}
+                for intent in mine:
+                    wanted[intent.task.tenant_id] = wanted.get(intent.task.tenant_id, 0) + 1
+                answers.update(await pending.admit(wanted))
+                left = {tenant: a.admitted for tenant, a in answers.items()}
+                admitted = []
+                for intent in mine:
+                    tenant = intent.task.tenant_id
+                    if left.get(tenant, 0) > 0:
+                        left[tenant] -= 1
+                        admitted.append(intent)
+                    else:
+                        refused.add(intent.task.id)
+                return admitted
+
+            return within_quotas
 
         rows, lost, places = await self._on_owned_intents(
             "write_intents",
             epochs,
             intents,
             lambda mine: {"worker_ids": [i.worker_id for i in mine], "lease_s": lease_s},
-            screen=within_quotas,
+            screen=read_quotas,
         )
         return IntentResult(
             [task_from_row(r) for r in rows],
@@ -338,20 +347,26 @@ class RunStore:
         epochs: Mapping[int, int],
         intents: Sequence[Intent],
         params: Callable[[list[Intent]], dict[str, Any]] = lambda mine: {},
-        screen: Callable[[Connection, list[Intent]], Awaitable[list[Intent]]] | None = None,
+        screen: Callable[[Connection], Awaitable[_Screen | None]] | None = None,
     ) -> tuple[list[dict[str, Any]], frozenset[int], dict[uuid.UUID, Place]]:
         """Run ``query`` for the intents of shards whose epoch is still ours, in one
         transaction under their fence (``screen`` may cut them further first, in the
         same transaction); its rows (``tasks`` rows), the shards found lost, and the
         places of the workflow tasks among the rows (read in the same transaction: a read
-        failing after the intents committed would lose the assignments)."""
+        failing after the intents committed would lose the assignments).
+
+        Pipelined (:meth:`Store.pipelined_transaction`): the fence and what ``screen``
+        reads go in one round trip, the statement in a second, and the COMMIT in a
+        third, where one round trip each made seven of a dispatch round with quotas."""
         shards = {i.task.shard: epochs[i.task.shard] for i in intents if i.task.shard in epochs}
-        async with self._store.transaction() as conn:
-            owned = await self._store.owned_shards(conn, shards)
+        async with self._store.pipelined_transaction() as conn:
+            fence = await self._store.fence(conn, shards)
+            cut = None if screen is None else await screen(conn)
+            owned = await fence.owned()
             lost = frozenset(shards.keys() - owned)
             mine = [i for i in intents if i.task.shard in owned]
-            if mine and screen is not None:
-                mine = await screen(conn, mine)
+            if mine and cut is not None:
+                mine = await cut(mine)
             if not mine:
                 return [], lost, {}
             cur = conn.cursor(row_factory=dict_row)
@@ -394,7 +409,7 @@ class RunStore:
     async def ack(self, acks: Sequence[Settle]) -> dict[uuid.UUID, SettleOutcome]:
         if not acks:
             return {}
-        async with self._store.transaction() as conn:
+        async with self._store.pipelined_transaction() as conn:
             cur = await conn.execute(self._q["ack"], _refs(acks))
             moved = {row[0] for row in await cur.fetchall()}
             return await self._classify(conn, acks, moved, "ack")
@@ -431,7 +446,7 @@ class RunStore:
     async def complete(self, completions: Sequence[Completion]) -> SettleResult:
         if not completions:
             return SettleResult({}, [])
-        async with self._store.transaction() as conn:
+        async with self._store.pipelined_transaction() as conn:
             cur = await conn.execute(
                 self._q["complete"],
                 {**_refs(completions), "results": [c.result_json for c in completions]},
@@ -453,7 +468,7 @@ class RunStore:
         if not failures:
             return SettleResult({}, [])
         by_id = {f.ref.id: f for f in failures}
-        async with self._store.transaction() as conn:
+        async with self._store.pipelined_transaction() as conn:
             cur = conn.cursor(row_factory=dict_row)
             await cur.execute(self._q["lock_for_failure"], _refs(failures))
             rows = await cur.fetchall()
@@ -502,7 +517,7 @@ class RunStore:
         """Give tasks back (PRELOADED again); the outcomes and the tasks now ready again."""
         if not releases:
             return {}, []
-        async with self._store.transaction() as conn:
+        async with self._store.pipelined_transaction() as conn:
             cur = conn.cursor(row_factory=dict_row)
             await cur.execute(
                 self._q["release"],

@@ -58,7 +58,10 @@ from chronoshard.scheduler.store.submits import SubmitStore
 from chronoshard.services import EtcdProcess
 from chronoshard.v1 import worker_service_pb2
 
-COMMIT = b"Q\x00\x00\x00\x0bCOMMIT\x00"  # the simple-query message psycopg commits with
+# psycopg commits with the simple-query message; a pipelined transaction
+# (Store.pipelined_transaction) with an unnamed statement of the extended protocol: its
+# Parse message carries the text after the empty name.
+COMMITS = (b"Q\x00\x00\x00\x0bCOMMIT\x00", b"P\x00\x00\x00\x0e\x00COMMIT\x00")
 NODE_SHARDS = 4
 # Distinctive text of the statements whose transaction loses its COMMIT.
 INSERT_TASKS = b"INSERT INTO tasks"
@@ -124,7 +127,7 @@ class CommitCutter:
                 if armed is not None and not target and armed.statement in window:
                     self.armed = None
                     target.append(armed)
-                if target and (target[0].self_committing or COMMIT in window):
+                if target and (target[0].self_committing or any(c in window for c in COMMITS)):
                     self.cut += 1
                     if target[0].commits:
                         # The server commits; its answer is dropped, and only once it

@@ -488,3 +488,53 @@ async def test_a_pooled_connection_the_server_ended_is_never_handed_out(db_dsn: 
         async with store.connection() as conn:
             assert conn.info.backend_pid != pid
             await conn.execute("SELECT 1")
+
+
+async def test_a_pipelined_transaction_commits_what_it_queued_and_reads_its_results(
+    store: Store,
+) -> None:
+    shard = 915
+    await store.claim_shard_epoch(shard, 1, "node-a")
+    async with store.pipelined_transaction() as conn:
+        fence = await store.fence(conn, {shard: 1, 916: 1})
+        queued = await conn.execute(
+            "UPDATE shard_owners SET node_id = 'node-b' WHERE shard = %s RETURNING epoch",
+            (shard,),
+        )
+        # Reading the fence sends both statements (one round trip) and answers it.
+        assert await fence.owned() == {shard}
+        assert await queued.fetchall() == [(1,)]
+    async with store.connection() as conn:
+        cur = await conn.execute("SELECT node_id FROM shard_owners WHERE shard = %s", (shard,))
+        assert await cur.fetchall() == [("node-b",)]
+        assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+
+
+async def test_a_pipelined_transaction_writes_nothing_when_a_statement_fails(
+    store: Store, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A statement that fails makes the server skip the rest of the pipeline: the error is
+    raised where its result (or the COMMIT's) is read, the transaction rolls back, and the
+    connection goes back to the pool idle, as with ``transaction`` (the pool would roll
+    back a connection returned in a transaction, with a warning: none may come)."""
+    shard = 917
+    await store.claim_shard_epoch(shard, 1, "node-a")
+    with pytest.raises(psycopg.errors.DivisionByZero):
+        async with store.pipelined_transaction() as conn:
+            await conn.execute("UPDATE shard_owners SET node_id = 'x' WHERE shard = %s", (shard,))
+            await conn.execute("SELECT 1 / 0")  # never read: the COMMIT's sync raises it
+    with pytest.raises(StoreUnavailable) as raised:
+        async with store.pipelined_transaction() as conn:
+            await conn.execute("UPDATE shard_owners SET node_id = 'y' WHERE shard = %s", (shard,))
+            await conn.execute("SET LOCAL statement_timeout = 10")
+            await (await conn.execute("SELECT pg_sleep(1)")).fetchall()
+    assert isinstance(raised.value.__cause__, psycopg.errors.QueryCanceled)
+    assert not isinstance(raised.value, CommitOutcomeUnknown)
+    with pytest.raises(RuntimeError):
+        async with store.pipelined_transaction() as conn:
+            await conn.execute("UPDATE shard_owners SET node_id = 'z' WHERE shard = %s", (shard,))
+            raise RuntimeError("the block itself fails")
+    async with store.connection() as conn:
+        cur = await conn.execute("SELECT node_id FROM shard_owners WHERE shard = %s", (shard,))
+        assert await cur.fetchall() == [("node-a",)]
+    assert not [r for r in caplog.records if "returned connection" in r.getMessage()]

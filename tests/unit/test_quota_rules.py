@@ -194,8 +194,12 @@ def test_quiet_tenants_buckets_are_dropped_once_there_are_too_many() -> None:
 
 # --- a node's share ------------------------------------------------------------------------
 
+# Subnormal quotas (below ~2.2e-308 per second) are left out: dividing one loses more than
+# the relative tolerance below to rounding, and no rate an operator sets lives there.
+quotas = st.floats(min_value=0.0, max_value=1e6, allow_subnormal=False)
 
-@given(quota=st.floats(min_value=0.0, max_value=1e6), nodes=node_names)
+
+@given(quota=quotas, nodes=node_names)
 def test_the_shares_of_a_quota_sum_to_it_and_are_stable(quota: float, nodes: list[str]) -> None:
     shares = [node_share(quota, nodes, node) for node in nodes]
     assert all(share >= 0 for share in shares)
@@ -205,7 +209,7 @@ def test_the_shares_of_a_quota_sum_to_it_and_are_stable(quota: float, nodes: lis
     assert [node_share(quota, list(reversed(nodes)), node) for node in nodes] == shares
 
 
-@given(quota=st.floats(min_value=0.0, max_value=1e6), nodes=node_names)
+@given(quota=quotas, nodes=node_names)
 def test_a_joining_node_never_takes_more_than_its_share_of_the_new_membership(
     quota: float, nodes: list[str]
 ) -> None:
