@@ -30,29 +30,52 @@ _set_uuid_int = uuid.UUID.__dict__["int"].__set__
 _set_uuid_safety = uuid.UUID.__dict__["is_safe"].__set__
 _UNKNOWN_SAFETY = uuid.SafeUUID.unknown
 
+# A timer packed into one int (TimerTask.pack): bit fields from the lowest,
+#   the number of its traits in _TRAITS (or _UNNUMBERED)         17 bits
+#   scheduled_at, epoch microseconds + _INSTANT_BIAS              59 bits
+#   due_at - scheduled_at, microseconds + _DELAY_BIAS             60 bits
+#   the shard                                                     the rest
+# Any datetime is within 2**58 microseconds of the epoch (years 1 to 9999), so the
+# biased fields are never negative and never overflow, and two of them differ by less
+# than 2**59. The shard, highest, may be any int. A shard below 2**15 (the most a
+# cluster has, config.py) makes 151 bits: six 30-bit digits, a 48-byte int.
+_NUMBER_BITS = 17
+_UNNUMBERED = (1 << _NUMBER_BITS) - 1
+_INSTANT_SHIFT = _NUMBER_BITS
+_INSTANT_MASK = (1 << 59) - 1
+_INSTANT_BIAS = 1 << 58
+_DELAY_SHIFT = _INSTANT_SHIFT + 59
+_DELAY_MASK = (1 << 60) - 1
+_DELAY_BIAS = 1 << 59
+_SHARD_SHIFT = _DELAY_SHIFT + 60
+
+
+def epoch_us(instant: datetime) -> int:
+    """``instant`` (aware) in integer microseconds since the Unix epoch, exactly."""
+    return (instant - UNIX_EPOCH) // _MICROSECOND
+
 
 class TimerTask:
     """What the wheel and the ready queues hold for a PRELOADED task: enough to choose a
     worker, not the payload (fetched by the intent write). Immutable.
 
-    A node holds one per pending task, a million of them an hour ahead (issue 14, target
-    7), so it is stored compactly and its fields are built when read: the id as its
-    128-bit int (``id_int``, the wheel's key; 48 bytes, where a ``uuid.UUID`` with its int
-    is ~104), the two instants as integer microseconds since the Unix epoch (32 bytes,
-    one object when equal, where a datetime is 48), and the fields a million timers
-    repeat (tenant, priority, queue, type, strict timing) as one tuple shared by every
-    timer with the same values (:data:`_TRAITS`). 72 bytes for the object itself, 152
-    with what it alone holds, where the slotted dataclass with its own UUID and
-    datetime cost ~256. Instants read back are UTC datetimes, equal to those given.
+    A node holds a million pending tasks an hour ahead (issue 14, target 7), so a
+    timer is stored in two ints: its id as its 128-bit int (``id_int``, the wheel's
+    key) and every other per-task field packed into one int (:meth:`pack`: the shard,
+    the instants as epoch microseconds, and the number of its traits). The fields a
+    million timers repeat (tenant, priority, queue, type, strict timing) are one tuple
+    shared by every timer with the same values (:data:`_TRAITS`), which the packed int
+    holds by its number. The dispatcher's wheel holds only the two ints, 96 bytes, and
+    builds the TimerTask again when the timer fires (:meth:`unpack`); the slotted
+    object with its own ints cost 160. Fields are built when read; instants read back
+    are UTC datetimes, equal to those given.
     """
 
     # Every field is read through a property, so none can be assigned.
-    __slots__ = ("_due_us", "_id", "_scheduled_us", "_shard", "_traits")
+    __slots__ = ("_id", "_packed", "_traits")
 
     _id: int
-    _shard: int
-    _scheduled_us: int
-    _due_us: int
+    _packed: int
     _traits: tuple[uuid.UUID, Priority, str, str, bool]
 
     def __init__(
@@ -67,14 +90,39 @@ class TimerTask:
         due_at: datetime,
         strict_timing: bool,
     ) -> None:
+        scheduled_us = epoch_us(scheduled_at)
+        delay_us = (due_at - scheduled_at) // _MICROSECOND
+        traits = (tenant_id, priority, queue, type, strict_timing)
+        number = _TRAITS.number(traits)
+        if number is None:  # past the table's bound: this timer keeps its own tuple
+            number = _UNNUMBERED
+        else:
+            traits = _TRAITS.value(number)
         self._id = id.int
-        self._shard = shard
-        scheduled_us = (scheduled_at - UNIX_EPOCH) // _MICROSECOND
-        due_us = (due_at - UNIX_EPOCH) // _MICROSECOND
-        # Without jitter the two are equal: one object, not two.
-        self._scheduled_us = scheduled_us
-        self._due_us = scheduled_us if due_us == scheduled_us else due_us
-        self._traits = _TRAITS.get((tenant_id, priority, queue, type, strict_timing))
+        self._packed = (
+            (((shard << 60) | (delay_us + _DELAY_BIAS)) << 59) | (scheduled_us + _INSTANT_BIAS)
+        ) << _NUMBER_BITS | number
+        self._traits = traits
+
+    def pack(self) -> PackedTimer:
+        """What a wheel holds for this timer beside its ``id_int``: the int packing its
+        fields, which :meth:`unpack` turns back into an equal TimerTask; or the
+        TimerTask itself when its traits have no number (more distinct ones than
+        :data:`_TRAITS` keeps), as the int could not name them."""
+        packed = self._packed
+        return self if packed & _UNNUMBERED == _UNNUMBERED else packed
+
+    @staticmethod
+    def unpack(id_int: int, packed: PackedTimer) -> TimerTask:
+        """The TimerTask of ``id_int`` that :meth:`pack` gave ``packed`` for."""
+        if type(packed) is TimerTask:
+            return packed
+        assert isinstance(packed, int)
+        timer: TimerTask = _new_object(TimerTask)
+        timer._id = id_int
+        timer._packed = packed
+        timer._traits = _TRAITS.value(packed & _UNNUMBERED)
+        return timer
 
     @property
     def id(self) -> uuid.UUID:
@@ -90,15 +138,25 @@ class TimerTask:
 
     @property
     def shard(self) -> int:
-        return self._shard
+        return self._packed >> _SHARD_SHIFT
 
     @property
     def scheduled_at(self) -> datetime:
-        return UNIX_EPOCH + timedelta(0, 0, self._scheduled_us)
+        return UNIX_EPOCH + timedelta(0, 0, self._scheduled_us())
 
     @property
     def due_at(self) -> datetime:
-        return UNIX_EPOCH + timedelta(0, 0, self._due_us)
+        return UNIX_EPOCH + timedelta(0, 0, self.due_at_us)
+
+    @property
+    def due_at_us(self) -> int:
+        """``due_at`` in integer microseconds since the Unix epoch, without building a
+        datetime: ``(due_at_us - epoch_us(t)) / 1_000_000`` is
+        ``(due_at - t).total_seconds()`` and ``due_at_us / 1_000_000`` is
+        ``due_at.timestamp()``, to the bit (each divides the exact int once, correctly
+        rounded; dividing by the float 1e6 rounds the int first past 2**53)."""
+        delay_us = ((self._packed >> _DELAY_SHIFT) & _DELAY_MASK) - _DELAY_BIAS
+        return self._scheduled_us() + delay_us
 
     @property
     def tenant_id(self) -> uuid.UUID:
@@ -124,8 +182,12 @@ class TimerTask:
     def ref(self) -> TaskRef:
         return TaskRef(self.scheduled_at, self.id)
 
+    def _scheduled_us(self) -> int:
+        return ((self._packed >> _INSTANT_SHIFT) & _INSTANT_MASK) - _INSTANT_BIAS
+
     def _fields(self) -> tuple[object, ...]:
-        return (self._id, self._scheduled_us, self._shard, self._traits, self._due_us)
+        # Not the traits' number: a timer built past the table's bound has none.
+        return (self._id, self._packed >> _NUMBER_BITS, self._traits)
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, TimerTask):
@@ -146,8 +208,20 @@ class TimerTask:
         )
 
 
+PackedTimer = int | TimerTask
+"""What :meth:`TimerTask.pack` gives a wheel to hold: an int, or the TimerTask itself."""
+
+
+def packed_shard(packed: PackedTimer) -> int:
+    """The shard of a packed timer, without unpacking it (a shard release looks at every
+    timer held)."""
+    if type(packed) is TimerTask:
+        return packed.shard
+    assert isinstance(packed, int)
+    return packed >> _SHARD_SHIFT
+
+
 T = TypeVar("T")
-_UNSEEN = object()
 
 
 class Interner(Generic[T]):
@@ -156,36 +230,52 @@ class Interner(Generic[T]):
     A node holding a million pending timers held a million copies of a few tenant ids,
     queue names and task types (each row read from PostgreSQL is new objects): ~100
     bytes for a UUID, ~55 for a short string, per timer and per field (issue 14, target
-    7). :meth:`get` returns the first object seen equal to ``value``. At most
-    ``max_size`` distinct values are kept; past that a value is returned as it is, so a
-    field that is unique per row (by mistake or by design) costs a bounded dict, not one
-    that grows with the rows.
+    7). :meth:`get` returns the first object seen equal to ``value``. Values are
+    numbered 0, 1, ... in the order first seen (:meth:`number`, and :meth:`value` back),
+    so an int can hold one by its number (:meth:`TimerTask.pack`). At most ``max_size``
+    distinct values are kept, never dropped, so a number names its value for the life
+    of the process; past that a value is returned as it is, without a number, so a
+    field that is unique per row (by mistake or by design) costs a bounded table, not
+    one that grows with the rows.
     """
 
-    __slots__ = ("_max_size", "_seen")
+    __slots__ = ("_max_size", "_numbers", "_values")
 
     def __init__(self, max_size: int) -> None:
         if max_size < 0:
             raise ValueError("max_size must not be negative")
         self._max_size = max_size
-        self._seen: dict[T, T] = {}
+        self._numbers: dict[T, int] = {}
+        self._values: list[T] = []
+
+    def number(self, value: T) -> int | None:
+        """The number of ``value`` (given it now if it is new and there is room), or
+        None past the bound."""
+        number = self._numbers.get(value)
+        if number is None and len(self._values) < self._max_size:
+            number = len(self._values)
+            self._numbers[value] = number
+            self._values.append(value)
+        return number
+
+    def value(self, number: int) -> T:
+        """The shared value numbered ``number``."""
+        return self._values[number]
 
     def get(self, value: T) -> T:
-        shared = self._seen.get(value, _UNSEEN)
-        if shared is not _UNSEEN:
-            return shared  # type: ignore[return-value]
-        if len(self._seen) < self._max_size:
-            self._seen[value] = value
-        return value
+        number = self.number(value)
+        return value if number is None else self._values[number]
 
     def __len__(self) -> int:
-        return len(self._seen)
+        return len(self._values)
 
 
 _TRAITS: Interner[tuple[uuid.UUID, Priority, str, str, bool]] = Interner(100_000)
-"""The (tenant, priority, queue, type, strict timing) of timers, shared (see
+"""The (tenant, priority, queue, type, strict timing) of timers, shared and numbered (see
 :class:`TimerTask`). A node's timers repeat few combinations; past 100,000 a timer keeps
-its own tuple (56 bytes more), so the cache stays bounded whatever the rows hold."""
+its own tuple and is held by a wheel as itself, not as an int (~120 bytes more), so the
+table stays bounded whatever the rows hold."""
+assert _TRAITS._max_size < _UNNUMBERED, "a traits number must fit its bit field"
 
 
 @dataclass(frozen=True, slots=True)

@@ -63,7 +63,15 @@ from chronoshard.scheduler.core import rounds
 from chronoshard.scheduler.core.fairness import ReadyQueues, ReadyTask, TenantLimits
 from chronoshard.scheduler.core.models import Priority, Task
 from chronoshard.scheduler.core.quotas import HeldBy
-from chronoshard.scheduler.core.runs import Intent, IntentResult, Release, TimerTask
+from chronoshard.scheduler.core.runs import (
+    Intent,
+    IntentResult,
+    PackedTimer,
+    Release,
+    TimerTask,
+    epoch_us,
+    packed_shard,
+)
 from chronoshard.scheduler.core.states import AttemptState
 from chronoshard.scheduler.core.timing_wheel import TimingWheel
 from chronoshard.scheduler.dispatch import faults
@@ -138,8 +146,9 @@ class Dispatcher:
         scheduling = config.scheduling
         self._lead_s = scheduling.lead_dispatch_s
         self._batch_max = scheduling.dispatch_batch_max
-        # Keyed by the id's int (TimerTask.id_int): a UUID object per timer was ~100 bytes.
-        self._wheel: TimingWheel[int, TimerTask] = TimingWheel(
+        # Keyed by the id's int (TimerTask.id_int), holding the timer packed into one int
+        # (TimerTask.pack): a UUID object per timer was ~100 bytes, a TimerTask 112.
+        self._wheel: TimingWheel[int, PackedTimer] = TimingWheel(
             clock.monotonic(), tick_s=scheduling.wheel_tick_s, slots=scheduling.wheel_slots
         )
         self._ready = ReadyQueues(
@@ -184,11 +193,12 @@ class Dispatcher:
         move every deadline by its own error, and a step of it by the step.
         """
         mono_now = self._clock.monotonic()
-        wall_now = self._clock.now()
+        wall_now_us = epoch_us(self._clock.now())
         added = False
         for timer in timers:
-            delay_s = (timer.due_at - wall_now).total_seconds() - self._lead_s
-            self._wheel.add(timer.id_int, mono_now + delay_s, timer)
+            # (due_at - now).total_seconds(), exactly, without building datetimes.
+            delay_s = (timer.due_at_us - wall_now_us) / 1_000_000 - self._lead_s
+            self._wheel.add(timer.id_int, mono_now + delay_s, timer.pack())
             added = True
         if added:
             self._wake.set()
@@ -230,7 +240,7 @@ class Dispatcher:
         gone = frozenset(shards)
         if not gone:
             return 0
-        dropped = self._wheel.cancel_where(lambda timer: timer.shard in gone)
+        dropped = self._wheel.cancel_where(lambda packed: packed_shard(packed) in gone)
         ready = self._ready.remove_where(lambda task: _timer(task).shard in gone)
         if ready:
             self._backlog_changed.set()
@@ -322,7 +332,7 @@ class Dispatcher:
                     raise failed[0]
                 now = self._clock.monotonic()
                 for entry in self._wheel.advance(now):
-                    self._push_ready(entry.item, now)
+                    self._push_ready(TimerTask.unpack(entry.key, entry.item), now)
                 if len(running) < ROUNDS_IN_FLIGHT and self._shards.dispatch_allowed():
                     round_ = self._choose_round(now)
                     if round_ is not None:
@@ -347,7 +357,7 @@ class Dispatcher:
                 priority=timer.priority,
                 queue=timer.queue,
                 type=timer.type,
-                due_at_wall=timer.due_at.timestamp(),
+                due_at_wall=timer.due_at_us / 1_000_000,  # due_at.timestamp(), exactly
                 item=timer,
             ),
             now,

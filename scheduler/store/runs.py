@@ -82,28 +82,25 @@ _ALREADY = {
 
 
 # The fields a node's timers repeat, one object per distinct value (core.runs.Interner):
-# tenants, queues and task types are few; shards above 256 are not cached ints.
+# tenants, queues and task types are few. (The shard and the instants are packed into
+# one int by the TimerTask: no object of their own.)
 _TENANTS: Interner[uuid.UUID] = Interner(100_000)
 _NAMES: Interner[str] = Interner(100_000)
-_SHARDS: Interner[int] = Interner(100_000)
 
 
 def timer_from_row(row: Mapping[str, Any]) -> TimerTask:
     """A wheel entry from a ``tasks`` row read with ``dict_row``; its repeated fields are
     shared with every other timer's (a million of them waiting made the node's RSS grow
     by ~800 bytes each)."""
-    scheduled_at = row["scheduled_at"]
-    due_at = row["due_at"]
     return TimerTask(
         id=row["id"],
-        scheduled_at=scheduled_at,
-        shard=_SHARDS.get(row["shard"]),
+        scheduled_at=row["scheduled_at"],
+        shard=row["shard"],
         tenant_id=_TENANTS.get(row["tenant_id"]),
         priority=Priority(row["priority"]),
         queue=_NAMES.get(row["queue"]),
         type=_NAMES.get(row["type"]),
-        # Without jitter the two are equal: one object, not two.
-        due_at=scheduled_at if due_at == scheduled_at else due_at,
+        due_at=row["due_at"],
         strict_timing=row["strict_timing"],
     )
 

@@ -15,6 +15,7 @@ from fixtures.timers import AT, timer_task
 from chronoshard.clock import FakeClock
 from chronoshard.scheduler.config import SchedulerConfig
 from chronoshard.scheduler.core.fairness import UNLIMITED
+from chronoshard.scheduler.core.runs import TimerTask
 from chronoshard.scheduler.dispatch.dispatcher import Dispatcher, ShardView
 from chronoshard.scheduler.dispatch.sessions import SessionRegistry
 from chronoshard.scheduler.store.runs import RunStore
@@ -48,8 +49,13 @@ def test_drop_shards_forgets_their_tasks_on_the_wheel_and_ready_and_no_other() -
     due_later = [timer_task(shard=i % 3, scheduled_at=later, due_at=later) for i in range(12)]
     dispatcher.schedule(due_now + due_later)
     now = clock.monotonic()
-    for entry in dispatcher._wheel.advance(now):  # the loop's first step: fired -> ready
-        dispatcher._push_ready(entry.item, now)
+    fired = [  # the loop's first step: fired -> ready
+        TimerTask.unpack(entry.key, entry.item) for entry in dispatcher._wheel.advance(now)
+    ]
+    for timer in fired:
+        dispatcher._push_ready(timer, now)
+    # The wheel holds each timer packed into an int; what fires is the timer scheduled.
+    assert sorted(fired, key=lambda t: t.id_int) == sorted(due_now, key=lambda t: t.id_int)
     assert (len(dispatcher._wheel), len(dispatcher._ready)) == (12, 9)
 
     assert dispatcher.drop_shards([1, 2]) == 6 + 8

@@ -33,6 +33,19 @@ def test_an_interned_value_is_equal_and_shared_while_under_the_bound(
     assert len(interner) == min(len(set(values)), max_size)
 
 
+@given(st.lists(st.text(max_size=3)), st.integers(0, 8))
+def test_kept_values_are_numbered_in_the_order_first_seen(values: list[str], max_size: int) -> None:
+    interner: Interner[str] = Interner(max_size)
+    numbers = [interner.number("".join(list(value))) for value in values]
+    first_seen = list(dict.fromkeys(values))
+    kept = first_seen[:max_size]
+    assert numbers == [kept.index(v) if v in kept else None for v in values]
+    # A number names its value for good, and it is the object get() shares.
+    for number, value in enumerate(kept):
+        assert interner.value(number) == value
+        assert interner.get("".join(list(value))) is interner.value(number)
+
+
 def test_a_negative_bound_is_refused() -> None:
     with pytest.raises(ValueError):
         Interner(-1)
@@ -44,7 +57,7 @@ def _row(**overrides: object) -> dict[str, object]:
         "id": uuid.uuid4(),
         "scheduled_at": at,
         "due_at": datetime.fromisoformat(at.isoformat()),  # equal, another object
-        "shard": int("3" + "00"),  # a new int object per row, as read
+        "shard": int("3" + "00"),
         "tenant_id": uuid.UUID(int=7),
         "priority": "standard",
         "queue": "".join(["de", "fault"]),
@@ -59,10 +72,11 @@ def test_timers_from_rows_share_their_repeated_fields_and_keep_their_values() ->
     first, second = timer_from_row(_row()), timer_from_row(_row(tenant_id=uuid.UUID(int=7)))
     assert first.tenant_id is second.tenant_id
     assert first.queue is second.queue and first.type is second.type
-    assert first.shard is second.shard
+    assert first._traits is second._traits
     assert first.due_at == first.scheduled_at
     assert first.priority is Priority.STANDARD
     assert (first.queue, first.type, first.shard) == ("default", "report.daily", 300)
-    jittered = timer_from_row(_row(due_at=datetime(2026, 12, 2, 2, 0, 3, tzinfo=UTC)))
-    assert jittered.due_at - jittered.scheduled_at == timedelta(seconds=3)
+    jittered = timer_from_row(_row(due_at=datetime(2026, 12, 2, 2, 0, 3, 17, tzinfo=UTC)))
+    assert jittered.due_at - jittered.scheduled_at == timedelta(seconds=3, microseconds=17)
+    assert jittered.scheduled_at == first.scheduled_at == datetime(2026, 12, 2, 2, 0, tzinfo=UTC)
     assert first.id != second.id
