@@ -14,12 +14,23 @@ COMMIT) may have left PRELOADED rows that no wheel holds. :meth:`Preloader.resyn
 dispatcher's ``on_preloaded_unknown``) makes the next pass read every PRELOADED row of the
 owned shards back first and hand the dispatcher those it does not hold (docs/architecture.md#d12: an
 unknown outcome is settled by reading the rows back).
+
+When a burst of preloading ends (a pass that did not fill its batch, after at least
+:data:`TRIM_AFTER_PRELOADED` tasks went on the wheel since the last time), the C heap's
+free pages are given back to the OS (:func:`release_free_heap`). Loading a million
+timers leaves ~20 MB of them behind: glibc raises its mmap threshold each time a large
+block is freed (the wheel's index dict, resized as it grows), so the wheel's bucket lists
+then grow by realloc inside the heap, and the blocks they leave are free but still
+resident, and never returned on their own (bench/README.md, "Memory per pending timer").
 """
 
 from __future__ import annotations
 
 import asyncio
+import ctypes
+import functools
 import logging
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import ClassVar
 
@@ -32,6 +43,30 @@ from chronoshard.scheduler.store.runs import RunStore
 
 log = logging.getLogger(__name__)
 
+TRIM_AFTER_PRELOADED = 50_000
+"""Tasks preloaded since the heap was last trimmed before a burst's end trims it again:
+a trim stops the loop (~0.5 ms with 10^6 timers held), and a smaller load leaves little
+to give back."""
+
+
+@functools.cache
+def _malloc_trim() -> Callable[[int], int] | None:
+    try:
+        trim: Callable[[int], int] = ctypes.CDLL(None).malloc_trim
+    except (AttributeError, OSError):  # not glibc (musl, macOS): nothing to call
+        return None
+    return trim
+
+
+def release_free_heap() -> bool:
+    """Give the free pages of the C heap back to the OS (glibc's ``malloc_trim(0)``, which
+    also releases free pages between blocks in use); whether the C library could."""
+    trim = _malloc_trim()
+    if trim is None:
+        return False
+    trim(0)
+    return True
+
 
 class Preloader:
     STATS_GAUGES: ClassVar[frozenset[str]] = frozenset()
@@ -43,8 +78,10 @@ class Preloader:
         runs: RunStore,
         dispatcher: Dispatcher,
         shards: ShardView,
+        release_heap: Callable[[], object] = release_free_heap,
     ) -> None:
         self._scheduling = config.scheduling
+        self._release_heap = release_heap
         self._clock = clock
         self._runs = runs
         self._dispatcher = dispatcher
@@ -72,11 +109,17 @@ class Preloader:
             self._wake.set()
 
     async def run(self) -> None:
+        untrimmed = 0  # tasks preloaded since the heap was last trimmed
         while True:
             self._wake.clear()
+            before = self._stats["preloaded"]
             full_batch = await self.preload_once()
+            untrimmed += self._stats["preloaded"] - before
             if full_batch:
                 continue  # more due work than one batch: keep going
+            if untrimmed >= TRIM_AFTER_PRELOADED:  # a burst ended (module docstring)
+                untrimmed = 0
+                self._release_heap()
             await wait_event(self._wake, self._scheduling.preload_interval_s)
 
     async def preload_once(self) -> bool:
