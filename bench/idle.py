@@ -10,6 +10,11 @@ SubmitBatch (``--via api``). The run waits until the node's wheel holds them all
 so what is measured is the cost of waiting: the wheel's driver (which sleeps until the
 next non-empty bucket), the preloader's periodic pass, etcd keep-alives, reconcile and
 maintenance passes, and the garbage collector walking a million timers.
+
+It also reads what the timers cost in memory (issue 14, target 7): the process's RSS
+once it owns its shards, before any task is written, and again after the window; the
+growth divided by ``--timers`` is the whole process's bytes per pending timer (the
+preloader's reads and the wheel together).
 """
 
 from __future__ import annotations
@@ -31,6 +36,10 @@ DUE_FROM = timedelta(minutes=45)
 DUE_SPREAD = timedelta(minutes=10)
 SETTLE_S = 5.0
 TARGET_PERCENT = 2.0
+TARGET_BYTES_PER_TIMER = 250
+# Below this many timers the node's own growth while it runs (connections, caches)
+# outweighs the timers': no bytes-per-timer target.
+BYTES_TARGET_MIN_TIMERS = 100_000
 COPY_COLUMNS = (
     "id, tenant_id, type, scheduled_at, due_at, status, max_retries, backoff_initial_s,"
     " backoff_max_s, backoff_multiplier, jitter_mode, payload, shard, priority, queue,"
@@ -105,6 +114,7 @@ def idle(
 ) -> Report:
     env = {"CHRONOSHARD_SCHEDULING__MAX_PRELOADED": str(max(timers + 1000, 1_000_000))}
     with node(infra, "idle", env=env) as n:
+        rss_start = process_rss_mib(n.pid)
         t0 = time.monotonic()
         if via == "copy":
             _copy(n, timers)
@@ -124,6 +134,7 @@ def idle(
         in_wheel = int(n.scheduler.metric("chronoshard_wheel_timers") or 0)
         rss = process_rss_mib(n.pid)
     percent = 100 * cpu / elapsed
+    bytes_per_timer = (rss - rss_start) * 2**20 / timers
     row = {
         "timers": timers,
         "written by": via,
@@ -132,9 +143,26 @@ def idle(
         "window s": elapsed,
         "scheduler CPU s": cpu,
         "% of one core": percent,
+        "RSS at start MiB": rss_start,
         "RSS MiB": rss,
+        "bytes per pending timer": bytes_per_timer,
         "timers in wheel": in_wheel,
     }
+    targets = [
+        Target(
+            f"idle with {timers:,} timers < 2% of one core",
+            percent < TARGET_PERCENT,
+            f"{percent:.2f} %",
+        )
+    ]
+    if timers >= BYTES_TARGET_MIN_TIMERS:
+        targets.append(
+            Target(
+                f"RSS growth ≤ {TARGET_BYTES_PER_TIMER} bytes per pending timer",
+                bytes_per_timer <= TARGET_BYTES_PER_TIMER,
+                f"{bytes_per_timer:.0f} B",
+            )
+        )
     return Report(
         workload="idle",
         command="",
@@ -147,12 +175,10 @@ def idle(
         },
         columns=list(row),
         rows=[row],
-        targets=[
-            Target(
-                f"idle with {timers:,} timers < 2% of one core",
-                percent < TARGET_PERCENT,
-                f"{percent:.2f} %",
-            )
+        targets=targets,
+        notes=[
+            "CPU: user + system time of every thread, from /proc/<pid>/stat.",
+            "RSS at start: once the node owns its shards, before any task is written; "
+            "bytes per pending timer = (RSS - RSS at start) / timers.",
         ],
-        notes=["CPU: user + system time of every thread, from /proc/<pid>/stat."],
     )
