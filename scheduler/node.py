@@ -258,7 +258,7 @@ class SchedulerNode:
             timings=self.metrics.database,
         )
         # The node's dispatch rounds check their tenants' quotas for the whole cluster.
-        self.runs = RunStore(self.store, DispatchQuotaStore(self.store))
+        self.runs = RunStore(self.store, DispatchQuotaStore(self.store, config.node_id))
         store = self.store
         self.clock = ClusterClock(
             self.host_clock,

@@ -14,6 +14,18 @@ and never less than one whole task) and are full when first used. Over any windo
 ``w`` seconds a bucket lets ``rate * w + burst(rate)`` through at most: that bound, summed
 over the buckets that serve a quota, is the quota's stated tolerance.
 
+**Allowances.** A round that checked a tenant and found it far from both limits also
+grants its node an :func:`allowance`: tasks the node may dispatch for the tenant within
+``ALLOWANCE_S`` without checking again (:class:`Allowances` keeps them in the node's
+memory). Its tokens are drawn from the bucket with the round's; its attempts count for
+the other nodes' checks as ``reserved`` (wholly, even once used and counted as in flight
+too: the check errs on the safe side) until it expires or is replaced. So concurrency
+still never exceeds the limit; the rate may exceed ``rate * w + burst(rate)`` by the
+allowances' tokens spent in the window but drawn before it, at most ``ALLOWANCE_SHARE``
+of a full bucket (an allowance is at most that share of the tokens left, split over the
+nodes). A tenant close to a limit gets no allowance (under ``ALLOWANCE_MIN`` tasks), and
+every round checks it as before: small quotas keep their tight bounds.
+
 No I/O and no clock: times are the caller's seconds (the database's clock for the
 dispatch bucket, the node's monotonic clock for submits).
 """
@@ -27,11 +39,14 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 __all__ = [
+    "ALLOWANCE_S",
     "Admission",
+    "Allowances",
     "HeldBy",
     "SubmitRateLimiter",
     "TokenBucket",
     "admit",
+    "allowance",
     "burst",
     "node_share",
     "refilled",
@@ -40,6 +55,16 @@ __all__ = [
 TOKEN_EPS = 1e-9
 """A bucket this close to a whole token holds it: float error in the refill must never
 refuse a task for a few nanoseconds."""
+ALLOWANCE_S = 1.0
+"""How long an allowance is valid (PostgreSQL's clock)."""
+ALLOWANCE_SHARE = 0.5
+"""The most of the tenant's headroom (concurrency and tokens left after the round) the
+nodes' allowances take, split evenly over the nodes: the rest is left for checked rounds."""
+ALLOWANCE_MIN = 8
+"""No allowance below this many tasks: the tenant is close enough to a limit that every
+round is checked."""
+ALLOWANCE_MAX = 1000
+"""The most tasks one allowance covers."""
 
 
 class HeldBy(StrEnum):
@@ -89,20 +114,23 @@ def admit(
     tokens: float | None,
     rate: float,
     elapsed_s: float,
+    reserved: int = 0,
 ) -> Admission:
     """How many of ``wanted`` tasks of one tenant a dispatch round may write.
 
-    ``in_flight`` is the tenant's attempts in flight cluster-wide, ``tokens`` its bucket
-    as of ``elapsed_s`` ago (None: a new bucket). A round takes one token per task, never
-    more than the bucket holds in whole tokens, and never takes the tenant past
-    ``max_concurrent``; a tenant already past it (its limit was lowered) gets nothing.
+    ``in_flight`` is the tenant's attempts in flight cluster-wide, ``reserved`` the
+    attempts other nodes' allowances may still start, ``tokens`` its bucket as of
+    ``elapsed_s`` ago (None: a new bucket). A round takes one token per task, never more
+    than the bucket holds in whole tokens, and never takes the tenant past
+    ``max_concurrent`` even if every allowance were used; a tenant already past it (its
+    limit was lowered) gets nothing.
     """
-    if wanted < 0 or in_flight < 0 or max_concurrent < 0:
-        raise ValueError(f"negative count: {wanted=}, {in_flight=}, {max_concurrent=}")
+    if wanted < 0 or in_flight < 0 or max_concurrent < 0 or reserved < 0:
+        raise ValueError(f"negative count: {wanted=}, {in_flight=}, {max_concurrent=}, {reserved=}")
     if not (math.isfinite(rate) and rate > 0):
         raise ValueError(f"rate must be positive and finite, got {rate!r}")
     available = refilled(tokens, rate, elapsed_s)
-    by_concurrency = max(0, max_concurrent - in_flight)
+    by_concurrency = max(0, max_concurrent - in_flight - reserved)
     by_rate = max(0, math.floor(available + TOKEN_EPS))  # a bucket in debt gives nothing
     admitted = min(wanted, by_concurrency, by_rate)
     left = available - admitted
@@ -111,6 +139,76 @@ def admit(
         held_by = HeldBy.CONCURRENCY if by_concurrency <= by_rate else HeldBy.RATE
     wait_s = max(0.0, (1.0 - left) / rate) if held_by is HeldBy.RATE else 0.0
     return Admission(admitted, left, in_flight + admitted, held_by, wait_s)
+
+
+def allowance(after: Admission, *, max_concurrent: int, reserved: int, nodes: int) -> int:
+    """The allowance a node is granted for a tenant by the round that admitted ``after``:
+    how many more of its tasks the node may dispatch within ``ALLOWANCE_S`` without
+    checking (0: none). ``reserved`` is what the other nodes' allowances may still start,
+    ``nodes`` how many nodes there are. Its tokens are drawn from the bucket (``after``'s
+    tokens less the allowance are what the bucket keeps), its attempts are reserved.
+
+    At most ``ALLOWANCE_SHARE`` of the headroom left (the lesser of free concurrency and
+    whole tokens), split over the nodes, capped at ``ALLOWANCE_MAX``; nothing when a
+    quota refused some of the round, or when the share is under ``ALLOWANCE_MIN``."""
+    if nodes < 1 or reserved < 0:
+        raise ValueError(f"{nodes=} must be at least 1, {reserved=} not negative")
+    if after.held_by is not None:
+        return 0
+    headroom = min(
+        max_concurrent - after.in_flight - reserved, math.floor(after.tokens + TOKEN_EPS)
+    )
+    share = math.floor(max(0, headroom) * ALLOWANCE_SHARE / nodes)
+    return min(share, ALLOWANCE_MAX) if share >= ALLOWANCE_MIN else 0
+
+
+@dataclass(slots=True)
+class _Grant:
+    grant_id: uuid.UUID
+    left: int
+    until: float
+
+
+class Allowances:
+    """The allowances a node holds, per tenant: what it may still dispatch under each
+    before it expires (``until``, the node's monotonic seconds, ahead of the database's
+    expiry). The database has the last word: a round that dispatches under an allowance
+    checks there that it is still the node's current one and unexpired
+    (``store/quotas.py``); this book only spares rounds that would be refused."""
+
+    def __init__(self) -> None:
+        self._grants: dict[uuid.UUID, _Grant] = {}
+
+    def take(self, tenant_id: uuid.UUID, count: int, now: float) -> uuid.UUID | None:
+        """Spend ``count`` of the tenant's allowance if it covers them all and has not
+        expired: the grant they were spent from; None (nothing spent) otherwise."""
+        grant = self._grants.get(tenant_id)
+        if grant is None or grant.left < count:
+            return None
+        if now >= grant.until:
+            del self._grants[tenant_id]  # expired: the book keeps only live grants
+            return None
+        grant.left -= count
+        return grant.grant_id
+
+    def give(self, tenant_id: uuid.UUID, grant_id: uuid.UUID, count: int, until: float) -> None:
+        """A new allowance for the tenant, replacing the one held (whatever is left of
+        that is given up: the new one was decided without it)."""
+        self._grants[tenant_id] = _Grant(grant_id, count, until)
+
+    def drop(self, tenant_id: uuid.UUID, grant_id: uuid.UUID | None = None) -> None:
+        """Give up the tenant's allowance (only if it is still ``grant_id``, when given:
+        a round refused under an old grant must not drop the newer one)."""
+        grant = self._grants.get(tenant_id)
+        if grant is not None and (grant_id is None or grant.grant_id == grant_id):
+            del self._grants[tenant_id]
+
+    def holds(self, tenant_id: uuid.UUID) -> bool:
+        """Whether the node holds a grant for the tenant (used up or not)."""
+        return tenant_id in self._grants
+
+    def __len__(self) -> int:
+        return len(self._grants)
 
 
 def node_share(quota: float, nodes: Collection[str], node_id: str) -> float:

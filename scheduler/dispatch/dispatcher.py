@@ -308,8 +308,11 @@ class Dispatcher:
         return self._ready.throttles()
 
     def tenant_limits_changed(self, tenant_id: uuid.UUID) -> None:
-        """The tenant's limits were changed: its parked tasks are looked at again."""
+        """The tenant's limits were changed: its parked tasks are looked at again, and
+        its next round is checked against the new limits (not spent from an allowance
+        granted under the old ones)."""
         self._ready.limits_changed(tenant_id)
+        self._runs.limits_changed(tenant_id)
         self._wake.set()
 
     # ---- the loop -------------------------------------------------------------------------

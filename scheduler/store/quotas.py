@@ -1,31 +1,44 @@
-"""Tenant quotas in PostgreSQL: the cluster-wide check of every dispatch round.
+"""Tenant quotas in PostgreSQL: the cluster-wide check of the dispatch rounds.
 
 A tenant's dispatch rate and concurrency hold for the whole cluster
 (docs/operations.md#tenants-and-quotas, docs/architecture.md "cluster-wide tenant
-quotas"). :meth:`DispatchQuotaStore.admit` runs inside the transaction that writes a
-round's intents (``RunStore.write_intents``), before they are written (``sql/quotas.sql``):
+quotas"). :meth:`DispatchQuotaStore.read` and :meth:`PendingQuotas.admit` run inside the
+transaction that writes a round's intents (``RunStore.write_intents``), before they are
+written (``sql/quotas.sql``). A round *checks* a tenant:
 
-1. it locks the bucket row (``tenant_dispatch_buckets``) of every tenant in the round, in
-   tenant order, so the rounds of one tenant take turns across all nodes;
+1. it locks the tenant exclusively (a transaction-scoped advisory lock, all of a round's
+   in one order), so the checks of one tenant take turns across all nodes;
 2. in a statement of its own (a fresh snapshot, which sees what the previous lock holder
    committed), it reads each tenant's limits, its bucket as refilled by PostgreSQL's
-   clock, and its attempts in flight: the tenant's DISPATCHED and RUNNING rows;
+   clock, its attempts in flight (the tenant's DISPATCHED and RUNNING rows) and what the
+   other nodes' allowances may still start;
 3. :func:`~chronoshard.scheduler.core.quotas.admit` decides how many of the tenant's
-   chosen tasks may go, and the buckets that gave tokens are stored.
+   chosen tasks may go, :func:`~chronoshard.scheduler.core.quotas.allowance` what this
+   node may dispatch next without checking, and the buckets drawn from and the
+   allowance are stored.
+
+A round whose tenant this node's allowance covers does not check it: it spends the
+allowance (:class:`~chronoshard.scheduler.core.quotas.Allowances`), locks the tenant
+shared (so a check elsewhere waits for it, and it for a check) and reads back that the
+allowance is still this node's current grant and unexpired; if not, its tasks are not
+written this round and the next round checks. A tenant's rounds under allowances, on
+every node, go on at once: only checks take turns.
 
 Counting rows instead of keeping a counter is what makes concurrency survive a crash:
 a dead node's attempts stay DISPATCHED/RUNNING, and count, until they settle or the
-reconciler repairs their expired lease; nothing is released when a stream closes, and no
-counter can leak. The limits are read in the same statement, so a change applies at the
-next round. A round that refuses some of a tenant's tasks records when and by which quota
-in the same row; :meth:`DispatchQuotaStore.held_by` answers GetTask's waiting reason from
-it and from the same counts, outside any round.
+reconciler repairs their expired lease; its allowance counts until it expires; nothing is
+released when a stream closes, and no counter can leak. The limits are read at every
+check, so a change applies at the next one (a node that hears of it gives its allowance
+up). A round that refuses some of a tenant's tasks records when and by which quota in the
+bucket row; :meth:`DispatchQuotaStore.held_by` answers GetTask's waiting reason from it
+and from the same counts, outside any round.
 """
 
 from __future__ import annotations
 
+import time
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -33,7 +46,16 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
-from chronoshard.scheduler.core.quotas import TOKEN_EPS, Admission, HeldBy, admit, refilled
+from chronoshard.scheduler.core.quotas import (
+    ALLOWANCE_S,
+    TOKEN_EPS,
+    Admission,
+    Allowances,
+    HeldBy,
+    admit,
+    allowance,
+    refilled,
+)
 from chronoshard.scheduler.store import queries
 from chronoshard.scheduler.store.database import Connection, Store
 
@@ -45,40 +67,73 @@ that believes it at its concurrency asks once a second (the dispatcher's probes)
 
 
 class DispatchQuotaStore:
-    """The quota statements of a node's dispatch rounds, and the waiting-reason read."""
+    """The quota statements of a node's dispatch rounds, the allowances the node holds,
+    and the waiting-reason read. ``node_id`` names the node's allowances (its rows of
+    ``tenant_dispatch_allowances``); ``monotonic`` is the clock their local expiry is
+    kept on."""
 
-    def __init__(self, store: Store) -> None:
+    def __init__(
+        self,
+        store: Store,
+        node_id: str = "",
+        *,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._store = store
+        self._node_id = node_id
+        self._monotonic = monotonic
         self._q = queries.load(_SQL)
         # Tenants whose bucket row is known to exist: only a first round creates one.
         self._known: set[uuid.UUID] = set()
+        self.allowances = Allowances()
 
-    async def admit(
-        self, conn: Connection, wanted: Mapping[uuid.UUID, int]
-    ) -> dict[uuid.UUID, Admission]:
-        """How many of ``wanted`` (tasks chosen per tenant) the round may write, per
-        tenant, in ``conn``'s transaction; the buckets are drawn from as decided, and the
-        rows stay locked until that transaction ends. A tenant that no longer exists is
-        left out of the answer (its tasks are not written)."""
-        return await (await self.read(conn, wanted)).admit(wanted)
+    async def read(self, conn: Connection, wanted: Mapping[uuid.UUID, int]) -> PendingQuotas:
+        """Lock and read the quota rows of a round's tenants in ``conn``'s transaction
+        (in a pipelined one: queued, so they share a round trip with what else is queued
+        before the answer is read); :meth:`PendingQuotas.admit` decides. ``wanted`` is the
+        round's tasks per tenant, counted before its shards were fenced (it may hold more
+        than are finally written).
 
-    async def read(self, conn: Connection, tenant_ids: Iterable[uuid.UUID]) -> PendingQuotas:
-        """:meth:`admit` in two steps: the tenants' bucket rows are locked and read now (in
-        a pipelined transaction: queued, so they share a round trip with what else is
-        queued before the answer is read), the decision is taken by
-        :meth:`PendingQuotas.admit`. ``tenant_ids`` may hold more tenants than are
-        finally wanted (the round's shards not yet fenced): a tenant wanted for none is
-        locked and left as it was."""
-        ids = sorted(set(tenant_ids))
-        if not ids:
-            return PendingQuotas(self, None, [])
-        new = [t for t in ids if t not in self._known]
+        A tenant whose allowance covers its tasks is not checked: it is only locked
+        shared (rounds of every node under allowances go on at once; a check waits for
+        them, and they for it) and its allowance read back, to be sure it is still this
+        node's current one and unexpired. Every other tenant is checked: locked
+        exclusively, then its limits, bucket, attempts in flight and the other nodes'
+        allowances read by a statement of its own (a fresh snapshot, which sees what the
+        rounds it waited for committed). The locks are advisory ones of the transaction
+        (migration 0017)."""
+        now = self._monotonic()
+        allowed: dict[uuid.UUID, uuid.UUID] = {}
+        for tenant_id, count in wanted.items():
+            grant_id = self.allowances.take(tenant_id, count, now)
+            if grant_id is not None:
+                allowed[tenant_id] = grant_id
+        checked = sorted(t for t in wanted if t not in allowed)
+        if not wanted:
+            return PendingQuotas(self, now, checked, {}, None, None)
+        new = [t for t in checked if t not in self._known]
         if new:
             await conn.execute(self._q["create_dispatch_buckets"], {"tenant_ids": new})
-        await conn.execute(self._q["lock_dispatch_buckets"], {"tenant_ids": ids})
-        cur = conn.cursor(row_factory=dict_row)
-        await cur.execute(self._q["dispatch_quotas"], {"tenant_ids": ids})
-        return PendingQuotas(self, cur, ids)
+        await conn.execute(
+            self._q["lock_dispatch_quotas"], {"checked": checked, "allowed": sorted(allowed)}
+        )
+        valid = None
+        if allowed:
+            valid = await conn.execute(
+                self._q["allowances_valid"],
+                {
+                    "node_id": self._node_id,
+                    "tenant_ids": list(allowed),
+                    "grant_ids": list(allowed.values()),
+                },
+            )
+        rows = None
+        if checked:
+            rows = conn.cursor(row_factory=dict_row)
+            await rows.execute(
+                self._q["dispatch_quotas"], {"tenant_ids": checked, "node_id": self._node_id}
+            )
+        return PendingQuotas(self, now, checked, allowed, valid, rows)
 
     def _saw(self, asked: Sequence[uuid.UUID], found: Iterable[uuid.UUID]) -> None:
         # A bucket created by a transaction that then rolled back is gone: created again
@@ -86,7 +141,9 @@ class DispatchQuotaStore:
         self._known.difference_update(asked)
         self._known.update(found)
 
-    async def _store_drawn(self, conn: Connection, drawn: Sequence[_Drawn]) -> None:
+    async def _store_drawn(
+        self, conn: Connection, drawn: Sequence[_Drawn], granted: Sequence[_Granted]
+    ) -> None:
         if drawn:
             await conn.execute(
                 self._q["store_dispatch_buckets"],
@@ -96,6 +153,17 @@ class DispatchQuotaStore:
                     "refilled_ats": [d.refilled_at for d in drawn],
                     "held_bys": [None if d.held_by is None else str(d.held_by) for d in drawn],
                     "held_ats": [d.now for d in drawn],
+                },
+            )
+        if granted:
+            await conn.execute(
+                self._q["store_allowances"],
+                {
+                    "node_id": self._node_id,
+                    "tenant_ids": [g.tenant_id for g in granted],
+                    "grant_ids": [g.grant_id for g in granted],
+                    "attempts": [g.attempts for g in granted],
+                    "valid_s": ALLOWANCE_S,
                 },
             )
 
@@ -136,30 +204,72 @@ class _Drawn:
     now: datetime
 
 
+@dataclass(frozen=True)
+class _Granted:
+    """A node's new allowance for a tenant (0 attempts: the old one given up)."""
+
+    tenant_id: uuid.UUID
+    grant_id: uuid.UUID
+    attempts: int
+
+
+@dataclass(frozen=True)
+class RoundQuotas:
+    """What a round's quota check decided."""
+
+    admitted: dict[uuid.UUID, int]
+    """How many of each tenant's tasks the round may write (a tenant left out: none)."""
+    checked: dict[uuid.UUID, Admission]
+    """The tenants checked in full, each with what the check found (the tenants
+    dispatched under an allowance are not among them)."""
+
+
+ALLOWANCE_MARGIN_S = 0.1
+"""The node stops spending an allowance this long before the database's expiry would
+refuse it (their clocks run from different instants of its granting)."""
+
+
 class PendingQuotas:
     """The quota rows of a round's tenants, locked and read (:meth:`DispatchQuotaStore.read`)."""
 
     def __init__(
         self,
         quotas: DispatchQuotaStore,
+        read_at: float,
+        checked: Sequence[uuid.UUID],
+        allowed: Mapping[uuid.UUID, uuid.UUID],
+        valid: psycopg.AsyncCursor[Any] | None,
         rows: psycopg.AsyncCursor[dict[str, Any]] | None,
-        asked: Sequence[uuid.UUID],
     ) -> None:
         self._quotas = quotas
+        self._read_at = read_at
+        self._checked = checked
+        self._allowed = allowed
+        self._valid = valid
         self._rows = rows
-        self._asked = asked
 
-    async def admit(self, wanted: Mapping[uuid.UUID, int]) -> dict[uuid.UUID, Admission]:
-        """How many of ``wanted`` each tenant's quotas admit (only tenants asked for in
-        :meth:`DispatchQuotaStore.read`); the buckets drawn from are stored (queued) in
-        the same transaction."""
+    async def admit(self, wanted: Mapping[uuid.UUID, int]) -> RoundQuotas:
+        """How many of ``wanted`` (the round's tasks per tenant, of the shards the fence
+        kept) each tenant may have written; the buckets drawn from and the allowances
+        granted are stored (queued) in the same transaction."""
+        book = self._quotas.allowances
+        admitted: dict[uuid.UUID, int] = {}
+        if self._valid is not None:
+            still = {row[0] for row in await self._valid.fetchall()}
+            for tenant_id, grant_id in self._allowed.items():
+                if tenant_id in still:
+                    admitted[tenant_id] = wanted.get(tenant_id, 0)
+                else:
+                    # Expired, or replaced by a newer grant: checked next round.
+                    book.drop(tenant_id, grant_id)
+        checked: dict[uuid.UUID, Admission] = {}
         if self._rows is None:
-            return {}
+            return RoundQuotas(admitted, checked)
         conn = self._rows.connection
         rows = await self._rows.fetchall()
-        self._quotas._saw(self._asked, (row["tenant_id"] for row in rows))
-        answers: dict[uuid.UUID, Admission] = {}
+        self._quotas._saw(self._checked, (row["tenant_id"] for row in rows))
         drawn: list[_Drawn] = []
+        granted: list[_Granted] = []
         for row in rows:
             tenant_id = row["tenant_id"]
             count = wanted.get(tenant_id, 0)
@@ -172,11 +282,27 @@ class PendingQuotas:
                 tokens=row["tokens"],
                 rate=row["rate_limit_rps"],
                 elapsed_s=row["elapsed_s"],
+                reserved=row["reserved"],
             )
-            answers[tenant_id] = answer
+            checked[tenant_id] = answer
+            admitted[tenant_id] = answer.admitted
+            extra = allowance(
+                answer,
+                max_concurrent=row["max_concurrent_workers"],
+                reserved=row["reserved"],
+                nodes=max(1, row["nodes"]),
+            )
+            if extra or book.holds(tenant_id):
+                grant_id = uuid.uuid4()
+                granted.append(_Granted(tenant_id, grant_id, extra))
+                if extra:
+                    until = self._read_at + ALLOWANCE_S - ALLOWANCE_MARGIN_S
+                    book.give(tenant_id, grant_id, extra, until)
+                else:
+                    book.drop(tenant_id)
             if answer.admitted:
                 drawn.append(
-                    _Drawn(tenant_id, answer.tokens, row["now"], answer.held_by, row["now"])
+                    _Drawn(tenant_id, answer.tokens - extra, row["now"], answer.held_by, row["now"])
                 )
             elif answer.held_by is not None:
                 # Nothing drawn: the stored tokens as of the old instant still say the
@@ -184,5 +310,5 @@ class PendingQuotas:
                 drawn.append(
                     _Drawn(tenant_id, row["tokens"], row["refilled_at"], answer.held_by, row["now"])
                 )
-        await self._quotas._store_drawn(conn, drawn)
-        return answers
+        await self._quotas._store_drawn(conn, drawn, granted)
+        return RoundQuotas(admitted, checked)

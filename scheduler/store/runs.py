@@ -127,6 +127,13 @@ def _keyset(after: Cursor | None) -> dict[str, Any]:
     return {"after_due": after[0] if after else None, "after_id": after[1] if after else None}
 
 
+def _per_tenant(intents: Iterable[Intent]) -> dict[uuid.UUID, int]:
+    counts: dict[uuid.UUID, int] = {}
+    for intent in intents:
+        counts[intent.task.tenant_id] = counts.get(intent.task.tenant_id, 0) + 1
+    return counts
+
+
 _Screen = Callable[[list[Intent]], Awaitable[list[Intent]]]
 """Cuts a round's intents (of owned shards) to those it may write, in its transaction."""
 
@@ -178,6 +185,11 @@ class RunStore:
         self._store = store
         self._q = queries.load("runs.sql")
         self._quotas = quotas
+
+    def limits_changed(self, tenant_id: uuid.UUID) -> None:
+        """A tenant's limits were changed: this node's allowance for it is given up."""
+        if self._quotas is not None:
+            self._quotas.allowances.drop(tenant_id)
 
     # ---- shard-fenced writes ------------------------------------------------------------
 
@@ -292,7 +304,9 @@ class RunStore:
 
         With quotas, each tenant's intents are first cut to what its quotas admit, in the
         order given (the selector's: earliest due first); the others are written nothing
-        and come back in ``unwritten``, with every tenant's answer in ``quotas``.
+        and come back in ``unwritten``, with the answer of every tenant checked in full
+        in ``quotas`` (a tenant dispatched under this node's allowance is not checked:
+        ``store/quotas.py``).
 
         Only after this returns may the assignments be sent (intent before action).
         """
@@ -303,14 +317,12 @@ class RunStore:
         async def read_quotas(conn: Connection) -> _Screen | None:
             if quotas is None:
                 return None
-            pending = await quotas.read(conn, (i.task.tenant_id for i in intents))
+            pending = await quotas.read(conn, _per_tenant(intents))
 
             async def within_quotas(mine: list[Intent]) -> list[Intent]:
-                wanted: dict[uuid.UUID, int] = {}
-                for intent in mine:
-                    wanted[intent.task.tenant_id] = wanted.get(intent.task.tenant_id, 0) + 1
-                answers.update(await pending.admit(wanted))
-                left = {tenant: a.admitted for tenant, a in answers.items()}
+                decided = await pending.admit(_per_tenant(mine))
+                answers.update(decided.checked)
+                left = dict(decided.admitted)
                 admitted = []
                 for intent in mine:
                     tenant = intent.task.tenant_id

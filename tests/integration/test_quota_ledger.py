@@ -2,8 +2,10 @@
 "nodes" (two stores and run stores, each owning a shard of its own) write intents for one
 tenant at once, and between them never take it past its concurrency or its rate; what
 is in flight is counted from the rows, so settling frees a slot and a limit changed in
-the tenants table applies at the next round. The e2e test (tests/e2e/test_quotas.py)
-checks the same with three scheduler processes.
+the tenants table applies at the next round. A tenant far from its limits is dispatched
+under allowances (rounds that do not check it): the other nodes' checks hold those back,
+so the concurrency still holds, and an allowance expired or replaced is refused. The e2e
+test (tests/e2e/test_quotas.py) checks the same with three scheduler processes.
 """
 
 from __future__ import annotations
@@ -78,13 +80,15 @@ async def second_node(store: Store, fresh_db_dsn: str) -> AsyncIterator[Node]:
     """Another node's dispatch path: its own pool, owning OTHER_SHARD."""
     async with await Store.open(fresh_db_dsn, min_size=1, max_size=2) as other:
         assert await other.claim_shard_epoch(OTHER_SHARD, OTHER_EPOCH, "node-b")
-        yield Node(other, RunStore(other, DispatchQuotaStore(other)), OTHER_SHARD, OTHER_EPOCH)
+        yield Node(
+            other, RunStore(other, DispatchQuotaStore(other, "node-b")), OTHER_SHARD, OTHER_EPOCH
+        )
 
 
 @pytest.fixture
 def first_node(store: Store) -> Node:
     """The store fixture's node: it owns SHARD."""
-    return Node(store, RunStore(store, DispatchQuotaStore(store)), SHARD, EPOCH)
+    return Node(store, RunStore(store, DispatchQuotaStore(store, "node-a")), SHARD, EPOCH)
 
 
 async def test_two_nodes_rounds_at_once_never_exceed_the_tenants_concurrency(
@@ -228,3 +232,112 @@ async def _dispatched_ids(store: Store, tenant: Tenant) -> set[uuid.UUID]:
             "SELECT id FROM tasks WHERE tenant_id = %s AND status = 'DISPATCHED'", (tenant.id,)
         )
         return {row[0] for row in await cur.fetchall()}
+
+
+async def _allowances(store: Store, tenant: Tenant) -> dict[str, int]:
+    """Each node's live allowance for ``tenant`` (attempts), as the database has it."""
+    async with store.connection() as conn:
+        cur = await conn.execute(
+            "SELECT node_id, attempts FROM tenant_dispatch_allowances"
+            " WHERE tenant_id = %s AND expires_at > clock_timestamp()",
+            (tenant.id,),
+        )
+        return {str(node): int(attempts) for node, attempts in await cur.fetchall()}
+
+
+async def test_a_tenant_far_from_its_limits_is_dispatched_under_an_allowance(
+    store: Store, first_node: Node, second_node: Node
+) -> None:
+    tenant = await _tenant(store, rate=1000.0, concurrency=1000)
+    timers = await first_node.preloaded(tenant, 10)
+    checked = await first_node.write(timers[:5])
+    assert len(checked.dispatched) == 5 and tenant.id in checked.quotas
+    # Half the headroom left (995 tasks, 995 tokens), split over the two nodes that own
+    # shards here.
+    assert await _allowances(store, tenant) == {"node-a": 248}
+    under = await first_node.write(timers[5:])
+    assert len(under.dispatched) == 5 and tenant.id not in under.quotas  # not checked
+    assert await _in_flight(store, tenant) == 10
+
+
+async def test_the_other_nodes_checks_hold_back_what_an_allowance_may_still_start(
+    store: Store, first_node: Node, second_node: Node
+) -> None:
+    """Node A's first round is checked and grants A an allowance; node B's check must
+    leave room for all of it, so that A's rounds under it cannot take the tenant past
+    its concurrency (without counting it, B would take 59 and A then 14 more)."""
+    tenant = await _tenant(store, rate=1000.0, concurrency=60)
+    mine = await first_node.preloaded(tenant, 15)
+    theirs = await second_node.preloaded(tenant, 60)
+    assert len((await first_node.write(mine[:1])).dispatched) == 1
+    granted = (await _allowances(store, tenant))["node-a"]
+    assert granted == 14  # (60 - 1) / 2 halved, over two nodes
+    b = await second_node.write(theirs)
+    assert len(b.dispatched) == 60 - 1 - granted
+    assert b.quotas[tenant.id].held_by is HeldBy.CONCURRENCY
+    a = await first_node.write(mine[1:])
+    assert len(a.dispatched) == granted and tenant.id not in a.quotas
+    assert await _in_flight(store, tenant) == 60
+
+
+async def test_rounds_of_two_nodes_under_allowances_at_once_never_exceed_the_concurrency(
+    store: Store, first_node: Node, second_node: Node
+) -> None:
+    tenant = await _tenant(store, rate=100_000.0, concurrency=150)
+    mine = await first_node.preloaded(tenant, 200)
+    theirs = await second_node.preloaded(tenant, 200)
+
+    async def rounds(node: Node, timers: list[TimerTask]) -> tuple[int, int]:
+        written = checked = 0
+        for i in range(0, len(timers), 5):
+            result = await node.write(timers[i : i + 5])
+            written += len(result.dispatched)
+            checked += tenant.id in result.quotas
+        return written, checked
+
+    (a, a_checked), (b, b_checked) = await asyncio.gather(
+        rounds(first_node, mine), rounds(second_node, theirs)
+    )
+    assert a + b == await _in_flight(store, tenant) <= 150
+    assert a_checked < 40 and b_checked < 40  # most rounds went under an allowance
+
+
+async def test_an_allowance_expired_or_replaced_is_refused(
+    store: Store, first_node: Node, fresh_db_dsn: str
+) -> None:
+    tenant = await _tenant(store, rate=1000.0, concurrency=1000)
+    timers = await first_node.preloaded(tenant, 8)
+    await first_node.write(timers[:1])
+    async with store.connection() as conn:
+        await conn.execute(
+            "UPDATE tenant_dispatch_allowances SET expires_at = clock_timestamp()"
+            " WHERE tenant_id = %s",
+            (tenant.id,),
+        )
+    expired = await first_node.write(timers[1:3])
+    assert expired.dispatched == [] and expired.unwritten == {t.id for t in timers[1:3]}
+    # Refused once: the next round is checked, and grants anew.
+    assert len((await first_node.write(timers[1:3])).dispatched) == 2
+    # Another store with the same node id (a restarted node while the old one lingers)
+    # replaces the grant: the old holder's next round under it is refused.
+    async with await Store.open(fresh_db_dsn, min_size=1, max_size=1) as again:
+        successor = Node(again, RunStore(again, DispatchQuotaStore(again, "node-a")), SHARD, EPOCH)
+        assert len((await successor.write(timers[3:4])).dispatched) == 1
+    replaced = await first_node.write(timers[4:6])
+    assert replaced.dispatched == [] and tenant.id not in replaced.quotas
+    assert len((await first_node.write(timers[4:6])).dispatched) == 2
+
+
+async def test_changed_limits_are_checked_at_the_next_round_not_spent_from_an_allowance(
+    store: Store, first_node: Node
+) -> None:
+    tenant = await _tenant(store, rate=1000.0, concurrency=1000)
+    timers = await first_node.preloaded(tenant, 6)
+    await first_node.write(timers[:2])
+    async with store.connection() as conn:
+        await conn.execute(
+            "UPDATE tenants SET max_concurrent_workers = 3 WHERE id = %s", (tenant.id,)
+        )
+    first_node.runs.limits_changed(tenant.id)  # what the node does when it hears of it
+    after = await first_node.write(timers[2:])
+    assert len(after.dispatched) == 1 and after.quotas[tenant.id].held_by is HeldBy.CONCURRENCY

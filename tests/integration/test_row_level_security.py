@@ -78,11 +78,14 @@ TENANT_OF: Mapping[str, str] = {
     "expectations": "SELECT tenant_id FROM expectations",
     "alerts": "SELECT tenant_id FROM alerts",
     "tenant_dispatch_buckets": "SELECT tenant_id FROM tenant_dispatch_buckets",
+    # The nodes' dispatch allowances (0017).
+    "tenant_dispatch_allowances": "SELECT tenant_id FROM tenant_dispatch_allowances",
     # The tenant whose key opened each worker stream (0016).
     "worker_sessions": "SELECT tenant_id FROM worker_sessions",
 }
 NOT_GRANTED = (
     "tenant_dispatch_buckets",
+    "tenant_dispatch_allowances",
     "shard_owners",
     "canary_executions",
     "schema_migrations",

@@ -6,7 +6,10 @@ Property tests state the bounds docs/operations.md#tenants-and-quotas promises: 
 never takes a tenant past its concurrency nor its bucket below zero; over any window of
 ``w`` seconds a bucket lets at most ``rate * w + burst`` through (plus one request's debt
 for the submit bucket); the shares of a quota sum to it and never go negative; the same
-membership always gives the same share.
+membership always gives the same share; an allowance granted with a round, added to
+what the round admitted and to the other nodes' allowances, never takes the tenant past
+its concurrency nor its bucket below zero, and a node never spends more of it than it
+was given, nor after it expired.
 """
 
 from __future__ import annotations
@@ -22,11 +25,16 @@ from chronoshard.scheduler.cluster.signals import CHANNEL, TENANTS_CHANGED, deco
 from chronoshard.scheduler.core.fairness import ReadyQueues, ReadyTask, TenantLimits, WorkerOffer
 from chronoshard.scheduler.core.models import Priority
 from chronoshard.scheduler.core.quotas import (
+    ALLOWANCE_MAX,
+    ALLOWANCE_MIN,
+    ALLOWANCE_SHARE,
     TOKEN_EPS,
+    Allowances,
     HeldBy,
     SubmitRateLimiter,
     TokenBucket,
     admit,
+    allowance,
     burst,
     node_share,
 )
@@ -83,6 +91,102 @@ def test_a_round_never_exceeds_the_tenants_concurrency_nor_its_tokens(
         assert answer.tokens + answer.wait_s * rate == pytest.approx(1.0)
     else:
         assert answer.wait_s == 0.0
+
+
+@given(
+    wanted=counts,
+    in_flight=st.integers(min_value=0, max_value=5_000),
+    reserved=st.integers(min_value=0, max_value=5_000),
+    max_concurrent=st.integers(min_value=0, max_value=10_000),
+    tokens=st.none() | st.floats(min_value=0.0, max_value=10_000.0),
+    rate=st.floats(min_value=0.1, max_value=10_000.0),
+    elapsed_s=st.floats(min_value=-10.0, max_value=100.0),
+    nodes=st.integers(min_value=1, max_value=8),
+)
+def test_an_allowance_never_takes_the_tenant_past_its_concurrency_nor_its_tokens(
+    wanted: int,
+    in_flight: int,
+    reserved: int,
+    max_concurrent: int,
+    tokens: float | None,
+    rate: float,
+    elapsed_s: float,
+    nodes: int,
+) -> None:
+    answer = admit(
+        wanted,
+        in_flight=in_flight,
+        max_concurrent=max_concurrent,
+        tokens=tokens,
+        rate=rate,
+        elapsed_s=elapsed_s,
+        reserved=reserved,
+    )
+    granted = allowance(answer, max_concurrent=max_concurrent, reserved=reserved, nodes=nodes)
+    # The round's tasks, every other node's allowance used in full, and this one: still
+    # within the limit (a tenant already past it gets neither).
+    if answer.admitted or granted:
+        assert answer.in_flight + reserved + granted <= max_concurrent
+    # Its tokens come out of the bucket, which never goes below zero.
+    assert answer.tokens - granted >= -TOKEN_EPS
+    assert granted == 0 or ALLOWANCE_MIN <= granted <= ALLOWANCE_MAX
+    assert granted == 0 or answer.held_by is None
+    # At most its share of the headroom: the nodes together never take more than
+    # ALLOWANCE_SHARE of it, the rest is left for checked rounds.
+    headroom = max(0, max_concurrent - answer.in_flight - reserved)
+    assert granted * nodes <= ALLOWANCE_SHARE * headroom
+
+
+def test_no_allowance_close_to_a_limit() -> None:
+    answer = admit(1, in_flight=0, max_concurrent=20, tokens=None, rate=1000.0, elapsed_s=0.0)
+    # 19 left, half of it over one node: 9; over two: 4, under ALLOWANCE_MIN.
+    assert allowance(answer, max_concurrent=20, reserved=0, nodes=1) == 9
+    assert allowance(answer, max_concurrent=20, reserved=0, nodes=2) == 0
+    slow = admit(1, in_flight=0, max_concurrent=1000, tokens=None, rate=20.0, elapsed_s=0.0)
+    assert allowance(slow, max_concurrent=1000, reserved=0, nodes=1) == 9
+    assert allowance(slow, max_concurrent=1000, reserved=0, nodes=3) == 0
+
+
+spends = st.lists(
+    st.tuples(
+        st.sampled_from(["take", "give", "drop", "drop-old"]),
+        st.integers(min_value=0, max_value=30),
+        st.floats(min_value=0.0, max_value=0.5),
+    ),
+    max_size=60,
+)
+
+
+@given(spends)
+def test_a_node_never_spends_more_of_an_allowance_than_it_was_given_nor_after_it_expired(
+    steps: list[tuple[str, int, float]],
+) -> None:
+    book = Allowances()
+    now = 0.0
+    given_at: dict[uuid.UUID, tuple[int, float]] = {}  # grant -> (count, until)
+    spent: dict[uuid.UUID, int] = {}
+    current: uuid.UUID | None = None
+    old: uuid.UUID | None = None
+    for action, count, step in steps:
+        now += step
+        if action == "give":
+            old, current = current, uuid.uuid4()
+            given_at[current] = (count, now + 1.0)
+            book.give(A, current, count, now + 1.0)
+        elif action == "take":
+            grant = book.take(A, count, now)
+            if grant is not None:
+                assert grant == current and now < given_at[grant][1]
+                spent[grant] = spent.get(grant, 0) + count
+        elif action == "drop":
+            book.drop(A)
+            current = None
+        elif old is not None:
+            held = book.holds(A)
+            book.drop(A, old)  # a round refused under an old grant: the current one stays
+            assert book.holds(A) == held
+    for grant, total in spent.items():
+        assert total <= given_at[grant][0]
 
 
 @settings(max_examples=200)
