@@ -191,6 +191,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--handler-ms", type=float, default=0.0, help="each handler holds its slot this long"
     )
+    p.add_argument("--nodes", type=int, default=1, help="scheduler processes")
     p.set_defaults(
         run=lambda a, i: timing.stampede(
             i,
@@ -201,6 +202,7 @@ def _parser() -> argparse.ArgumentParser:
             rounds=a.rounds,
             one_instant=a.one_instant,
             prefetch=a.prefetch,
+            nodes=a.nodes,
         )
     )
 
@@ -212,9 +214,20 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--handler-ms", type=float, default=0.0, help="each handler holds its slot this long"
     )
+    p.add_argument("--nodes", type=int, default=1, help="scheduler processes")
+    p.add_argument(
+        "--prefetch", type=int, default=0, help="assignments held per worker beyond its slots"
+    )
     p.set_defaults(
         run=lambda a, i: timing.steady(
-            i, a.rate, a.duration_s, a.slots, a.lead_dispatch_s, a.handler_ms
+            i,
+            a.rate,
+            a.duration_s,
+            a.slots,
+            a.lead_dispatch_s,
+            a.handler_ms,
+            nodes=a.nodes,
+            prefetch=a.prefetch,
         )
     )
 

@@ -15,6 +15,7 @@ so a measurement costs the measured process nothing.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import tempfile
 import time
@@ -140,33 +141,42 @@ def process_rss_mib(pid: int) -> float:
 
 @dataclass
 class Node:
-    """One scheduler process on its own database, and its workers."""
+    """The scheduler processes of one cluster on its own database (one, unless ``nodes``
+    was asked for), and its workers. ``scheduler`` is the first: the producer's node."""
 
     group: ProcessGroup
-    scheduler: SchedulerHandle
+    schedulers: list[SchedulerHandle]
     dsn: str
     api_key: str
+
+    @property
+    def scheduler(self) -> SchedulerHandle:
+        return self.schedulers[0]
 
     @property
     def address(self) -> str:
         return self.scheduler.address
 
     @property
+    def addresses(self) -> list[str]:
+        return [s.address for s in self.schedulers]
+
+    @property
     def pid(self) -> int:
         return self.scheduler.process.pid
 
     def cpu_s(self) -> float:
-        return process_cpu_s(self.pid)
+        return sum(process_cpu_s(s.process.pid) for s in self.schedulers)
 
     def worker_pids(self) -> list[int]:
         return [w.pid for w in self.group.workers]
 
     def cpu_snapshot(self) -> dict[str, dict[int, float]]:
-        """CPU seconds used so far, per process, by the scheduler, the workers and
-        PostgreSQL (every process of the server, whoever else uses it); subtract two
+        """CPU seconds used so far, per process, by the scheduler processes, the workers
+        and PostgreSQL (every process of the server, whoever else uses it); subtract two
         with :func:`cpu_used`."""
         return {
-            "scheduler": cpu_by_pid([self.pid]),
+            "scheduler": cpu_by_pid([s.process.pid for s in self.schedulers]),
             "workers": cpu_by_pid(self.worker_pids()),
             "postgres": cpu_by_pid(postgres_pids(self.dsn)),
         }
@@ -188,7 +198,7 @@ class Node:
             self.group.start_worker(
                 f"worker-{i + 1}",
                 spec,
-                [self.address],
+                self.addresses,
                 pythonpath=pythonpath,
                 BENCH_DSN=self.dsn,
                 BENCH_WORKER_SLOTS=str(slots),
@@ -196,11 +206,16 @@ class Node:
                 CHRONOSHARD_API_KEY=self.api_key,
                 **env,
             )
-        wait_until(
-            lambda: (self.scheduler.metric("chronoshard_worker_sessions") or 0) >= count,
-            what=f"{count} worker streams",
-            node=self,
-        )
+        for scheduler in self.schedulers:
+            wait_until(
+                functools.partial(_has_sessions, scheduler, count),
+                what=f"{count} worker streams on {scheduler.address}",
+                node=self,
+            )
+
+
+def _has_sessions(scheduler: SchedulerHandle, count: int) -> bool:
+    return (scheduler.metric("chronoshard_worker_sessions") or 0) >= count
 
 
 def wait_until(
@@ -225,8 +240,10 @@ def node(
     workers: int = 0,
     slots: int = 200,
     prefetch: int = 0,
+    nodes: int = 1,
 ) -> Iterator[Node]:
-    """A scheduler process owning all shards (and ``workers`` worker processes).
+    """``nodes`` scheduler processes owning all shards between them (and ``workers``
+    worker processes, each connected to every node).
 
     Their logs go to a temporary directory, or are kept under ``$BENCH_LOG_DIR``."""
     kept = os.environ.get(LOG_DIR_ENV)
@@ -250,9 +267,15 @@ def node(
             scheduler_env={"CHRONOSHARD_LOG_LEVEL": "WARNING", **(env or {})},
         )
         try:
-            handle = group.start_scheduler("node-1")
-            result = Node(group, handle, dsn, api_key)
+            handles = [group.start_scheduler(f"node-{i + 1}") for i in range(nodes)]
+            result = Node(group, handles, dsn, api_key)
             wait_until(lambda: _owned_shards(dsn) == SHARDS, what="shard claims", node=result)
+            if nodes > 1:
+                # Each node must own its share (rendezvous): until the handoffs are done,
+                # the first node holds what the later ones will take.
+                wait_until(
+                    lambda: _owners(dsn) == nodes, what=f"shards spread over {nodes}", node=result
+                )
             if workers:
                 result.start_workers(workers, slots, prefetch=prefetch)
             yield result
@@ -263,4 +286,11 @@ def node(
 def _owned_shards(dsn: str) -> int:
     with psycopg.connect(dsn) as conn:
         row = conn.execute("SELECT count(*) FROM shard_owners").fetchone()
+    return 0 if row is None else int(row[0])
+
+
+def _owners(dsn: str) -> int:
+    """How many nodes own shards now."""
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute("SELECT count(DISTINCT node_id) FROM shard_owners").fetchone()
     return 0 if row is None else int(row[0])

@@ -141,6 +141,7 @@ class Options:
     procrastinate_poll_s: float
     timeout_s: float
     chronoshard_prefetch: int = 0
+    chronoshard_nodes: int = 1
 
 
 @dataclass
@@ -191,7 +192,7 @@ class _Chronoshard:
     def pids(self) -> dict[str, list[int]]:
         etcd = self._infra.etcd_pid
         return {
-            "node": [self._node.pid],
+            "node": [s.process.pid for s in self._node.schedulers],
             "postgres": postgres_pids(self._node.dsn),
             "workers": self._node.worker_pids(),
             "broker": [] if etcd is None else [etcd],
@@ -220,7 +221,7 @@ async def _chronoshard(
 ) -> AsyncIterator[System]:
     from chronoshard import Client
 
-    with node(infra, "peers", env=timing._env(None)) as n:
+    with node(infra, "peers", env=timing._env(None), nodes=options.chronoshard_nodes) as n:
         async with Client(n.address, api_key=n.api_key) as client:
             yield _Chronoshard(infra, n, client, stamps_dir, options.chronoshard_prefetch)
 
@@ -743,6 +744,7 @@ def peers(
     procrastinate_poll_s: float = PROCRASTINATE_POLL_S,
     lock: Path | None = None,
     chronoshard_prefetch: int = 0,
+    chronoshard_nodes: int = 1,
 ) -> Report:
     count = tasks if tasks is not None else DEFAULT_TASKS.get(workload, int(rate * duration_s))
     o = Options(
@@ -755,6 +757,7 @@ def peers(
         # After the last instant, how long the slowest system is waited for.
         timeout_s=max(60.0, count / 100),
         chronoshard_prefetch=chronoshard_prefetch,
+        chronoshard_nodes=chronoshard_nodes,
     )
     rows: list[dict[str, Any]] = []
     notes: list[str] = []
@@ -783,7 +786,8 @@ def peers(
     if workload in ("stampede", "steady"):
         parameters.update(
             {
-                "chronoshard": f"1 node, {WORKER_PROCESSES} workers × {CHRONOSHARD_SLOTS} slots"
+                "chronoshard": f"{chronoshard_nodes} node(s),"
+                f" {WORKER_PROCESSES} workers × {CHRONOSHARD_SLOTS} slots"
                 f" (prefetch {chronoshard_prefetch}), strict",
                 "celery": f"prefork concurrency {CELERY_CONCURRENCY},"
                 f" prefetch ×{CELERY_PREFETCH_MULTIPLIER}, eta",
@@ -843,6 +847,13 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
         default=0,
         help="assignments each Chronoshard worker holds beyond its 10 slots",
     )
+    p.add_argument(
+        "--chronoshard-nodes",
+        type=int,
+        default=1,
+        help="Chronoshard scheduler processes (the shards spread over them; each worker "
+        "connects to all; the producer calls the first)",
+    )
     p.set_defaults(
         run=lambda a, i: peers(
             i,
@@ -856,5 +867,6 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
             procrastinate_poll_s=a.procrastinate_poll_s,
             lock=a.lock.expanduser() if a.lock else None,
             chronoshard_prefetch=a.chronoshard_prefetch,
+            chronoshard_nodes=a.chronoshard_nodes,
         )
     )

@@ -313,6 +313,7 @@ def stampede(
     rounds: int = 1,
     one_instant: bool = False,
     prefetch: int = 0,
+    nodes: int = 1,
 ) -> Report:
     """``rounds`` stampedes of ``tasks`` one after another on one node and one database
     (so later rounds meet the earlier ones' history and statistics), each due within one
@@ -326,6 +327,7 @@ def stampede(
         workers=WORKERS,
         slots=slots,
         prefetch=prefetch,
+        nodes=nodes,
     ) as n:
         for round_no in range(1, rounds + 1):
             start = datetime.now(UTC) + timedelta(seconds=_lead_in_s(tasks))
@@ -391,6 +393,7 @@ def stampede(
             "tasks": tasks,
             "due within": "one instant" if one_instant else "1 s",
             "rounds": rounds,
+            "scheduler processes": nodes,
             "worker processes": WORKERS,
             "slots per worker": slots,
             "prefetch per worker": prefetch,
@@ -415,9 +418,20 @@ def steady(
     slots: int,
     lead_dispatch_s: float | None = None,
     handler_ms: float = 0.0,
+    *,
+    nodes: int = 1,
+    prefetch: int = 0,
 ) -> Report:
     tasks = int(rate * duration_s)
-    with node(infra, "steady", env=_env(lead_dispatch_s), workers=WORKERS, slots=slots) as n:
+    with node(
+        infra,
+        "steady",
+        env=_env(lead_dispatch_s),
+        workers=WORKERS,
+        slots=slots,
+        prefetch=prefetch,
+        nodes=nodes,
+    ) as n:
         start = datetime.now(UTC) + timedelta(seconds=_lead_in_s(tasks))
         dues = [start + timedelta(seconds=i / rate) for i in range(tasks)]
         t = _run(n, dues, settle_timeout_s=max(60.0, tasks / 200), handler_ms=handler_ms)
@@ -445,8 +459,10 @@ def steady(
             "rate_per_s": rate,
             "duration_s": duration_s,
             "strict_timing": True,
+            "scheduler processes": nodes,
             "worker processes": WORKERS,
             "slots per worker": slots,
+            "prefetch per worker": prefetch,
             "handler_ms": handler_ms,
             "lead_dispatch_s": "default" if lead_dispatch_s is None else lead_dispatch_s,
         },
