@@ -57,7 +57,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol, Self
-from weakref import WeakKeyDictionary
+from weakref import WeakKeyDictionary, WeakSet
 
 import psycopg
 from psycopg.rows import dict_row
@@ -106,6 +106,14 @@ demand), so reconnect tries are at most about a second apart while the node need
 connections, whatever the outage's length."""
 
 Connection = psycopg.AsyncConnection[Any]
+
+GENERIC_PLANS = b"SET LOCAL plan_cache_mode = force_generic_plan"
+"""The dispatch path's transactions (:meth:`Store.pipelined_transaction`) run their
+prepared statements with generic plans. Left to choose, PostgreSQL planned every execution
+anew (a plan pruned to the batch's partitions always looks cheaper than the generic one,
+whose pruning happens at run time): 60 % of the server's CPU in a stampede was planning
+(issue 14, perf). tests/integration/test_hot_plans.py holds the generic plans to their
+keys."""
 
 _TASK_FIELDS = frozenset(Task.__dataclass_fields__)
 _TERMINAL = sorted(str(s) for s in states.TERMINAL)
@@ -254,6 +262,8 @@ class Store:
         self._backends: WeakKeyDictionary[Connection, Backend] = WeakKeyDictionary()
         # Backends whose transaction's commit outcome became unknown, not yet ended.
         self._lost: set[Backend] = set()
+        # Connections whose pipelined transaction has its COMMIT queued (queue_commit).
+        self._commit_queued: WeakSet[Connection] = WeakSet()
         self._q = queries.load("database.sql")
 
     @classmethod
@@ -389,26 +399,39 @@ class Store:
         statement time each). A statement's ``rowcount`` is known only once its result
         was read; COPY cannot run in it.
 
+        A block that has queued its last statement may queue the COMMIT itself
+        (:meth:`queue_commit`) before it reads their results: the reads then share the
+        COMMIT's round trip. Nothing may be queued after it.
+
         Raises:
             CommitOutcomeUnknown: the connection failed in the round trip that carried
                 the COMMIT: the transaction may or may not have committed.
             StoreUnavailable: it failed earlier: nothing of the block was committed.
         """
         async with self._timed("transaction") as conn, conn.pipeline() as pipeline:
-            committing = False
             try:
                 await conn.execute(b"BEGIN", prepare=False)
+                await conn.execute(GENERIC_PLANS, prepare=False)
                 yield conn
-                committing = True
-                await conn.execute(b"COMMIT", prepare=False)
+                if conn not in self._commit_queued:
+                    await self.queue_commit(conn)
                 await pipeline.sync()
             except psycopg.OperationalError as exc:
-                if committing and conn.broken:
+                if conn in self._commit_queued and conn.broken:
                     raise self._outcome_lost(conn, f"while committing: {exc}") from exc
                 raise
+            finally:
+                self._commit_queued.discard(conn)
             # A statement that failed (the server skipped the rest of the pipeline), or a
             # block that raised, left the transaction open or aborted: the pool's
             # connection block rolls it back as the connection goes back.
+
+    async def queue_commit(self, conn: Connection) -> None:
+        """Queue the COMMIT of ``conn``'s :meth:`pipelined_transaction` now, so that the
+        results still to be read come back with it; a connection lost from here on
+        leaves the outcome unknown."""
+        self._commit_queued.add(conn)
+        await conn.execute(b"COMMIT", prepare=False)
 
     @asynccontextmanager
     async def tenant_transaction(self, tenant_id: uuid.UUID) -> AsyncIterator[Connection]:

@@ -365,8 +365,10 @@ class RunStore:
         failing after the intents committed would lose the assignments).
 
         Pipelined (:meth:`Store.pipelined_transaction`): the fence and what ``screen``
-        reads go in one round trip, the statement in a second, and the COMMIT in a
-        third, where one round trip each made seven of a dispatch round with quotas."""
+        reads go in one round trip; the statement, the places of all its tasks (a task
+        outside any workflow has none: one key probe, cheaper than a round trip to ask
+        only for those it returns) and the COMMIT in a second. One round trip each made
+        seven of a dispatch round with quotas."""
         shards = {i.task.shard: epochs[i.task.shard] for i in intents if i.task.shard in epochs}
         async with self._store.pipelined_transaction() as conn:
             fence = await self._store.fence(conn, shards)
@@ -387,9 +389,12 @@ class RunStore:
                     **params(mine),
                 },
             )
+            in_runs = await places(conn, [i.task.id for i in mine])
+            await self._store.queue_commit(conn)
             rows = await cur.fetchall()
-            in_runs = [row["id"] for row in rows if row["workflow_id"] is not None]
-            return rows, lost, (await places(conn, in_runs) if in_runs else {})
+            found = await in_runs.read()
+        written = {row["id"] for row in rows}
+        return rows, lost, {task_id: p for task_id, p in found.items() if task_id in written}
 
     async def read_back_intents(
         self, epochs: Mapping[int, int], intents: Sequence[Intent]

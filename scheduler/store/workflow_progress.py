@@ -33,6 +33,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+import psycopg
+
 from chronoshard.scheduler.core import states
 from chronoshard.scheduler.core.states import TaskStatus
 from chronoshard.scheduler.core.workflows import (
@@ -177,14 +179,25 @@ async def finish_runs(conn: Connection, run_ids: Sequence[uuid.UUID]) -> list[uu
     return [row[0] for row in await cur.fetchall()]
 
 
-async def places(conn: Connection, task_ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, Place]:
-    """Where each of ``task_ids`` (workflow tasks being dispatched) stands in its run:
-    its ref and its parents' outcomes, in the run's order."""
-    cur = await conn.execute(_q()["places"], {"ids": list(task_ids)})
-    refs: dict[uuid.UUID, str] = {}
-    parents: dict[uuid.UUID, list[Parent]] = defaultdict(list)
-    for task_id, ref, parent_id, parent_ref, status, result in await cur.fetchall():
-        refs[task_id] = ref
-        if parent_id is not None:
-            parents[task_id].append(Parent(parent_id, parent_ref, TaskStatus(status), result))
-    return {task_id: Place(ref, tuple(parents[task_id])) for task_id, ref in refs.items()}
+async def places(conn: Connection, task_ids: Sequence[uuid.UUID]) -> PendingPlaces:
+    """Where each of ``task_ids`` (tasks being dispatched) stands in its run, if it is a
+    workflow task: its ref and its parents' outcomes, in the run's order. Queued (in a
+    pipelined transaction) until :meth:`PendingPlaces.read`; a task of no workflow has
+    no place (and costs one probe of ``workflow_tasks``' key)."""
+    return PendingPlaces(await conn.execute(_q()["places"], {"ids": list(task_ids)}))
+
+
+class PendingPlaces:
+    """The places asked for by :func:`places`, read by :meth:`read`."""
+
+    def __init__(self, cursor: psycopg.AsyncCursor[Any]) -> None:
+        self._cursor = cursor
+
+    async def read(self) -> dict[uuid.UUID, Place]:
+        refs: dict[uuid.UUID, str] = {}
+        parents: dict[uuid.UUID, list[Parent]] = defaultdict(list)
+        for task_id, ref, parent_id, parent_ref, status, result in await self._cursor.fetchall():
+            refs[task_id] = ref
+            if parent_id is not None:
+                parents[task_id].append(Parent(parent_id, parent_ref, TaskStatus(status), result))
+        return {task_id: Place(ref, tuple(parents[task_id])) for task_id, ref in refs.items()}

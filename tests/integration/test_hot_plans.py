@@ -10,7 +10,11 @@ one ANALYZE of a new day partition) and autovacuum is off, which is how this tes
 the partition up: 100,000 tasks at one instant (the issue's size: with a few thousand, a
 scan of the partition is honestly cheaper than 200 probes, and PostgreSQL takes it). It
 runs each statement under ``EXPLAIN ANALYZE`` (rolled back) and counts the rows its scans
-of ``tasks`` looked at: a few per key, never the stampede.
+of ``tasks`` looked at: a few per key, never the stampede. Each runs twice: planned for
+the values given (a custom plan, as psycopg's first executions of a statement are), and
+prepared with a generic plan, made without the values, as the dispatch path's
+transactions run them once prepared (``database.GENERIC_PLANS``): a generic plan cannot
+lean on a value's statistics, and must find the keys all the same.
 
 What keeps them there (``runs.sql``'s header, migration 0010; ``repairs.sql``'s repair is
 written the same way): the key leads with ``id``, so no index reads an instant; every
@@ -23,6 +27,7 @@ statistics to hold 3 rows) can drive it.
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -30,10 +35,11 @@ from typing import Any
 
 import pytest
 from fixtures.stores import SHARD, insert_tasks, new_task
+from psycopg import sql
 
 from chronoshard.scheduler.core.models import Tenant
 from chronoshard.scheduler.store import queries
-from chronoshard.scheduler.store.database import Store
+from chronoshard.scheduler.store.database import GENERIC_PLANS, Store
 
 pytestmark = pytest.mark.store(own_database=True, owns_shard=True)
 
@@ -130,9 +136,26 @@ async def _stampede(store: Store, tenant: Tenant) -> tuple[datetime, list[uuid.U
     return instant, ids
 
 
+def _prepared(sql: str, params: dict[str, Any]) -> tuple[str, list[Any]]:
+    """``sql`` with its ``%(name)s`` (and ``%(name)b``) placeholders as ``$n`` (for
+    PREPARE), and the values in that order."""
+    names: list[str] = []
+
+    def number(match: re.Match[str]) -> str:
+        if match.group(1) not in names:
+            names.append(match.group(1))
+        return f"${names.index(match.group(1)) + 1}"
+
+    return re.sub(r"%\((\w+)\)[sbt]", number, sql), [params[n] for n in names]
+
+
+@pytest.mark.parametrize("plans", ["custom", "generic"])
 async def test_key_lookups_read_a_few_rows_per_key_of_a_stampede(
-    store: Store, tenant: Tenant
+    store: Store, tenant: Tenant, plans: str
 ) -> None:
+    """With ``generic``, each statement runs as a prepared statement whose plan was made
+    without its parameters' values: what the dispatch path's transactions use
+    (``database.GENERIC_PLANS``)."""
     instant, ids = await _stampede(store, tenant)
     batch = ids[:: len(ids) // BATCH][:BATCH]
     statements = {
@@ -156,11 +179,24 @@ async def test_key_lookups_read_a_few_rows_per_key_of_a_stampede(
                         (status, instant),
                     )
                 await conn.execute("SAVEPOINT explained")
-                cur = await conn.execute(
-                    "EXPLAIN (ANALYZE, FORMAT JSON) " + statements[key],  # type: ignore[operator]
-                    _params(instant, batch),
-                )
+                if plans == "generic":
+                    await conn.execute(GENERIC_PLANS)
+                    text, values = _prepared(statements[key], _params(instant, batch))
+                    await conn.execute(f"PREPARE explained AS {text}".encode())  # test SQL
+                    # EXECUTE's arguments cannot be bound: they are literals (test SQL).
+                    cur = await conn.execute(
+                        sql.SQL("EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE explained ({})").format(
+                            sql.SQL(", ").join(sql.Literal(v) for v in values)
+                        )
+                    )
+                else:
+                    cur = await conn.execute(
+                        "EXPLAIN (ANALYZE, FORMAT JSON) " + statements[key],  # type: ignore[operator]
+                        _params(instant, batch),
+                    )
                 row = await cur.fetchone()
+                if plans == "generic":
+                    await conn.execute("DEALLOCATE explained")
                 await conn.execute("ROLLBACK TO SAVEPOINT explained")
                 assert row is not None
                 explained = row[0] if isinstance(row[0], list) else json.loads(row[0])

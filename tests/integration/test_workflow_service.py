@@ -356,7 +356,7 @@ async def test_the_diamond_unlocks_by_counters_in_the_completion_transaction(env
     assert (await env.rows(made))["D"] == ("SCHEDULED", 0)
     # D's assignment carries its parents' results exactly as they were returned.
     async with env.store.connection() as conn:
-        place = (await places(conn, [ids["D"]]))[ids["D"]]
+        place = (await (await places(conn, [ids["D"]])).read())[ids["D"]]
     assert place.ref == "D"
     assert [(p.ref, p.result_json) for p in place.parents] == [
         ("B", '{"b": 1}'),
@@ -417,7 +417,7 @@ async def test_an_all_done_child_runs_after_a_failed_parent(env: Env) -> None:
     assert (await env.rows(made))["D"] == ("SCHEDULED", 0)
     d = uuid.UUID(made.task_ids["D"])
     async with env.store.connection() as conn:
-        place = (await places(conn, [d]))[d]
+        place = (await (await places(conn, [d])).read())[d]
     assert {(p.ref, p.status.value) for p in place.parents} == {
         ("B", "DEAD_LETTER"),
         ("C", "COMPLETED"),
