@@ -57,7 +57,6 @@ from typing import TYPE_CHECKING, ClassVar, Protocol
 
 from chronoshard import tracing
 from chronoshard.clock import Clock
-from chronoshard.events import wait_event
 from chronoshard.scheduler.config import SchedulerConfig
 from chronoshard.scheduler.core import rounds
 from chronoshard.scheduler.core.fairness import ReadyQueues, ReadyTask, TenantLimits
@@ -367,10 +366,24 @@ class Dispatcher:
         )
 
     async def _sleep(self, now: float) -> None:
+        """Sleep until woken or the next deadline. The deadline sets the wake-up event
+        from a timer, rather than a timeout cancelling the wait: the loop sleeps until a
+        wheel tick many times a second under a steady load, and a timeout's
+        cancellation and exception were a seventh of the node's CPU (issue 14: steady
+        5,000/s)."""
+        if self._wake.is_set():
+            return
         candidates = (self._wheel.next_deadline(), self._ready.next_eligible_at(now))
         wake_at = [t for t in candidates if t is not None]
-        timeout = max(0.0, min(wake_at) - self._clock.monotonic()) if wake_at else None
-        await wait_event(self._wake, timeout)
+        alarm = None
+        if wake_at:
+            delay = max(0.0, min(wake_at) - self._clock.monotonic())
+            alarm = asyncio.get_running_loop().call_later(delay, self._wake.set)
+        try:
+            await self._wake.wait()
+        finally:
+            if alarm is not None:
+                alarm.cancel()
 
     def _choose_round(self, now: float) -> _Round | None:
         """Choose a round's tasks for the credits the sessions hold (the policy is
