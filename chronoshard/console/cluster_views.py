@@ -27,6 +27,7 @@ from chronoshard.console.views import (
     incidents_table,
     live_section,
     page,
+    paging_links,
     seconds_text,
     when,
 )
@@ -442,18 +443,7 @@ def workers_fragment(filters: WorkerFilters, found: WorkerSessionPage, now: date
         if found.sessions
         else html('<p class="empty">No worker session matches.</p>')
     )
-    paging = Html("")
-    if found.next_page_token:
-        paging = html(
-            '<p class="paging"><a href="/workers?{0}" rel="next">Next page →</a></p>',
-            filters.query(page_token=found.next_page_token),
-        )
-    if filters.page_token:
-        paging = html(
-            '{0}<p class="paging"><a href="/workers?{1}">← First page</a></p>',
-            paging,
-            filters.query(),
-        )
+    paging = paging_links("/workers", filters, found.next_page_token)
     return html(
         '{0}<p class="summary">{1} session(s) on this page (answered by {2}); as of {3}. '
         "A worker holds one stream with every node: it is listed once per node. Credits "

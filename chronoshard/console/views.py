@@ -25,6 +25,7 @@ import urllib.parse
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import Protocol
 
 from chronoshard._cli.output import schedule_rule
 from chronoshard.console import graph
@@ -138,6 +139,35 @@ def task_href(task_id: str) -> str:
 
 
 # --- the frame ---------------------------------------------------------------------------------
+
+
+class Paged(Protocol):
+    """A listing's filters: the page asked for, and the query string that asks again."""
+
+    @property
+    def page_token(self) -> str: ...
+
+    def query(self, *, page_token: str = "") -> str: ...
+
+
+def paging_links(path: str, filters: Paged, next_page_token: str | None) -> Html:
+    """The links under a listing: the next page (the API's token), and the first page
+    once past it."""
+    links = Html("")
+    if next_page_token:
+        links = html(
+            '<p class="paging"><a href="{0}?{1}" rel="next">Next page →</a></p>',
+            path,
+            filters.query(page_token=next_page_token),
+        )
+    if filters.page_token:
+        links = html(
+            '{0}<p class="paging"><a href="{1}?{2}">← First page</a></p>',
+            links,
+            path,
+            filters.query(),
+        )
+    return links
 
 
 def page(
@@ -328,18 +358,7 @@ def tasks_page(filters: TaskFilters, found: TaskPage, csrf: str) -> Html:
         if found.tasks
         else html('<p class="empty">No task matches.</p>')
     )
-    paging = Html("")
-    if found.next_page_token:
-        paging = html(
-            '<p class="paging"><a href="/tasks?{0}" rel="next">Next page →</a></p>',
-            filters.query(page_token=found.next_page_token),
-        )
-    if filters.page_token:
-        paging = html(
-            '{0}<p class="paging"><a href="/tasks?{1}">← First page</a></p>',
-            paging,
-            filters.query(),
-        )
+    paging = paging_links("/tasks", filters, found.next_page_token)
     return page(
         "Tasks",
         html("{0}{1}{2}{3}", _filter_form(filters), problems, table, paging),
