@@ -258,7 +258,8 @@ class SchedulerNode:
             timings=self.metrics.database,
         )
         # The node's dispatch rounds check their tenants' quotas for the whole cluster.
-        self.runs = RunStore(self.store, DispatchQuotaStore(self.store, config.node_id))
+        self.dispatch_quotas = DispatchQuotaStore(self.store, config.node_id)
+        self.runs = RunStore(self.store, self.dispatch_quotas)
         store = self.store
         self.clock = ClusterClock(
             self.host_clock,
@@ -668,6 +669,7 @@ class SchedulerNode:
             *(StatsFamily("group_commit", c, {"committer": c.name}) for c in committers),
             StatsFamily("tenant_limits", self.tenant_limits),
             StatsFamily("submit_quotas", self.submit_quotas),
+            StatsFamily("dispatch_quotas", self.dispatch_quotas),
             StatsFamily("shards", self.shards),
             StatsFamily("signals", self.signals),
             StatsFamily("clock", self.clock),

@@ -41,7 +41,7 @@ import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, ClassVar
 
 import psycopg
 from psycopg.rows import dict_row
@@ -70,7 +70,14 @@ class DispatchQuotaStore:
     """The quota statements of a node's dispatch rounds, the allowances the node holds,
     and the waiting-reason read. ``node_id`` names the node's allowances (its rows of
     ``tenant_dispatch_allowances``); ``monotonic`` is the clock their local expiry is
-    kept on."""
+    kept on.
+
+    Its counters (``chronoshard_dispatch_quotas_*``): tenants ``checked`` in a round and
+    those dispatched ``under_allowance``, allowances ``granted``, and rounds' allowances
+    ``refused`` at the read-back (expired or replaced: that round writes nothing for the
+    tenant); ``allowances_held`` is a level."""
+
+    STATS_GAUGES: ClassVar[frozenset[str]] = frozenset({"allowances_held"})
 
     def __init__(
         self,
@@ -86,6 +93,13 @@ class DispatchQuotaStore:
         # Tenants whose bucket row is known to exist: only a first round creates one.
         self._known: set[uuid.UUID] = set()
         self.allowances = Allowances()
+        self._stats = {"checked": 0, "under_allowance": 0, "granted": 0, "refused": 0}
+
+    def get_stats(self) -> dict[str, int]:
+        return {**self._stats, "allowances_held": len(self.allowances)}
+
+    def _count(self, key: str, n: int = 1) -> None:
+        self._stats[key] += n
 
     async def read(self, conn: Connection, wanted: Mapping[uuid.UUID, int]) -> PendingQuotas:
         """Lock and read the quota rows of a round's tenants in ``conn``'s transaction
@@ -259,9 +273,11 @@ class PendingQuotas:
             for tenant_id, grant_id in self._allowed.items():
                 if tenant_id in still:
                     admitted[tenant_id] = wanted.get(tenant_id, 0)
+                    self._quotas._count("under_allowance")
                 else:
                     # Expired, or replaced by a newer grant: checked next round.
                     book.drop(tenant_id, grant_id)
+                    self._quotas._count("refused")
         checked: dict[uuid.UUID, Admission] = {}
         if self._rows is None:
             return RoundQuotas(admitted, checked)
@@ -286,6 +302,7 @@ class PendingQuotas:
             )
             checked[tenant_id] = answer
             admitted[tenant_id] = answer.admitted
+            self._quotas._count("checked")
             extra = allowance(
                 answer,
                 max_concurrent=row["max_concurrent_workers"],
@@ -298,6 +315,7 @@ class PendingQuotas:
                 if extra:
                     until = self._read_at + ALLOWANCE_S - ALLOWANCE_MARGIN_S
                     book.give(tenant_id, grant_id, extra, until)
+                    self._quotas._count("granted")
                 else:
                     book.drop(tenant_id)
             if answer.admitted:

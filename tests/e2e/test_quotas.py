@@ -11,7 +11,8 @@ settled):
   raises it live and the measured rate follows within ``FOLLOW_BOUND_S``;
 * its **concurrency** never exceeds its limit, not even when a node is SIGKILLed with
   attempts in flight, and no slot leaks: once those attempts settled, the tenant runs its
-  full concurrency again;
+  full concurrency again; nor when the nodes dispatch it under allowances (a limit far
+  enough away);
 * a submit over its **submit rate** is refused with ``RESOURCE_EXHAUSTED`` and a
   ``google.rpc.RetryInfo``, and a client that waits as told gets through;
 * the throttling is **visible**: ``GetTask`` says why a due task waits, and the nodes
@@ -73,6 +74,12 @@ WORK_TASKS = 200
 WORK_S = 0.2
 
 SUBMIT_RATE = 2.0
+
+# Far enough from the limit for allowances on three nodes while a node's first rounds
+# (a third of the workers' 100 slots each) leave half the rest over three nodes, at least
+# core.quotas.ALLOWANCE_MIN; the workers' slots still exceed it, so the limit binds.
+ALLOWED_CONCURRENCY = 90
+ALLOWED_TASKS = 600
 
 Interval = tuple[float, float | None]
 """An attempt's (entered_at, finished_at): in flight from the one until the other."""
@@ -205,6 +212,11 @@ def _peak(intervals: Sequence[Interval]) -> int:
     return peak
 
 
+def _summed(cluster: Cluster, metric: str) -> float:
+    """A node-wide counter of the live nodes' /metrics, summed."""
+    return sum(cluster.nodes[name].metric(metric) or 0.0 for name in cluster.live())
+
+
 def _throttled(cluster: Cluster, tenant: NewTenant, reason: str) -> float:
     """chronoshard_tenant_throttled_total of the tenant for ``reason``, summed over the
     live nodes."""
@@ -300,6 +312,31 @@ async def test_the_dispatch_rate_holds_across_nodes_and_follows_a_live_update(
     print(
         f"rate {RATE:g}/s: {measured:.1f}/s measured, at most {most} in {WINDOW_S:g} s; "
         f"raised to {RAISED_RATE:g}/s, followed {followed_at - updated_at:.2f} s after"
+    )
+
+
+async def test_a_tenant_far_from_its_limits_goes_under_allowances_within_its_concurrency(
+    cluster: Cluster,
+) -> None:
+    """Headroom enough for allowances (docs/operations.md#tenants-and-quotas): the three
+    nodes' rounds dispatch under them instead of each checking, and the checks leave room
+    for every allowance, so the tenant still never has more than its limit in flight."""
+    await _ready(cluster)
+    tenant = _tenant(cluster, concurrency=ALLOWED_CONCURRENCY)
+    granted_before = _summed(cluster, "chronoshard_dispatch_quotas_granted_total")
+    under_before = _summed(cluster, "chronoshard_dispatch_quotas_under_allowance_total")
+    ids = await _submit(cluster, tenant, ALLOWED_TASKS, "e2e.work", {"seconds": WORK_S})
+    await _wait_all_done(cluster, ids, timeout_s=60)
+    attempts = _attempts(cluster.dsn, tenant)
+    granted = _summed(cluster, "chronoshard_dispatch_quotas_granted_total") - granted_before
+    under = _summed(cluster, "chronoshard_dispatch_quotas_under_allowance_total") - under_before
+    assert granted >= 1 and under >= 1, (granted, under)
+    assert _peak(attempts) <= ALLOWED_CONCURRENCY, _peak(attempts)
+    # Not starved by the room kept for allowances: most of the limit was used at once.
+    assert _peak(attempts) >= ALLOWED_CONCURRENCY * 3 // 4, _peak(attempts)
+    print(
+        f"concurrency {ALLOWED_CONCURRENCY}: {granted:g} allowances granted, {under:g} "
+        f"rounds of a node under one; peak {_peak(attempts)} over {len(attempts)} attempts"
     )
 
 
