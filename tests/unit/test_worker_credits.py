@@ -263,3 +263,95 @@ def test_backoff_doubles_from_a_tenth_of_a_second() -> None:
     assert backoff_s(30, 0.0) == RECONNECT_MAX_S / 2
     with pytest.raises(ValueError):
         backoff_s(0, 0.5)
+
+
+def _run_one_task(ledger: CreditLedger, node: str) -> dict[str, int]:
+    """``node`` sends one Assignment, its run ends at once; what the next plan grants."""
+    assert ledger.consume(node)
+    assert ledger.try_occupy()
+    ledger.release_slot()
+    grants, recalls = ledger.plan()
+    assert recalls == {}
+    return grants
+
+
+def test_backlogged_nodes_take_turns_a_slots_worth_each() -> None:
+    """Issue 14: freed slots go to one node with backlog at a time, so its rounds carry
+    what a lone node's would; spread one by one, three nodes paid every per-round cost
+    three times as often."""
+    ledger = CreditLedger(4)
+    for node in ("a", "b", "c"):
+        ledger.open(node)
+        ledger.set_backlog(node, 1000)
+    assert ledger.plan() == ({"a": 4}, {})  # a's turn: every free slot
+    order = []
+    holder = ["a"] * 4
+    for _ in range(12):
+        grants = _run_one_task(ledger, holder.pop(0))
+        (node, credits), *rest = grants.items()
+        assert credits == 1 and not rest
+        order.append(node)
+        holder.append(node)
+    # a was granted its 4 at first; then b and c a turn of 4 each, then a again.
+    assert order == ["b"] * 4 + ["c"] * 4 + ["a"] * 4
+
+
+def test_a_turn_ends_early_once_the_nodes_backlog_is_covered() -> None:
+    ledger = CreditLedger(6)
+    for node in ("a", "b"):
+        ledger.open(node)
+    ledger.set_backlog("a", 2)
+    ledger.set_backlog("b", 1000)
+    # a can use two: the rest of the free slots go on to b.
+    assert ledger.plan() == ({"a": 2, "b": 4}, {})
+
+
+def test_when_the_slots_cover_every_backlog_the_turn_changes_nothing() -> None:
+    ledger = CreditLedger(10)
+    for node in ("a", "b", "idle"):
+        ledger.open(node)
+    ledger.set_backlog("a", 3)
+    ledger.set_backlog("b", 3)
+    # Each its backlog, the idle node its one, the rest evenly: as without turns.
+    assert ledger.plan() == ({"a": 4, "b": 3, "idle": 3}, {})
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    slots=st.integers(1, 30),
+    nodes=st.integers(2, 5),
+    ends=st.lists(st.integers(0, 4), min_size=1, max_size=300),
+)
+def test_over_the_turns_every_backlogged_node_gets_an_equal_share(
+    slots: int, nodes: int, ends: list[int]
+) -> None:
+    """Whatever order the runs end in, the credits granted to nodes that always have
+    backlog differ by at most two turns (a turn takes every slot freed together, and
+    what it took beyond its length shortens its node's next turns), and no slot stays
+    free."""
+    names = [f"n{i}" for i in range(nodes)]
+    ledger = CreditLedger(slots)
+    granted = dict.fromkeys(names, 0)
+    for name in names:
+        ledger.open(name)
+        ledger.set_backlog(name, 10**9)
+    running: list[str] = []
+
+    def grant() -> None:
+        grants, recalls = ledger.plan()
+        assert recalls == {}  # every node has work: nothing is moved back
+        for name, credits in grants.items():
+            granted[name] += credits
+            for _ in range(credits):  # each node uses its credits at once
+                assert ledger.consume(name)
+                assert ledger.try_occupy()
+                running.append(name)
+        assert ledger.free == 0
+
+    grant()
+    for count in ends:
+        for _ in range(min(count, len(running))):
+            running.pop(0)
+            ledger.release_slot()
+        grant()
+    assert max(granted.values()) - min(granted.values()) <= 2 * slots
