@@ -16,7 +16,9 @@ and not yet consumed by an Assignment or given back. Every method keeps it:
   then carry what a lone node's would, not a share split over every node: spread one by
   one, three nodes on one machine paid every per-round cost (the intent transaction, the
   stream messages) three times as often and did 40 % of one node's rate (issue 14).
-  Over the turns the nodes get equal numbers of credits, as the max-min share would.
+  A turn takes every slot that freed together (not to split the round); what it took
+  beyond its length shortens that node's next turns, so over the turns the nodes get
+  equal numbers of credits (within two turns), as the max-min share would.
 - When a node holds fewer credits than its backlog share (or its one) and no slot is
   free, :meth:`CreditLedger.plan` recalls the difference from nodes holding more than
   theirs, and always recalls every credit of a node that stopped accepting (it sent
