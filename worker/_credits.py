@@ -219,8 +219,10 @@ class CreditLedger:
         self._nodes[node] = _NodeCredit()
 
     def close(self, node: str) -> None:
-        """The node's stream ended: its credits are gone with the session."""
+        """The node's stream ended: its credits are gone with the session, and what its
+        turns owed (a new session starts even)."""
         self._nodes.pop(node, None)
+        self.turns.owed.pop(node, None)
 
     def stop_node(self, node: str) -> None:
         """The node sent Drain: no more credits for it, and the next plan recalls its

@@ -355,3 +355,14 @@ def test_over_the_turns_every_backlogged_node_gets_an_equal_share(
             ledger.release_slot()
         grant()
     assert max(granted.values()) - min(granted.values()) <= 2 * slots
+
+
+def test_a_closed_node_leaves_no_turn_debt_behind() -> None:
+    ledger = CreditLedger(2)
+    for node in ("a", "b"):
+        ledger.open(node)
+        ledger.set_backlog(node, 100)
+    ledger.plan()  # a's turn: 2
+    ledger.turns.owed["a"] = 5  # as after a turn that took past its length
+    ledger.close("a")
+    assert "a" not in ledger.turns.owed
