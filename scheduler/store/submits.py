@@ -36,7 +36,7 @@ it does own:
   :func:`resolve_keys` decides, from who owns each key after the claim, whether a request
   inserts its own task, repeats an earlier identical request (answered with the original
   task, ``created`` False) or reuses a key for a different request; it and
-  :func:`insert_columns` (prepared tasks as the statement's arrays) are pure and
+  :func:`insert_params` (prepared tasks as the statement's parameters) are pure and
   unit-tested without a database.
 * **Unknown outcomes are read back.** A batch whose commit outcome is unknown is settled
   by reading its rows back once PostgreSQL answers again: found, the batch committed and
@@ -145,41 +145,47 @@ def resolve_keys(
     return resolutions
 
 
-def insert_columns(requests: Sequence[Request]) -> dict[str, list[Any]]:
-    """The arrays of ``insert_tasks``, one per column, in request order."""
-    columns: dict[str, list[Any]] = {name: [] for name in _COLUMNS}
-    for tenant_id, prepared in requests:
-        new = prepared.new
-        values = (
-            new.id,
-            tenant_id,
-            new.type,
-            new.scheduled_at,
-            new.due_at,
-            new.idempotency_key,
-            new.max_retries,
-            float(new.backoff_initial_s),
-            float(new.backoff_max_s),
-            float(new.backoff_multiplier),
-            str(new.jitter_mode),
-            prepared.payload_json,
-            new.shard,
-            str(new.priority),
-            new.queue,
-            new.strict_timing,
-            new.idempotent,
-            None if new.timeout_s is None else float(new.timeout_s),
-            new.job_id,
-            new.workflow_id,
-            new.unresolved_dependencies,
-            new.schedule_id,
-            new.logical_date,
-            None if new.trace_context is None else json.dumps(new.trace_context),
-            new.submitted_by,
-        )
-        for name, value in zip(_COLUMNS, values, strict=True):
-            columns[name].append(value)
-    return columns
+def insert_row(tenant_id: uuid.UUID, prepared: PreparedTask) -> tuple[Any, ...]:
+    """One request's values for the insert statements, in ``_COLUMNS`` order."""
+    new = prepared.new
+    return (
+        new.id,
+        tenant_id,
+        new.type,
+        new.scheduled_at,
+        new.due_at,
+        new.idempotency_key,
+        new.max_retries,
+        float(new.backoff_initial_s),
+        float(new.backoff_max_s),
+        float(new.backoff_multiplier),
+        str(new.jitter_mode),
+        prepared.payload_json,
+        new.shard,
+        str(new.priority),
+        new.queue,
+        new.strict_timing,
+        new.idempotent,
+        None if new.timeout_s is None else float(new.timeout_s),
+        new.job_id,
+        new.workflow_id,
+        new.unresolved_dependencies,
+        new.schedule_id,
+        new.logical_date,
+        None if new.trace_context is None else json.dumps(new.trace_context),
+        new.submitted_by,
+    )
+
+
+def insert_params(requests: Sequence[Request]) -> tuple[str, dict[str, Any]]:
+    """The insert statement for ``requests`` and its parameters: ``insert_task``'s scalars
+    for one request, else ``insert_tasks``' arrays (one per column, in request order)."""
+    if len(requests) == 1:
+        return "insert_task", dict(zip(_COLUMNS, insert_row(*requests[0]), strict=True))
+    rows = [insert_row(tenant_id, prepared) for tenant_id, prepared in requests]
+    return "insert_tasks", {
+        name: list(column) for name, column in zip(_COLUMNS, zip(*rows, strict=True), strict=True)
+    }
 
 
 _COLUMNS = (
@@ -453,7 +459,8 @@ class SubmitStore:
         # One statement for the batch (arrays unnested into rows): no per-row parse,
         # bind or round trip. It returns what PostgreSQL decided (which rows went in,
         # when, and the payload as jsonb keeps it); the rest of each row is what was sent.
-        cur = await conn.execute(self._q["insert_tasks"], insert_columns(requests))
+        statement, params = insert_params(requests)
+        cur = await conn.execute(self._q[statement], params)
         stored = {task_id: (at, payload) for task_id, at, payload in await cur.fetchall()}
         return {
             p.new.id: inserted_task(tenant_id, p.new, *row)

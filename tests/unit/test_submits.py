@@ -35,7 +35,7 @@ from chronoshard.scheduler.errors import (
 from chronoshard.scheduler.store.submits import (
     KeyOwner,
     Request,
-    insert_columns,
+    insert_params,
     keyed_in_claim_order,
     resolve_keys,
 )
@@ -107,9 +107,10 @@ def test_resolve_keys_scopes_keys_by_tenant() -> None:
     assert resolve_keys([(TENANT_A, a), (TENANT_B, b)], owners) == [None, None]
 
 
-def test_insert_columns_are_parallel_arrays_in_request_order() -> None:
+def test_insert_params_are_parallel_arrays_in_request_order() -> None:
     first, second = prepared("k"), prepared(payload={"x": [1, 2]})
-    columns = insert_columns([(TENANT_A, first), (TENANT_B, second)])
+    statement, columns = insert_params([(TENANT_A, first), (TENANT_B, second)])
+    assert statement == "insert_tasks"
     lengths = {len(values) for values in columns.values()}
     assert lengths == {2}
     assert columns["id"] == [first.new.id, second.new.id]
@@ -118,6 +119,16 @@ def test_insert_columns_are_parallel_arrays_in_request_order() -> None:
     assert columns["payload"] == [first.payload_json, second.payload_json]
     assert columns["jitter_mode"] == ["NONE", "NONE"]
     assert columns["trace_context"] == [None, None]
+
+
+def test_insert_params_of_one_request_are_the_batch_columns_as_scalars() -> None:
+    # A lone submit takes the scalar statement; its values must be exactly what the batch
+    # statement would have unnested for it.
+    one = prepared("k", {"x": [1, 2]})
+    statement, row = insert_params([(TENANT_A, one)])
+    assert statement == "insert_task"
+    _, columns = insert_params([(TENANT_A, one), (TENANT_B, prepared())])
+    assert row == {name: values[0] for name, values in columns.items()}
 
 
 # --- the coalescer, against an in-memory store ------------------------------------------

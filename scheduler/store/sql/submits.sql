@@ -66,6 +66,29 @@ FROM unnest(
 WHERE EXISTS (SELECT FROM tenants AS k WHERE k.id = t.tenant_id)
 RETURNING id, created_at, payload;
 
+-- name: insert_task
+-- insert_tasks for a batch of one (a lone single submit, the common case of one producer):
+-- the same row from scalar parameters. Dumping insert_tasks' 25 one-element arrays cost
+-- more of the node's CPU than anything else a submit does (each list is inspected for its
+-- element type before it is written); scalars go out through psycopg's C dumpers.
+INSERT INTO tasks (
+    id, tenant_id, type, scheduled_at, due_at, status, idempotency_key, max_retries,
+    backoff_initial_s, backoff_max_s, backoff_multiplier, jitter_mode, payload, shard,
+    priority, queue, strict_timing, idempotent, timeout_s, job_id, workflow_id,
+    unresolved_dependencies, schedule_id, logical_date, trace_context, submitted_by
+)
+SELECT %(id)b::uuid, %(tenant_id)b::uuid, %(type)b::text, %(scheduled_at)b::timestamptz,
+       %(due_at)b::timestamptz, 'SCHEDULED', %(idempotency_key)b::text,
+       %(max_retries)b::integer, %(backoff_initial_s)b::double precision,
+       %(backoff_max_s)b::double precision, %(backoff_multiplier)b::double precision,
+       %(jitter_mode)b::text, %(payload)b::text::jsonb, %(shard)b::smallint,
+       %(priority)b::text, %(queue)b::text, %(strict_timing)b::boolean,
+       %(idempotent)b::boolean, %(timeout_s)b::double precision, %(job_id)b::text,
+       %(workflow_id)b::uuid, %(unresolved_dependencies)b::integer, %(schedule_id)b::uuid,
+       %(logical_date)b::timestamptz, %(trace_context)b::text::jsonb, %(submitted_by)b::text
+WHERE EXISTS (SELECT FROM tenants AS k WHERE k.id = %(tenant_id)b::uuid)
+RETURNING id, created_at, payload;
+
 -- name: get_tasks_by_ref
 -- Originals of idempotent repeats: scheduled_at = ANY prunes to their partitions.
 SELECT *
