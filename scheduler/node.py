@@ -59,6 +59,7 @@ from chronoshard.scheduler.api.schedules import ScheduleServiceServicer, pacing_
 from chronoshard.scheduler.api.server import (
     HealthPublisher,
     HealthServicer,
+    add_service,
     bind,
     server_options,
 )
@@ -422,7 +423,9 @@ class SchedulerNode:
         return await self._metrics_server.start()
 
     def _add_services(self, server: grpc.aio.Server, shard_count: int) -> None:
-        worker_service_pb2_grpc.add_WorkerServiceServicer_to_server(self.gateway, server)
+        add_service(
+            server, worker_service_pb2_grpc.add_WorkerServiceServicer_to_server, self.gateway
+        )
         admin = AdminServicer(
             self.config.node_id,
             shard_count,
@@ -437,7 +440,7 @@ class SchedulerNode:
             own_sessions=self.described_sessions,
             session_timeout_s=self.config.workers.session_timeout_s,
         )
-        admin_service_pb2_grpc.add_AdminServiceServicer_to_server(admin, server)
+        add_service(server, admin_service_pb2_grpc.add_AdminServiceServicer_to_server, admin)
         names = [
             admin_service_pb2.DESCRIPTOR.services_by_name["AdminService"].full_name,
             worker_service_pb2.DESCRIPTOR.services_by_name["WorkerService"].full_name,
@@ -457,7 +460,7 @@ class SchedulerNode:
             listener=self.router,
             submit_quotas=self.submit_quotas,
         )
-        task_service_pb2_grpc.add_TaskServiceServicer_to_server(api, server)
+        add_service(server, task_service_pb2_grpc.add_TaskServiceServicer_to_server, api)
         names.append(task_service_pb2.DESCRIPTOR.services_by_name["TaskService"].full_name)
         schedules = ScheduleServiceServicer(
             config=self.config,
@@ -466,7 +469,9 @@ class SchedulerNode:
             clock=self.clock,
             listener=_ScheduleChanges(self.materialiser, self.router),
         )
-        schedule_service_pb2_grpc.add_ScheduleServiceServicer_to_server(schedules, server)
+        add_service(
+            server, schedule_service_pb2_grpc.add_ScheduleServiceServicer_to_server, schedules
+        )
         names.append(schedule_service_pb2.DESCRIPTOR.services_by_name["ScheduleService"].full_name)
         workflows = WorkflowServiceServicer(
             config=self.config,
@@ -475,12 +480,14 @@ class SchedulerNode:
             clock=self.clock,
             listener=self.router,
         )
-        workflow_service_pb2_grpc.add_WorkflowServiceServicer_to_server(workflows, server)
+        add_service(
+            server, workflow_service_pb2_grpc.add_WorkflowServiceServicer_to_server, workflows
+        )
         names.append(workflow_service_pb2.DESCRIPTOR.services_by_name["WorkflowService"].full_name)
         watch = WatchdogServiceServicer(store=self.store, authenticator=self.authenticator)
-        watchdog_service_pb2_grpc.add_WatchdogServiceServicer_to_server(watch, server)
+        add_service(server, watchdog_service_pb2_grpc.add_WatchdogServiceServicer_to_server, watch)
         names.append(watchdog_service_pb2.DESCRIPTOR.services_by_name["WatchdogService"].full_name)
-        health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
+        add_service(server, health_pb2_grpc.add_HealthServicer_to_server, self._health)
         names.append(health_pb2.DESCRIPTOR.services_by_name["Health"].full_name)
         reflection.enable_server_reflection([*names, reflection.SERVICE_NAME], server)
 

@@ -90,7 +90,7 @@ def bearer_key(metadata: Iterable[Any] | None) -> str:
         scheme.lower() != "bearer"
         or not token.startswith(API_KEY_PREFIX)
         or len(token) > MAX_API_KEY_CHARS
-        or any(c.isspace() for c in token)
+        or len(token.split()) != 1  # whitespace inside (str.split splits on any)
     ):
         raise Unauthenticated()
     return token

@@ -116,6 +116,36 @@ def server_options(config: SchedulerConfig) -> list[tuple[str, Any]]:
     ]
 
 
+def add_service(
+    server: grpc.aio.Server, add_to_server: Callable[[Any, Any], None], servicer: Any
+) -> None:
+    """Serve ``servicer`` on ``server`` through the generic handler that ``add_to_server``
+    (a generated ``add_*Servicer_to_server``) builds, without its registered methods.
+
+    grpc.aio's server keeps one call request pending per registered method and, for every
+    call it accepts, waits on all of them again: an ``asyncio.wait`` over ~40 futures,
+    each given a done callback and relieved of it, on every RPC of every service. The
+    generic handler finds the same servicer methods by name, with one request pending.
+    (Measured in bench/README.md, "Sequential submit, second look".)"""
+    add_to_server(servicer, _GenericHandlersOnly(server))
+
+
+class _GenericHandlersOnly:
+    """``server`` as a generated ``add_*Servicer_to_server`` sees it, keeping only the
+    generic handler it adds."""
+
+    def __init__(self, server: grpc.aio.Server) -> None:
+        self._server = server
+
+    def add_generic_rpc_handlers(self, handlers: tuple[grpc.GenericRpcHandler, ...]) -> None:
+        self._server.add_generic_rpc_handlers(handlers)
+
+    def add_registered_method_handlers(
+        self, service: str, handlers: Mapping[str, grpc.RpcMethodHandler]
+    ) -> None:
+        pass
+
+
 def bind(server: grpc.aio.Server, grpc_config: GrpcConfig) -> int:
     """Listen on ``grpc.listen``, with TLS when a certificate and key are configured (and
     client certificates required when a client CA is), the files re-read when they change
