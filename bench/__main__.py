@@ -7,10 +7,11 @@ the versions and the parameters, says which of issue 9's targets it met, and wit
 ``--json PATH`` writes the same as JSON. Defaults are the issue's sizes; see
 ``bench/README.md`` for what each workload measures and the numbers measured here.
 
-Workloads: submit-single, submit-batch, stampede N, steady RATE, wheel, idle, failover,
-heartbeats, schedules (10,000 recurring schedules, issue 15), workflows (what a DAG's
-tasks and edges cost, unlock latency; issue 16), and peers (Chronoshard against Celery
-and Procrastinate, issue 14).
+Workloads: submit-single, submit-handler (the SubmitTask handler in process),
+submit-batch, stampede N, steady RATE, wheel, idle, failover, heartbeats, schedules
+(10,000 recurring schedules, issue 15), workflows (what a DAG's tasks and edges cost,
+unlock latency; issue 16), and peers (Chronoshard against Celery and Procrastinate,
+issue 14).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from bench import idle, peers, schedules, submit, timing, workflows
+from bench import handler, idle, peers, schedules, submit, timing, workflows
 from bench._cluster import Infrastructure, infrastructure
 from bench._report import Report, Target, document, machine, render
 from bench._standalone import scratch
@@ -172,6 +173,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--clients", type=int, default=64)
     p.add_argument("--duration-s", type=float, default=10.0)
     p.set_defaults(run=lambda a, i: submit.submit_single(i, a.clients, a.duration_s))
+
+    p = sub.add_parser(
+        "submit-handler", parents=[common], help="the SubmitTask handler in process, no gRPC"
+    )
+    p.add_argument("--submits", type=int, default=2000)
+    p.set_defaults(run=lambda a, i: handler.submit_handler(i, a.submits))
 
     p = sub.add_parser("submit-batch", parents=[common], help="SubmitBatch of 1,000")
     p.add_argument("--tasks", type=int, default=100_000)

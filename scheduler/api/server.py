@@ -126,7 +126,7 @@ def add_service(
     call it accepts, waits on all of them again: an ``asyncio.wait`` over ~40 futures,
     each given a done callback and relieved of it, on every RPC of every service. The
     generic handler finds the same servicer methods by name, with one request pending.
-    (Measured in bench/README.md, "Sequential submit, second look".)"""
+    (Measured in bench/README.md, "Submits, per call".)"""
     add_to_server(servicer, _GenericHandlersOnly(server))
 
 

@@ -69,6 +69,7 @@ def run(
 
 SIZES = [
     pytest.param(["submit-single", "--clients", "4", "--duration-s", "1"], id="submit-single"),
+    pytest.param(["submit-handler", "--submits", "50"], id="submit-handler"),
     pytest.param(["submit-batch", "--tasks", "1500", "--batch", "500"], id="submit-batch"),
     pytest.param(["stampede", "200", "--slots", "50"], id="stampede"),
     pytest.param(["steady", "50", "--duration-s", "1"], id="steady"),
@@ -89,6 +90,8 @@ def test_workload_at_a_tiny_size(
     row = report["rows"][0]
     if argv[0] == "submit-batch":
         assert row["tasks"] == row["rows stored"] == 1500
+    if argv[0] == "submit-handler":
+        assert row["rows stored"] == 50 + 200  # and the warm-up's
     if argv[0] in ("stampede", "steady"):
         assert row["none lost or doubled"] is True
     if argv[0] == "stampede":
