@@ -369,18 +369,32 @@ class Execution:
     async def _wait(
         self, timeout_s: float | None, also: asyncio.Future[None] | None = None
     ) -> None:
-        """Sleep until a stop request, the handler's end, ``also``, or ``timeout_s``."""
+        """Sleep until a stop request, the handler's end, ``also``, or ``timeout_s``.
+
+        One future, woken by whichever comes first (a done callback on the others, a
+        timer for the timeout): what ``asyncio.wait(FIRST_COMPLETED)`` does, without the
+        set, the checks and the second callback list it builds each time. Runs wait here
+        twice each, and that was a tenth of a no-op worker's CPU (issue 14)."""
         loop = asyncio.get_running_loop()
-        self._wakeup = loop.create_future()
-        waits: set[asyncio.Future[Any]] = {self._wakeup}
-        if self._handler is not None:
-            waits.add(self._handler)
-        if also is not None:
-            waits.add(also)
+        wakeup: asyncio.Future[None] = loop.create_future()
+        self._wakeup = wakeup
+
+        def wake(_: object = None) -> None:
+            if not wakeup.done():
+                wakeup.set_result(None)
+
+        watched = [f for f in (self._handler, also) if f is not None]
+        for future in watched:
+            future.add_done_callback(wake)
+        timer = None if timeout_s is None else loop.call_later(timeout_s, wake)
         try:
-            await asyncio.wait(waits, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+            await wakeup
         finally:
-            self._wakeup.cancel()
+            wakeup.cancel()
+            for future in watched:
+                future.remove_done_callback(wake)
+            if timer is not None:
+                timer.cancel()
 
     async def _wait_until_due(self) -> bool:
         """Sleep until ``due_at`` on the injected clock; False if asked to stop first."""
