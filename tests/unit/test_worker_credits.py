@@ -10,6 +10,16 @@ from chronoshard.worker._backoff import RECONNECT_MAX_S, backoff_s
 from chronoshard.worker._credits import CreditLedger
 
 
+def opened(slots: int, nodes: list[str], **backlogs: int) -> CreditLedger:
+    """A ledger of ``slots`` with ``nodes`` open (in order), then ``backlogs`` set."""
+    ledger = CreditLedger(slots)
+    for node in nodes:
+        ledger.open(node)
+    for node, ready in backlogs.items():
+        ledger.set_backlog(node, ready)
+    return ledger
+
+
 def test_free_slots_are_spread_over_nodes_without_backlog() -> None:
     ledger = CreditLedger(10)
     ledger.open("a")
@@ -26,22 +36,14 @@ def test_a_single_node_gets_every_free_slot() -> None:
 
 
 def test_backlog_first_then_one_each_then_evenly() -> None:
-    ledger = CreditLedger(8)
-    for node in ("a", "b", "c"):
-        ledger.open(node)
-    ledger.set_backlog("b", 1)
-    ledger.set_backlog("c", 4)
+    ledger = opened(8, ["a", "b", "c"], b=1, c=4)
     # Backlog 1 + 4, then one for a, then the last two evenly (fewest first, by name).
     assert ledger.desired() == {"a": 2, "b": 2, "c": 4}
     assert ledger.plan() == ({"a": 2, "b": 2, "c": 4}, {})
 
 
 def test_when_slots_are_short_the_backlog_is_shared_fairly_and_idle_nodes_get_none() -> None:
-    ledger = CreditLedger(5)
-    for node in ("a", "b", "c"):
-        ledger.open(node)
-    ledger.set_backlog("b", 1)
-    ledger.set_backlog("c", 10)
+    ledger = opened(5, ["a", "b", "c"], b=1, c=10)
     assert ledger.desired() == {"a": 0, "b": 1, "c": 4}
     ledger.set_backlog("a", 1000)
     assert ledger.desired() == {"a": 2, "b": 1, "c": 2}
@@ -80,10 +82,7 @@ def test_an_answered_recall_is_closed_whatever_came_back() -> None:
     """Issue 12 items 7, 8, 11: a recall answered with fewer credits than asked (the node
     had used some) used to stay "being recalled" for the difference, forever, and the
     node's credits were never asked back again while another node's tasks waited."""
-    ledger = CreditLedger(10)
-    for node in ("a", "b"):
-        ledger.open(node)
-    ledger.set_backlog("a", 100)
+    ledger = opened(10, ["a", "b"], a=100)
     # All slots to the backlog while it exceeds them: none for the idle node.
     assert ledger.plan() == ({"a": 10}, {})
     ledger.set_backlog("a", 0)
@@ -103,10 +102,7 @@ def test_an_answered_recall_is_closed_whatever_came_back() -> None:
 
 
 def test_recalls_already_on_their_way_are_not_repeated() -> None:
-    ledger = CreditLedger(4)
-    for node in ("a", "b"):
-        ledger.open(node)
-    ledger.set_backlog("a", 4)
+    ledger = opened(4, ["a", "b"], a=4)
     assert ledger.plan() == ({"a": 4}, {})
     ledger.set_backlog("a", 0)
     ledger.set_backlog("b", 3)
@@ -279,10 +275,7 @@ def test_backlogged_nodes_take_turns_a_slots_worth_each() -> None:
     """Issue 14: freed slots go to one node with backlog at a time, so its rounds carry
     what a lone node's would; spread one by one, three nodes paid every per-round cost
     three times as often."""
-    ledger = CreditLedger(4)
-    for node in ("a", "b", "c"):
-        ledger.open(node)
-        ledger.set_backlog(node, 1000)
+    ledger = opened(4, ["a", "b", "c"], a=1000, b=1000, c=1000)
     assert ledger.plan() == ({"a": 4}, {})  # a's turn: every free slot
     order = []
     holder = ["a"] * 4
@@ -297,21 +290,13 @@ def test_backlogged_nodes_take_turns_a_slots_worth_each() -> None:
 
 
 def test_a_turn_ends_early_once_the_nodes_backlog_is_covered() -> None:
-    ledger = CreditLedger(6)
-    for node in ("a", "b"):
-        ledger.open(node)
-    ledger.set_backlog("a", 2)
-    ledger.set_backlog("b", 1000)
+    ledger = opened(6, ["a", "b"], a=2, b=1000)
     # a can use two: the rest of the free slots go on to b.
     assert ledger.plan() == ({"a": 2, "b": 4}, {})
 
 
 def test_when_the_slots_cover_every_backlog_the_turn_changes_nothing() -> None:
-    ledger = CreditLedger(10)
-    for node in ("a", "b", "idle"):
-        ledger.open(node)
-    ledger.set_backlog("a", 3)
-    ledger.set_backlog("b", 3)
+    ledger = opened(10, ["a", "b", "idle"], a=3, b=3)
     # Each its backlog, the idle node its one, the rest evenly: as without turns.
     assert ledger.plan() == ({"a": 4, "b": 3, "idle": 3}, {})
 
@@ -330,11 +315,8 @@ def test_over_the_turns_every_backlogged_node_gets_an_equal_share(
     what it took beyond its length shortens its node's next turns), and no slot stays
     free."""
     names = [f"n{i}" for i in range(nodes)]
-    ledger = CreditLedger(slots)
+    ledger = opened(slots, names, **dict.fromkeys(names, 10**9))
     granted = dict.fromkeys(names, 0)
-    for name in names:
-        ledger.open(name)
-        ledger.set_backlog(name, 10**9)
     running: list[str] = []
 
     def grant() -> None:
@@ -358,10 +340,7 @@ def test_over_the_turns_every_backlogged_node_gets_an_equal_share(
 
 
 def test_a_closed_node_leaves_no_turn_debt_behind() -> None:
-    ledger = CreditLedger(2)
-    for node in ("a", "b"):
-        ledger.open(node)
-        ledger.set_backlog(node, 100)
+    ledger = opened(2, ["a", "b"], a=100, b=100)
     ledger.plan()  # a's turn: 2
     ledger.turns.owed["a"] = 5  # as after a turn that took past its length
     ledger.close("a")
