@@ -75,11 +75,15 @@ WORK_S = 0.2
 
 SUBMIT_RATE = 2.0
 
-# Far enough from the limit for allowances on three nodes while a node's first rounds
-# (a third of the workers' 100 slots each) leave half the rest over three nodes, at least
-# core.quotas.ALLOWANCE_MIN; the workers' slots still exceed it, so the limit binds.
+# Far enough from the limit for allowances on three nodes while the trickle below keeps
+# about 20 in flight: half the other 70 over three nodes is 11 each, at least
+# core.quotas.ALLOWANCE_MIN. The workers' 100 slots exceed it, so the stampede is bound
+# by the limit.
 ALLOWED_CONCURRENCY = 90
 ALLOWED_TASKS = 600
+# ~100/s for 3 s: about 20 of the 90 in flight, far from the limit.
+TRICKLE_TASKS = 300
+TRICKLE_S = 3.0
 
 Interval = tuple[float, float | None]
 """An attempt's (entered_at, finished_at): in flight from the one until the other."""
@@ -130,16 +134,24 @@ def _tenant(
 
 
 async def _submit(
-    cluster: Cluster, tenant: NewTenant, count: int, task_type: str, payload: dict[str, object]
+    cluster: Cluster,
+    tenant: NewTenant,
+    count: int,
+    task_type: str,
+    payload: dict[str, object],
+    *,
+    after_s: float = 1.0,
+    spread_s: float = 0.0,
 ) -> list[uuid.UUID]:
-    """``count`` strict tasks (no jitter) due together a second from now, spread over
-    every shard (by id)."""
-    at = datetime.now(UTC) + timedelta(seconds=1)
+    """``count`` strict tasks (no jitter) due ``after_s`` from now, together or evenly
+    over the next ``spread_s``, spread over every shard (by id)."""
+    at = datetime.now(UTC) + timedelta(seconds=after_s)
+    step = timedelta(seconds=spread_s / count)
     specs = [
         TaskSpec(
             type=task_type,
             payload={**payload, "i": i},
-            at=at,
+            at=at + i * step,
             strict_timing=True,
             idempotent=True,
         )
@@ -320,12 +332,22 @@ async def test_a_tenant_far_from_its_limits_goes_under_allowances_within_its_con
 ) -> None:
     """Headroom enough for allowances (docs/operations.md#tenants-and-quotas): the three
     nodes' rounds dispatch under them instead of each checking, and the checks leave room
-    for every allowance, so the tenant still never has more than its limit in flight."""
+    for every allowance, so the tenant still never has more than its limit in flight.
+
+    First a trickle far from the limit (each round wants a few tasks, with most of the
+    concurrency free: rounds are granted allowances and the next ones go under them),
+    then a stampede at the limit (it must hold, and the room kept for allowances must not
+    starve it). A stampede alone leaves allowances to timing: its rounds want more than
+    the headroom, so they are checked, and only its first and last rounds may see room."""
     await _ready(cluster)
     tenant = _tenant(cluster, concurrency=ALLOWED_CONCURRENCY)
     granted_before = _summed(cluster, "chronoshard_dispatch_quotas_granted_total")
     under_before = _summed(cluster, "chronoshard_dispatch_quotas_under_allowance_total")
-    ids = await _submit(cluster, tenant, ALLOWED_TASKS, "e2e.work", {"seconds": WORK_S})
+    payload = {"seconds": WORK_S}
+    ids = await _submit(cluster, tenant, TRICKLE_TASKS, "e2e.work", payload, spread_s=TRICKLE_S)
+    ids += await _submit(
+        cluster, tenant, ALLOWED_TASKS, "e2e.work", payload, after_s=1.0 + TRICKLE_S + 1.0
+    )
     await _wait_all_done(cluster, ids, timeout_s=60)
     attempts = _attempts(cluster.dsn, tenant)
     granted = _summed(cluster, "chronoshard_dispatch_quotas_granted_total") - granted_before
