@@ -318,6 +318,31 @@ def _resume_times(dsn: str, up_at: datetime) -> tuple[float | None, float | None
     return row[0], row[1]
 
 
+def _runs_of(dsn: str, effects_dsn: str, ids: list[uuid.UUID]) -> str:
+    """What a failure needs to be explained: every effect, attempt and the task row of
+    each of ``ids``."""
+    with psycopg.connect(effects_dsn) as conn:
+        effects = conn.execute(
+            "SELECT task_id, attempt, token, worker_id, started_at, outcome, recorded_at"
+            " FROM effects WHERE task_id = ANY(%s) ORDER BY recorded_at",
+            (ids,),
+        ).fetchall()
+    with psycopg.connect(dsn) as conn:
+        attempts = conn.execute(
+            "SELECT task_id, attempt, fencing_token, epoch, state, worker_id, entered_at,"
+            " finished_at, error FROM task_attempts WHERE task_id = ANY(%s)"
+            " ORDER BY task_id, attempt",
+            (ids,),
+        ).fetchall()
+        tasks = conn.execute(
+            "SELECT id, shard, status, attempt, fencing_token, scheduled_at, created_at"
+            " FROM tasks WHERE id = ANY(%s)",
+            (ids,),
+        ).fetchall()
+    lines = ["effects:", *map(str, effects), "attempts:", *map(str, attempts)]
+    return "\n".join([*lines, "tasks:", *map(str, tasks)])
+
+
 def _rounds(seed: int) -> list[Round]:
     rng = random.Random(seed)
     return [
@@ -419,7 +444,10 @@ async def test_postgres_immediate_restarts_under_load_lose_nothing(cluster: Clus
         )
         effects = Counter(task for task, _ in committed_effects(cluster.effects_dsn, acked))
         twice = {t: n for t, n in effects.items() if n != 1}
-        assert not twice, f"tasks whose effect committed more than once {where}: {twice}"
+        assert not twice, (
+            f"tasks whose effect committed more than once {where}: {twice}\n"
+            + _runs_of(dsn, cluster.effects_dsn, list(twice))
+        )
         assert not epoch_regressions(dsn, acked), f"writes under an older epoch {where}"
         for r in rounds:
             assert r.first_completion_s is not None and r.all_completed_s is not None, where
