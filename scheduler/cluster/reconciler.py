@@ -7,8 +7,10 @@ lease. The reconciler reads the in-flight rows of the node's shards and repairs 
 
 1. **Unconfirmed dispatch.** A DISPATCHED row that nothing touched for
    ``workers.ack_timeout_s`` (a worker that holds a task refreshes its row with every
-   heartbeat, so "untouched" means "not delivered or not running") whose worker has a
-   session on this node that does not know the attempt is given back: the attempt
+   heartbeat, so "untouched" means "not delivered or not running"; time while the
+   database was down or failing this node's calls does not count, since no touch could
+   land then) whose worker has a session on this node that does not know the attempt is
+   given back: the attempt
    ABANDONED, the task PRELOADED and on the wheel again, where the next intent gives it
    a new token. This is the one case where the node *knows* the attempt never ran, so it
    holds for non-idempotent tasks too (a crash between intent and send).
@@ -161,7 +163,12 @@ def plan_repairs(
                 row.worker_id, row.timer.id, row.fencing_token, min_age_s=ack_timeout_s
             )
         decision = decide(
-            row, scan.now, ack_timeout_s=ack_timeout_s, lease_margin_s=lease_margin_s, knows=knows
+            row,
+            scan.now,
+            ack_timeout_s=ack_timeout_s,
+            lease_margin_s=lease_margin_s,
+            knows=knows,
+            steady_s=scan.steady_s,
         )
         if decision.verdict is not Verdict.KEEP:
             repairs.append(Repair(row, decision))
@@ -213,6 +220,7 @@ class Reconciler:
             lease_margin_s=self._config.workers.lease_margin_s,
             since_start_s=now - started,
             since_scan_s=now - scanned_at,
+            ack_timeout_s=self._config.workers.ack_timeout_s,
         )
 
     def wake(self) -> None:

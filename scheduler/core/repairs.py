@@ -12,6 +12,7 @@ are what the shell reads (:class:`Scan`) and writes (:class:`Repair`) through
 
 from __future__ import annotations
 
+import math
 import uuid
 from collections.abc import Collection
 from dataclasses import dataclass, field
@@ -109,13 +110,15 @@ def decide(
     ack_timeout_s: float,
     lease_margin_s: float,
     knows: bool | None,
+    steady_s: float = math.inf,
 ) -> Decision:
     """What to do with ``row`` at ``now`` (the database's clock).
 
     ``knows`` is the worker's session on this node asked about the attempt: True (this
     node sent it on the live session and it is unsettled), False (the worker has had a
     live session here for at least the ack timeout, which was never sent this attempt)
-    or None (no such session: nothing can be learnt locally).
+    or None (no such session: nothing can be learnt locally). ``steady_s`` is how long
+    the database has taken writes without a break (:attr:`Scan.steady_s`).
 
     Why False is enough to run the attempt again, even a non-idempotent one: the row was
     untouched for the ack timeout — no ack, no heartbeat — while the worker had a live
@@ -125,12 +128,19 @@ def decide(
     ~5 s apart). What remains is a worker that finished the handler and could not reach
     any node with its result for the whole ack timeout while it had a stream here.
 
+    That reasoning needs the touches to have been recordable: while PostgreSQL was down
+    (or refused this node) every ack, heartbeat and settlement failed, and a row is
+    "untouched" only because nothing could touch it. So the ack timeout counts only the
+    time the database has been steady: after a break the row must stay untouched for a
+    whole ack timeout more (the worker resends its acks' settlements and heartbeats as
+    soon as a node answers) before the session's "never got it" counts.
+
     Nothing else gives an attempt up before ``lease_expires_at + lease_margin_s``: not a
     closed stream, not a worker unseen everywhere (a partition looks exactly like that).
     """
     if row.status not in (TaskStatus.DISPATCHED, TaskStatus.RUNNING):
         return KEEP
-    untouched_s = (now - row.updated_at).total_seconds()
+    untouched_s = min((now - row.updated_at).total_seconds(), steady_s)
     overdue_ack = row.status is TaskStatus.DISPATCHED and untouched_s >= ack_timeout_s
     # Never delivered (the worker's session here was never sent it, and no heartbeat
     # touched the row): nobody runs it, whatever its lease says.
@@ -220,6 +230,11 @@ class Scan:
     next_ack_due: datetime | None = None
     """When the next DISPATCHED row, untouched since, reaches the ack timeout: an intent
     never delivered (its owner crashed after the commit) is given back then."""
+    steady_s: float = math.inf
+    """How long, at ``now``, the database has taken writes without a break: since
+    PostgreSQL last started, and since this node last saw a call fail for the database's
+    reasons (a refused or lost connection, none to be had in time). Touches that fell in
+    a break were lost, so :func:`decide` counts no ack timeout across one."""
 
 
 ACK_DEADLINE_SLACK_S = 0.05
@@ -237,6 +252,7 @@ def next_pass_in_s(
     lease_margin_s: float,
     since_start_s: float,
     since_scan_s: float = 0.0,
+    ack_timeout_s: float = math.inf,
 ) -> float:
     """How long to sleep, at the end of a pass, until the next one.
 
@@ -246,7 +262,8 @@ def next_pass_in_s(
     once, expires one lease later, and the next pass must see it before then to know
     when to wake. The wake-ups for the earliest lease the scan saw (``scan.next_expiry``
     plus the margin) and for the next ack deadline (``scan.next_ack_due``), both on the
-    database's clock of ``scan.now``, count from the scan (``since_scan_s`` ago).
+    database's clock of ``scan.now``, count from the scan (``since_scan_s`` ago); so does
+    the end of the ack timeout after a break of the database (``scan.steady_s``).
     """
     gap_s = min(interval_s, lease_s) - since_start_s
     if scan is not None and scan.next_expiry is not None:
@@ -255,5 +272,10 @@ def next_pass_in_s(
     if scan is not None and scan.next_ack_due is not None:
         # A little after the deadline: the row must be past it when scanned.
         due_s = (scan.next_ack_due - scan.now).total_seconds() + ACK_DEADLINE_SLACK_S
+        gap_s = min(gap_s, due_s - since_scan_s)
+    if scan is not None and scan.steady_s < ack_timeout_s:
+        # Rows held back by a break of the database come due when it has been steady
+        # for the ack timeout.
+        due_s = ack_timeout_s - scan.steady_s + ACK_DEADLINE_SLACK_S
         gap_s = min(gap_s, due_s - since_scan_s)
     return max(MIN_PASS_GAP_S, gap_s)

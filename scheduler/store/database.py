@@ -258,6 +258,10 @@ class Store:
         self._timings = timings
         # time.monotonic() of the last call that ended cleanly; -inf: none yet.
         self.last_success_at = float("-inf")
+        # time.monotonic() of the last call that failed for the database's reasons (no
+        # connection in time, a refused or lost one: StoreUnavailable); -inf: none yet.
+        # Writes other callers made then may have failed too (the reconciler's ack rule).
+        self.last_failure_at = float("-inf")
         # Filled by the pool's configure callback (see open()).
         self._backends: WeakKeyDictionary[Connection, Backend] = WeakKeyDictionary()
         # Backends whose transaction's commit outcome became unknown, not yet ended.
@@ -348,6 +352,7 @@ class Store:
                 # Only a block that ended cleanly proves the database answers.
                 self.last_success_at = done
         except psycopg.OperationalError as exc:
+            self.last_failure_at = time.monotonic()
             raise StoreUnavailable(str(exc)) from exc
 
     async def reachable(self, timeout_s: float, *, within_s: float) -> bool:

@@ -9,6 +9,7 @@ rows ``FOR SHARE`` and writes only for the shards whose epoch is still the calle
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Collection, Mapping, Sequence
 from datetime import datetime
@@ -62,7 +63,9 @@ class RepairStore:
         limit: int,
     ) -> Scan:
         """The in-flight rows of ``shards`` that may need repair, with the database's now,
-        the next lease to expire and the count of OUTCOME_UNKNOWN tasks."""
+        the next lease to expire, the count of OUTCOME_UNKNOWN tasks and how long the
+        database has been steady (since PostgreSQL started, and since this node's last
+        failed call)."""
         params = {
             "shards": sorted(shards),
             "horizon_s": max(0.0, lease_s - ack_timeout_s),
@@ -70,6 +73,8 @@ class RepairStore:
             "ack_timeout_s": ack_timeout_s,
             "limit": limit,
         }
+        # Taken before now() is: the database's steadiness is never overstated.
+        since_failure_s = time.monotonic() - self._store.last_failure_at
         # One transaction: now() is the same instant in both statements.
         async with self._store.transaction() as conn:
             cur = conn.cursor(row_factory=dict_row)
@@ -84,6 +89,7 @@ class RepairStore:
             next_expiry=state["next_expiry"],
             outcome_unknown=state["outcome_unknown"],
             next_ack_due=state["next_ack_due"],
+            steady_s=min(state["up_s"], since_failure_s),
         )
 
     async def repair(self, epochs: Mapping[int, int], repairs: Sequence[Repair]) -> RepairResult:

@@ -41,6 +41,7 @@ from chronoshard.scheduler.core.runs import (
 )
 from chronoshard.scheduler.core.sharding import shard_of
 from chronoshard.scheduler.core.states import AttemptState
+from chronoshard.scheduler.errors import StoreUnavailable
 from chronoshard.scheduler.store import queries
 from chronoshard.scheduler.store.database import Store
 from chronoshard.scheduler.store.repairs import RepairStore
@@ -145,6 +146,21 @@ async def _backdate(store: Store, task_id: uuid.UUID, seconds: float) -> None:
     )
 
 
+async def _steady_for_the_ack_timeout(store: Store) -> None:
+    """Wait until PostgreSQL has been up for the ack timeout: before that no row counts
+    as untouched for it (core/repairs.py, ``Scan.steady_s``), and a row's clocks can be
+    moved back (:func:`_backdate`) but not the server's start. A server started for this
+    test session is that old after a few seconds."""
+
+    async def up_s() -> bool:
+        [row] = await _sql(
+            store, "SELECT extract(epoch FROM now() - pg_postmaster_start_time()) AS up_s"
+        )
+        return float(row["up_s"]) > ACK_S + 0.5
+
+    await eventually(up_s, timeout_s=ACK_S + 5, what="PostgreSQL up for the ack timeout")
+
+
 async def _expire_lease(store: Store, task_id: uuid.UUID, ago_s: float = MARGIN_S + 1) -> None:
     """The lease ran out ``ago_s`` ago (by default: longer ago than the margin)."""
     await _sql(
@@ -160,6 +176,7 @@ async def test_unacknowledged_dispatch_the_session_never_got_is_redispatched(
 ) -> None:
     # Not idempotent: the node knows the attempt never ran, so it runs again all the same
     # (a crash between intent and send must not need an operator).
+    await _steady_for_the_ack_timeout(store)
     new = await submit(store, tenant)
     [first] = await _dispatch(runs)
     sessions, wheel = Sessions(), Wheel()
@@ -649,11 +666,39 @@ async def test_the_pass_learns_when_the_oldest_untouched_dispatch_turns_overdue(
     assert await _ack_due_in(reconcile, [SHARD]) is None
 
 
+async def test_an_undelivered_intent_is_not_given_back_across_a_failed_call_of_the_store(
+    store: Store, runs: RunStore, tenant: Tenant
+) -> None:
+    """A call of this node that failed for the database's reasons (here its backend was
+    ended under it) may have been an ack or heartbeat of the attempt: the ack timeout
+    counts again from then."""
+    await _steady_for_the_ack_timeout(store)
+    new = await submit(store, tenant)
+    await _dispatch(runs)
+    await _backdate(store, new.id, ACK_S + 5)
+    sessions, wheel = Sessions(), Wheel()
+    sessions.known[new.id] = False
+    reconciler, _ = _reconciler(store, sessions, wheel)
+
+    with pytest.raises(StoreUnavailable):
+        async with store.connection() as conn:
+            await conn.execute("SELECT pg_terminate_backend(pg_backend_pid())")
+    report = await reconciler.reconcile_once()
+    assert report.redispatched == 0 and wheel.ready == []
+
+    # The same row once the failure is an ack timeout old (moved back, as _backdate
+    # moves rows): given back.
+    store.last_failure_at -= ACK_S
+    assert (await reconciler.reconcile_once()).redispatched == 1
+    assert [t.id for t in wheel.ready] == [new.id]
+
+
 async def test_the_loop_wakes_when_an_undelivered_intent_turns_overdue_not_at_the_interval(
     store: Store, runs: RunStore, tenant: Tenant
 ) -> None:
     """An intent a crashed owner committed and never sent is given back at intent + ack
     timeout: the loop sleeps until then rather than to its next regular pass (5 s)."""
+    await _steady_for_the_ack_timeout(store)
     new = await submit(store, tenant)
     await _dispatch(runs)
     await _backdate(store, new.id, ACK_S - 0.5)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import uuid
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import replace
@@ -76,12 +77,18 @@ def _row(
     )
 
 
-def _decision(row: InFlight, knows: bool | None = None, now: datetime = NOW) -> Decision:
-    return decide(row, now, ack_timeout_s=ACK_S, lease_margin_s=MARGIN_S, knows=knows)
+def _decision(
+    row: InFlight, knows: bool | None = None, now: datetime = NOW, steady_s: float = math.inf
+) -> Decision:
+    return decide(
+        row, now, ack_timeout_s=ACK_S, lease_margin_s=MARGIN_S, knows=knows, steady_s=steady_s
+    )
 
 
-def _decide(row: InFlight, knows: bool | None = None, now: datetime = NOW) -> Verdict:
-    return _decision(row, knows, now).verdict
+def _decide(
+    row: InFlight, knows: bool | None = None, now: datetime = NOW, steady_s: float = math.inf
+) -> Verdict:
+    return _decision(row, knows, now, steady_s).verdict
 
 
 def _past_margin(row: InFlight, now: datetime = NOW) -> bool:
@@ -113,6 +120,20 @@ def test_unacknowledged_dispatch_with_no_session_here_waits_for_its_lease() -> N
 def test_a_young_dispatch_is_left_alone_even_if_the_session_does_not_know_it() -> None:
     # Between the intent commit and the send, the session does not know it yet.
     assert _decide(_row(untouched_s=ACK_S - 1), knows=False) is Verdict.KEEP
+
+
+def test_an_unacknowledged_dispatch_waits_for_the_ack_timeout_after_a_break_of_the_database() -> (
+    None
+):
+    # PostgreSQL restarted (or refused this node) 9 s ago: every ack, heartbeat and
+    # settlement of the attempt before then failed, so "untouched for 30 s" says nothing
+    # about whether it was delivered. A whole ack timeout of a steady database must pass.
+    row = _row(untouched_s=ACK_S + 20)
+    assert _decide(row, knows=False, steady_s=ACK_S - 1) is Verdict.KEEP
+    assert _decide(row, knows=False, steady_s=ACK_S) is Verdict.REDISPATCH
+    # The lease rules do not hang on touches the worker makes: a break changes none.
+    expired = _row(status=TaskStatus.RUNNING, lease_in_s=-MARGIN_S - 1, idempotent=True)
+    assert _decide(expired, knows=True, steady_s=0.0) is Verdict.REDISPATCH
 
 
 def test_expired_lease_of_an_idempotent_task_is_redispatched_after_the_margin() -> None:
@@ -175,6 +196,7 @@ rows = st.builds(
     cancel_requested=st.booleans(),
 )
 knowledge = st.sampled_from([True, False, None])
+steadiness = st.one_of(st.just(math.inf), st.floats(0, 100))
 
 
 @st.composite
@@ -201,17 +223,19 @@ def written_rows(draw: st.DrawFn) -> InFlight:
 
 
 @settings(max_examples=300)
-@given(rows, knowledge)
+@given(rows, knowledge, steadiness)
 def test_a_non_idempotent_task_never_runs_again_unless_it_never_ran(
-    row: InFlight, knows: bool | None
+    row: InFlight, knows: bool | None, steady_s: float
 ) -> None:
     """The one way to double-run a side effect: re-dispatching an attempt that may have
     run. Only an unacknowledged dispatch its worker's live session never got may be given
-    back; a lost lease leaves the outcome unknown, however the worker looks."""
-    verdict = _decide(row, knows)
+    back, once the row stayed untouched for the ack timeout while touches could land (the
+    database steady); a lost lease leaves the outcome unknown, however the worker looks."""
+    verdict = _decide(row, knows, steady_s=steady_s)
     if verdict is Verdict.REDISPATCH and not row.idempotent:
         assert row.status is TaskStatus.DISPATCHED and knows is False
         assert (NOW - row.updated_at).total_seconds() >= ACK_S
+        assert steady_s >= ACK_S
 
 
 @settings(max_examples=300)
@@ -300,6 +324,7 @@ def _gap(scan: Scan | None, *, since_start_s: float = 0.0, since_scan_s: float =
         lease_margin_s=MARGIN_S,
         since_start_s=since_start_s,
         since_scan_s=since_scan_s,
+        ack_timeout_s=ACK_S,
     )
 
 
@@ -366,6 +391,19 @@ def test_an_undelivered_intent_is_looked_at_just_after_its_ack_timeout_runs_out(
     scan = Scan(NOW, [], next_ack_due=NOW + timedelta(seconds=1.5))
     assert _gap(scan) == pytest.approx(1.5 + ACK_DEADLINE_SLACK_S)
     assert _gap(Scan(NOW, [])) == pytest.approx(5.0)
+
+
+def test_after_a_break_of_the_database_a_pass_comes_once_it_was_steady_for_the_ack_timeout() -> (
+    None
+):
+    # Rows the break held back are due then, not at the next regular pass.
+    assert _gap(Scan(NOW, [], steady_s=ACK_S - 2.0)) == pytest.approx(2.0 + ACK_DEADLINE_SLACK_S)
+    assert _gap(Scan(NOW, [], steady_s=ACK_S - 2.0), since_scan_s=0.5) == pytest.approx(
+        1.5 + ACK_DEADLINE_SLACK_S
+    )
+    # Steady long enough (or a break longer ago than the interval matters): the interval.
+    assert _gap(Scan(NOW, [], steady_s=ACK_S)) == pytest.approx(5.0)
+    assert _gap(Scan(NOW, [], steady_s=1.0)) == pytest.approx(5.0)
 
 
 # ---- workflow runs --------------------------------------------------------------------------

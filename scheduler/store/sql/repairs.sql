@@ -17,7 +17,10 @@
 -- ack timeout (served by tasks_inflight_idx): an intent a crashed owner committed and
 -- never delivered is then given back at intent + ack timeout, not up to a whole
 -- reconcile interval later (rows already past it are the regular passes' business).
+-- And how long PostgreSQL has been up: no touch of a row was recorded before it started
+-- (core/repairs.py, Scan.steady_s).
 SELECT now() AS now,
+       extract(epoch FROM now() - pg_postmaster_start_time())::float8 AS up_s,
        (SELECT min(n.lease_expires_at)
         FROM unnest(%(shards)s::smallint[]) AS s(shard)
         CROSS JOIN LATERAL (
