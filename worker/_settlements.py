@@ -182,6 +182,17 @@ class Settlements:
             )
             self.outbox.add_unary(entry.settlement, self._clock.monotonic())
             self._wakeup.set()
+        elif entry is None and is_retryable(error.code, error):
+            # Nothing of it is pending any more (an Ack its Complete replaced while the
+            # node could not write): the refusal changes nothing and is no error.
+            self._log(
+                logging.DEBUG,
+                "%s refused for now (%s); nothing left to resend",
+                receipt.kind.value,
+                error.reason or error.code,
+                event="settlement_moot",
+                **fields,
+            )
         elif entry is not None and (
             fail := refused_result(entry.settlement, error.code, error.reason, error.message)
         ):

@@ -5,15 +5,17 @@ whose result the node refused is replaced, once, by a non-retryable Fail."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
+import pytest
 from fixtures.waiting import eventually
 
 from chronoshard.clock import SystemClock
 from chronoshard.worker._errors import RESULT_REFUSED, CallFailed
-from chronoshard.worker._models import Complete, ErrorInfo, Fail, Receipt, Settlement, TaskRef
+from chronoshard.worker._models import Ack, Complete, ErrorInfo, Fail, Receipt, Settlement, TaskRef
 from chronoshard.worker._outbox import Outbox
 from chronoshard.worker._settlements import Settlements
 
@@ -124,6 +126,20 @@ async def test_a_settlement_refused_for_now_is_retried_until_confirmed() -> None
     finally:
         loop.cancel()
         await asyncio.gather(loop, return_exceptions=True)
+
+
+def test_a_retryable_refusal_of_what_is_no_longer_pending_is_no_error(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # An Ack's receipt came back refused for now (PostgreSQL away) after its Complete
+    # replaced it: nothing is left to resend, and the worker logged an ERROR for it.
+    transport, stream = FakeTransport(), FakeSession()
+    settlements = _settlements(transport, stream)
+    down = ErrorInfo("UNAVAILABLE", "STORE_UNAVAILABLE", "down", retryable=True)
+    with caplog.at_level(logging.DEBUG, logger="chronoshard.worker"):
+        settlements.on_receipt(stream, _receipt(Ack(REF, 1), down))  # type: ignore[arg-type]
+    assert len(settlements) == 0 and not transport.calls
+    assert [r.levelno for r in caplog.records] == [logging.DEBUG]
 
 
 def _receipt(settlement: Settlement, error: ErrorInfo | None) -> Receipt:
