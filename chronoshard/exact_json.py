@@ -82,9 +82,20 @@ def loads(data: str | bytes | bytearray) -> Any:
             (``UnicodeDecodeError``), or ``NaN``/``Infinity``.
         RecursionError: nested deeper than the interpreter's recursion limit allows.
     """
-    return json.loads(
-        data, parse_float=_number, parse_int=_integer, parse_constant=_refuse_constant
-    )
+    # What json.loads does before it decodes, to the letter.
+    if isinstance(data, str):
+        if data.startswith("\ufeff"):
+            raise json.JSONDecodeError("Unexpected UTF-8 BOM (decode using utf-8-sig)", data, 0)
+    else:
+        data = data.decode(json.detect_encoding(data), "surrogatepass")
+    return _DECODER.decode(data)
+
+
+# One decoder for every call: json.loads builds a new JSONDecoder (and its scanner) for
+# each call given hooks, which was a tenth of decoding a small payload (issue 14).
+_DECODER = json.JSONDecoder(
+    parse_float=_number, parse_int=_integer, parse_constant=_refuse_constant
+)
 
 
 def dumps(

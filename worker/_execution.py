@@ -355,7 +355,8 @@ class Execution:
 
     async def handler_stopped(self) -> None:
         """Return once the handler's coroutine or thread has really ended."""
-        if self._handler is not None:
+        # Mostly it has by the time a run settles: no set, no callbacks for nothing.
+        if self._handler is not None and not self._handler.done():
             await asyncio.wait({self._handler})
 
     def give_slot_back(self) -> None:

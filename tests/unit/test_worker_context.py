@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 from fixtures.loop import one_loop_turn
+from fixtures.waiting import eventually
 
 from chronoshard.clock import FakeClock
 from chronoshard.worker import (
@@ -202,6 +203,21 @@ async def test_stop_requests_set_both_flags_and_revocation_wins() -> None:
     drained = context()
     drained._request_stop(StopReason.DRAINING)
     assert drained.draining and drained.cancelled
+
+
+async def test_a_stop_reaches_waits_begun_before_it_and_after_it() -> None:
+    # The events a stop sets are made by the first wait (few handlers wait): a thread
+    # already blocked is woken, and waits begun after the request return at once.
+    ctx = context()
+    blocked = asyncio.create_task(asyncio.to_thread(ctx.wait_cancelled_sync, 30.0))
+    await eventually(lambda: ctx._cancel_flag is not None, timeout_s=5, what="the thread waiting")
+    ctx._request_stop(StopReason.CANCELLED)
+    assert await asyncio.wait_for(blocked, 5) is True
+
+    late = context()
+    late._request_stop(StopReason.TIMED_OUT)
+    assert late.wait_cancelled_sync(30.0) is True
+    assert await asyncio.wait_for(late.wait_cancelled(), 5) is StopReason.TIMED_OUT
 
 
 def test_wait_cancelled_sync_times_out_when_nobody_asks() -> None:
