@@ -50,12 +50,11 @@ from harness.history import (
     committed_effects,
     epoch_regressions,
 )
-from harness.outage import RestartablePostgres
+from harness.outage import SCHEDULER_DATABASE, RestartablePostgres, migrated_postgres
 from harness.processes import ManagedProcess, ProcessGroup
 
 from chronoshard import Client, TaskSpec
 from chronoshard.errors import ChronoshardError
-from chronoshard.scheduler.store.migrate import apply_migrations
 from chronoshard.scheduler.store.tenants import create_tenant
 from chronoshard.services import EtcdProcess
 
@@ -122,11 +121,8 @@ def cluster(fresh_db_dsn: str, etcd: EtcdProcess, tmp_path: Path) -> Iterator[Cl
     # The ledger lives on the session's server, which stays up while ours is down.
     with psycopg.connect(fresh_db_dsn, autocommit=True) as conn:
         conn.execute(EFFECTS_DDL)
-    with RestartablePostgres(tmp_path / "postgres-control.log") as postgres:
-        with psycopg.connect(postgres.dsn_for("postgres"), autocommit=True) as conn:
-            conn.execute("CREATE DATABASE chronoshard")
-        dsn = postgres.dsn_for("chronoshard")
-        apply_migrations(dsn)
+    with migrated_postgres(tmp_path / "postgres-control.log") as postgres:
+        dsn = postgres.dsn_for(SCHEDULER_DATABASE)
         api_key = create_tenant(dsn, "outage").api_key
         group = ProcessGroup(
             log_dir=tmp_path,

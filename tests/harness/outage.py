@@ -14,9 +14,13 @@ protocol: :mod:`harness.controller`. This one prints ``ready PORT`` and takes ``
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from harness.controller import Controller, answer_commands
+
+SCHEDULER_DATABASE = "chronoshard"
 
 
 class RestartablePostgres(Controller):
@@ -40,6 +44,21 @@ class RestartablePostgres(Controller):
     def start(self) -> None:
         """Start again on the same port and data directory; returns once it accepts."""
         self._command("start")
+
+
+@contextmanager
+def migrated_postgres(log_path: Path) -> Iterator[RestartablePostgres]:
+    """A :class:`RestartablePostgres` with the database ``chronoshard``
+    (:data:`SCHEDULER_DATABASE`) created and migrated, closed on the way out."""
+    import psycopg
+
+    from chronoshard.scheduler.store.migrate import apply_migrations
+
+    with RestartablePostgres(log_path) as server:
+        with psycopg.connect(server.dsn_for("postgres"), autocommit=True) as conn:
+            conn.execute(f"CREATE DATABASE {SCHEDULER_DATABASE}")
+        apply_migrations(server.dsn_for(SCHEDULER_DATABASE))
+        yield server
 
 
 def _serve() -> None:

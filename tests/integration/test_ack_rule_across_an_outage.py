@@ -15,23 +15,21 @@ task would have run twice (the doubled effect of ``test_postgres_restart.py`` in
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import replace
 from pathlib import Path
 
 import grpc
-import psycopg
 import pytest
 from fixtures.nodes import node_config, running_node
 from fixtures.stores import insert_tasks, new_task, tenant_with_key
 from fixtures.waiting import eventually
-from harness.outage import RestartablePostgres
+from harness.outage import RestartablePostgres, migrated_postgres
 from harness.raw_worker import RawWorker, ack, bearer, complete, grant, hello
 
 from chronoshard.scheduler.core.ids import new_task_id
 from chronoshard.scheduler.core.sharding import shard_of
 from chronoshard.scheduler.node import SchedulerNode
-from chronoshard.scheduler.store.migrate import apply_migrations
 from chronoshard.services import EtcdProcess
 from chronoshard.v1 import worker_service_pb2
 
@@ -43,11 +41,8 @@ WORKER_ID = "raw-outage"
 
 
 @pytest.fixture
-def postgres(tmp_path: Path) -> AsyncIterator[RestartablePostgres]:
-    with RestartablePostgres(tmp_path / "postgres-control.log") as server:
-        with psycopg.connect(server.dsn_for("postgres"), autocommit=True) as conn:
-            conn.execute("CREATE DATABASE chronoshard")
-        apply_migrations(server.dsn_for("chronoshard"))
+def postgres(tmp_path: Path) -> Iterator[RestartablePostgres]:
+    with migrated_postgres(tmp_path / "postgres-control.log") as server:
         yield server
 
 

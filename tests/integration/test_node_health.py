@@ -24,18 +24,16 @@ from pathlib import Path
 from urllib.request import urlopen
 
 import grpc
-import psycopg
 import pytest
 from fixtures.etcd import EtcdFactory
 from fixtures.nodes import node_config, running_node
 from fixtures.waiting import eventually
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from harness.outage import RestartablePostgres
+from harness.outage import RestartablePostgres, migrated_postgres
 
 from chronoshard.scheduler.config import HealthConfig
 from chronoshard.scheduler.core import health
 from chronoshard.scheduler.node import SchedulerNode
-from chronoshard.scheduler.store.migrate import apply_migrations
 from chronoshard.services import EtcdProcess
 
 pytestmark = pytest.mark.timeout(120)
@@ -53,10 +51,7 @@ API_AND_DISPATCH = {health.READINESS, *health.API_SERVICES, health.WORKER_SERVIC
 
 @pytest.fixture
 def postgres(tmp_path: Path) -> Iterator[RestartablePostgres]:
-    with RestartablePostgres(tmp_path / "postgres-control.log") as server:
-        with psycopg.connect(server.dsn_for("postgres"), autocommit=True) as conn:
-            conn.execute("CREATE DATABASE chronoshard")
-        apply_migrations(server.dsn_for("chronoshard"))
+    with migrated_postgres(tmp_path / "postgres-control.log") as server:
         yield server
 
 
