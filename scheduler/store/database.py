@@ -140,6 +140,27 @@ def _attempt(row: Mapping[str, Any]) -> TaskAttempt:
     )
 
 
+# The server ended the session (SQLSTATE classes 08 and these of 57): whatever it had
+# received may have committed before it went. (57014, a cancelled statement, is the
+# server's own answer: that transaction rolled back.)
+_SESSION_ENDED = frozenset({"57P01", "57P02", "57P03", "57P04", "57P05"})
+
+
+def answer_lost(exc: psycopg.Error) -> bool:
+    """Whether ``exc`` says the server's answer may never have come, rather than that the
+    server refused: an error the client raised itself (no SQLSTATE: a failed send or
+    flush) or the server ending the session.
+
+    ``Connection.broken`` alone does not tell: libpq reports a failed write at once but
+    marks the connection bad only when a read fails too, so a pipeline whose COMMIT went
+    out in an earlier write, and whose next flush found the server gone (PostgreSQL
+    stopped in immediate mode), raised "flush request failed" on a connection not yet
+    broken: taken for "nothing committed", its intents were never sent and waited for
+    the reconciler's ack timeout."""
+    sqlstate = exc.sqlstate
+    return sqlstate is None or sqlstate.startswith("08") or sqlstate in _SESSION_ENDED
+
+
 @dataclass(frozen=True)
 class SessionLimits:
     """Per-connection safety limits (docs/architecture.md#d12).
@@ -422,7 +443,7 @@ class Store:
                     await self.queue_commit(conn)
                 await pipeline.sync()
             except psycopg.OperationalError as exc:
-                if conn in self._commit_queued and conn.broken:
+                if conn in self._commit_queued and (conn.broken or answer_lost(exc)):
                     raise self._outcome_lost(conn, f"while committing: {exc}") from exc
                 raise
             finally:
