@@ -110,7 +110,7 @@ def decide(
     ack_timeout_s: float,
     lease_margin_s: float,
     knows: bool | None,
-    steady_s: float = math.inf,
+    steady_s: float,
 ) -> Decision:
     """What to do with ``row`` at ``now`` (the database's clock).
 
@@ -251,8 +251,8 @@ def next_pass_in_s(
     lease_s: float,
     lease_margin_s: float,
     since_start_s: float,
+    ack_timeout_s: float,
     since_scan_s: float = 0.0,
-    ack_timeout_s: float = math.inf,
 ) -> float:
     """How long to sleep, at the end of a pass, until the next one.
 

@@ -146,10 +146,12 @@ def _attempt(row: Mapping[str, Any]) -> TaskAttempt:
 _SESSION_ENDED = frozenset({"57P01", "57P02", "57P03", "57P04", "57P05"})
 
 
-def answer_lost(exc: psycopg.Error) -> bool:
-    """Whether ``exc`` says the server's answer may never have come, rather than that the
-    server refused: an error the client raised itself (no SQLSTATE: a failed send or
-    flush) or the server ending the session.
+def answer_lost(exc: psycopg.Error, *, broken: bool = False) -> bool:
+    """Whether ``exc``, raised on a connection that is ``broken`` or not, says the
+    server's answer may never have come, rather than that the server refused: a broken
+    connection, an error the client raised itself (no SQLSTATE: a failed send or flush)
+    or the server ending the session. What a write whose statement (or COMMIT) went out
+    then did is unknown; a refusal rolled it back.
 
     ``Connection.broken`` alone does not tell: libpq reports a failed write at once but
     marks the connection bad only when a read fails too, so a pipeline whose COMMIT went
@@ -158,7 +160,7 @@ def answer_lost(exc: psycopg.Error) -> bool:
     broken: taken for "nothing committed", its intents were never sent and waited for
     the reconciler's ack timeout."""
     sqlstate = exc.sqlstate
-    return sqlstate is None or sqlstate.startswith("08") or sqlstate in _SESSION_ENDED
+    return broken or sqlstate is None or sqlstate.startswith("08") or sqlstate in _SESSION_ENDED
 
 
 @dataclass(frozen=True)
@@ -443,7 +445,7 @@ class Store:
                     await self.queue_commit(conn)
                 await pipeline.sync()
             except psycopg.OperationalError as exc:
-                if conn in self._commit_queued and (conn.broken or answer_lost(exc)):
+                if conn in self._commit_queued and answer_lost(exc, broken=conn.broken):
                     raise self._outcome_lost(conn, f"while committing: {exc}") from exc
                 raise
             finally:
@@ -493,7 +495,7 @@ class Store:
             try:
                 yield conn
             except psycopg.OperationalError as exc:
-                if not conn.broken:
+                if not answer_lost(exc, broken=conn.broken):
                     raise  # the server answered with an error: the statement rolled back
                 raise self._outcome_lost(conn, f"while writing: {exc}") from exc
 

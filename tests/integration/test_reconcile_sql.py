@@ -365,7 +365,14 @@ async def test_a_heartbeat_between_the_read_and_the_write_wins(
         [SHARD], ack_timeout_s=ACK_S, lease_s=30, lease_margin_s=MARGIN_S, limit=10
     )
     [row] = scan.rows
-    decision = decide(row, scan.now, ack_timeout_s=ACK_S, lease_margin_s=MARGIN_S, knows=False)
+    decision = decide(
+        row,
+        scan.now,
+        ack_timeout_s=ACK_S,
+        lease_margin_s=MARGIN_S,
+        knows=False,
+        steady_s=scan.steady_s,
+    )
     assert decision.target is not None, "never delivered, as far as the session knows"
     # The worker had it after all (through a stream this node does not see): its
     # heartbeat lands before the reconciler's write.

@@ -1,6 +1,7 @@
 """Which failures of a pipelined transaction leave its COMMIT's outcome unknown
-(``store.database.answer_lost``): those where the server's answer may never have come,
-not those where the server refused (the transaction then rolled back)."""
+(``store.database.answer_lost``, for a pipelined transaction's COMMIT and a
+self-committing statement alike): those where the server's answer may never have come,
+not those where the server refused (the write then rolled back)."""
 
 from __future__ import annotations
 
@@ -38,3 +39,5 @@ def test_a_lost_connection_or_an_ended_session_may_have_committed(exc: psycopg.E
 )
 def test_a_refusal_by_the_server_rolled_back(exc: psycopg.Error) -> None:
     assert not answer_lost(exc)
+    # Unless the connection broke as well: then nothing says the refusal was the answer.
+    assert answer_lost(exc, broken=True)

@@ -346,7 +346,14 @@ def test_the_gap_is_never_negative_nor_a_busy_loop() -> None:
 def test_a_lease_shorter_than_the_interval_caps_the_gap() -> None:
     # A task dispatched right after this pass expires one lease later: the next pass
     # must see it before then.
-    gap = next_pass_in_s(None, interval_s=5.0, lease_s=4.0, lease_margin_s=1.0, since_start_s=0.0)
+    gap = next_pass_in_s(
+        None,
+        interval_s=5.0,
+        lease_s=4.0,
+        lease_margin_s=1.0,
+        since_start_s=0.0,
+        ack_timeout_s=ACK_S,
+    )
     assert gap == pytest.approx(4.0)
 
 
