@@ -54,6 +54,15 @@ def ack(assignment: worker_service_pb2.Assignment) -> WorkerMessage:
     )
 
 
+def heartbeat(*assignments: worker_service_pb2.Assignment, seq: int = 1) -> WorkerMessage:
+    """A heartbeat numbered ``seq`` for the attempts of ``assignments``."""
+    running = [
+        worker_service_pb2.RunningTask(task=a.task, fencing_token=a.fencing_token)
+        for a in assignments
+    ]
+    return WorkerMessage(heartbeat=worker_service_pb2.Heartbeat(seq=seq, running=running))
+
+
 def complete(
     assignment: worker_service_pb2.Assignment, result_json: bytes = b"{}"
 ) -> WorkerMessage:

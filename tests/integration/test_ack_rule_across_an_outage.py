@@ -25,7 +25,7 @@ from fixtures.nodes import node_config, running_node
 from fixtures.stores import insert_tasks, new_task, tenant_with_key
 from fixtures.waiting import eventually
 from harness.outage import RestartablePostgres, migrated_postgres
-from harness.raw_worker import RawWorker, ack, bearer, complete, grant, hello
+from harness.raw_worker import RawWorker, ack, bearer, complete, grant, heartbeat, hello
 
 from chronoshard.scheduler.core.ids import new_task_id
 from chronoshard.scheduler.core.sharding import shard_of
@@ -56,15 +56,6 @@ async def node(postgres: RestartablePostgres, etcd: EtcdProcess) -> AsyncIterato
     )
     async with running_node(config) as n:
         yield n
-
-
-def _heartbeat(assignment: worker_service_pb2.Assignment) -> worker_service_pb2.WorkerMessage:
-    running = worker_service_pb2.RunningTask(
-        task=assignment.task, fencing_token=assignment.fencing_token
-    )
-    return worker_service_pb2.WorkerMessage(
-        heartbeat=worker_service_pb2.Heartbeat(seq=1, running=[running])
-    )
 
 
 async def _next(worker: RawWorker, kind: str) -> worker_service_pb2.SchedulerMessage:
@@ -123,7 +114,7 @@ async def test_an_attempt_whose_ack_was_lost_in_an_outage_is_not_given_back(
             )
             assert node.reconciler.get_stats()["abandoned_unacknowledged"] == 0
             # What the worker SDK does next: it heartbeats the attempt and settles it.
-            again.send(_heartbeat(assignment), complete(assignment))
+            again.send(heartbeat(assignment), complete(assignment))
             receipt = (await _next(again, "receipt")).receipt
             assert not receipt.HasField("error"), receipt.error
 
