@@ -18,6 +18,7 @@ a ``decimal.Decimal`` in a payload is sent exactly.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
@@ -327,7 +328,8 @@ def task_from_pb(msg: common_pb2.Task, attempts: Iterable[common_pb2.TaskAttempt
 
 
 def submit_result_from_pb(msg: task_service_pb2.SubmitTaskResponse) -> SubmitResult:
-    return SubmitResult(task=task_from_pb(msg.task), created=msg.created)
+    # The task is decoded when the caller first reads it (SubmitResult.task).
+    return SubmitResult.decoded_later(functools.partial(task_from_pb, msg.task), msg.created)
 
 
 def error_from_info(info: common_pb2.ErrorInfo) -> ChronoshardError:
