@@ -247,7 +247,7 @@ class SubmitResult:
     were three fifths of such a producer's CPU (issue 14). Immutable, compared by value,
     like the dataclasses here."""
 
-    __slots__ = ("_task", "_decode", "created")
+    __slots__ = ("_decode", "_task", "created")
 
     _task: Task | None
     _decode: Callable[[], Task] | None

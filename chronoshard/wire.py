@@ -69,13 +69,21 @@ def timestamp_to_pb(value: datetime) -> timestamp_pb2.Timestamp:
     rare naive value as local time before calling this. An aware value whose instant lies
     outside years 0001-9999 UTC raises protobuf's own error (OverflowError).
     """
+    message = timestamp_pb2.Timestamp()
+    write_timestamp(message, value)
+    return message
+
+
+def write_timestamp(target: timestamp_pb2.Timestamp, value: datetime) -> None:
+    """Set ``target`` (a Timestamp, often a field of a message being built) to ``value``,
+    as :func:`timestamp_to_pb` would make it: in place, so nothing is built and copied."""
     delta = value - (_NAIVE_UNIX_EPOCH if value.tzinfo is None else UNIX_EPOCH)
     seconds = delta.days * 86_400 + delta.seconds
     if not MIN_TIMESTAMP_SECONDS <= seconds <= MAX_TIMESTAMP_SECONDS:
-        out_of_range = timestamp_pb2.Timestamp()
-        out_of_range.FromDatetime(value)
-        return out_of_range
-    return timestamp_pb2.Timestamp(seconds=seconds, nanos=delta.microseconds * 1000)
+        target.FromDatetime(value)  # protobuf's own answer (or error) out of range
+        return
+    target.seconds = seconds
+    target.nanos = delta.microseconds * 1000
 
 
 def timestamp_from_pb(value: timestamp_pb2.Timestamp) -> datetime:
@@ -104,14 +112,20 @@ def duration_to_pb(seconds: float) -> duration_pb2.Duration:
     int64 nanoseconds protobuf's own ValueError; NaN and infinities raise as ``round``
     does. All of it property-tested in tests/unit/test_wire_codec.py.
     """
+    message = duration_pb2.Duration()
+    write_duration(message, seconds)
+    return message
+
+
+def write_duration(target: duration_pb2.Duration, seconds: float) -> None:
+    """Set ``target`` (a Duration, often a field of a message being built) to
+    ``seconds``, as :func:`duration_to_pb` would make it, in place."""
     whole = int(seconds)
     nanos = whole * _NANOS_PER_SECOND + round((seconds - whole) * _NANOS_PER_SECOND)
     if 0 <= nanos <= MAX_DURATION_SECONDS * _NANOS_PER_SECOND:
-        whole, fraction = divmod(nanos, _NANOS_PER_SECOND)
-        return duration_pb2.Duration(seconds=whole, nanos=fraction)
-    negative_or_huge = duration_pb2.Duration()
-    negative_or_huge.FromNanoseconds(nanos)  # protobuf's sign rule and int64 range
-    return negative_or_huge
+        target.seconds, target.nanos = divmod(nanos, _NANOS_PER_SECOND)
+        return
+    target.FromNanoseconds(nanos)  # protobuf's sign rule and int64 range
 
 
 def duration_seconds(value: duration_pb2.Duration) -> float:

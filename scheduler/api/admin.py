@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import binascii
 import json
-import unicodedata
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol, TypeAlias, TypeVar
 
@@ -83,7 +82,7 @@ def _name_filter(value: str, field: str) -> str | None:
         return None
     if len(value) > MAX_FILTER_CHARS:
         raise InvalidArgument(field, f"must be at most {MAX_FILTER_CHARS} characters")
-    if any(unicodedata.category(c) == "Cc" for c in value):
+    if convert.has_control_character(value):
         raise InvalidArgument(field, "must not contain control characters")
     return value
 

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import logging
 import math
-import unicodedata
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeAlias, TypeVar
 
@@ -72,7 +71,7 @@ def job_id_from_pb(value: str, field: str = "job_id") -> str:
         raise InvalidArgument(field, f"must be at most {MAX_KEY_LENGTH} characters")
     if not value.strip():
         raise InvalidArgument(field, "must not be blank")
-    if any(unicodedata.category(c) == "Cc" for c in value):
+    if convert.has_control_character(value):
         raise InvalidArgument(field, "must not contain control characters")
     return value
 

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import unicodedata
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
@@ -600,7 +599,7 @@ def _identifier(value: str, field: str) -> None:
     (a NUL would fail every later statement that writes it)."""
     if len(value) > MAX_NAME_CHARS:
         raise InvalidArgument(field, f"must be at most {MAX_NAME_CHARS} characters")
-    if any(unicodedata.category(c) == "Cc" for c in value):
+    if convert.has_control_character(value):
         raise InvalidArgument(field, "must not contain control characters")
 
 

@@ -7,6 +7,8 @@ wire became the only validator, and are asserted on the request that can break t
 from __future__ import annotations
 
 import dataclasses
+import sys
+import unicodedata
 import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
@@ -14,6 +16,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from google.protobuf import duration_pb2, timestamp_pb2
 
+from chronoshard.scheduler.api import convert
 from chronoshard.scheduler.api.task_requests import SubmitLimits, submit_from_pb
 from chronoshard.scheduler.config import SchedulerConfig
 from chronoshard.scheduler.core.ids import new_task_id
@@ -205,3 +208,12 @@ def test_what_the_wire_builds_needs_no_second_check() -> None:
         assert isinstance(new.id, uuid.UUID) and new.trace_context == trace
         assert (new.workflow_id, new.schedule_id, new.logical_date) == (None, None, None)
         assert (new.unresolved_dependencies, new.submitted_by) == (0, None)
+
+
+def test_control_characters_are_unicode_category_cc_exactly() -> None:
+    # Every code point, not a sample: the regular expression must agree with Unicode's
+    # own table (a NUL let through fails the statement that writes it later).
+    for code_point in range(sys.maxunicode + 1):
+        char = chr(code_point)
+        expected = unicodedata.category(char) == "Cc"
+        assert convert.has_control_character(f"ab{char}c") is expected, hex(code_point)
