@@ -7,7 +7,8 @@ the versions and the parameters, says which of issue 9's targets it met, and wit
 ``--json PATH`` writes the same as JSON. Defaults are the issue's sizes; see
 ``bench/README.md`` for what each workload measures and the numbers measured here.
 
-Workloads: submit-single, submit-handler (the SubmitTask handler in process),
+Workloads: submit-single, submit-floor (the same callers against a gRPC server that does
+nothing else), submit-handler (the SubmitTask handler in process),
 submit-batch, stampede N, steady RATE, wheel, idle, failover, heartbeats, schedules
 (10,000 recurring schedules, issue 15), workflows (what a DAG's tasks and edges cost,
 unlock latency; issue 16), and peers (Chronoshard against Celery and Procrastinate,
@@ -31,6 +32,7 @@ from bench._report import Report, Target, document, machine, render
 from bench._standalone import scratch
 
 Runner = Callable[[argparse.Namespace, Infrastructure], Report]
+"""A workload; one set ``needs_infra=False`` is called with None for the infrastructure."""
 WHEEL_BYTES_TARGET = 250
 # "O(1)": the cost per timer may grow with cache misses, not with log N or N.
 WHEEL_GROWTH_BOUND = 3.0
@@ -173,6 +175,15 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--clients", type=int, default=64)
     p.add_argument("--duration-s", type=float, default=10.0)
     p.set_defaults(run=lambda a, i: submit.submit_single(i, a.clients, a.duration_s))
+
+    p = sub.add_parser(
+        "submit-floor",
+        parents=[common],
+        help="submit-single's callers against a gRPC server that does nothing else",
+    )
+    p.add_argument("--clients", type=int, default=64)
+    p.add_argument("--duration-s", type=float, default=10.0)
+    p.set_defaults(run=lambda a, i: submit.submit_floor(a.clients, a.duration_s), needs_infra=False)
 
     p = sub.add_parser(
         "submit-handler", parents=[common], help="the SubmitTask handler in process, no gRPC"
@@ -322,8 +333,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         with infrastructure(args.dsn, args.etcd) as infra:
             report = run(args, infra)
             report.machine = machine(infra.server.admin_dsn)
-    else:
-        report = _wheel(args, None)
+    else:  # the workload starts no database or etcd, and is given none
+        report = args.run(args, None)
         report.machine = machine()
     report.command = shlex.join(["python", "-m", "bench", *args_list])
     print(render(report))

@@ -19,8 +19,12 @@ from __future__ import annotations
 
 import asyncio
 import os
+import subprocess
+import sys
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import NamedTuple
 
 import psycopg
@@ -29,6 +33,7 @@ import uvloop
 from bench._cluster import Infrastructure, Node, cpu_by_pid, node, postgres_pids, process_cpu_s
 from bench._report import Report, Target, ms, percentile
 from chronoshard import Client, SubmitResult, TaskSpec
+from chronoshard._dev.processes import free_ports
 
 FAR_OUT = timedelta(hours=2)
 WARMUP_S = 1.0
@@ -64,10 +69,10 @@ def _task_count(dsn: str) -> int:
 
 
 async def _single_clients(
-    n: Node, clients: int, duration_s: float
+    address: str, api_key: str, clients: int, duration_s: float, cpu_now: Callable[[], Cpu]
 ) -> tuple[int, list[float], float, Cpu]:
     """(acknowledged, latencies of the measured window, window seconds, CPU s used)."""
-    channels = [Client(n.address, api_key=n.api_key, max_in_flight=clients) for _ in range(4)]
+    channels = [Client(address, api_key=api_key, max_in_flight=clients) for _ in range(4)]
     latencies: list[float] = []
     acked = 0
     measuring = False
@@ -90,9 +95,9 @@ async def _single_clients(
             asyncio.create_task(one_client(channels[i % len(channels)], i)) for i in range(clients)
         ]
         await asyncio.sleep(WARMUP_S)
-        measuring, cpu0, t0 = True, _cpu(n), time.perf_counter()
+        measuring, cpu0, t0 = True, cpu_now(), time.perf_counter()
         await asyncio.sleep(duration_s)
-        measuring, elapsed, cpu = False, time.perf_counter() - t0, _cpu(n) - cpu0
+        measuring, elapsed, cpu = False, time.perf_counter() - t0, cpu_now() - cpu0
         stop = True
         await asyncio.gather(*runners)
     finally:
@@ -108,7 +113,9 @@ def _cpu_cell(cpu: Cpu, elapsed: float) -> str:
 
 def submit_single(infra: Infrastructure, clients: int, duration_s: float) -> Report:
     with node(infra, "submit_single") as n:
-        acked, latencies, elapsed, cpu = uvloop.run(_single_clients(n, clients, duration_s))
+        acked, latencies, elapsed, cpu = uvloop.run(
+            _single_clients(n.address, n.api_key, clients, duration_s, lambda: _cpu(n))
+        )
         stored = _task_count(n.dsn)
     tps = acked / elapsed
     p99 = percentile(latencies, 99)
@@ -134,6 +141,57 @@ def submit_single(infra: Infrastructure, clients: int, duration_s: float) -> Rep
         notes=[
             f"{stored:,} tasks stored (acknowledged in the window plus warm-up and tail: "
             "every acknowledged task is a committed row)."
+        ],
+    )
+
+
+def submit_floor(clients: int, duration_s: float) -> Report:
+    """``submit-single``'s clients against ``bench._floor_server``: SubmitTask over gRPC
+    with nothing behind it (that module's docstring), the same rows as ``submit-single``
+    (the PostgreSQL column is 0: there is none)."""
+    port = free_ports(1)[0]
+    server = subprocess.Popen(
+        [sys.executable, "-m", "bench._floor_server", str(port)],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=Path(__file__).resolve().parent.parent,
+    )
+    try:
+        assert server.stdout is not None
+        if server.stdout.readline().strip() != "serving":
+            raise RuntimeError(f"the floor server did not start (exit code {server.poll()})")
+
+        def cpu_now() -> Cpu:
+            return Cpu(process_cpu_s(server.pid), process_cpu_s(os.getpid()), 0.0)
+
+        acked, latencies, elapsed, cpu = uvloop.run(
+            _single_clients(f"127.0.0.1:{port}", "floor", clients, duration_s, cpu_now)
+        )
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+    row = {
+        "clients": clients,
+        "answered": acked,
+        "calls/s": acked / elapsed,
+        "call p50": ms(percentile(latencies, 50)),
+        "call p99": ms(percentile(latencies, 99)),
+        "call max": ms(max(latencies, default=float("nan"))),
+        "server CPU ms per call": f"{1000 * cpu.scheduler / max(acked, 1):.3f}",
+        "CPU % server / client": _cpu_cell(Cpu(cpu.scheduler, cpu.client, 0.0), elapsed).rsplit(
+            " / ", 1
+        )[0],
+    }
+    return Report(
+        workload="submit-floor",
+        command="",
+        parameters={"clients": clients, "duration_s": duration_s, "warmup_s": WARMUP_S},
+        columns=list(row),
+        rows=[row],
+        targets=[],
+        notes=[
+            "SubmitTask answered by a grpc.aio server that does nothing else "
+            "(bench/_floor_server.py): the gRPC hop alone, on this machine."
         ],
     )
 
