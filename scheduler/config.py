@@ -39,6 +39,7 @@ DEFAULT_LOOKAHEAD_S = 3600.0
 DEFAULT_TASK_LEASE_S = 30.0
 DEFAULT_HEARTBEAT_INTERVAL_S = 5.0
 DEFAULT_LEAD_DISPATCH_S = 0.1
+DEFAULT_DISPATCH_GATHER_S = 0.02
 DEFAULT_RECONCILE_INTERVAL_S = 5.0
 DEFAULT_RETENTION_DAYS = 30
 DEFAULT_MAINTENANCE_INTERVAL_S = 3600.0
@@ -214,6 +215,9 @@ class SchedulingConfig:
     wheel_tick_s: float = 0.01
     wheel_slots: int = 512
     lead_dispatch_s: float = DEFAULT_LEAD_DISPATCH_S
+    # Timers fire a window at a time (core/rounds.py, Gathering): a task is dispatched
+    # between lead_dispatch_s and lead_dispatch_s + dispatch_gather_s before it is due.
+    dispatch_gather_s: float = DEFAULT_DISPATCH_GATHER_S
     dispatch_batch_max: int = 1000
     jitter_window_s: float = DEFAULT_JITTER_WINDOW_S
 
@@ -230,6 +234,7 @@ class SchedulingConfig:
             "must be a power of two",
         )
         require(0 <= self.lead_dispatch_s <= 5, "scheduling.lead_dispatch_s", "between 0 and 5")
+        require(0 <= self.dispatch_gather_s <= 1, "scheduling.dispatch_gather_s", "between 0 and 1")
         require(self.dispatch_batch_max >= 1, "scheduling.dispatch_batch_max", "at least 1")
         require(self.jitter_window_s >= 0, "scheduling.jitter_window_s", "must not be negative")
 

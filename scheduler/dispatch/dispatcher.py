@@ -144,6 +144,7 @@ class Dispatcher:
         self._shards = shards
         scheduling = config.scheduling
         self._lead_s = scheduling.lead_dispatch_s
+        self._gathering = rounds.Gathering(scheduling.dispatch_gather_s)
         self._batch_max = scheduling.dispatch_batch_max
         # Keyed by the id's int (TimerTask.id_int), holding the timer packed into one int
         # (TimerTask.pack): a UUID object per timer was ~100 bytes, a TimerTask 112.
@@ -333,7 +334,7 @@ class Dispatcher:
                 if failed:
                     raise failed[0]
                 now = self._clock.monotonic()
-                for entry in self._wheel.advance(now):
+                for entry in self._wheel.advance(self._gathering.horizon(now)):
                     self._push_ready(TimerTask.unpack(entry.key, entry.item), now)
                 if len(running) < ROUNDS_IN_FLIGHT and self._shards.dispatch_allowed():
                     round_ = self._choose_round(now)
@@ -373,7 +374,10 @@ class Dispatcher:
         5,000/s)."""
         if self._wake.is_set():
             return
-        candidates = (self._wheel.next_deadline(), self._ready.next_eligible_at(now))
+        candidates = (
+            self._gathering.wake_at(self._wheel.next_deadline()),
+            self._ready.next_eligible_at(now),
+        )
         wake_at = [t for t in candidates if t is not None]
         alarm = None
         if wake_at:

@@ -55,7 +55,7 @@ from chronoshard.v1 import admin_service_pb2, admin_service_pb2_grpc
 
 E2E_DIR = Path(__file__).resolve().parent
 SHARDS = 16
-LEAD_S = 0.1  # scheduling.lead_dispatch_s, the default
+LEAD_S = 0.1 + 0.02  # scheduling.lead_dispatch_s + dispatch_gather_s, the defaults
 MAX_OFFSET_S = 1.0  # clock.max_offset_s, the default
 WORKER_AHEAD_S = 30
 # The offset is checked every 0.2 s against the last reading (cluster/clock.py): the skew

@@ -4,15 +4,18 @@ write is chosen again only when it was read back as unwritten."""
 
 from __future__ import annotations
 
+import itertools
 import uuid
 from dataclasses import dataclass
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from chronoshard.scheduler.core import rounds
 from chronoshard.scheduler.core.fairness import ReadyQueues, ReadyTask, TenantLimits, WorkerOffer
 from chronoshard.scheduler.core.models import Priority
+from chronoshard.scheduler.core.timing_wheel import TimingWheel
 
 NOW = 1000.0
 
@@ -258,3 +261,101 @@ def test_workers_with_equal_credits_share_tasks_within_one(
             got[s.name] += 1
     assert max(got.values()) - min(got.values()) <= 1
     assert sum(got.values()) == sum(min(w, sessions_n * slots) for w in per_round)
+
+
+# --- Gathering: when the wheel's timers fire -------------------------------------------
+
+EPSILON = 1e-9
+
+
+def _drive(
+    deadlines: list[float], window_s: float, other_wakes: list[float]
+) -> tuple[dict[int, float], list[float]]:
+    """The dispatcher's loop over a real wheel: at each wake-up, advance the wheel to the
+    gathering's horizon, then sleep until the gathering's wake time or another wake-up
+    (credits, a new round), whichever is first. When each timer fired, and the times at
+    which any fired."""
+    wheel: TimingWheel[int, int] = TimingWheel(0.0, tick_s=0.01, slots=8)
+    for key, deadline in enumerate(deadlines):
+        wheel.add(key, deadline, key)
+    gathering = rounds.Gathering(window_s)
+    fired_at: dict[int, float] = {}
+    firings: list[float] = []
+    now = 0.0
+    pending_wakes = sorted(other_wakes)
+    while len(fired_at) < len(deadlines):
+        fired = wheel.advance(gathering.horizon(now))
+        if fired:
+            firings.append(now)
+        for entry in fired:
+            fired_at[entry.key] = now
+        if len(fired_at) == len(deadlines):
+            break
+        candidates = [w for w in pending_wakes if w > now]
+        wake = gathering.wake_at(wheel.next_deadline())
+        if wake is not None:
+            candidates.append(wake)
+        now = max(now, min(candidates))
+    return fired_at, firings
+
+
+_times = st.floats(min_value=0.0, max_value=5.0, allow_nan=False)
+
+
+@given(
+    deadlines=st.lists(_times, min_size=1, max_size=60),
+    window_s=st.sampled_from([0.0, 0.001, 0.02, 0.05, 0.3]),
+    other_wakes=st.lists(_times, max_size=30),
+)
+def test_a_timer_fires_within_the_window_before_its_deadline(
+    deadlines: list[float], window_s: float, other_wakes: list[float]
+) -> None:
+    fired_at, _ = _drive(deadlines, window_s, other_wakes)
+    for key, deadline in enumerate(deadlines):
+        assert deadline - window_s - EPSILON <= fired_at[key] <= deadline + EPSILON
+
+
+@given(
+    deadlines=st.lists(_times, min_size=1, max_size=60),
+    window_s=st.sampled_from([0.001, 0.02, 0.05, 0.3]),
+    other_wakes=st.lists(_times, max_size=30),
+)
+def test_timers_fire_at_most_once_per_window(
+    deadlines: list[float], window_s: float, other_wakes: list[float]
+) -> None:
+    # However the deadlines spread and whatever else wakes the loop: at most one round
+    # a window starts from the wheel.
+    _, firings = _drive(deadlines, window_s, other_wakes)
+    assert all(b - a >= window_s - EPSILON for a, b in itertools.pairwise(firings))
+
+
+@given(
+    deadlines=st.lists(_times, min_size=1, max_size=60),
+    other_wakes=st.lists(_times, max_size=30),
+)
+def test_without_a_window_each_timer_fires_at_its_deadline(
+    deadlines: list[float], other_wakes: list[float]
+) -> None:
+    fired_at, _ = _drive(deadlines, 0.0, other_wakes)
+    assert [fired_at[key] for key in range(len(deadlines))] == deadlines
+
+
+def test_a_steady_trickle_is_gathered_into_rounds() -> None:
+    # 200 timers 5 ms apart (a steady 200/s): one firing per 20 ms window, four timers
+    # each (the first window opens 20 ms before the first deadline and holds it alone).
+    deadlines = [1.0 + i * 0.005 for i in range(200)]
+    _, firings = _drive(deadlines, 0.02, [])
+    assert len(firings) == 51
+    _, alone = _drive(deadlines, 0.0, [])
+    assert len(alone) == 200
+
+
+def test_a_timer_added_inside_the_window_fires_at_once() -> None:
+    gathering = rounds.Gathering(0.02)
+    assert gathering.horizon(10.0) == pytest.approx(10.02)
+    # A wake-up 5 ms later (a new timer due in 10 ms): the same window, which holds it.
+    assert gathering.horizon(10.005) == pytest.approx(10.02)
+    # A timer already due fires whatever the window.
+    assert gathering.horizon(10.03) >= 10.03
+    with pytest.raises(ValueError, match="window_s"):
+        rounds.Gathering(-0.01)
