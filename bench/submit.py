@@ -150,26 +150,26 @@ def submit_floor(clients: int, duration_s: float) -> Report:
     with nothing behind it (that module's docstring), the same rows as ``submit-single``
     (the PostgreSQL column is 0: there is none)."""
     port = free_ports(1)[0]
-    server = subprocess.Popen(
+    with subprocess.Popen(
         [sys.executable, "-m", "bench._floor_server", str(port)],
         stdout=subprocess.PIPE,
         text=True,
         cwd=Path(__file__).resolve().parent.parent,
-    )
-    try:
-        assert server.stdout is not None
-        if server.stdout.readline().strip() != "serving":
-            raise RuntimeError(f"the floor server did not start (exit code {server.poll()})")
+    ) as server:
+        try:
+            assert server.stdout is not None
+            if server.stdout.readline().strip() != "serving":
+                raise RuntimeError(f"the floor server did not start (exit code {server.poll()})")
 
-        def cpu_now() -> Cpu:
-            return Cpu(process_cpu_s(server.pid), process_cpu_s(os.getpid()), 0.0)
+            def cpu_now() -> Cpu:
+                return Cpu(process_cpu_s(server.pid), process_cpu_s(os.getpid()), 0.0)
 
-        acked, latencies, elapsed, cpu = uvloop.run(
-            _single_clients(f"127.0.0.1:{port}", "floor", clients, duration_s, cpu_now)
-        )
-    finally:
-        server.terminate()
-        server.wait(timeout=10)
+            acked, latencies, elapsed, cpu = uvloop.run(
+                _single_clients(f"127.0.0.1:{port}", "floor", clients, duration_s, cpu_now)
+            )
+        finally:
+            server.terminate()
+            server.wait(timeout=10)
     row = {
         "clients": clients,
         "answered": acked,

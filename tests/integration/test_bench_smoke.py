@@ -119,6 +119,19 @@ def test_wheel_reuses_bench_wheel(
     assert report["targets"][0]["target"] == "wheel ≤ 250 bytes per pending timer"
 
 
+def test_submit_floor_answers_every_caller(
+    bench_main: ModuleType, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # No database and no etcd: the floor is the gRPC hop alone.
+    out = tmp_path / "floor.json"
+    argv = ["submit-floor", "--clients", "4", "--duration-s", "1", "--json", str(out)]
+    assert bench_main.main(argv) == 0
+    [row] = json.loads(out.read_text())["rows"]
+    assert row["clients"] == 4
+    assert row["answered"] > 0
+    assert float(row["server CPU ms per call"]) > 0
+
+
 def test_failover_reuses_bench_failover(
     bench_main: ModuleType,
     postgres_server: PostgresServer,
