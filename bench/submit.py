@@ -22,7 +22,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import NamedTuple
@@ -106,9 +106,17 @@ async def _single_clients(
     return acked, latencies, elapsed, cpu
 
 
-def _cpu_cell(cpu: Cpu, elapsed: float) -> str:
+def _cpu_cell(cpu: Iterable[float], elapsed: float) -> str:
     """Each as a percentage of one core over the window."""
     return " / ".join(f"{100 * c / elapsed:.0f}" for c in cpu)
+
+
+def _latency_cells(what: str, latencies: list[float]) -> dict[str, str]:
+    return {
+        f"{what} p50": ms(percentile(latencies, 50)),
+        f"{what} p99": ms(percentile(latencies, 99)),
+        f"{what} max": ms(max(latencies, default=float("nan"))),
+    }
 
 
 def submit_single(infra: Infrastructure, clients: int, duration_s: float) -> Report:
@@ -123,9 +131,7 @@ def submit_single(infra: Infrastructure, clients: int, duration_s: float) -> Rep
         "clients": clients,
         "acknowledged": acked,
         "tasks/s": tps,
-        "ack p50": ms(percentile(latencies, 50)),
-        "ack p99": ms(p99),
-        "ack max": ms(max(latencies, default=float("nan"))),
+        **_latency_cells("ack", latencies),
         "CPU % sched / client / PG": _cpu_cell(cpu, elapsed),
     }
     return Report(
@@ -174,13 +180,9 @@ def submit_floor(clients: int, duration_s: float) -> Report:
         "clients": clients,
         "answered": acked,
         "calls/s": acked / elapsed,
-        "call p50": ms(percentile(latencies, 50)),
-        "call p99": ms(percentile(latencies, 99)),
-        "call max": ms(max(latencies, default=float("nan"))),
+        **_latency_cells("call", latencies),
         "server CPU ms per call": f"{1000 * cpu.scheduler / max(acked, 1):.3f}",
-        "CPU % server / client": _cpu_cell(Cpu(cpu.scheduler, cpu.client, 0.0), elapsed).rsplit(
-            " / ", 1
-        )[0],
+        "CPU % server / client": _cpu_cell((cpu.scheduler, cpu.client), elapsed),
     }
     return Report(
         workload="submit-floor",
