@@ -46,6 +46,7 @@ from chronoshard.types import (
     Priority,
     Resolution,
     RetryPolicy,
+    SubmitResult,
     Task,
     TaskAttempt,
     TaskSpec,
@@ -631,3 +632,21 @@ def test_an_incident_comes_back_as_the_server_sent_it() -> None:
     message.job_id = ""
     again = convert.incident_from_pb(message)
     assert again.resolved_at == opened + timedelta(hours=1) and again.job_id is None
+
+
+def test_a_submit_result_decodes_its_task_once_when_first_read() -> None:
+    decoded: list[Task] = []
+    task = convert.task_from_pb(full_task_pb())
+
+    def decode() -> Task:
+        decoded.append(task)
+        return task
+
+    result = SubmitResult.decoded_later(decode, created=True)
+    assert decoded == [] and result.created is True
+    assert result.task is task and result.task is task
+    assert decoded == [task]
+    assert result == SubmitResult(task, created=True)
+    assert result != SubmitResult(task, created=False)
+    with pytest.raises(AttributeError, match="immutable"):
+        result.created = False  # type: ignore[misc]
