@@ -289,6 +289,8 @@ class SubmitResult:
         return (self.task, self.created) == (other.task, other.created)
 
     def __hash__(self) -> int:
+        # In-process only (sets and dicts of results), as the frozen dataclass this
+        # replaced hashed: nothing routes or jitters by it (those use blake2b).
         return hash((self.task, self.created))
 
     def __repr__(self) -> str:

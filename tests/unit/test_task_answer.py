@@ -27,7 +27,9 @@ _seconds = st.floats(min_value=0, max_value=10**6, allow_nan=False)
 
 @st.composite
 def tasks(draw: st.DrawFn) -> Task:
-    maybe: Any = lambda strategy: draw(st.none() | strategy)  # noqa: E731
+    def maybe(strategy: st.SearchStrategy[Any]) -> Any:
+        return draw(st.none() | strategy)
+
     return Task(
         id=draw(st.uuids()),
         tenant_id=draw(st.uuids()),
