@@ -416,16 +416,19 @@ class Store:
         """A transaction whose statements do not wait for each other (psycopg's pipeline
         mode), committed when the block exits cleanly.
 
-        ``execute`` only queues a statement; reading a result (``fetch*``) sends
-        everything queued so far and waits for that result, so one round trip carries
-        every statement queued since the last read. ``BEGIN`` goes with the first of
-        them and ``COMMIT`` with the last, at the exit: a block that reads its results
-        once costs two round trips, where :meth:`transaction` costs one per statement
-        plus two. Under load a round trip, not the statement, is what a node waits for:
-        the event loop is busy with other work when the answer comes (issue 14: the
-        dispatch round spent ~0.8 ms per round trip, seven of them, at ~0.05 ms of
-        statement time each). A statement's ``rowcount`` is known only once its result
-        was read; COPY cannot run in it.
+        ``execute`` sends a statement without waiting for its result; reading a result
+        (``fetch*``) waits for it, so one round trip carries every statement executed
+        since the last read. ``BEGIN`` goes with the first of them and ``COMMIT`` with
+        the last, at the exit: a block that reads its results once costs two round
+        trips, where :meth:`transaction` costs one per statement plus two. Under load a
+        round trip, not the statement, is what a node waits for: the event loop is busy
+        with other work when the answer comes (issue 14: the dispatch round spent ~0.8 ms
+        per round trip, seven of them, at ~0.05 ms of statement time each). A statement
+        still costs the node's CPU on its own, round trip or not: psycopg writes each to
+        the socket as it is executed and turns the event loop twice for it, ~0.06 ms
+        per statement on the 2-core machine of bench/README.md (2026-12-07, second
+        sitting), so a hot block keeps its statements few. A statement's ``rowcount``
+        is known only once its result was read; COPY cannot run in it.
 
         A block that has queued its last statement may queue the COMMIT itself
         (:meth:`queue_commit`) before it reads their results: the reads then share the

@@ -23,6 +23,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Self
 
+from harness.processes import run_lifeline
+
 TESTS_DIR = Path(__file__).resolve().parent.parent
 CONTROL_TIMEOUT_S = 60.0
 """Bound on one answer: an initdb, a base backup and two starts on a busy machine."""
@@ -57,6 +59,7 @@ class Controller:
                 stderr=log,
                 text=True,
                 start_new_session=True,
+                preexec_fn=run_lifeline().tie(self._what),
             )
         word, _, rest = self._answer().partition(" ")
         if word != "ready":

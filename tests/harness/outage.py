@@ -19,6 +19,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from harness.controller import Controller, answer_commands
+from harness.processes import run_lifeline
 
 SCHEDULER_DATABASE = "chronoshard"
 
@@ -65,7 +66,8 @@ def _serve() -> None:
     # Imported here: the client half above must not pull the server code into the test.
     from chronoshard.services import PostgresServer
 
-    with PostgresServer(fsync=False) as server:
+    # Tied to the controller's own lifeline: a controller that dies takes it along.
+    with PostgresServer(fsync=False, lifeline=run_lifeline()) as server:
         print(f"ready {server.port}", flush=True)
         answer_commands({"stop": server.stop_immediately, "start": server.start})
 

@@ -4,14 +4,22 @@ Each process is a child in its own process group with its output in a log file (
 when a test fails). ``kill`` is SIGKILL, ``pause``/``resume`` are SIGSTOP/SIGCONT, and
 ``stop`` is a graceful SIGTERM with a bound. Everything started is ended by
 :meth:`ProcessGroup.close`, and the pids are kept so tests can check nothing survived.
+
+A test run that does not get to its teardown (pytest SIGTERMed or SIGKILLed, a CI
+timeout) must not leave nodes, workers, etcd or PostgreSQL running behind it: they would
+hold ports and cores through the next run. So every process the tests start is tied to
+:func:`run_lifeline`, the ``chronoshard dev`` launcher's lifeline
+(:mod:`chronoshard._dev.lifeline`) for this pytest process.
 """
 
 from __future__ import annotations
 
+import atexit
 import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -20,10 +28,36 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from chronoshard._dev.lifeline import Lifeline
 from chronoshard._dev.processes import free_ports
 
 READY_TIMEOUT_S = 60.0
 DEFAULT_SHARD_COUNT = 16
+LIFELINE_GRACE_S = 5.0
+"""How long the keeper gives a stage of a dead run's processes to stop before SIGKILL."""
+
+_run_lifeline: Lifeline | None = None
+
+
+def run_lifeline() -> Lifeline:
+    """This pytest process's lifeline, started on first use: the processes tied to it
+    (``preexec_fn=run_lifeline().tie(name)``) are stopped by its keeper when this process
+    exits, however it exits. After a clean run everything is already stopped and the
+    keeper ends without a word; its log is deleted then. After a killed run the log
+    (``$TMPDIR/chronoshard-test-lifeline-PID.log``) stays and names what it stopped."""
+    global _run_lifeline
+    if _run_lifeline is None:
+        log_path = Path(tempfile.gettempdir()) / f"chronoshard-test-lifeline-{os.getpid()}.log"
+        lifeline = Lifeline(log_path, LIFELINE_GRACE_S)
+        lifeline.start()
+        _run_lifeline = lifeline
+
+        def close() -> None:
+            lifeline.close()
+            log_path.unlink(missing_ok=True)
+
+        atexit.register(close)
+    return _run_lifeline
 
 
 @dataclass
@@ -46,6 +80,7 @@ class ManagedProcess:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
+                preexec_fn=run_lifeline().tie(self.name),
             )
 
     @property

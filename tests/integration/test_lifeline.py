@@ -5,8 +5,10 @@ deletes the scratch paths. Here the "launcher" is this test, which closes its en
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -80,3 +82,43 @@ def test_after_a_clean_stop_the_keeper_says_nothing(tmp_path: Path) -> None:
     lifeline.close()
     assert lifeline.exited() == 0
     assert (tmp_path / "lifeline.log").read_text() == ""
+
+
+# A stand-in for a test run: it starts a process through the harness, as an end-to-end
+# test does, says its pid and waits to be killed.
+_RUN = """
+import sys, time
+from pathlib import Path
+from harness.processes import ManagedProcess
+
+child = ManagedProcess("node", ["sleep", "300"], {}, Path(sys.argv[1]))
+child.start()
+print(child.pid, flush=True)
+time.sleep(300)
+"""
+
+
+def test_a_killed_test_run_leaves_no_process_it_started(tmp_path: Path) -> None:
+    """The harness ties what it starts to the run's lifeline (harness.processes): a run
+    killed before its teardown (pytest SIGKILLed, a CI timeout) takes them along."""
+    tests_dir = Path(__file__).resolve().parent.parent
+    with subprocess.Popen(
+        [sys.executable, "-c", _RUN, str(tmp_path / "node.log")],
+        cwd=tmp_path,
+        # TMPDIR: the run's lifeline log (which names what its keeper stopped) stays here.
+        env={**os.environ, "PYTHONPATH": str(tests_dir), "TMPDIR": str(tmp_path)},
+        stdout=subprocess.PIPE,
+        start_new_session=True,
+    ) as run:
+        try:
+            assert run.stdout is not None
+            child = int(run.stdout.readline())
+            assert _group_members(child) == [child]
+        finally:
+            run.kill()
+    started = time.monotonic()
+    while _group_members(child):
+        assert time.monotonic() - started < BOUND_S, f"pid {child} outlived its test run"
+        time.sleep(0.02)
+    (log,) = tmp_path.glob("chronoshard-test-lifeline-*.log")
+    assert f"node ({child})" in log.read_text()
