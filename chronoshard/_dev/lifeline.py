@@ -205,6 +205,20 @@ class Lifeline:
 
         return register
 
+    def register(
+        self, pid: int, name: str, stop_signal: int = signal.SIGTERM, stage: str = ""
+    ) -> None:
+        """Register a child that is already running, from the launcher's side: for a
+        launcher where :meth:`tie` is unsafe. A ``preexec_fn`` makes CPython run the
+        process's at-fork handlers, and gRPC's wait forever in a process with live gRPC
+        calls (the test suite's: a worker's start hung there). Unlike :meth:`tie`, a
+        launcher killed between the child's start and this call leaves it unregistered."""
+        ticks = start_ticks(pid)
+        self._send(
+            f"{_PROCESS}\t{pid}\t{_NO_TICKS if ticks is None else ticks}"
+            f"\t{int(stop_signal)}\t{_field(stage or name)}\t{_field(name)}\n"
+        )
+
     def remove_on_exit(self, path: Path) -> None:
         """Have the keeper delete ``path`` (a scratch directory) if the launcher dies."""
         self._send(f"{_PATH}\t{_field(str(path))}\n")

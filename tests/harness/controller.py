@@ -59,8 +59,8 @@ class Controller:
                 stderr=log,
                 text=True,
                 start_new_session=True,
-                preexec_fn=run_lifeline().tie(self._what),
             )
+        run_lifeline().register(self._proc.pid, self._what)
         word, _, rest = self._answer().partition(" ")
         if word != "ready":
             raise RuntimeError(

@@ -19,7 +19,6 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from harness.controller import Controller, answer_commands
-from harness.processes import run_lifeline
 
 SCHEDULER_DATABASE = "chronoshard"
 
@@ -66,8 +65,7 @@ def _serve() -> None:
     # Imported here: the client half above must not pull the server code into the test.
     from chronoshard.services import PostgresServer
 
-    # Tied to the controller's own lifeline: a controller that dies takes it along.
-    with PostgresServer(fsync=False, lifeline=run_lifeline()) as server:
+    with PostgresServer(fsync=False) as server:
         print(f"ready {server.port}", flush=True)
         answer_commands({"stop": server.stop_immediately, "start": server.start})
 

@@ -6,10 +6,10 @@ when a test fails). ``kill`` is SIGKILL, ``pause``/``resume`` are SIGSTOP/SIGCON
 :meth:`ProcessGroup.close`, and the pids are kept so tests can check nothing survived.
 
 A test run that does not get to its teardown (pytest SIGTERMed or SIGKILLed, a CI
-timeout) must not leave nodes, workers, etcd or PostgreSQL running behind it: they would
-hold ports and cores through the next run. So every process the tests start is tied to
-:func:`run_lifeline`, the ``chronoshard dev`` launcher's lifeline
-(:mod:`chronoshard._dev.lifeline`) for this pytest process.
+timeout) must not leave nodes and workers running behind it: they would hold ports and
+cores through the next run. So every process started here (and every controller of
+:mod:`harness.controller`) is registered with :func:`run_lifeline`, the ``chronoshard
+dev`` launcher's lifeline (:mod:`chronoshard._dev.lifeline`) for this pytest process.
 """
 
 from __future__ import annotations
@@ -40,11 +40,13 @@ _run_lifeline: Lifeline | None = None
 
 
 def run_lifeline() -> Lifeline:
-    """This pytest process's lifeline, started on first use: the processes tied to it
-    (``preexec_fn=run_lifeline().tie(name)``) are stopped by its keeper when this process
-    exits, however it exits. After a clean run everything is already stopped and the
-    keeper ends without a word; its log is deleted then. After a killed run the log
-    (``$TMPDIR/chronoshard-test-lifeline-PID.log``) stays and names what it stopped."""
+    """This pytest process's lifeline, started on first use: the processes registered
+    with it (``run_lifeline().register(pid, name)`` right after their start; not
+    ``tie``, whose ``preexec_fn`` deadlocks in gRPC's at-fork handlers here) are stopped
+    by its keeper when this process exits, however it exits. After a clean run
+    everything is already stopped and the keeper ends without a word; its log is deleted
+    then. After a killed run the log (``$TMPDIR/chronoshard-test-lifeline-PID.log``)
+    stays and names what it stopped."""
     global _run_lifeline
     if _run_lifeline is None:
         log_path = Path(tempfile.gettempdir()) / f"chronoshard-test-lifeline-{os.getpid()}.log"
@@ -80,8 +82,8 @@ class ManagedProcess:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
-                preexec_fn=run_lifeline().tie(self.name),
             )
+        run_lifeline().register(self.proc.pid, self.name)
 
     @property
     def pid(self) -> int:

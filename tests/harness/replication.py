@@ -46,7 +46,6 @@ from typing import Any
 import psycopg
 
 from harness.controller import CONTROL_TIMEOUT_S, Controller, answer_commands
-from harness.processes import run_lifeline
 
 CONNECT_TIMEOUT_S = 5
 POLL_INTERVAL_S = 0.05
@@ -304,12 +303,7 @@ def _serve(bin_dir: Path) -> None:
         try:
             started = time.monotonic()
             primary = stack.enter_context(
-                PostgresServer(
-                    fsync=False,
-                    bin_dir=bin_dir,
-                    settings=REPLICATION_SETTINGS,
-                    lifeline=run_lifeline(),
-                )
+                PostgresServer(fsync=False, bin_dir=bin_dir, settings=REPLICATION_SETTINGS)
             )
             _check_replication_trusted(primary.admin_dsn)
             print(f"primary up in {time.monotonic() - started:.3f} s", file=sys.stderr)
@@ -323,7 +317,6 @@ def _serve(bin_dir: Path) -> None:
                     bin_dir=bin_dir,
                     settings=REPLICATION_SETTINGS,
                     standby_of=source,
-                    lifeline=run_lifeline(),
                 )
             )
         except Exception as exc:
