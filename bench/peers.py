@@ -88,6 +88,7 @@ SYSTEMS = ("chronoshard", "celery", "procrastinate")
 WORKLOADS = ("stampede", "submit", "submit-batch", "steady")
 DEFAULT_TASKS = {"stampede": 10_000, "submit": 2_000, "submit-batch": 20_000}
 KINDS = ("producer", "node", "postgres", "workers", "broker")
+WAL_FLUSHES = "WAL flushes per 1,000 tasks"
 
 WORKER_PROCESSES = 2
 CHRONOSHARD_SLOTS = 10
@@ -536,6 +537,37 @@ def _cpu_values(cpu: Cpu, tasks: int) -> dict[str, Any]:
     }
 
 
+class WalFlushes:
+    """PostgreSQL's WAL flushes between :meth:`start` and :meth:`stop`
+    (``pg_stat_wal.wal_sync``, the whole server). With synchronous_commit on, a durable
+    commit waits for one (commits that overlap share it), so per task they show how many
+    tasks a system's commits carry: what its costs per commit are divided by. None where
+    the server has no ``pg_stat_wal`` (PostgreSQL before 14)."""
+
+    def __init__(self, admin_dsn: str) -> None:
+        self._admin_dsn = admin_dsn
+        self._before: int | None = None
+        self.used: int | None = None
+
+    def _read(self) -> int | None:
+        try:
+            with psycopg.connect(self._admin_dsn, autocommit=True) as conn:
+                row = conn.execute("SELECT wal_sync FROM pg_stat_wal").fetchone()
+        except psycopg.Error:
+            return None
+        return None if row is None else int(row[0])
+
+    def start(self) -> None:
+        self._before = self._read()
+
+    def stop(self) -> None:
+        after = self._read()
+        self.used = None if self._before is None or after is None else after - self._before
+
+    def per_1000(self, tasks: int) -> float:
+        return math.nan if self.used is None else self.used / max(tasks, 1) * 1000
+
+
 def _chunks(items: Sequence[tuple[int, datetime]]) -> list[Sequence[tuple[int, datetime]]]:
     return [items[i : i + BATCH] for i in range(0, len(items), BATCH)]
 
@@ -547,7 +579,9 @@ async def _wait_started(stamps_dir: Path, total: int, deadline: float) -> None:
         await asyncio.sleep(0.1)
 
 
-async def _timed(system: System, stamps_dir: Path, dues: list[datetime], o: Options) -> RunResult:
+async def _timed(
+    system: System, stamps_dir: Path, dues: list[datetime], o: Options, wal: WalFlushes
+) -> RunResult:
     """Submit tasks due at ``dues`` (batches of 1,000) while the workers run, let them
     fall due, and measure each handler's start against its own instant."""
     await system.start_workers()
@@ -565,6 +599,7 @@ async def _timed(system: System, stamps_dir: Path, dues: list[datetime], o: Opti
     await asyncio.sleep(max(0.0, (first - datetime.now(UTC)).total_seconds()))
     cpu = Cpu(system)
     cpu.start()
+    wal.start()
     deadline = time.monotonic() + (max(dues) - first).total_seconds() + o.timeout_s
     await _wait_started(stamps_dir, len(dues), deadline)
     completed, last_completion_s = system.completion(first)
@@ -574,6 +609,7 @@ async def _timed(system: System, stamps_dir: Path, dues: list[datetime], o: Opti
         await asyncio.sleep(0.1)
         completed, last_completion_s = system.completion(first)
     cpu.stop()
+    wal.stop()
     found = [(k, us) for k, us in stamps.read(stamps_dir) if k >= 0]
     counts = Counter(k for k, _ in found)
     first_us = {k: us for k, us in sorted(found, key=lambda f: -f[1])}  # earliest wins
@@ -602,6 +638,7 @@ async def _timed(system: System, stamps_dir: Path, dues: list[datetime], o: Opti
             "doubled": doubled,
             "submit s": submit_s,
             **_cpu_values(cpu, len(first_us)),
+            WAL_FLUSHES: wal.per_1000(len(first_us)),
         },
         notes,
     )
@@ -611,7 +648,7 @@ def _micros(at: datetime) -> int:
     return round(at.timestamp() * 1e6)
 
 
-async def _submits(system: System, o: Options, batched: bool) -> RunResult:
+async def _submits(system: System, o: Options, batched: bool, wal: WalFlushes) -> RunResult:
     """Submit ``o.tasks`` tasks due two hours out, one call at a time; no workers."""
     at = datetime.now(UTC) + FAR_OUT
     await system.submit_one(-1, at)  # connections open before the clock starts
@@ -620,6 +657,7 @@ async def _submits(system: System, o: Options, batched: bool) -> RunResult:
     latencies = []
     cpu = Cpu(system)
     cpu.start()
+    wal.start()
     started = time.perf_counter()
     for call in calls:
         t0 = time.perf_counter()
@@ -630,12 +668,14 @@ async def _submits(system: System, o: Options, batched: bool) -> RunResult:
         latencies.append(time.perf_counter() - t0)
     elapsed = time.perf_counter() - started
     cpu.stop()
+    wal.stop()
     return RunResult(
         {
             "tasks/s": o.tasks / elapsed,
             "call p50": percentile(latencies, 50),
             "call p99": percentile(latencies, 99),
             **_cpu_values(cpu, o.tasks),
+            WAL_FLUSHES: wal.per_1000(o.tasks),
         }
     )
 
@@ -645,16 +685,17 @@ async def run_once(system_name: str, infra: Infrastructure, o: Options) -> RunRe
     stamps_dir = Path(tempfile.mkdtemp(prefix="bench-peers-stamps-"))
     try:
         async with OPENERS[system_name](infra, stamps_dir, o) as system:
+            wal = WalFlushes(infra.server.admin_dsn)
             if o.workload in ("submit", "submit-batch"):
-                return await _submits(system, o, batched=o.workload == "submit-batch")
+                return await _submits(system, o, o.workload == "submit-batch", wal)
             if o.workload == "stampede":
                 tasks = o.tasks
                 instant = datetime.now(UTC) + timedelta(seconds=LEAD_FIXED_S + tasks / LEAD_RATE)
-                return await _timed(system, stamps_dir, [instant] * tasks, o)
+                return await _timed(system, stamps_dir, [instant] * tasks, o, wal)
             tasks = int(o.rate * o.duration_s)
             start = datetime.now(UTC) + timedelta(seconds=LEAD_FIXED_S + tasks / LEAD_RATE)
             dues = [start + timedelta(seconds=i / o.rate) for i in range(tasks)]
-            return await _timed(system, stamps_dir, dues, o)
+            return await _timed(system, stamps_dir, dues, o, wal)
     finally:
         shutil.rmtree(stamps_dir, ignore_errors=True)
 
@@ -728,6 +769,8 @@ def _cells(workload: str, values: dict[str, Any]) -> dict[str, Any]:
         "—" if math.isnan(values[f"CPU s/1,000 {k}"]) else f"{values[f'CPU s/1,000 {k}']:.2f}"
         for k in KINDS
     )
+    flushes = values.get(WAL_FLUSHES, math.nan)
+    row[WAL_FLUSHES] = "—" if math.isnan(flushes) else f"{flushes:,.0f}"
     return row
 
 
