@@ -425,7 +425,7 @@ class Store:
         with other work when the answer comes (issue 14: the dispatch round spent ~0.8 ms
         per round trip, seven of them, at ~0.05 ms of statement time each). A statement
         still costs the node's CPU on its own, round trip or not: psycopg writes each to
-        the socket as it is executed and turns the event loop twice for it, ~0.06 ms
+        the socket as it is executed and turns the event loop twice for it, ~0.03 ms
         per statement on the 2-core machine of bench/README.md (2026-12-07, second
         sitting), so a hot block keeps its statements few. A statement's ``rowcount``
         is known only once its result was read; COPY cannot run in it.
