@@ -196,7 +196,7 @@ class Lifeline:
         fd = self._write_fd
         if fd is None:
             raise RuntimeError("the lifeline is not started")
-        tail = f"\t{int(stop_signal)}\t{_field(stage or name)}\t{_field(name)}\n"
+        tail = _registration_tail(name, stop_signal, stage)
 
         def register() -> None:
             # In the forked child: os primitives only (see the module docstring).
@@ -214,10 +214,8 @@ class Lifeline:
         calls (the test suite's: a worker's start hung there). Unlike :meth:`tie`, a
         launcher killed between the child's start and this call leaves it unregistered."""
         ticks = start_ticks(pid)
-        self._send(
-            f"{_PROCESS}\t{pid}\t{_NO_TICKS if ticks is None else ticks}"
-            f"\t{int(stop_signal)}\t{_field(stage or name)}\t{_field(name)}\n"
-        )
+        identity = f"{_PROCESS}\t{pid}\t{_NO_TICKS if ticks is None else ticks}"
+        self._send(identity + _registration_tail(name, stop_signal, stage))
 
     def remove_on_exit(self, path: Path) -> None:
         """Have the keeper delete ``path`` (a scratch directory) if the launcher dies."""
@@ -238,6 +236,12 @@ class Lifeline:
         if self._write_fd is None:
             raise RuntimeError("the lifeline is not started")
         os.write(self._write_fd, line.encode())
+
+
+def _registration_tail(name: str, stop_signal: int, stage: str) -> str:
+    """A process registration's line after its pid and start ticks (:meth:`Lifeline.tie`
+    and :meth:`Lifeline.register` write the same lines)."""
+    return f"\t{int(stop_signal)}\t{_field(stage or name)}\t{_field(name)}\n"
 
 
 def _field(text: str) -> str:

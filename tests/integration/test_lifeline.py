@@ -99,8 +99,8 @@ time.sleep(300)
 
 
 def test_a_killed_test_run_leaves_no_process_it_started(tmp_path: Path) -> None:
-    """The harness ties what it starts to the run's lifeline (harness.processes): a run
-    killed before its teardown (pytest SIGKILLed, a CI timeout) takes them along."""
+    """The harness registers what it starts with the run's lifeline (harness.processes):
+    a run killed before its teardown (pytest SIGKILLed, a CI timeout) takes them along."""
     tests_dir = Path(__file__).resolve().parent.parent
     with subprocess.Popen(
         [sys.executable, "-c", _RUN, str(tmp_path / "node.log")],
