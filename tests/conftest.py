@@ -19,6 +19,7 @@ import pytest
 import uvloop
 from fixtures.databases import database_from_template, migrated_template
 from fixtures.etcd import EtcdFactory
+from harness.processes import run_lifeline
 
 from chronoshard.services import EtcdProcess, PostgresServer
 
@@ -40,7 +41,8 @@ def postgres_server() -> Iterator[PostgresServer]:
     # fsync off is safe for throwaway test data; it only matters for the embedded server.
     # The embedded server makes its own temp dir: pytest's tmp dirs are mode 0700 and the
     # unprivileged PostgreSQL user (when we run as root) could not reach them.
-    with PostgresServer(dsn=os.environ.get(TEST_DSN_ENV) or None, fsync=False) as server:
+    dsn = os.environ.get(TEST_DSN_ENV) or None
+    with PostgresServer(dsn=dsn, fsync=False, lifeline=run_lifeline()) as server:
         yield server
 
 
@@ -67,7 +69,7 @@ def fresh_db_dsn(postgres_server: PostgresServer, template_database: str) -> Ite
 
 @pytest.fixture(scope="session")
 def etcd() -> Iterator[EtcdProcess]:
-    with EtcdProcess(fsync=False) as member:
+    with EtcdProcess(fsync=False, lifeline=run_lifeline()) as member:
         yield member
 
 

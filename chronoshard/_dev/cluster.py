@@ -74,7 +74,7 @@ from typing import IO, Any, TextIO
 
 import psycopg
 
-from chronoshard._dev.lifeline import Lifeline, start_ticks, stop_groups
+from chronoshard._dev.lifeline import Lifeline, start_child, start_ticks, stop_groups
 from chronoshard._dev.processes import ServiceError, free_ports
 from chronoshard._dev.quiet_stream import quiet
 from chronoshard.scheduler.errors import SchedulerError
@@ -497,8 +497,11 @@ class DevCluster:
         log_path = self.data_dir / "logs" / f"{name}.log"
         inherited = {k: v for k, v in os.environ.items() if k != "CHRONOSHARD_CONFIG"}
         with log_path.open("ab") as log_file:
-            proc = subprocess.Popen(
-                list(argv),
+            proc = start_child(
+                self.lifeline,
+                argv,
+                name=name,
+                stage=stage or name,
                 env={**inherited, **env, **self.options.extra_env},
                 stdout=log_file,
                 stderr=subprocess.STDOUT,
@@ -506,7 +509,6 @@ class DevCluster:
                 # Its own session and process group: a terminal's Ctrl-C reaches only us,
                 # we stop the children in order, and a group can be swept whole.
                 start_new_session=True,
-                preexec_fn=self.lifeline.tie(name, stage=stage or name),
             )
         child = Child(name, proc, log_path)
         self._spawned.append(child)

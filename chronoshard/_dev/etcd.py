@@ -30,7 +30,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from chronoshard._dev.lifeline import Lifeline
+from chronoshard._dev.lifeline import Lifeline, start_child
 from chronoshard._dev.processes import (
     DEFAULT_START_TIMEOUT_S,
     DEFAULT_STOP_TIMEOUT_S,
@@ -301,13 +301,14 @@ class EtcdProcess(ServerProcess):
     def _launch(self) -> None:
         log_start = log_size(self.log_path)
         with self.log_path.open("ab") as log:
-            self._proc = subprocess.Popen(
+            self._proc = start_child(
+                self._lifeline,
                 self._command(),
+                name="etcd",
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
-                preexec_fn=None if self._lifeline is None else self._lifeline.tie("etcd"),
             )
         try:
             self._wait_healthy(time.monotonic() + self._start_timeout_s, log_start)

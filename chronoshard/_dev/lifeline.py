@@ -28,6 +28,12 @@ any instant leaves no child unregistered. That function only calls ``os`` primit
 (no imports, locks or logging), which is what makes running Python in a forked child of a
 process with threads safe here.
 
+**From the parent.** A ``preexec_fn`` makes CPython run the process's at-fork handlers,
+and gRPC's wait forever in a process with live gRPC calls (the test suite). A lifeline
+made with ``from_parent`` registers each child from the launcher right after its start
+instead (:meth:`Lifeline.register`), with that window. Launchers start children through
+:func:`start_child`, which does it the lifeline's way.
+
 Why not ``PR_SET_PDEATHSIG``: it is Linux-only, fires when the parent *thread* that forked
 the child exits (not the process), reaches only direct children, and is cleared when a
 child changes its uid (PostgreSQL under root). The pipe has none of these limits. The
@@ -49,7 +55,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 log = logging.getLogger("chronoshard.lifeline")
 
@@ -152,12 +158,15 @@ class Lifeline:
     """The launcher's side: starts the keeper, ties children to it, closes it at the end.
 
     ``log_path`` receives the keeper's log; ``grace_s`` is how long it gives each stage
-    between the stop signal and SIGKILL.
+    between the stop signal and SIGKILL. With ``from_parent``, :func:`start_child`
+    registers each child from the launcher after its start (:meth:`register`) instead of
+    tying it in the child (:meth:`tie`): for a launcher where a ``preexec_fn`` is unsafe.
     """
 
-    def __init__(self, log_path: Path, grace_s: float) -> None:
+    def __init__(self, log_path: Path, grace_s: float, *, from_parent: bool = False) -> None:
         self._log_path = log_path
         self._grace_s = grace_s
+        self.from_parent = from_parent
         self._write_fd: int | None = None
         self._keeper: subprocess.Popen[bytes] | None = None
 
@@ -236,6 +245,28 @@ class Lifeline:
         if self._write_fd is None:
             raise RuntimeError("the lifeline is not started")
         os.write(self._write_fd, line.encode())
+
+
+def start_child(
+    lifeline: Lifeline | None,
+    argv: Sequence[str],
+    *,
+    name: str,
+    stop_signal: int = signal.SIGTERM,
+    stage: str = "",
+    **popen: Any,
+) -> subprocess.Popen[Any]:
+    """``subprocess.Popen(argv, **popen)`` with the child registered with ``lifeline`` (if
+    any) the lifeline's way: tied in the child (no window), or from the parent after its
+    start (``from_parent``). Every launcher starts its children through this."""
+    if lifeline is None:
+        return subprocess.Popen(list(argv), **popen)
+    if not lifeline.from_parent:
+        preexec = lifeline.tie(name, stop_signal, stage)
+        return subprocess.Popen(list(argv), preexec_fn=preexec, **popen)
+    proc = subprocess.Popen(list(argv), **popen)
+    lifeline.register(proc.pid, name, stop_signal, stage)
+    return proc
 
 
 def _registration_tail(name: str, stop_signal: int, stage: str) -> str:

@@ -53,7 +53,7 @@ from psycopg import sql
 from psycopg.conninfo import make_conninfo
 from psycopg.rows import TupleRow
 
-from chronoshard._dev.lifeline import Lifeline
+from chronoshard._dev.lifeline import Lifeline, start_child
 from chronoshard._dev.processes import (
     DEFAULT_START_TIMEOUT_S,
     DEFAULT_STOP_TIMEOUT_S,
@@ -538,19 +538,17 @@ class PostgresServer(ServerProcess):
             command += ["-c", f"{name}={value}"]
         log_start = log_size(self.log_path)
         with self.log_path.open("ab") as log:
-            self._proc = subprocess.Popen(
+            self._proc = start_child(
+                self._lifeline,
                 command,
+                name="postgres",
+                stop_signal=signal.SIGINT,
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 cwd=self.base_dir,
                 start_new_session=True,
                 pass_fds=self._passed_fds(),
-                preexec_fn=(
-                    None
-                    if self._lifeline is None
-                    else self._lifeline.tie("postgres", stop_signal=signal.SIGINT)
-                ),
                 **self._identity_kwargs(),
             )
         try:

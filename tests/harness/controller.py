@@ -23,6 +23,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Self
 
+from chronoshard._dev.lifeline import start_child
 from harness.processes import run_lifeline
 
 TESTS_DIR = Path(__file__).resolve().parent.parent
@@ -51,8 +52,10 @@ class Controller:
         # its path, not the tests directory above it).
         path = os.pathsep.join([str(TESTS_DIR), os.environ.get("PYTHONPATH", "")])
         with self._log_path.open("ab") as log:
-            self._proc = subprocess.Popen(
+            self._proc = start_child(
+                run_lifeline(),
                 [sys.executable, script, *args],
+                name=self._what,
                 env={**os.environ, "PYTHONPATH": path.strip(os.pathsep)},
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
@@ -60,7 +63,6 @@ class Controller:
                 text=True,
                 start_new_session=True,
             )
-        run_lifeline().register(self._proc.pid, self._what)
         word, _, rest = self._answer().partition(" ")
         if word != "ready":
             raise RuntimeError(

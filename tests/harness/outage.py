@@ -64,8 +64,11 @@ def migrated_postgres(log_path: Path) -> Iterator[RestartablePostgres]:
 def _serve() -> None:
     # Imported here: the client half above must not pull the server code into the test.
     from chronoshard.services import PostgresServer
+    from harness.processes import run_lifeline
 
-    with PostgresServer(fsync=False) as server:
+    # This controller's own lifeline: the test run's keeper kills the controller, and
+    # this one then stops its PostgreSQL.
+    with PostgresServer(fsync=False, lifeline=run_lifeline()) as server:
         print(f"ready {server.port}", flush=True)
         answer_commands({"stop": server.stop_immediately, "start": server.start})
 

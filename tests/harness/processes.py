@@ -28,7 +28,7 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from chronoshard._dev.lifeline import Lifeline
+from chronoshard._dev.lifeline import Lifeline, start_child
 from chronoshard._dev.processes import free_ports
 
 READY_TIMEOUT_S = 60.0
@@ -40,17 +40,18 @@ _run_lifeline: Lifeline | None = None
 
 
 def run_lifeline() -> Lifeline:
-    """This pytest process's lifeline, started on first use: the processes registered
-    with it (``run_lifeline().register(pid, name)`` right after their start; not
-    ``tie``, whose ``preexec_fn`` deadlocks in gRPC's at-fork handlers here) are stopped
-    by its keeper when this process exits, however it exits. After a clean run
+    """This process's lifeline (the pytest process's, or a controller's), started on
+    first use: the processes started with it (``start_child``, or a launcher given
+    ``lifeline=run_lifeline()``) are stopped by its keeper when this process exits,
+    however it exits. They are registered from this side after their start
+    (``from_parent``): a ``preexec_fn`` deadlocks in gRPC's at-fork handlers here. After a clean run
     everything is already stopped and the keeper ends without a word; its log is deleted
     then. After a killed run the log (``$TMPDIR/chronoshard-test-lifeline-PID.log``)
     stays and names what it stopped."""
     global _run_lifeline
     if _run_lifeline is None:
         log_path = Path(tempfile.gettempdir()) / f"chronoshard-test-lifeline-{os.getpid()}.log"
-        lifeline = Lifeline(log_path, LIFELINE_GRACE_S)
+        lifeline = Lifeline(log_path, LIFELINE_GRACE_S, from_parent=True)
         lifeline.start()
         _run_lifeline = lifeline
 
@@ -74,8 +75,10 @@ class ManagedProcess:
 
     def start(self) -> None:
         with self.log_path.open("ab") as log_file:
-            self.proc = subprocess.Popen(
+            self.proc = start_child(
+                run_lifeline(),
                 self.argv,
+                name=self.name,
                 env=self.env,
                 cwd=self.cwd,
                 stdout=log_file,
@@ -83,7 +86,6 @@ class ManagedProcess:
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
             )
-        run_lifeline().register(self.proc.pid, self.name)
 
     @property
     def pid(self) -> int:

@@ -298,12 +298,19 @@ def _children(parent: int) -> list[int]:
 def _serve(bin_dir: Path) -> None:
     # Imported here: the client half above must not pull the server code into the test.
     from chronoshard._dev.postgres import PostgresServer, PostgresStandby
+    from harness.processes import run_lifeline
+
+    # This controller's own lifeline: the test run's keeper kills the controller, and
+    # this one then stops its servers.
+    lifeline = run_lifeline()
 
     with contextlib.ExitStack() as stack:
         try:
             started = time.monotonic()
             primary = stack.enter_context(
-                PostgresServer(fsync=False, bin_dir=bin_dir, settings=REPLICATION_SETTINGS)
+                PostgresServer(
+                    fsync=False, bin_dir=bin_dir, settings=REPLICATION_SETTINGS, lifeline=lifeline
+                )
             )
             _check_replication_trusted(primary.admin_dsn)
             print(f"primary up in {time.monotonic() - started:.3f} s", file=sys.stderr)
@@ -317,6 +324,7 @@ def _serve(bin_dir: Path) -> None:
                     bin_dir=bin_dir,
                     settings=REPLICATION_SETTINGS,
                     standby_of=source,
+                    lifeline=lifeline,
                 )
             )
         except Exception as exc:

@@ -85,22 +85,27 @@ def test_after_a_clean_stop_the_keeper_says_nothing(tmp_path: Path) -> None:
 
 
 # A stand-in for a test run: it starts a process through the harness, as an end-to-end
-# test does, says its pid and waits to be killed.
+# test does, and an etcd as the session's fixture does, says their pids and waits to be
+# killed.
 _RUN = """
 import sys, time
 from pathlib import Path
-from harness.processes import ManagedProcess
+from harness.processes import ManagedProcess, run_lifeline
+from chronoshard.services import EtcdProcess
 
 child = ManagedProcess("node", ["sleep", "300"], {}, Path(sys.argv[1]))
 child.start()
-print(child.pid, flush=True)
+etcd = EtcdProcess(fsync=False, lifeline=run_lifeline())
+etcd.start()
+print(child.pid, etcd.pid, flush=True)
 time.sleep(300)
 """
 
 
 def test_a_killed_test_run_leaves_no_process_it_started(tmp_path: Path) -> None:
-    """The harness registers what it starts with the run's lifeline (harness.processes):
-    a run killed before its teardown (pytest SIGKILLed, a CI timeout) takes them along."""
+    """The harness registers what it starts with the run's lifeline (harness.processes),
+    and so do the session's etcd and PostgreSQL: a run killed before its teardown (pytest
+    SIGKILLed, a CI timeout) takes them along."""
     tests_dir = Path(__file__).resolve().parent.parent
     with subprocess.Popen(
         [sys.executable, "-c", _RUN, str(tmp_path / "node.log")],
@@ -112,13 +117,16 @@ def test_a_killed_test_run_leaves_no_process_it_started(tmp_path: Path) -> None:
     ) as run:
         try:
             assert run.stdout is not None
-            child = int(run.stdout.readline())
+            child, etcd = (int(pid) for pid in run.stdout.readline().split())
             assert _group_members(child) == [child]
+            assert _group_members(etcd) == [etcd]
         finally:
             run.kill()
     started = time.monotonic()
-    while _group_members(child):
-        assert time.monotonic() - started < BOUND_S, f"pid {child} outlived its test run"
-        time.sleep(0.02)
+    for pid in (child, etcd):
+        while _group_members(pid):
+            assert time.monotonic() - started < BOUND_S, f"pid {pid} outlived its test run"
+            time.sleep(0.02)
     (log,) = tmp_path.glob("chronoshard-test-lifeline-*.log")
     assert f"node ({child})" in log.read_text()
+    assert f"etcd ({etcd})" in log.read_text()
