@@ -89,6 +89,7 @@ WORKLOADS = ("stampede", "submit", "submit-batch", "steady")
 DEFAULT_TASKS = {"stampede": 10_000, "submit": 2_000, "submit-batch": 20_000}
 KINDS = ("producer", "node", "postgres", "workers", "broker")
 WAL_FLUSHES = "WAL flushes per 1,000 tasks"
+WRITE_TRANSACTIONS = "write transactions per 1,000 tasks"
 
 WORKER_PROCESSES = 2
 CHRONOSHARD_SLOTS = 10
@@ -539,29 +540,21 @@ def _cpu_values(cpu: Cpu, tasks: int) -> dict[str, Any]:
     }
 
 
-class WalFlushes:
-    """PostgreSQL's WAL flushes between :meth:`start` and :meth:`stop`
-    (``pg_stat_wal.wal_sync``, the whole server). With synchronous_commit on, a durable
-    commit waits for one (commits that overlap share it), so per task they show how many
-    tasks a system's commits carry: what its costs per commit are divided by. None where
-    the server has no ``pg_stat_wal`` (PostgreSQL before 14).
+class ServerCount:
+    """A counter of the whole PostgreSQL server (``query`` answers one integer) read at
+    :meth:`start` and :meth:`stop`; what it moved by, per 1,000 tasks. NaN where the
+    server cannot answer it."""
 
-    :meth:`stop` is called once the system's database is dropped, not when the timed
-    span ends: a backend reports its counts to the view at most once a second, and one
-    that then goes idle holds the rest for up to ten (PostgreSQL's cumulative statistics),
-    so a read at the span's end missed ~14 % of a 10,000-task stampede's flushes here. A
-    backend that exits reports everything; dropping the database ends them all. What the
-    system does between the span's end and its stop (a few commits) is counted too."""
-
-    def __init__(self, admin_dsn: str) -> None:
+    def __init__(self, admin_dsn: str, query: str) -> None:
         self._admin_dsn = admin_dsn
+        self._query = query
         self._before: int | None = None
         self.used: int | None = None
 
     def _read(self) -> int | None:
         try:
             with psycopg.connect(self._admin_dsn, autocommit=True) as conn:
-                row = conn.execute("SELECT wal_sync FROM pg_stat_wal").fetchone()
+                row = conn.execute(self._query).fetchone()
         except psycopg.Error:
             return None
         return None if row is None else int(row[0])
@@ -577,6 +570,43 @@ class WalFlushes:
         return math.nan if self.used is None else self.used / max(tasks, 1) * 1000
 
 
+def wal_flushes(admin_dsn: str) -> ServerCount:
+    """PostgreSQL's WAL flushes (``pg_stat_wal.wal_sync``; PostgreSQL 14 and later). With
+    synchronous_commit on, a durable commit waits for one (commits that overlap share
+    it), so per task they show how many tasks a system's commits carry: what its costs
+    per commit are divided by.
+
+    Stopped once the system's database is dropped, not when the timed span ends: a
+    backend reports its counts to the view at most once a second, and one that then goes
+    idle holds the rest for up to ten (PostgreSQL's cumulative statistics), so a read at
+    the span's end missed ~14 % of a 10,000-task stampede's flushes here. A backend that
+    exits reports everything; dropping the database ends them all. What the system does
+    between the span's end and its stop (a few commits) is counted too."""
+    return ServerCount(admin_dsn, "SELECT wal_sync FROM pg_stat_wal")
+
+
+def write_transactions(admin_dsn: str) -> ServerCount:
+    """Transactions that wrote: the transaction ids assigned (the next id to assign,
+    ``pg_snapshot_xmax`` of a snapshot, which takes none itself; PostgreSQL 13 and
+    later). A read-only transaction takes no id. Ids are assigned as transactions write,
+    not reported later, so this is stopped when the timed span ends. Per task it shows
+    how many tasks a write transaction (a round) carries."""
+    return ServerCount(admin_dsn, "SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint")
+
+
+class _Counts:
+    """The server counters of one run, started together when the timed span starts;
+    each stopped where its docstring says."""
+
+    def __init__(self, admin_dsn: str) -> None:
+        self.wal = wal_flushes(admin_dsn)
+        self.xids = write_transactions(admin_dsn)
+
+    def start(self) -> None:
+        self.wal.start()
+        self.xids.start()
+
+
 def _chunks(items: Sequence[tuple[int, datetime]]) -> list[Sequence[tuple[int, datetime]]]:
     return [items[i : i + BATCH] for i in range(0, len(items), BATCH)]
 
@@ -589,7 +619,7 @@ async def _wait_started(stamps_dir: Path, total: int, deadline: float) -> None:
 
 
 async def _timed(
-    system: System, stamps_dir: Path, dues: list[datetime], o: Options, wal: WalFlushes
+    system: System, stamps_dir: Path, dues: list[datetime], o: Options, counts: _Counts
 ) -> RunResult:
     """Submit tasks due at ``dues`` (batches of 1,000) while the workers run, let them
     fall due, and measure each handler's start against its own instant."""
@@ -608,7 +638,7 @@ async def _timed(
     await asyncio.sleep(max(0.0, (first - datetime.now(UTC)).total_seconds()))
     cpu = Cpu(system)
     cpu.start()
-    wal.start()
+    counts.start()
     deadline = time.monotonic() + (max(dues) - first).total_seconds() + o.timeout_s
     await _wait_started(stamps_dir, len(dues), deadline)
     completed, last_completion_s = system.completion(first)
@@ -618,6 +648,7 @@ async def _timed(
         await asyncio.sleep(0.1)
         completed, last_completion_s = system.completion(first)
     cpu.stop()
+    counts.xids.stop()
     found = [(k, us) for k, us in stamps.read(stamps_dir) if k >= 0]
     counts = Counter(k for k, _ in found)
     first_us = {k: us for k, us in sorted(found, key=lambda f: -f[1])}  # earliest wins
@@ -656,7 +687,7 @@ def _micros(at: datetime) -> int:
     return round(at.timestamp() * 1e6)
 
 
-async def _submits(system: System, o: Options, batched: bool, wal: WalFlushes) -> RunResult:
+async def _submits(system: System, o: Options, batched: bool, counts: _Counts) -> RunResult:
     """Submit ``o.tasks`` tasks due two hours out, one call at a time; no workers."""
     at = datetime.now(UTC) + FAR_OUT
     await system.submit_one(-1, at)  # connections open before the clock starts
@@ -665,7 +696,7 @@ async def _submits(system: System, o: Options, batched: bool, wal: WalFlushes) -
     latencies = []
     cpu = Cpu(system)
     cpu.start()
-    wal.start()
+    counts.start()
     started = time.perf_counter()
     for call in calls:
         t0 = time.perf_counter()
@@ -676,6 +707,7 @@ async def _submits(system: System, o: Options, batched: bool, wal: WalFlushes) -
         latencies.append(time.perf_counter() - t0)
     elapsed = time.perf_counter() - started
     cpu.stop()
+    counts.xids.stop()
     return RunResult(
         {
             "tasks/s": o.tasks / elapsed,
@@ -690,28 +722,29 @@ async def _submits(system: System, o: Options, batched: bool, wal: WalFlushes) -
 async def run_once(system_name: str, infra: Infrastructure, o: Options) -> RunResult:
     """One run of ``o.workload`` against one system, on fresh state."""
     stamps_dir = Path(tempfile.mkdtemp(prefix="bench-peers-stamps-"))
-    wal = WalFlushes(infra.server.admin_dsn)
+    counts = _Counts(infra.server.admin_dsn)
     try:
         async with OPENERS[system_name](infra, stamps_dir, o) as system:
-            result = await _workload(system, stamps_dir, o, wal)
+            result = await _workload(system, stamps_dir, o, counts)
     finally:
         shutil.rmtree(stamps_dir, ignore_errors=True)
-    wal.stop()  # the system's database is dropped: its backends reported everything
-    result.values[WAL_FLUSHES] = wal.per_1000(result.tasks)
+    counts.wal.stop()  # the system's database is dropped: its backends reported everything
+    result.values[WAL_FLUSHES] = counts.wal.per_1000(result.tasks)
+    result.values[WRITE_TRANSACTIONS] = counts.xids.per_1000(result.tasks)
     return result
 
 
-async def _workload(system: System, stamps_dir: Path, o: Options, wal: WalFlushes) -> RunResult:
+async def _workload(system: System, stamps_dir: Path, o: Options, counts: _Counts) -> RunResult:
     if o.workload in ("submit", "submit-batch"):
-        return await _submits(system, o, o.workload == "submit-batch", wal)
+        return await _submits(system, o, o.workload == "submit-batch", counts)
     if o.workload == "stampede":
         tasks = o.tasks
         instant = datetime.now(UTC) + timedelta(seconds=LEAD_FIXED_S + tasks / LEAD_RATE)
-        return await _timed(system, stamps_dir, [instant] * tasks, o, wal)
+        return await _timed(system, stamps_dir, [instant] * tasks, o, counts)
     tasks = int(o.rate * o.duration_s)
     start = datetime.now(UTC) + timedelta(seconds=LEAD_FIXED_S + tasks / LEAD_RATE)
     dues = [start + timedelta(seconds=i / o.rate) for i in range(tasks)]
-    return await _timed(system, stamps_dir, dues, o, wal)
+    return await _timed(system, stamps_dir, dues, o, counts)
 
 
 @contextlib.contextmanager
@@ -783,8 +816,9 @@ def _cells(workload: str, values: dict[str, Any]) -> dict[str, Any]:
         "—" if math.isnan(values[f"CPU s/1,000 {k}"]) else f"{values[f'CPU s/1,000 {k}']:.2f}"
         for k in KINDS
     )
-    flushes = values.get(WAL_FLUSHES, math.nan)
-    row[WAL_FLUSHES] = "—" if math.isnan(flushes) else f"{flushes:,.0f}"
+    for column in (WRITE_TRANSACTIONS, WAL_FLUSHES):
+        count = values.get(column, math.nan)
+        row[column] = "—" if math.isnan(count) else f"{count:,.0f}"
     return row
 
 

@@ -241,9 +241,12 @@ def test_peers_submit_batch_runs_for_chronoshard_alone(
     report = _peers(bench_main, [*argv, "--runs", "1"], postgres_server, etcd, tmp_path, capsys)
     [row] = report["rows"]
     assert row["tasks/s"] > 0
+    peers_module = importlib.import_module("bench.peers")
     # A count (zero when the server runs with fsync off, as the tests' embedded one does).
-    flushes = row[importlib.import_module("bench.peers").WAL_FLUSHES]
+    flushes = row[peers_module.WAL_FLUSHES]
     assert flushes == "—" or flushes.replace(",", "").isdigit()
+    # Two calls, each a write transaction (more if the server is shared): ≥ 1.3 per 1,000.
+    assert int(row[peers_module.WRITE_TRANSACTIONS].replace(",", "")) >= 1
 
 
 @pytest.mark.parametrize("system", ["celery", "procrastinate"])
