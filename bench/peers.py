@@ -38,7 +38,10 @@ CPU seconds per 1,000 tasks (completed, or acknowledged for the submit workloads
 read from ``/proc`` per kind of process: the producer (this process), the node
 (Chronoshard's scheduler), PostgreSQL (the whole server: other users of it count too),
 the workers (every process of the pool) and the broker (Redis for Celery, etcd for
-Chronoshard when the suite started it). A kind a system does not use is "—".
+Chronoshard when the suite started it). A kind a system does not use is "—". Two
+counts of the PostgreSQL server per 1,000 tasks follow: the transactions that wrote
+(:func:`write_transactions`) and the WAL flushes (:func:`wal_flushes`): how many tasks
+a system's rounds and its durable commits carry.
 
 ``--runs K`` repeats each system's run K times and reports every run and the median of
 each column; ``--lock PATH`` takes an exclusive ``flock`` on PATH around each run alone,
