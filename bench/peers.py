@@ -597,17 +597,27 @@ def write_transactions(admin_dsn: str) -> ServerCount:
     return ServerCount(admin_dsn, "SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint")
 
 
-class _Counts:
-    """The server counters of one run, started together when the timed span starts;
-    each stopped where its docstring says."""
+class _ServerCounts:
+    """The server counters of one run: started together when the timed span starts,
+    each stopped where its docstring says (:meth:`span_ended`, :meth:`system_gone`)."""
 
     def __init__(self, admin_dsn: str) -> None:
-        self.wal = wal_flushes(admin_dsn)
-        self.xids = write_transactions(admin_dsn)
+        self._wal = wal_flushes(admin_dsn)
+        self._xids = write_transactions(admin_dsn)
 
     def start(self) -> None:
-        self.wal.start()
-        self.xids.start()
+        self._wal.start()
+        self._xids.start()
+
+    def span_ended(self) -> None:
+        self._xids.stop()
+
+    def system_gone(self, result: RunResult) -> None:
+        """The system's database is dropped (its backends reported everything): the
+        WAL count is read, and both columns go into ``result``."""
+        self._wal.stop()
+        result.values[WAL_FLUSHES] = self._wal.per_1000(result.tasks)
+        result.values[WRITE_TRANSACTIONS] = self._xids.per_1000(result.tasks)
 
 
 def _chunks(items: Sequence[tuple[int, datetime]]) -> list[Sequence[tuple[int, datetime]]]:
@@ -622,7 +632,7 @@ async def _wait_started(stamps_dir: Path, total: int, deadline: float) -> None:
 
 
 async def _timed(
-    system: System, stamps_dir: Path, dues: list[datetime], o: Options, counts: _Counts
+    system: System, stamps_dir: Path, dues: list[datetime], o: Options, server: _ServerCounts
 ) -> RunResult:
     """Submit tasks due at ``dues`` (batches of 1,000) while the workers run, let them
     fall due, and measure each handler's start against its own instant."""
@@ -641,7 +651,7 @@ async def _timed(
     await asyncio.sleep(max(0.0, (first - datetime.now(UTC)).total_seconds()))
     cpu = Cpu(system)
     cpu.start()
-    counts.start()
+    server.start()
     deadline = time.monotonic() + (max(dues) - first).total_seconds() + o.timeout_s
     await _wait_started(stamps_dir, len(dues), deadline)
     completed, last_completion_s = system.completion(first)
@@ -651,7 +661,7 @@ async def _timed(
         await asyncio.sleep(0.1)
         completed, last_completion_s = system.completion(first)
     cpu.stop()
-    counts.xids.stop()
+    server.span_ended()
     found = [(k, us) for k, us in stamps.read(stamps_dir) if k >= 0]
     counts = Counter(k for k, _ in found)
     first_us = {k: us for k, us in sorted(found, key=lambda f: -f[1])}  # earliest wins
@@ -690,7 +700,7 @@ def _micros(at: datetime) -> int:
     return round(at.timestamp() * 1e6)
 
 
-async def _submits(system: System, o: Options, batched: bool, counts: _Counts) -> RunResult:
+async def _submits(system: System, o: Options, batched: bool, server: _ServerCounts) -> RunResult:
     """Submit ``o.tasks`` tasks due two hours out, one call at a time; no workers."""
     at = datetime.now(UTC) + FAR_OUT
     await system.submit_one(-1, at)  # connections open before the clock starts
@@ -699,7 +709,7 @@ async def _submits(system: System, o: Options, batched: bool, counts: _Counts) -
     latencies = []
     cpu = Cpu(system)
     cpu.start()
-    counts.start()
+    server.start()
     started = time.perf_counter()
     for call in calls:
         t0 = time.perf_counter()
@@ -710,7 +720,7 @@ async def _submits(system: System, o: Options, batched: bool, counts: _Counts) -
         latencies.append(time.perf_counter() - t0)
     elapsed = time.perf_counter() - started
     cpu.stop()
-    counts.xids.stop()
+    server.span_ended()
     return RunResult(
         {
             "tasks/s": o.tasks / elapsed,
@@ -725,29 +735,29 @@ async def _submits(system: System, o: Options, batched: bool, counts: _Counts) -
 async def run_once(system_name: str, infra: Infrastructure, o: Options) -> RunResult:
     """One run of ``o.workload`` against one system, on fresh state."""
     stamps_dir = Path(tempfile.mkdtemp(prefix="bench-peers-stamps-"))
-    counts = _Counts(infra.server.admin_dsn)
+    server = _ServerCounts(infra.server.admin_dsn)
     try:
         async with OPENERS[system_name](infra, stamps_dir, o) as system:
-            result = await _workload(system, stamps_dir, o, counts)
+            result = await _workload(system, stamps_dir, o, server)
     finally:
         shutil.rmtree(stamps_dir, ignore_errors=True)
-    counts.wal.stop()  # the system's database is dropped: its backends reported everything
-    result.values[WAL_FLUSHES] = counts.wal.per_1000(result.tasks)
-    result.values[WRITE_TRANSACTIONS] = counts.xids.per_1000(result.tasks)
+    server.system_gone(result)
     return result
 
 
-async def _workload(system: System, stamps_dir: Path, o: Options, counts: _Counts) -> RunResult:
+async def _workload(
+    system: System, stamps_dir: Path, o: Options, server: _ServerCounts
+) -> RunResult:
     if o.workload in ("submit", "submit-batch"):
-        return await _submits(system, o, o.workload == "submit-batch", counts)
+        return await _submits(system, o, o.workload == "submit-batch", server)
     if o.workload == "stampede":
         tasks = o.tasks
         instant = datetime.now(UTC) + timedelta(seconds=LEAD_FIXED_S + tasks / LEAD_RATE)
-        return await _timed(system, stamps_dir, [instant] * tasks, o, counts)
+        return await _timed(system, stamps_dir, [instant] * tasks, o, server)
     tasks = int(o.rate * o.duration_s)
     start = datetime.now(UTC) + timedelta(seconds=LEAD_FIXED_S + tasks / LEAD_RATE)
     dues = [start + timedelta(seconds=i / o.rate) for i in range(tasks)]
-    return await _timed(system, stamps_dir, dues, o, counts)
+    return await _timed(system, stamps_dir, dues, o, server)
 
 
 @contextlib.contextmanager

@@ -44,9 +44,9 @@ def run_lifeline() -> Lifeline:
     first use: the processes started with it (``start_child``, or a launcher given
     ``lifeline=run_lifeline()``) are stopped by its keeper when this process exits,
     however it exits. They are registered from this side after their start
-    (``from_parent``): a ``preexec_fn`` deadlocks in gRPC's at-fork handlers here. After a clean run
-    everything is already stopped and the keeper ends without a word; its log is deleted
-    then. After a killed run the log (``$TMPDIR/chronoshard-test-lifeline-PID.log``)
+    (``from_parent``): a ``preexec_fn`` deadlocks in gRPC's at-fork handlers here. After
+    a clean run everything is already stopped and the keeper ends without a word; its
+    log is deleted then. After a killed run the log (``$TMPDIR/chronoshard-test-lifeline-PID.log``)
     stays and names what it stopped."""
     global _run_lifeline
     if _run_lifeline is None:
