@@ -11,14 +11,19 @@ and not yet consumed by an Assignment or given back. Every method keeps it:
   there is sent at once), then the rest evenly. So a slot never idles while a node
   reports work this worker can run.
 - When two or more nodes report backlog, the slots that free go to one of them at a time
-  (:class:`Turns`): its turn lasts until it was granted ``slots`` credits or its backlog
-  is covered, then the next node with backlog (by name) has its turn. Each node's rounds
-  then carry what a lone node's would, not a share split over every node: spread one by
-  one, three nodes on one machine paid every per-round cost (the intent transaction, the
-  stream messages) three times as often and did 40 % of one node's rate (issue 14).
-  A turn takes every slot that freed together (not to split the round); what it took
-  beyond its length shortens that node's next turns, so over the turns the nodes get
-  equal numbers of credits (within two turns), as the max-min share would.
+  (:class:`Turns`), and whose turn it is is read off the wall clock: each node with
+  backlog has the free slots for ``TURN_S`` in turn, in an order drawn afresh for every
+  cycle of turns from the cycle's number and the node names. So every worker gives its
+  freed slots to the same node at the same moment, and that node's rounds carry what
+  the workers freed together, as a lone node's would. Spread one by one, three nodes on
+  one machine paid every per-round cost (the intent transaction, the stream messages)
+  three times as often and did 40 % of one node's rate (issue 14); with turns counted by
+  each worker on its own, the workers' turns drifted apart, each node's rounds carried
+  one worker's slots, and three nodes ran a fifth more write transactions per task than
+  one. A turn takes every slot that frees in it that its node can use (the rest go on to
+  the next nodes in the order). Over the turns each node with backlog has the slots an
+  equal time; a drawn order, not a fixed one, so that runs lasting a multiple of the
+  cycle cannot keep returning their slots to the node that held them.
 - When a node holds fewer credits than its backlog share (or its one) and no slot is
   free, :meth:`CreditLedger.plan` recalls the difference from nodes holding more than
   theirs, and always recalls every credit of a node that stopped accepting (it sent
@@ -42,13 +47,16 @@ and not yet consumed by an Assignment or given back. Every method keeps it:
   (:meth:`CreditLedger.close`). ``DrainStarted`` (the worker draining) withdraws
   everything (:meth:`CreditLedger.stop_granting`).
 
-Pure: no I/O, no clock; the session layer sends what :meth:`CreditLedger.plan` returns.
+Pure: no I/O, no clock (the time comes in as ``now``); the session layer sends what
+:meth:`CreditLedger.plan` returns.
 """
 
 from __future__ import annotations
 
+import hashlib
+import math
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 
@@ -167,50 +175,58 @@ def water_fill(
     return filled, left
 
 
+TURN_S = 0.05
+"""How long each node with backlog has a worker's free slots while several have backlog.
+Long against a round (a few ms), so the workers' grants meet in one node's rounds; short
+against the 100 ms dispatch lead, so a node waits little for its turn (measured in
+bench/README.md, "Turns by the clock")."""
+
+
 @dataclass
 class Turns:
-    """Which node with backlog the free slots go to now, and how many it got in its turn.
+    """Which node with backlog the free slots go to at a time: the turns of a cycle are
+    ``turn_s`` long, one for each node with backlog, in an order drawn from the cycle's
+    number, so every worker with the same clock and the same nodes computes the same.
+    A worker whose clock is off only gives its slots out of step: its rounds are smaller,
+    nothing else changes."""
 
-    A turn may take more than its length (the slots that freed together all go to it,
-    so as not to split its round); what it took beyond is owed, and that node's next
-    turns start that far in, so over the turns the nodes get equal credits, within two
-    turns' length."""
+    turn_s: float = TURN_S
+    _drawn_for: tuple[int, tuple[str, ...]] | None = None
+    _drawn: list[str] = field(default_factory=list)
 
-    node: str | None = None
-    granted: int = 0
-    owed: dict[str, int] = field(default_factory=dict)
+    def order(self, backlogged: Iterable[str], now: float) -> list[str]:
+        """The nodes of ``backlogged`` in the order free slots go to them at ``now``
+        (wall-clock seconds): the node whose turn it is, then the ones whose turns come
+        next in this cycle, then the cycle's earlier ones (wrapping round)."""
+        names = tuple(sorted(backlogged))
+        if not names:
+            return []
+        cycle, position = divmod(math.floor(now / self.turn_s), len(names))
+        if self._drawn_for != (cycle, names):
+            self._drawn_for = (cycle, names)
+            self._drawn = sorted(names, key=lambda name: (_draw(cycle, name), name))
+        return self._drawn[position:] + self._drawn[:position]
 
-    def choose(self, wanting: Mapping[str, int], turn_length: int) -> str | None:
-        """The node whose turn it is among ``wanting`` (node -> credits it could use now,
-        all > 0): the current one until it was granted ``turn_length``, else the next by
-        name after it (wrapping round). None when no node wants any."""
-        if not wanting:
-            return None
-        if self.node in wanting and self.granted < turn_length:
-            return self.node
-        if self.node is not None and self.granted > turn_length:
-            self.owed[self.node] = self.owed.get(self.node, 0) + self.granted - turn_length
-        names = sorted(wanting)
-        later = [n for n in names if self.node is None or n > self.node]
-        self.node = later[0] if later else names[0]
-        debt = self.owed.pop(self.node, 0)
-        self.granted = min(debt, turn_length - 1)
-        if debt > self.granted:
-            self.owed[self.node] = debt - self.granted
-        return self.node
+
+def _draw(cycle: int, node: str) -> bytes:
+    """The same for every worker, fresh for every cycle (BLAKE2b: not ``hash``, which
+    differs between processes for strings)."""
+    return hashlib.blake2b(f"{cycle}/{node}".encode(), digest_size=8).digest()
 
 
 class CreditLedger:
-    def __init__(self, slots: int) -> None:
+    def __init__(self, slots: int, turn_s: float = TURN_S) -> None:
         if slots < 1:
             raise ValueError(f"slots must be at least 1, got {slots}")
+        if not turn_s > 0:
+            raise ValueError(f"turn_s must be positive, got {turn_s}")
         self.slots = slots
         self.occupied = 0
         self.granting = True
         self._nodes: dict[str, _NodeCredit] = {}
         self.unexpected_assignments = 0
         self.recalls_sent = 0
-        self.turns = Turns()
+        self.turns = Turns(turn_s)
 
     # ---- nodes ---------------------------------------------------------------------
 
@@ -219,10 +235,8 @@ class CreditLedger:
         self._nodes[node] = _NodeCredit()
 
     def close(self, node: str) -> None:
-        """The node's stream ended: its credits are gone with the session, and what its
-        turns owed (a new session starts even)."""
+        """The node's stream ended: its credits are gone with the session."""
         self._nodes.pop(node, None)
-        self.turns.owed.pop(node, None)
 
     def stop_node(self, node: str) -> None:
         """The node sent Drain: no more credits for it, and the next plan recalls its
@@ -304,19 +318,19 @@ class CreditLedger:
     def desired(self) -> dict[str, int]:
         return self.allocation().desired
 
-    def plan(self) -> tuple[dict[str, int], dict[str, int]]:
-        """Credits to grant now and credits to recall now, by node.
+    def plan(self, now: float) -> tuple[dict[str, int], dict[str, int]]:
+        """Credits to grant now and credits to recall now, by node; ``now`` is the wall
+        clock in seconds (it says whose turn it is).
 
         Grants come from free slots: to the node whose turn it is when several report
-        backlog (up to what it can use), then tier by tier (backlog shares first, then
-        the one each, then the even spread); they are recorded as outstanding at once.
-        Recalls are
-        recorded as pending: the credits stay outstanding until the node answers,
-        because it may already have used them. A node that stopped accepting has all its
-        credits recalled; otherwise credits are recalled only while a node holds fewer
-        than it needs (its backlog share, or its one), no slot is free, and the recalls
-        already on their way do not cover it; while turns are taken, only from nodes
-        without backlog.
+        backlog (up to what it can use, then the next in the turns' order), then tier by
+        tier (backlog shares first, then the one each, then the even spread); they are
+        recorded as outstanding at once. Recalls are recorded as pending: the credits
+        stay outstanding until the node answers, because it may already have used them.
+        A node that stopped accepting has all its credits recalled; otherwise credits
+        are recalled only while a node holds fewer than it needs (its backlog share, or
+        its one), no slot is free, and the recalls already on their way do not cover it;
+        while turns are taken, only from nodes without backlog.
         """
         if not self.granting:
             return {}, {}
@@ -326,25 +340,17 @@ class CreditLedger:
         backlogged = [n for n, s in self._nodes.items() if s.accepting and s.ready > 0]
         taking_turns = len(backlogged) >= 2
         if taking_turns and free > 0:
-            wanting = {
-                n: self._nodes[n].ready - self._nodes[n].kept
-                for n in backlogged
-                if self._nodes[n].ready > self._nodes[n].kept
-            }
-            while free > 0:
-                turn = self.turns.choose(wanting, self.slots)
-                if turn is None:
+            for name in self.turns.order(backlogged, now):
+                if free == 0:
                     break
-                # A turn takes all it can use of what is free now, even past its
-                # length: splitting the slots that freed together would split the round.
-                give = min(free, wanting[turn])
-                self._nodes[turn].outstanding += give
-                grants[turn] = grants.get(turn, 0) + give
-                free -= give
-                self.turns.granted += give
-                wanting[turn] -= give
-                if wanting[turn] == 0:
-                    del wanting[turn]
+                state = self._nodes[name]
+                # A turn takes all it can use of what is free now: splitting the slots
+                # that freed together would split the round.
+                give = min(free, state.ready - state.kept)
+                if give > 0:
+                    state.outstanding += give
+                    grants[name] = give
+                    free -= give
         for target in (alloc.backlog, alloc.needed, alloc.desired):
             for name in sorted(target):
                 if free == 0:

@@ -468,7 +468,7 @@ class RunManager:
         self._regrant_pending = None
         if self.draining:
             return
-        grants, recalls = self.ledger.plan()
+        grants, recalls = self.ledger.plan(self._clock.now().timestamp())
         for node, credits in grants.items():
             session = self.topology.session(node)
             # A failed send means the stream is breaking: session_ended clears the credits.

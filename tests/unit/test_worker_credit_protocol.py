@@ -26,6 +26,8 @@ from hypothesis import strategies as st
 
 from chronoshard.worker._credits import CreditLedger
 
+NOW = 1_000_000.0  # wall-clock seconds: one turn throughout (whose, does not matter here)
+
 NODES = ("a", "b", "c")
 
 
@@ -59,7 +61,7 @@ class Model:
     # ---- worker side ---------------------------------------------------------------
 
     def plan(self, w: int) -> None:
-        grants, recalls = self.ledgers[w].plan()
+        grants, recalls = self.ledgers[w].plan(NOW)
         for name, n in grants.items():
             assert n > 0
             self.streams[(w, name)].to_node.append(("grant", n))
