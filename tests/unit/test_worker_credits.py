@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -382,23 +384,18 @@ def test_when_the_slots_cover_every_backlog_the_turn_changes_nothing() -> None:
     assert ledger.plan(NOW) == ({"a": 4, "b": 3, "idle": 3}, {})
 
 
-@settings(max_examples=200, deadline=None)
-@given(
-    slots=st.integers(1, 30),
-    nodes=st.integers(2, 5),
-    gaps=st.lists(st.floats(0.0, TURN_S / 4), min_size=1, max_size=300),
-)
-def test_over_the_turns_every_backlogged_node_gets_an_equal_share(
-    slots: int, nodes: int, gaps: list[float]
-) -> None:
-    """Runs end one at a time, each node's at once after its grant (an endless backlog
-    everywhere): whatever the gaps between the ends, no slot stays free, and the credits
-    of two nodes differ by at most the runs that ended in one turn times the nodes,
-    plus the slots granted at the start."""
+@pytest.mark.parametrize("nodes", [2, 3, 5])
+def test_over_the_cycles_every_backlogged_node_gets_an_equal_share(nodes: int) -> None:
+    """Turns share time, not a count: when runs end independently of the turns (here at
+    random, a fixed seed, ~8 per turn), every node that always has backlog gets an equal
+    share of the credits over the cycles (within 10 % of it over 400 cycles), and no slot
+    stays free."""
     names = [f"n{i}" for i in range(nodes)]
+    slots = 10
     ledger = opened(slots, names, **dict.fromkeys(names, 10**9))
     granted = dict.fromkeys(names, 0)
     running: list[str] = []
+    rng = random.Random(nodes)
     now = NOW
 
     def grant() -> None:
@@ -413,16 +410,12 @@ def test_over_the_turns_every_backlogged_node_gets_an_equal_share(
         assert ledger.free == 0
 
     grant()
-    turn, in_turn, most_in_a_turn = int(now // TURN_S), 0, 0
-    for gap in gaps:
-        now += gap
-        if int(now // TURN_S) != turn:
-            turn, in_turn = int(now // TURN_S), 0
-        running.pop(0)
+    end = NOW + 400 * nodes * TURN_S
+    while now < end:
+        now += rng.expovariate(8 / TURN_S)
+        running.pop(rng.randrange(len(running)))
         ledger.release_slot()
         grant()
-        in_turn += 1
-        most_in_a_turn = max(most_in_a_turn, in_turn)
-    # Every cycle gives each node one turn: a node is ahead of another by at most its
-    # turns of the current cycle that the other has not had yet.
-    assert max(granted.values()) - min(granted.values()) <= most_in_a_turn * nodes + slots
+    total = sum(granted.values())
+    for name in names:
+        assert abs(granted[name] - total / nodes) < 0.1 * total / nodes, granted
