@@ -468,6 +468,8 @@ class RunManager:
         self._regrant_pending = None
         if self.draining:
             return
+        # Wall time, not monotonic: every worker reads whose turn it is off its own clock,
+        # and only wall clocks agree between hosts (._credits.Turns).
         grants, recalls = self.ledger.plan(self._clock.now().timestamp())
         for node, credits in grants.items():
             session = self.topology.session(node)
