@@ -215,18 +215,16 @@ def _draw(cycle: int, node: str) -> bytes:
 
 
 class CreditLedger:
-    def __init__(self, slots: int, turn_s: float = TURN_S) -> None:
+    def __init__(self, slots: int) -> None:
         if slots < 1:
             raise ValueError(f"slots must be at least 1, got {slots}")
-        if not turn_s > 0:
-            raise ValueError(f"turn_s must be positive, got {turn_s}")
         self.slots = slots
         self.occupied = 0
         self.granting = True
         self._nodes: dict[str, _NodeCredit] = {}
         self.unexpected_assignments = 0
         self.recalls_sent = 0
-        self.turns = Turns(turn_s)
+        self.turns = Turns()
 
     # ---- nodes ---------------------------------------------------------------------
 
