@@ -213,8 +213,11 @@ def test_running_plus_outstanding_never_exceeds_slots(slots: int, ops: list[tupl
     for op in ops:
         match op:
             case ("open", node):
+                # A Welcome starts a new session: what the node held or was asked under
+                # an earlier one is gone with it (its answers never come).
                 ledger.open(node)
                 held[node] = 0
+                asked.pop(node, None)
             case ("close", node):
                 ledger.close(node)
                 held.pop(node, None)
