@@ -38,8 +38,9 @@ the write has happened and the client must hear so.
 
 from __future__ import annotations
 
+import functools
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from datetime import timedelta
 from typing import Any, Protocol, TypeAlias, TypeVar
 
@@ -76,6 +77,11 @@ from chronoshard.scheduler.turns import in_turns
 from chronoshard.v1 import task_service_pb2, task_service_pb2_grpc
 
 log = logging.getLogger(__name__)
+
+SUBMIT_CHUNK = 250
+"""Items of a keyless ``SubmitBatch`` validated and sent to PostgreSQL at a time: one
+INSERT per chunk, written while the next chunk is validated (bench/README.md, "Submit
+batches in chunks")."""
 
 _Req = TypeVar("_Req")
 _Resp = TypeVar("_Resp")
@@ -228,13 +234,19 @@ class TaskServiceServicer(task_service_pb2_grpc.TaskServiceServicer):
         if len(request.tasks) > self._max_batch:
             raise InvalidArgument("tasks", f"at most {self._max_batch} tasks per batch")
         trace = task_requests.trace_context_from_metadata(context.invocation_metadata())
-        prepared = await in_turns(
-            request.tasks,
-            lambda i, item: self._prepare(tenant, item, trace, prefix=f"tasks[{i}]."),
-        )
-        _check_batch_keys(prepared)
-        self._check_submit_rate(tenant, len(prepared))
-        results = await self._insert(tenant, prepared, prefix="tasks[{}].")
+        if any(item.idempotency_key for item in request.tasks):
+            prepared = await in_turns(
+                request.tasks, functools.partial(self._prepare_item, tenant, trace, 0)
+            )
+            _check_batch_keys(prepared)
+            self._check_submit_rate(tenant, len(prepared))
+            results = await self._insert(tenant, prepared, prefix="tasks[{}].")
+        else:
+            # Without keys there is nothing to claim first: each chunk is written while
+            # the next is validated (SubmitStore.insert_streamed).
+            results = await self._submit_store.insert_streamed(
+                tenant.id, self._prepared_chunks(tenant, request, trace)
+            )
         self._notify_submitted(results)
         # Written into the response in place: a message given to another's constructor
         # is copied, and three levels of copies were a third of the call's CPU.
@@ -374,6 +386,31 @@ class TaskServiceServicer(task_service_pb2_grpc.TaskServiceServicer):
             trace_context=trace,
             prefix=prefix,
         )
+
+    async def _prepared_chunks(
+        self,
+        tenant: Tenant,
+        request: task_service_pb2.SubmitBatchRequest,
+        trace: dict[str, str] | None,
+    ) -> AsyncIterator[list[PreparedTask]]:
+        """The batch's items validated and prepared, :data:`SUBMIT_CHUNK` at a time; once
+        every one is, the tenant's submit rate is checked (before the store commits)."""
+        items = request.tasks
+        for start in range(0, len(items), SUBMIT_CHUNK):
+            chunk = items[start : start + SUBMIT_CHUNK]
+            yield await in_turns(chunk, functools.partial(self._prepare_item, tenant, trace, start))
+        self._check_submit_rate(tenant, len(items))
+
+    def _prepare_item(
+        self,
+        tenant: Tenant,
+        trace: dict[str, str] | None,
+        offset: int,
+        index: int,
+        item: task_service_pb2.SubmitTaskRequest,
+    ) -> PreparedTask:
+        """Item ``offset + index`` of a batch, prepared (errors name ``tasks[i].<field>``)."""
+        return self._prepare(tenant, item, trace, prefix=f"tasks[{offset + index}].")
 
     async def _insert(
         self, tenant: Tenant, prepared: Sequence[PreparedTask], *, prefix: str

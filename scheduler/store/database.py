@@ -476,11 +476,27 @@ class Store:
             CommitOutcomeUnknown, StoreUnavailable: as :meth:`transaction`.
         """
         async with self.transaction() as conn:
-            await conn.execute(
-                self._q["enter_tenant"],
-                {"role": API_ROLE, "setting": TENANT_SETTING, "tenant_id": tenant_id},
-            )
+            await self._enter_tenant(conn, tenant_id)
             yield conn
+
+    @asynccontextmanager
+    async def tenant_pipelined_transaction(self, tenant_id: uuid.UUID) -> AsyncIterator[Connection]:
+        """A :meth:`pipelined_transaction` that sees and writes only ``tenant_id``'s rows,
+        entered as :meth:`tenant_transaction` enters its tenant (the statement goes with
+        the block's first one, in the same round trip).
+
+        Raises:
+            CommitOutcomeUnknown, StoreUnavailable: as :meth:`pipelined_transaction`.
+        """
+        async with self.pipelined_transaction() as conn:
+            await self._enter_tenant(conn, tenant_id)
+            yield conn
+
+    async def _enter_tenant(self, conn: Connection, tenant_id: uuid.UUID) -> None:
+        await conn.execute(
+            self._q["enter_tenant"],
+            {"role": API_ROLE, "setting": TENANT_SETTING, "tenant_id": tenant_id},
+        )
 
     @asynccontextmanager
     async def self_committing(self) -> AsyncIterator[Connection]:

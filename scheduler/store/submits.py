@@ -59,12 +59,13 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from psycopg import AsyncCursor
 from psycopg.rows import dict_row
 
 from chronoshard.scheduler.core.models import (
@@ -263,6 +264,56 @@ class SubmitStore:
             )
         return [o for o in outcomes if isinstance(o, SubmitResult)]
 
+    async def insert_streamed(
+        self, tenant_id: uuid.UUID, chunks: AsyncIterable[Sequence[PreparedTask]]
+    ) -> list[SubmitResult]:
+        """Insert keyless tasks for ``tenant_id`` as ``chunks`` yields them, all in one
+        transaction; one result per task, in order.
+
+        A ``SubmitBatch`` without idempotency keys (the bulk load): each chunk's INSERT is
+        sent as soon as the chunk is ready, without waiting for the previous one's answer
+        (a :meth:`Store.tenant_pipelined_transaction`), so PostgreSQL writes a chunk while
+        the node validates the next and builds the tasks of the one before. Written in one
+        statement after the whole batch was validated, the node waited for PostgreSQL and
+        PostgreSQL for the node (bench/README.md, "Submit batches in chunks").
+
+        All or nothing, as :meth:`insert_tasks`: an exception from ``chunks`` (an invalid
+        item, the submit rate) or from the store rolls every chunk back. The last chunk's
+        rows are read before the COMMIT is sent, so a batch missing rows is never
+        committed.
+
+        Raises:
+            InvalidArgument: a task repeats the id of an earlier one, or carries an
+                idempotency key (keyed batches go through :meth:`insert_tasks`).
+            TenantNotFound: ``tenant_id`` does not exist.
+            StoreUnavailable: PostgreSQL failed; nothing was written (or, for
+                ``CommitOutcomeUnknown``, the read-back could not tell).
+        """
+        requests: list[Request] = []
+        inserted: dict[uuid.UUID, Task] = {}
+        seen: set[uuid.UUID] = set()
+        try:
+            async with self._store.tenant_pipelined_transaction(tenant_id) as conn:
+                unread: tuple[AsyncCursor[Any], list[Request]] | None = None
+                async for chunk in chunks:
+                    batch = [(tenant_id, p) for p in chunk]
+                    if not batch:
+                        continue
+                    _check_streamable(batch, seen)
+                    requests.extend(batch)
+                    sent = (await self._send_insert(conn, batch), batch)
+                    if unread is not None:
+                        inserted.update(await self._read_inserted(*unread))
+                    unread = sent
+                if unread is not None:
+                    inserted.update(await self._read_inserted(*unread))
+        except CommitOutcomeUnknown as exc:
+            outcomes = await self._read_back_submits(
+                requests, exc, all_or_nothing=True, tenant_id=tenant_id
+            )
+            return [o for o in outcomes if isinstance(o, SubmitResult)]
+        return [SubmitResult(inserted[p.new.id], created=True) for _, p in requests]
+
     async def insert_each(self, requests: Sequence[Request]) -> list[SubmitResult | SchedulerError]:
         """Write submits of any tenants in one transaction, each with its own outcome.
 
@@ -454,14 +505,32 @@ class SubmitStore:
     async def _insert_new(
         self, conn: Connection, requests: Sequence[Request]
     ) -> dict[uuid.UUID, Task]:
+        """The tasks inserted, by id; a request of a tenant that does not exist is left
+        out."""
         if not requests:
             return {}
+        return self._inserted(requests, await (await self._send_insert(conn, requests)).fetchall())
+
+    async def _send_insert(self, conn: Connection, requests: Sequence[Request]) -> AsyncCursor[Any]:
         # One statement for the batch (arrays unnested into rows): no per-row parse,
         # bind or round trip. It returns what PostgreSQL decided (which rows went in,
         # when, and the payload as jsonb keeps it); the rest of each row is what was sent.
         statement, params = insert_params(requests)
-        cur = await conn.execute(self._q[statement], params)
-        stored = {task_id: (at, payload) for task_id, at, payload in await cur.fetchall()}
+        return await conn.execute(self._q[statement], params)
+
+    async def _read_inserted(
+        self, cur: AsyncCursor[Any], requests: Sequence[Request]
+    ) -> dict[uuid.UUID, Task]:
+        """A streamed chunk's tasks, read from its INSERT; TenantNotFound when its rows
+        were left out (the tenant does not exist), raised inside the transaction."""
+        inserted = self._inserted(requests, await cur.fetchall())
+        if len(inserted) != len(requests):
+            raise TenantNotFound(requests[0][0])
+        return inserted
+
+    @staticmethod
+    def _inserted(requests: Sequence[Request], rows: Sequence[Any]) -> dict[uuid.UUID, Task]:
+        stored = {task_id: (at, payload) for task_id, at, payload in rows}
         return {
             p.new.id: inserted_task(tenant_id, p.new, *row)
             for tenant_id, p in requests
@@ -505,6 +574,17 @@ def _repeated_ids(requests: Sequence[Request]) -> list[SubmitResult | SchedulerE
             outcomes[i] = InvalidArgument("id", _REPEATED_ID)
         seen.add(p.new.id)
     return outcomes
+
+
+def _check_streamable(batch: Sequence[Request], seen: set[uuid.UUID]) -> None:
+    """A streamed chunk's requests carry no key and no id of an earlier request (added to
+    ``seen``)."""
+    for _, p in batch:
+        if p.new.idempotency_key is not None:
+            raise InvalidArgument("idempotency_key", "a streamed batch takes no keys")
+        if p.new.id in seen:
+            raise InvalidArgument("id", _REPEATED_ID)
+        seen.add(p.new.id)
 
 
 def _keyless(requests: Sequence[Request]) -> bool:

@@ -21,6 +21,7 @@ from fixtures.stores import tenant_with_key
 from fixtures.waiting import eventually
 from google.protobuf import duration_pb2, timestamp_pb2
 
+from chronoshard.scheduler.api import tasks as task_servicer
 from chronoshard.scheduler.api.auth import Authenticator
 from chronoshard.scheduler.api.tasks import TaskServiceServicer
 from chronoshard.scheduler.config import LimitsConfig, SchedulerConfig, SchedulingConfig
@@ -350,6 +351,37 @@ async def test_batch_with_one_bad_item_writes_nothing(api: Api) -> None:
     )
     assert info.field == "tasks"
     assert await api.counts() == (0, 0)
+
+
+async def test_a_batch_of_several_chunks_is_written_whole_or_not_at_all(
+    api: Api, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Keyless batches are validated and written a chunk at a time in one transaction
+    # (SubmitStore.insert_streamed): a bad item in the last chunk, after the first chunks'
+    # rows went to PostgreSQL, must still leave nothing behind. Chunks of 4 here: this
+    # servicer takes batches of at most 20.
+    monkeypatch.setattr(task_servicer, "SUBMIT_CHUNK", 4)
+    size = 2 * 4 + 3
+    bad = [Req(type=f"t{i}") for i in range(size - 1)] + [Req(type="x", timeout=_dur(-1))]
+    info = await _refused(
+        api.stub.SubmitBatch(task_service_pb2.SubmitBatchRequest(tasks=bad), metadata=api.auth),
+        grpc.StatusCode.INVALID_ARGUMENT,
+    )
+    assert info.field == f"tasks[{size - 1}].timeout"
+    assert await api.counts() == (0, 0)
+    assert api.listener.submitted == []
+
+    good = [Req(type=f"t{i}", payload_json=f'{{"i": {i}}}'.encode()) for i in range(size)]
+    response = await api.stub.SubmitBatch(
+        task_service_pb2.SubmitBatchRequest(tasks=good), metadata=api.auth
+    )
+    results = [r.submitted for r in response.results]
+    assert [r.task.type for r in results] == [f"t{i}" for i in range(size)]
+    assert [json.loads(r.task.payload_json) for r in results] == [{"i": i} for i in range(size)]
+    assert all(r.created for r in results)
+    assert len({r.task.id for r in results}) == size
+    assert await api.counts() == (size, 0)
+    assert [str(t.id) for t in api.listener.submitted] == [r.task.id for r in results]
 
 
 async def test_batch_answers_in_order_and_dedupes_keys(api: Api) -> None:

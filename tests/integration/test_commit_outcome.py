@@ -8,10 +8,11 @@ answer never comes back (``commits=True``), or it never gets it and rolls back
 ``CommitOutcomeUnknown``. docs/architecture.md#d12: such an outcome is settled by reading
 the rows back, never by writing them again.
 
-* a submit batch, unkeyed, is answered with its task when it committed and with
-  UNAVAILABLE (nothing written) when it did not; either way one row at most: a
-  ``SubmitBatch`` (its tenant's transaction, whose COMMIT is lost) and group commit's
-  batch (one self-committing INSERT, lost itself);
+* a submit batch, unkeyed, is answered with its tasks when it committed and with
+  UNAVAILABLE (nothing written) when it did not; either way one row each at most: a
+  ``SubmitBatch`` (its tenant's transaction, whose COMMIT is lost; written in one
+  statement, or chunk by chunk in a pipelined transaction) and group commit's batch
+  (one self-committing INSERT, lost itself);
 * dispatch intents read back tell the committed ones (to be sent) from the others;
 * a read-back ends the lost transaction's backend first, when it lives on;
 * a whole node: a preload whose answer is lost is read back onto the wheel, an intent
@@ -36,6 +37,7 @@ from fixtures.stores import (
     EPOCH,
     OWNER,
     SHARD,
+    in_chunks,
     insert_tasks,
     new_task,
     new_tenant,
@@ -50,7 +52,7 @@ from chronoshard.scheduler.core.ids import new_task_id
 from chronoshard.scheduler.core.models import NewTask, SubmitResult
 from chronoshard.scheduler.core.runs import Intent
 from chronoshard.scheduler.core.sharding import shard_of
-from chronoshard.scheduler.errors import CommitOutcomeUnknown, StoreUnavailable
+from chronoshard.scheduler.errors import CommitOutcomeUnknown, SchedulerError, StoreUnavailable
 from chronoshard.scheduler.node import SchedulerNode
 from chronoshard.scheduler.store.database import Backend, Store
 from chronoshard.scheduler.store.runs import RunStore
@@ -185,20 +187,22 @@ async def store(cutter: tuple[CommitCutter, str]) -> AsyncIterator[Store]:
         yield opened
 
 
-async def _submit_one(
-    store: Store, tenant_id: uuid.UUID, new: NewTask, *, group: bool
-) -> SubmitResult | Exception:
-    """``new`` submitted as group commit writes it (``insert_each``: one self-committing
-    INSERT) or as a ``SubmitBatch`` does (``insert_tasks``: a tenant transaction); its one
-    result."""
-    if group:
-        [result] = await SubmitStore(store).insert_each([(tenant_id, prepared_task(new))])
-        return result
-    [result] = await insert_tasks(store, tenant_id, [new])
-    return result
+async def _submit(
+    store: Store, tenant_id: uuid.UUID, news: list[NewTask], *, path: str
+) -> list[SubmitResult | SchedulerError]:
+    """``news`` submitted as group commit writes them (``insert_each``: one
+    self-committing INSERT), as a keyed ``SubmitBatch`` does (``insert_tasks``: a tenant
+    transaction), or as a keyless one does (``insert_streamed``: a pipelined tenant
+    transaction, one INSERT per task here); their results."""
+    if path == "group":
+        return await SubmitStore(store).insert_each([(tenant_id, prepared_task(n)) for n in news])
+    if path == "streamed":
+        prepared = [prepared_task(n) for n in news]
+        return list(await SubmitStore(store).insert_streamed(tenant_id, in_chunks(prepared, 1)))
+    return list(await insert_tasks(store, tenant_id, news))
 
 
-SUBMIT_PATHS = pytest.mark.parametrize("group", [False, True], ids=["submit-batch", "group"])
+SUBMIT_PATHS = pytest.mark.parametrize("path", ["submit-batch", "group", "streamed"])
 
 
 def _rows(dsn: str, task_id: uuid.UUID) -> int:
@@ -210,36 +214,36 @@ def _rows(dsn: str, task_id: uuid.UUID) -> int:
 
 @SUBMIT_PATHS
 async def test_an_unkeyed_submit_whose_commit_answer_was_lost_is_read_back_once(
-    store: Store, cutter: tuple[CommitCutter, str], fresh_db_dsn: str, group: bool
+    store: Store, cutter: tuple[CommitCutter, str], fresh_db_dsn: str, path: str
 ) -> None:
     proxy, _ = cutter
     tenant = await new_tenant(store)
-    new = new_task()
-    proxy.arm(INSERT_TASKS, commits=True, self_committing=group)
-    result = await _submit_one(store, tenant.id, new, group=group)
+    news = [new_task() for _ in range(3)]
+    proxy.arm(INSERT_TASKS, commits=True, self_committing=path == "group")
+    results = await _submit(store, tenant.id, news, path=path)
     assert proxy.cut == 1, "the COMMIT was not intercepted: the test proves nothing"
-    assert isinstance(result, SubmitResult)
-    assert result.created and result.task.id == new.id
-    assert _rows(fresh_db_dsn, new.id) == 1
+    assert all(isinstance(r, SubmitResult) and r.created for r in results)
+    assert [r.task.id for r in results if isinstance(r, SubmitResult)] == [n.id for n in news]
+    assert [_rows(fresh_db_dsn, n.id) for n in news] == [1, 1, 1]
 
 
 @SUBMIT_PATHS
 async def test_a_submit_whose_commit_never_arrived_is_unavailable_and_wrote_nothing(
-    store: Store, cutter: tuple[CommitCutter, str], fresh_db_dsn: str, group: bool
+    store: Store, cutter: tuple[CommitCutter, str], fresh_db_dsn: str, path: str
 ) -> None:
     proxy, _ = cutter
     tenant = await new_tenant(store)
-    new = new_task()
-    proxy.arm(INSERT_TASKS, commits=False, self_committing=group)
+    news = [new_task() for _ in range(3)]
+    proxy.arm(INSERT_TASKS, commits=False, self_committing=path == "group")
     with pytest.raises(StoreUnavailable) as raised:
-        await _submit_one(store, tenant.id, new, group=group)
+        await _submit(store, tenant.id, news, path=path)
     assert proxy.cut == 1
     # Read back: known not written, so a plain retry is safe (not "outcome unknown").
     assert not isinstance(raised.value, CommitOutcomeUnknown)
-    assert _rows(fresh_db_dsn, new.id) == 0
-    result = await _submit_one(store, tenant.id, new, group=group)
-    assert isinstance(result, SubmitResult)
-    assert result.created and _rows(fresh_db_dsn, new.id) == 1
+    assert [_rows(fresh_db_dsn, n.id) for n in news] == [0, 0, 0]
+    results = await _submit(store, tenant.id, news, path=path)
+    assert all(isinstance(r, SubmitResult) and r.created for r in results)
+    assert [_rows(fresh_db_dsn, n.id) for n in news] == [1, 1, 1]
 
 
 async def test_a_keyed_batch_read_back_answers_new_tasks_and_repeats(

@@ -6,18 +6,26 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import uuid
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
 import pytest
-from fixtures.stores import insert_tasks, new_tenant
+from fixtures.stores import insert_tasks, new_tenant, prepared_task
 from fixtures.waiting import eventually
 
 from chronoshard.scheduler.core import states
 from chronoshard.scheduler.core.ids import new_task_id
 from chronoshard.scheduler.core.jitter import JitterMode
-from chronoshard.scheduler.core.models import NewTask, Priority, Task, Tenant
+from chronoshard.scheduler.core.models import (
+    NewTask,
+    PreparedTask,
+    Priority,
+    SubmitResult,
+    Task,
+    Tenant,
+)
 from chronoshard.scheduler.core.sharding import shard_of
 from chronoshard.scheduler.core.states import AttemptState, TaskEvent, TaskStatus
 from chronoshard.scheduler.errors import (
@@ -29,6 +37,7 @@ from chronoshard.scheduler.errors import (
 )
 from chronoshard.scheduler.store.database import Store, _has_input
 from chronoshard.scheduler.store.runs import RunStore
+from chronoshard.scheduler.store.submits import SubmitStore
 
 SHARDS = 64
 NOW = datetime.now(UTC).replace(microsecond=123456)
@@ -148,6 +157,54 @@ async def test_duplicate_ids_in_one_batch_are_refused(store: Store, tenant: Tena
     with pytest.raises(InvalidArgument) as caught:
         await insert_tasks(store, tenant.id, [task, task])
     assert caught.value.field == "id"
+
+
+async def _streamed(
+    store: Store, tenant_id: uuid.UUID, chunks: list[list[NewTask]], *, then: Exception | None
+) -> list[SubmitResult]:
+    """``chunks`` through :meth:`SubmitStore.insert_streamed`; ``then`` is raised by the
+    chunks' producer after the last one was handed over (as a submit rate refused after
+    validation would be)."""
+
+    async def produce() -> AsyncIterator[list[PreparedTask]]:
+        for chunk in chunks:
+            yield [prepared_task(t) for t in chunk]
+        if then is not None:
+            raise then
+
+    return await SubmitStore(store).insert_streamed(tenant_id, produce())
+
+
+async def test_a_streamed_batch_refused_after_its_chunks_were_sent_writes_nothing(
+    store: Store, tenant: Tenant, db_dsn: str
+) -> None:
+    chunks = [[make_task(), make_task()], [make_task()]]
+    refusal = InvalidArgument("tasks[3].type", "is required")
+    with pytest.raises(InvalidArgument) as caught:
+        await _streamed(store, tenant.id, chunks, then=refusal)
+    assert caught.value is refusal
+    assert await _counts(db_dsn, tenant.id) == (0, 0)
+
+    results = await _streamed(store, tenant.id, chunks, then=None)
+    assert [r.task.id for r in results] == [t.id for chunk in chunks for t in chunk]
+    assert await _counts(db_dsn, tenant.id) == (3, 0)
+
+
+@pytest.mark.parametrize("fault", ["repeated id", "key", "unknown tenant"])
+async def test_a_streamed_batch_refuses_what_it_cannot_write_and_writes_nothing(
+    store: Store, tenant: Tenant, db_dsn: str, fault: str
+) -> None:
+    first = make_task()
+    tenant_id = uuid.uuid4() if fault == "unknown tenant" else tenant.id
+    last = {
+        "repeated id": first,
+        "key": make_task(idempotency_key="k"),
+        "unknown tenant": make_task(),
+    }[fault]
+    expected = TenantNotFound if fault == "unknown tenant" else InvalidArgument
+    with pytest.raises(expected):
+        await _streamed(store, tenant_id, [[first, make_task()], [last]], then=None)
+    assert await _counts(db_dsn, tenant_id) == (0, 0)
 
 
 async def test_conflict_on_the_last_item_rolls_back_the_whole_batch(

@@ -1,7 +1,7 @@
 """A submit answers with the task it built from the request (``core.models.inserted_task``),
 not with its row read back: that task must be the row as PostgreSQL stored it, field for
-field, for any task the wire can hand the store, on both write paths (one
-self-committing INSERT without keys, the transaction with keys) and through group commit.
+field, for any task the wire can hand the store, on every write path (a keyless batch
+chunk by chunk, a keyed one in one transaction, group commit with and without keys).
 
 Payloads are generated as JSON text and parsed as the wire parses them, so their
 numbers have the types the scheduler really holds (exact: Decimal where a float would
@@ -17,19 +17,23 @@ from typing import Any
 
 import pytest
 import uvloop
-from fixtures.stores import new_tenant, prepared_task
+from fixtures.stores import in_chunks, new_tenant, prepared_task
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from chronoshard import exact_json, json_documents
 from chronoshard.scheduler.core.ids import new_task_id
 from chronoshard.scheduler.core.jitter import JitterMode
-from chronoshard.scheduler.core.models import NewTask, Priority, Tenant
+from chronoshard.scheduler.core.models import NewTask, Priority, SubmitResult, Tenant
 from chronoshard.scheduler.core.sharding import shard_of
+from chronoshard.scheduler.errors import SchedulerError
 from chronoshard.scheduler.store.database import Store
 from chronoshard.scheduler.store.submits import SubmitStore
 
 SHARDS = 64
+PATHS = ("batch", "batch-keyed", "group", "group-keyed", "streamed")
+"""insert_tasks (a keyed or keyless SubmitBatch), insert_each (group commit), and
+insert_streamed (a keyless SubmitBatch, chunk by chunk)."""
 
 _TEXT = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"))
 _SCALARS = (
@@ -109,20 +113,20 @@ def opened(runner: asyncio.Runner, db_dsn: str) -> Iterator[tuple[Store, Tenant]
 )
 @given(
     tasks=st.lists(new_tasks(), min_size=1, max_size=4),
-    keyed=st.booleans(),
-    grouped=st.booleans(),
+    path=st.sampled_from(PATHS),
+    chunk=st.integers(min_value=1, max_value=3),
 )
 def test_the_answer_of_a_submit_is_the_row_as_stored(
     runner: asyncio.Runner,
     opened: tuple[Store, Tenant],
     tasks: list[NewTask],
-    keyed: bool,
-    grouped: bool,
+    path: str,
+    chunk: int,
 ) -> None:
     store, tenant = opened
-    if keyed:
+    if path.endswith("-keyed"):
         tasks = [_with_key(t) for t in tasks]
-    runner.run(_submit_and_compare(store, tenant, tasks, grouped=grouped))
+    runner.run(_submit_and_compare(store, tenant, tasks, path=path, chunk=chunk))
 
 
 def _with_key(task: NewTask) -> NewTask:
@@ -132,12 +136,15 @@ def _with_key(task: NewTask) -> NewTask:
 
 
 async def _submit_and_compare(
-    store: Store, tenant: Tenant, tasks: list[NewTask], *, grouped: bool
+    store: Store, tenant: Tenant, tasks: list[NewTask], *, path: str, chunk: int
 ) -> None:
     submits = SubmitStore(store)
     prepared = [prepared_task(t) for t in tasks]
-    if grouped:
+    outcomes: list[SubmitResult | SchedulerError]
+    if path.startswith("group"):
         outcomes = await submits.insert_each([(tenant.id, p) for p in prepared])
+    elif path == "streamed":
+        outcomes = list(await submits.insert_streamed(tenant.id, in_chunks(prepared, chunk)))
     else:
         outcomes = list(await submits.insert_tasks(tenant.id, prepared))
     assert len(outcomes) == len(tasks)
