@@ -55,8 +55,7 @@ class SubmitQuotas:
                 ``retry_after_s`` is when the same call would pass here.
         """
         rate = self._rate_of(tenant_id)
-        share = None if rate is None else node_share(rate, self._nodes(), self._node_id)
-        wait_s = self._limiter.check(tenant_id, tasks, share, self._clock.monotonic())
+        wait_s = self._limiter.check(tenant_id, tasks, self._share(rate), self._clock.monotonic())
         if wait_s <= 0:
             return
         assert rate is not None
@@ -64,6 +63,17 @@ class SubmitQuotas:
         self._stats["submits_refused"] += 1
         self._stats["tasks_refused"] += tasks
         raise QuotaExceeded("submit rate", rate, wait_s)
+
+    def admits(self, tenant_id: uuid.UUID, tasks: int) -> bool:
+        """Whether :meth:`check` would let ``tasks`` through now; takes nothing. A caller
+        about to write before it checks (a keyless ``SubmitBatch``, validated and written
+        chunk by chunk) asks first, so a tenant over its rate still costs no database work."""
+        share = self._share(self._rate_of(tenant_id))
+        return self._limiter.would_wait(tenant_id, tasks, share, self._clock.monotonic()) <= 0
+
+    def _share(self, rate: float | None) -> float | None:
+        """This node's share of a tenant's submit rate (None: unlimited)."""
+        return None if rate is None else node_share(rate, self._nodes(), self._node_id)
 
     def refused(self) -> dict[uuid.UUID, int]:
         """Submit calls refused so far, per tenant (they only grow; for the metrics)."""

@@ -227,14 +227,17 @@ class TaskServiceServicer(task_service_pb2_grpc.TaskServiceServicer):
     async def _submit_batch(
         self, tenant: Tenant, request: task_service_pb2.SubmitBatchRequest, context: Context
     ) -> task_service_pb2.SubmitBatchResponse:
-        # All or nothing: the whole batch is validated, then written in one transaction,
-        # and the first invalid item fails the call (field "tasks[i].<field>"). The
+        # All or nothing: the batch is written in one transaction, and the first invalid
+        # item fails the call (field "tasks[i].<field>") with nothing committed. The
         # per-item `error` outcome of SubmitBatchResult is therefore never used: a
         # response lists only accepted items, in request order.
         if len(request.tasks) > self._max_batch:
             raise InvalidArgument("tasks", f"at most {self._max_batch} tasks per batch")
         trace = task_requests.trace_context_from_metadata(context.invocation_metadata())
-        if any(item.idempotency_key for item in request.tasks):
+        keyed = any(item.idempotency_key for item in request.tasks)
+        if keyed or not self._submit_rate_admits(tenant, len(request.tasks)):
+            # Keys are claimed before any row goes in; and a batch over the submit rate
+            # is refused (after validation, as ever) before anything reaches PostgreSQL.
             prepared = await in_turns(
                 request.tasks, functools.partial(self._prepare_item, tenant, trace, 0)
             )
@@ -269,6 +272,11 @@ class TaskServiceServicer(task_service_pb2_grpc.TaskServiceServicer):
             response.task.waiting_reason = reason
         response.attempts.extend(convert.attempt_to_pb(a) for a in attempts)
         return response
+
+    def _submit_rate_admits(self, tenant: Tenant, tasks: int) -> bool:
+        """Whether the tenant's submit rate would let ``tasks`` through now (takes
+        nothing)."""
+        return self._submit_quotas is None or self._submit_quotas.admits(tenant.id, tasks)
 
     def _check_submit_rate(self, tenant: Tenant, tasks: int) -> None:
         """Refuse the submit (QuotaExceeded) if it is over the tenant's submit rate."""

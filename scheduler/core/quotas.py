@@ -255,10 +255,16 @@ class TokenBucket:
     def take(self, n: int, now: float) -> float:
         """Take ``n`` tokens: 0.0 if taken, else the seconds until they could be (nothing
         is taken then)."""
+        wait_s = self.wait_for(n, now)
+        if wait_s == 0.0:
+            self.tokens -= n
+        return wait_s
+
+    def wait_for(self, n: int, now: float) -> float:
+        """What :meth:`take` would answer now, taking nothing."""
         self.refill(now)
         needed = min(float(n), burst(self.rate))
         if self.tokens + TOKEN_EPS >= needed:
-            self.tokens -= n
             return 0.0
         return (needed - self.tokens) / self.rate
 
@@ -283,9 +289,19 @@ class SubmitRateLimiter:
     def check(self, tenant_id: uuid.UUID, tasks: int, rate: float | None, now: float) -> float:
         """Take ``tasks`` tokens of the tenant's bucket at ``rate`` (None: unlimited);
         0.0 if the submit may go, else the seconds the client should wait first."""
+        bucket = self._bucket(tenant_id, rate, now)
+        return 0.0 if bucket is None else bucket.take(tasks, now)
+
+    def would_wait(self, tenant_id: uuid.UUID, tasks: int, rate: float | None, now: float) -> float:
+        """What :meth:`check` would answer now, taking nothing."""
+        bucket = self._bucket(tenant_id, rate, now)
+        return 0.0 if bucket is None else bucket.wait_for(tasks, now)
+
+    def _bucket(self, tenant_id: uuid.UUID, rate: float | None, now: float) -> TokenBucket | None:
+        """The tenant's bucket at ``rate``; None (and none kept) when it has no limit."""
         if rate is None:
             self._buckets.pop(tenant_id, None)
-            return 0.0
+            return None
         bucket = self._buckets.get(tenant_id)
         if bucket is None:
             if len(self._buckets) >= self._max_tenants:
@@ -293,7 +309,7 @@ class SubmitRateLimiter:
             bucket = self._buckets[tenant_id] = TokenBucket(rate, now)
         elif bucket.rate != rate:
             bucket.set_rate(rate, now)
-        return bucket.take(tasks, now)
+        return bucket
 
     def _forget_full(self, now: float) -> None:
         for tenant_id, bucket in list(self._buckets.items()):

@@ -21,8 +21,10 @@ from fixtures.stores import tenant_with_key
 from fixtures.waiting import eventually
 from google.protobuf import duration_pb2, timestamp_pb2
 
+from chronoshard.clock import FakeClock
 from chronoshard.scheduler.api import tasks as task_servicer
 from chronoshard.scheduler.api.auth import Authenticator
+from chronoshard.scheduler.api.quotas import SubmitQuotas
 from chronoshard.scheduler.api.tasks import TaskServiceServicer
 from chronoshard.scheduler.config import LimitsConfig, SchedulerConfig, SchedulingConfig
 from chronoshard.scheduler.core.models import Task, Tenant
@@ -104,11 +106,18 @@ class Api:
 
 
 async def _serve(
-    store: Store, authenticator: Authenticator, listener: Recorder
+    store: Store,
+    authenticator: Authenticator,
+    listener: Recorder,
+    submit_quotas: SubmitQuotas | None = None,
 ) -> tuple[grpc.aio.Server, int]:
     server = grpc.aio.server(options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)])
     servicer = TaskServiceServicer(
-        config=CONFIG, store=store, authenticator=authenticator, listener=listener
+        config=CONFIG,
+        store=store,
+        authenticator=authenticator,
+        listener=listener,
+        submit_quotas=submit_quotas,
     )
     task_service_pb2_grpc.add_TaskServiceServicer_to_server(servicer, server)
     port = server.add_insecure_port("127.0.0.1:0")
@@ -382,6 +391,60 @@ async def test_a_batch_of_several_chunks_is_written_whole_or_not_at_all(
     assert len({r.task.id for r in results}) == size
     assert await api.counts() == (size, 0)
     assert [str(t.id) for t in api.listener.submitted] == [r.task.id for r in results]
+
+
+@dataclass
+class CallCounter:
+    """A store's DatabaseTimings: counts the pooled connections it handed out."""
+
+    acquired_count: int = 0
+
+    def acquired(self, wait_s: float) -> None:
+        self.acquired_count += 1
+
+    def released(self, kind: str, held_s: float) -> None:
+        pass
+
+
+async def test_a_batch_over_the_submit_rate_is_refused_before_it_reaches_postgresql(
+    api: Api, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A keyless batch is written chunk by chunk as it is validated; over the submit rate
+    # it must still be refused without any database work (api/quotas.py), and after
+    # validation: an invalid batch hears of its invalid item, not of the rate.
+    monkeypatch.setattr(task_servicer, "SUBMIT_CHUNK", 4)
+    counter = CallCounter()
+    quotas = SubmitQuotas("node-1", FakeClock(), lambda _: 10.0, lambda: ["node-1"])
+    async with await Store.open(api.dsn, min_size=1, max_size=2, timings=counter) as watched:
+        # Authentication reads through the fixture's store: the watched one serves
+        # only the submits.
+        server, port = await _serve(
+            watched, Authenticator(TenantStore(api.store)), Recorder(), quotas
+        )
+        try:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+                stub = Stub(channel)
+                # The bucket is full (10 tokens): a batch of 15 goes, and leaves a debt.
+                batch = task_service_pb2.SubmitBatchRequest(
+                    tasks=[Req(type=f"t{i}") for i in range(15)]
+                )
+                assert len((await stub.SubmitBatch(batch, metadata=api.auth)).results) == 15
+                calls = counter.acquired_count
+                info = await _refused(
+                    stub.SubmitBatch(batch, metadata=api.auth), grpc.StatusCode.RESOURCE_EXHAUSTED
+                )
+                assert info.reason == "QUOTA_EXCEEDED"
+                invalid = task_service_pb2.SubmitBatchRequest(
+                    tasks=[Req(type="a"), Req(type="b", timeout=_dur(-1))]
+                )
+                info = await _refused(
+                    stub.SubmitBatch(invalid, metadata=api.auth), grpc.StatusCode.INVALID_ARGUMENT
+                )
+                assert info.field == "tasks[1].timeout"
+                assert counter.acquired_count == calls, "a refused batch reached PostgreSQL"
+        finally:
+            await server.stop(grace=None)
+    assert await api.counts() == (15, 0)
 
 
 async def test_batch_answers_in_order_and_dedupes_keys(api: Api) -> None:

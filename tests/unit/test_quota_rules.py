@@ -270,6 +270,41 @@ def test_a_submit_bucket_holds_its_rate_with_at_most_one_requests_debt(
     assert taken <= burst(rate) + rate * now + debt + 1e-6
 
 
+@settings(max_examples=200)
+@given(
+    rate=rates,
+    takes=st.lists(
+        st.tuples(
+            st.floats(min_value=0.0, max_value=2.0), st.integers(min_value=1, max_value=2000)
+        ),
+        min_size=1,
+        max_size=50,
+    ),
+)
+def test_asking_what_a_take_would_answer_takes_nothing(
+    rate: float, takes: list[tuple[float, int]]
+) -> None:
+    asked, only_taken = TokenBucket(rate, now=0.0), TokenBucket(rate, now=0.0)
+    now = 0.0
+    for gap_s, n in takes:
+        now += gap_s
+        would_wait = asked.wait_for(n, now)
+        assert would_wait == asked.wait_for(n, now)  # asking twice: the same answer
+        assert asked.take(n, now) == would_wait == only_taken.take(n, now)
+        assert asked.tokens == only_taken.tokens
+
+
+def test_a_limiter_asked_first_answers_as_its_check_then_does() -> None:
+    limiter = SubmitRateLimiter()
+    assert limiter.would_wait(A, 10, 10.0, now=0.0) == 0.0
+    assert limiter.would_wait(A, 10, 10.0, now=0.0) == 0.0  # nothing was taken
+    assert limiter.check(A, 10, 10.0, now=0.0) == 0.0
+    assert limiter.would_wait(A, 5, 10.0, now=0.0) == pytest.approx(0.5)
+    assert limiter.check(A, 5, 10.0, now=0.0) == pytest.approx(0.5)
+    assert limiter.would_wait(B, 10**6, None, now=0.0) == 0.0  # no limit
+    assert len(limiter) == 1
+
+
 def test_a_batch_bigger_than_the_burst_goes_when_the_bucket_is_full_and_leaves_a_debt() -> None:
     limiter = SubmitRateLimiter()
     assert limiter.check(A, 1000, 10.0, now=0.0) == 0.0  # full: 10 tokens, a debt of 990
