@@ -188,8 +188,11 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "submit-handler", parents=[common], help="the SubmitTask handler in process, no gRPC"
     )
-    p.add_argument("--submits", type=int, default=2000)
-    p.set_defaults(run=lambda a, i: handler.submit_handler(i, a.submits))
+    p.add_argument("--submits", type=int, default=2000, help="calls measured")
+    p.add_argument(
+        "--batch", type=int, default=1, help="tasks per call: 1 SubmitTask, more SubmitBatch"
+    )
+    p.set_defaults(run=lambda a, i: handler.submit_handler(i, a.submits, a.batch))
 
     p = sub.add_parser("submit-batch", parents=[common], help="SubmitBatch of 1,000")
     p.add_argument("--tasks", type=int, default=100_000)

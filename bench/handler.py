@@ -1,4 +1,4 @@
-"""The TaskService submit handler in this process, without gRPC (issue 14, target 2).
+"""The TaskService submit handler in this process, without gRPC (issue 14, targets 2 and 4).
 
 ``python -m bench submit-handler --submits N`` builds the node's ``TaskServiceServicer``
 on a real store (a fresh migrated database) and calls its ``SubmitTask`` N times, one at
@@ -8,6 +8,11 @@ authenticate, validate, group commit, insert, commit, answer. The gRPC hop and t
 rest of a node are not in it, so this is the number to compare when a change is to the
 handler's Python: it moves less with the machine's moment than a rate across three
 processes does.
+
+With ``--batch K`` (K > 1) each call is a ``SubmitBatch`` of K tasks instead (10 warm-up
+calls). The wall time of a call less this process's CPU is what the handler waited for
+PostgreSQL (and for the CPU, when PostgreSQL had it): the number that shows how much of
+the database's work a change hides behind the handler's own.
 
 For a count that does not move at all, run it under callgrind twice and take the
 difference (the warm-up and start-up cancel out)::
@@ -37,6 +42,7 @@ from chronoshard.scheduler.store.tenants import TenantStore, create_tenant
 from chronoshard.v1 import task_service_pb2
 
 WARMUP_SUBMITS = 200
+WARMUP_BATCHES = 10
 FAR_OUT = timedelta(hours=2)
 
 
@@ -53,7 +59,7 @@ class _Context:
         return {}
 
 
-async def _submits(dsn: str, api_key: str, submits: int) -> tuple[float, float]:
+async def _submits(dsn: str, api_key: str, submits: int, batch: int) -> tuple[float, float]:
     async with await Store.open(dsn, min_size=2, max_size=4) as store:
         servicer = TaskServiceServicer(
             config=SchedulerConfig(), store=store, authenticator=Authenticator(TenantStore(store))
@@ -64,39 +70,50 @@ async def _submits(dsn: str, api_key: str, submits: int) -> tuple[float, float]:
         request = task_service_pb2.SubmitTaskRequest(
             type="bench.stamp", scheduled_at=at, strict_timing=True, payload_json=b'{"i": 1}'
         )
-        try:
-            for _ in range(WARMUP_SUBMITS):
+        many = task_service_pb2.SubmitBatchRequest(tasks=[request] * batch)
+
+        async def call() -> None:
+            if batch == 1:
                 await servicer.SubmitTask(request, context)
+            else:
+                await servicer.SubmitBatch(many, context)
+
+        try:
+            for _ in range(WARMUP_SUBMITS if batch == 1 else WARMUP_BATCHES):
+                await call()
             wall, cpu = time.perf_counter(), time.process_time()
             for _ in range(submits):
-                await servicer.SubmitTask(request, context)
+                await call()
             return time.perf_counter() - wall, time.process_time() - cpu
         finally:
             await servicer.stop()
 
 
-def submit_handler(infra: Infrastructure, submits: int) -> Report:
+def submit_handler(infra: Infrastructure, submits: int, batch: int = 1) -> Report:
+    warmup = WARMUP_SUBMITS if batch == 1 else WARMUP_BATCHES
     with infra.database("submit_handler") as dsn:
         api_key = create_tenant(dsn, "bench-handler").api_key
-        wall_s, cpu_s = uvloop.run(_submits(dsn, api_key, submits))
+        wall_s, cpu_s = uvloop.run(_submits(dsn, api_key, submits, batch))
         with psycopg.connect(dsn) as conn:
             row = conn.execute("SELECT count(*) FROM tasks").fetchone()
     stored = 0 if row is None else int(row[0])
     result = {
-        "submits": submits,
-        "submits/s": submits / wall_s,
-        "wall ms per submit": f"{wall_s / submits * 1000:.3f}",
-        "CPU ms per submit": f"{cpu_s / submits * 1000:.3f}",
+        "calls": submits,
+        "tasks per call": batch,
+        "tasks/s": submits * batch / wall_s,
+        "wall ms per call": f"{wall_s / submits * 1000:.3f}",
+        "CPU ms per call": f"{cpu_s / submits * 1000:.3f}",
+        "waited ms per call": f"{(wall_s - cpu_s) / submits * 1000:.3f}",
         "rows stored": stored,
     }
     return Report(
         workload="submit-handler",
         command="",
-        parameters={"submits": submits, "warm-up submits": WARMUP_SUBMITS},
+        parameters={"calls": submits, "tasks per call": batch, "warm-up calls": warmup},
         columns=list(result),
         rows=[result],
         notes=[
-            f"{stored:,} rows for {submits + WARMUP_SUBMITS:,} submits "
-            "(the measured ones and the warm-up): each answered submit is a committed row."
+            f"{stored:,} rows for {(submits + warmup) * batch:,} tasks submitted "
+            "(the measured calls and the warm-up): each answered task is a committed row."
         ],
     )

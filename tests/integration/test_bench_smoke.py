@@ -70,6 +70,7 @@ def run(
 SIZES = [
     pytest.param(["submit-single", "--clients", "4", "--duration-s", "1"], id="submit-single"),
     pytest.param(["submit-handler", "--submits", "50"], id="submit-handler"),
+    pytest.param(["submit-handler", "--submits", "3", "--batch", "600"], id="submit-handler-batch"),
     pytest.param(["submit-batch", "--tasks", "1500", "--batch", "500"], id="submit-batch"),
     pytest.param(["stampede", "200", "--slots", "50"], id="stampede"),
     pytest.param(["steady", "50", "--duration-s", "1"], id="steady"),
@@ -91,7 +92,9 @@ def test_workload_at_a_tiny_size(
     if argv[0] == "submit-batch":
         assert row["tasks"] == row["rows stored"] == 1500
     if argv[0] == "submit-handler":
-        assert row["rows stored"] == 50 + 200  # and the warm-up's
+        # The measured calls' tasks and the warm-up's (200 single calls, 10 batches).
+        calls, batch = row["calls"], row["tasks per call"]
+        assert row["rows stored"] == (calls + (200 if batch == 1 else 10)) * batch
     if argv[0] in ("stampede", "steady"):
         assert row["none lost or doubled"] is True
     if argv[0] == "stampede":
