@@ -238,17 +238,16 @@ def test_a_new_tenant_starts_with_a_full_bucket_and_is_told_when_to_come_back() 
 # --- token buckets over time ------------------------------------------------------------------
 
 
-@settings(max_examples=200)
-@given(
-    rate=rates,
-    takes=st.lists(
-        st.tuples(
-            st.floats(min_value=0.0, max_value=2.0), st.integers(min_value=1, max_value=2000)
-        ),
-        min_size=1,
-        max_size=150,
-    ),
+takes = st.lists(
+    st.tuples(st.floats(min_value=0.0, max_value=2.0), st.integers(min_value=1, max_value=2000)),
+    min_size=1,
+    max_size=150,
 )
+"""(gap since the previous request in seconds, tasks asked) for a bucket."""
+
+
+@settings(max_examples=200)
+@given(rate=rates, takes=takes)
 def test_a_submit_bucket_holds_its_rate_with_at_most_one_requests_debt(
     rate: float, takes: list[tuple[float, int]]
 ) -> None:
@@ -271,16 +270,7 @@ def test_a_submit_bucket_holds_its_rate_with_at_most_one_requests_debt(
 
 
 @settings(max_examples=200)
-@given(
-    rate=rates,
-    takes=st.lists(
-        st.tuples(
-            st.floats(min_value=0.0, max_value=2.0), st.integers(min_value=1, max_value=2000)
-        ),
-        min_size=1,
-        max_size=50,
-    ),
-)
+@given(rate=rates, takes=takes)
 def test_asking_what_a_take_would_answer_takes_nothing(
     rate: float, takes: list[tuple[float, int]]
 ) -> None:
