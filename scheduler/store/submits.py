@@ -13,10 +13,11 @@ without keys (most single submits) is that INSERT alone, self-committing
 (:meth:`Store.self_committing`): one statement instead of four (BEGIN, the tenant check,
 the INSERT, COMMIT), the tenant check inside it.
 
-**Who writes.** A ``SubmitBatch`` (:meth:`SubmitStore.insert_tasks`: one tenant) runs as
-its tenant, in a :meth:`Store.tenant_transaction`: row-level security refuses a row of
-any other tenant (docs/operations.md#row-level-security), keys or none, so its keyless
-batch is a transaction too (BEGIN, the tenant, the INSERT, COMMIT). Group commit's
+**Who writes.** A ``SubmitBatch`` (one tenant) runs as its tenant: row-level security
+refuses a row of any other tenant (docs/operations.md#row-level-security), keys or none.
+With keys it is :meth:`SubmitStore.insert_tasks`, a :meth:`Store.tenant_transaction`;
+without, :meth:`SubmitStore.insert_streamed`, a :meth:`Store.tenant_pipelined_transaction`
+whose INSERTs, one per chunk of the batch, go out as the chunks are validated. Group commit's
 batches (:meth:`SubmitStore.insert_each`) hold many tenants' submits in one statement,
 which no single tenant setting could admit: they run as the node's own role, which RLS
 does not restrict, and what keeps them to their tenants is that each request's tenant is
