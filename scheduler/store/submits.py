@@ -510,7 +510,8 @@ class SubmitStore:
         out."""
         if not requests:
             return {}
-        return self._inserted(requests, await (await self._send_insert(conn, requests)).fetchall())
+        cur = await self._send_insert(conn, requests)
+        return self._inserted(requests, await cur.fetchall())
 
     async def _send_insert(self, conn: Connection, requests: Sequence[Request]) -> AsyncCursor[Any]:
         # One statement for the batch (arrays unnested into rows): no per-row parse,
