@@ -183,7 +183,15 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--clients", type=int, default=64)
     p.add_argument("--duration-s", type=float, default=10.0)
-    p.set_defaults(run=lambda a, i: submit.submit_floor(a.clients, a.duration_s), needs_infra=False)
+    p.add_argument(
+        "--stream",
+        action="store_true",
+        help="each caller on one bidirectional stream instead of a unary call per submit",
+    )
+    p.set_defaults(
+        run=lambda a, i: submit.submit_floor(a.clients, a.duration_s, stream=a.stream),
+        needs_infra=False,
+    )
 
     p = sub.add_parser(
         "submit-handler", parents=[common], help="the SubmitTask handler in process, no gRPC"

@@ -27,13 +27,17 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import NamedTuple
 
+import grpc
 import psycopg
 import uvloop
 
+from bench import _floor_server
 from bench._cluster import Infrastructure, Node, cpu_by_pid, node, postgres_pids, process_cpu_s
 from bench._report import Report, Target, ms, percentile
 from chronoshard import Client, SubmitResult, TaskSpec
+from chronoshard._convert import submit_request, submit_result_from_pb
 from chronoshard._dev.processes import free_ports
+from chronoshard.v1 import task_service_pb2
 
 FAR_OUT = timedelta(hours=2)
 WARMUP_S = 1.0
@@ -106,6 +110,57 @@ async def _single_clients(
     return acked, latencies, elapsed, cpu
 
 
+async def _stream_callers(
+    address: str, clients: int, duration_s: float, cpu_now: Callable[[], Cpu]
+) -> tuple[int, list[float], float, Cpu]:
+    """``_single_clients``' callers on the floor server's stream (``submit-floor --stream``):
+    each caller holds one bidirectional stream and sends one request at a time on it,
+    building the request and reading the answer as the client's ``submit`` does (the same
+    conversions), so what differs from the unary callers is the hop alone."""
+    channels = [grpc.aio.insecure_channel(address) for _ in range(4)]
+    latencies: list[float] = []
+    acked = 0
+    measuring = False
+    stop = False
+    at = datetime.now(UTC) + FAR_OUT
+
+    async def one_caller(channel: grpc.aio.Channel, index: int) -> None:
+        nonlocal acked
+        call = channel.stream_stream(
+            _floor_server.STREAM_METHOD,
+            request_serializer=task_service_pb2.SubmitTaskRequest.SerializeToString,
+            response_deserializer=task_service_pb2.SubmitTaskResponse.FromString,
+        )()
+        i = 0
+        while not stop:
+            started = time.perf_counter()
+            await call.write(submit_request(TaskSpec("bench.noop", {"c": index, "i": i}, at=at)))
+            answer = await call.read()
+            if not isinstance(answer, task_service_pb2.SubmitTaskResponse):
+                raise RuntimeError(f"the floor stream ended: {answer!r}")
+            submit_result_from_pb(answer)
+            if measuring:
+                latencies.append(time.perf_counter() - started)
+                acked += 1
+            i += 1
+        await call.done_writing()
+
+    try:
+        runners = [
+            asyncio.create_task(one_caller(channels[i % len(channels)], i)) for i in range(clients)
+        ]
+        await asyncio.sleep(WARMUP_S)
+        measuring, cpu0, t0 = True, cpu_now(), time.perf_counter()
+        await asyncio.sleep(duration_s)
+        measuring, elapsed, cpu = False, time.perf_counter() - t0, cpu_now() - cpu0
+        stop = True
+        await asyncio.gather(*runners)
+    finally:
+        for channel in channels:
+            await channel.close()
+    return acked, latencies, elapsed, cpu
+
+
 def _cpu_cell(cpu: Iterable[float], elapsed: float) -> str:
     """Each as a percentage of one core over the window."""
     return " / ".join(f"{100 * c / elapsed:.0f}" for c in cpu)
@@ -151,10 +206,11 @@ def submit_single(infra: Infrastructure, clients: int, duration_s: float) -> Rep
     )
 
 
-def submit_floor(clients: int, duration_s: float) -> Report:
+def submit_floor(clients: int, duration_s: float, *, stream: bool = False) -> Report:
     """``submit-single``'s clients against ``bench._floor_server``: SubmitTask over gRPC
     with nothing behind it (that module's docstring), the same rows as ``submit-single``
-    (the PostgreSQL column is 0: there is none)."""
+    (the PostgreSQL column is 0: there is none). With ``stream``, the same requests and
+    answers on one bidirectional stream per caller instead of a unary call each."""
     port = free_ports(1)[0]
     with subprocess.Popen(
         [sys.executable, "-m", "bench._floor_server", str(port)],
@@ -170,14 +226,18 @@ def submit_floor(clients: int, duration_s: float) -> Report:
             def cpu_now() -> Cpu:
                 return Cpu(process_cpu_s(server.pid), process_cpu_s(os.getpid()), 0.0)
 
+            address = f"127.0.0.1:{port}"
             acked, latencies, elapsed, cpu = uvloop.run(
-                _single_clients(f"127.0.0.1:{port}", "floor", clients, duration_s, cpu_now)
+                _stream_callers(address, clients, duration_s, cpu_now)
+                if stream
+                else _single_clients(address, "floor", clients, duration_s, cpu_now)
             )
         finally:
             server.terminate()
             server.wait(timeout=10)
     row = {
         "clients": clients,
+        "calls": "a stream each" if stream else "unary",
         "answered": acked,
         "calls/s": acked / elapsed,
         **_latency_cells("call", latencies),
@@ -187,13 +247,24 @@ def submit_floor(clients: int, duration_s: float) -> Report:
     return Report(
         workload="submit-floor",
         command="",
-        parameters={"clients": clients, "duration_s": duration_s, "warmup_s": WARMUP_S},
+        parameters={
+            "clients": clients,
+            "duration_s": duration_s,
+            "warmup_s": WARMUP_S,
+            "stream": stream,
+        },
         columns=list(row),
         rows=[row],
         targets=[],
         notes=[
             "SubmitTask answered by a grpc.aio server that does nothing else "
             "(bench/_floor_server.py): the gRPC hop alone, on this machine."
+            + (
+                " Each caller sends its requests one at a time on its own bidirectional "
+                "stream (chronoshard.bench.Floor/SubmitStream, not part of the API)."
+                if stream
+                else ""
+            )
         ],
     )
 

@@ -122,15 +122,19 @@ def test_wheel_reuses_bench_wheel(
     assert report["targets"][0]["target"] == "wheel ≤ 250 bytes per pending timer"
 
 
+@pytest.mark.parametrize("calls", ["unary", "a stream each"])
 def test_submit_floor_answers_every_caller(
-    bench_main: ModuleType, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    bench_main: ModuleType, tmp_path: Path, capsys: pytest.CaptureFixture[str], calls: str
 ) -> None:
     # No database and no etcd: the floor is the gRPC hop alone.
     out = tmp_path / "floor.json"
     argv = ["submit-floor", "--clients", "4", "--duration-s", "1", "--json", str(out)]
+    if calls != "unary":
+        argv.append("--stream")
     assert bench_main.main(argv) == 0
     [row] = json.loads(out.read_text())["rows"]
     assert row["clients"] == 4
+    assert row["calls"] == calls
     assert row["answered"] > 0
     assert float(row["server CPU ms per call"]) > 0
 
