@@ -174,7 +174,14 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("submit-single", parents=[common], help="concurrent SubmitTask callers")
     p.add_argument("--clients", type=int, default=64)
     p.add_argument("--duration-s", type=float, default=10.0)
-    p.set_defaults(run=lambda a, i: submit.submit_single(i, a.clients, a.duration_s))
+    p.add_argument(
+        "--stream",
+        action="store_true",
+        help="each client submits on a SubmitStream of its own (Client.submit_stream)",
+    )
+    p.set_defaults(
+        run=lambda a, i: submit.submit_single(i, a.clients, a.duration_s, stream=a.stream)
+    )
 
     p = sub.add_parser(
         "submit-floor",

@@ -147,6 +147,7 @@ class Options:
     timeout_s: float
     chronoshard_prefetch: int = 0
     chronoshard_nodes: int = 1
+    chronoshard_stream: bool = False
 
 
 @dataclass
@@ -164,13 +165,28 @@ class _Chronoshard:
     name = "chronoshard"
 
     def __init__(
-        self, infra: Infrastructure, n: Any, client: Any, stamps_dir: Path, prefetch: int
+        self,
+        infra: Infrastructure,
+        n: Any,
+        client: Any,
+        stamps_dir: Path,
+        prefetch: int,
+        stream: Any = None,
     ) -> None:
         self._infra, self._node, self._client, self._stamps_dir = infra, n, client, stamps_dir
         self._prefetch = prefetch
+        # With --chronoshard-stream, single submits go on this SubmitStream.
+        self._stream = stream
 
     async def submit_one(self, key: int, at: datetime) -> None:
-        await self._client.submit("bench.stamp", {"i": key}, at=at, strict_timing=True)
+        if self._stream is None:
+            await self._client.submit("bench.stamp", {"i": key}, at=at, strict_timing=True)
+            return
+        from chronoshard import TaskSpec
+
+        await self._stream.submit(
+            TaskSpec(type="bench.stamp", payload={"i": key}, at=at, strict_timing=True)
+        )
 
     async def submit_batch(self, items: Sequence[tuple[int, datetime]]) -> None:
         from chronoshard import SubmitResult, TaskSpec
@@ -230,7 +246,12 @@ async def _chronoshard(
 
     with node(infra, "peers", env=timing._env(None), nodes=options.chronoshard_nodes) as n:
         async with Client(n.address, api_key=n.api_key) as client:
-            yield _Chronoshard(infra, n, client, stamps_dir, options.chronoshard_prefetch)
+            prefetch = options.chronoshard_prefetch
+            if not options.chronoshard_stream:
+                yield _Chronoshard(infra, n, client, stamps_dir, prefetch)
+                return
+            async with client.submit_stream() as stream:
+                yield _Chronoshard(infra, n, client, stamps_dir, prefetch, stream)
 
 
 # --- Celery ---------------------------------------------------------------------------
@@ -849,6 +870,7 @@ def peers(
     lock: Path | None = None,
     chronoshard_prefetch: int = 0,
     chronoshard_nodes: int = 1,
+    chronoshard_stream: bool = False,
 ) -> Report:
     count = tasks if tasks is not None else DEFAULT_TASKS.get(workload, int(rate * duration_s))
     o = Options(
@@ -862,6 +884,7 @@ def peers(
         timeout_s=max(60.0, count / 100),
         chronoshard_prefetch=chronoshard_prefetch,
         chronoshard_nodes=chronoshard_nodes,
+        chronoshard_stream=chronoshard_stream,
     )
     rows: list[dict[str, Any]] = []
     notes: list[str] = []
@@ -885,6 +908,10 @@ def peers(
     parameters: dict[str, Any] = {"systems": ",".join(systems), "runs": runs}
     if workload in ("stampede", "submit", "submit-batch"):
         parameters["tasks"] = o.tasks
+    if workload == "submit":
+        parameters["chronoshard submits"] = (
+            "on one SubmitStream" if chronoshard_stream else "a SubmitTask call each"
+        )
     if workload == "steady":
         parameters.update(rate_per_s=rate, duration_s=duration_s, tasks=int(rate * duration_s))
     if workload in ("stampede", "steady"):
@@ -958,6 +985,12 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
         help="Chronoshard scheduler processes (the shards spread over them; each worker "
         "connects to all; the producer calls the first)",
     )
+    p.add_argument(
+        "--chronoshard-stream",
+        action="store_true",
+        help="Chronoshard's single submits on one SubmitStream (Client.submit_stream) "
+        "instead of a SubmitTask call each",
+    )
     p.set_defaults(
         run=lambda a, i: peers(
             i,
@@ -972,5 +1005,6 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
             lock=a.lock.expanduser() if a.lock else None,
             chronoshard_prefetch=a.chronoshard_prefetch,
             chronoshard_nodes=a.chronoshard_nodes,
+            chronoshard_stream=a.chronoshard_stream,
         )
     )

@@ -18,11 +18,12 @@ acknowledged.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import NamedTuple
@@ -73,9 +74,16 @@ def _task_count(dsn: str) -> int:
 
 
 async def _single_clients(
-    address: str, api_key: str, clients: int, duration_s: float, cpu_now: Callable[[], Cpu]
+    address: str,
+    api_key: str,
+    clients: int,
+    duration_s: float,
+    cpu_now: Callable[[], Cpu],
+    *,
+    stream: bool = False,
 ) -> tuple[int, list[float], float, Cpu]:
-    """(acknowledged, latencies of the measured window, window seconds, CPU s used)."""
+    """(acknowledged, latencies of the measured window, window seconds, CPU s used). With
+    ``stream``, each caller sends its submits on a ``SubmitStream`` of its own."""
     channels = [Client(address, api_key=api_key, max_in_flight=clients) for _ in range(4)]
     latencies: list[float] = []
     acked = 0
@@ -84,11 +92,22 @@ async def _single_clients(
     at = datetime.now(UTC) + FAR_OUT
 
     async def one_client(client: Client, index: int) -> None:
+        async with contextlib.AsyncExitStack() as exits:
+            if stream:
+                on_stream = await exits.enter_async_context(client.submit_stream())
+            await submits(client, on_stream.submit if stream else None, index)
+
+    async def submits(
+        client: Client, send: Callable[[TaskSpec], Awaitable[SubmitResult]] | None, index: int
+    ) -> None:
         nonlocal acked
         i = 0
         while not stop:
             started = time.perf_counter()
-            await client.submit("bench.noop", {"c": index, "i": i}, at=at)
+            if send is None:
+                await client.submit("bench.noop", {"c": index, "i": i}, at=at)
+            else:
+                await send(TaskSpec("bench.noop", {"c": index, "i": i}, at=at))
             if measuring:
                 latencies.append(time.perf_counter() - started)
                 acked += 1
@@ -174,16 +193,21 @@ def _latency_cells(what: str, latencies: list[float]) -> dict[str, str]:
     }
 
 
-def submit_single(infra: Infrastructure, clients: int, duration_s: float) -> Report:
+def submit_single(
+    infra: Infrastructure, clients: int, duration_s: float, *, stream: bool = False
+) -> Report:
     with node(infra, "submit_single") as n:
         acked, latencies, elapsed, cpu = uvloop.run(
-            _single_clients(n.address, n.api_key, clients, duration_s, lambda: _cpu(n))
+            _single_clients(
+                n.address, n.api_key, clients, duration_s, lambda: _cpu(n), stream=stream
+            )
         )
         stored = _task_count(n.dsn)
     tps = acked / elapsed
     p99 = percentile(latencies, 99)
     row = {
         "clients": clients,
+        "submits": "a SubmitStream each" if stream else "SubmitTask calls",
         "acknowledged": acked,
         "tasks/s": tps,
         **_latency_cells("ack", latencies),
@@ -192,7 +216,12 @@ def submit_single(infra: Infrastructure, clients: int, duration_s: float) -> Rep
     return Report(
         workload="submit-single",
         command="",
-        parameters={"clients": clients, "duration_s": duration_s, "warmup_s": WARMUP_S},
+        parameters={
+            "clients": clients,
+            "duration_s": duration_s,
+            "warmup_s": WARMUP_S,
+            "stream": stream,
+        },
         columns=list(row),
         rows=[row],
         targets=[

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:
+    from chronoshard._submit_stream import SubmitStream
     from chronoshard.client import Client, TLSConfig
     from chronoshard.errors import (
         AbortedError,
@@ -83,6 +84,7 @@ if TYPE_CHECKING:
 _LAZY: dict[str, str] = {
     **dict.fromkeys(("Client", "TLSConfig"), "chronoshard.client"),
     "SyncClient": "chronoshard.sync_client",
+    "SubmitStream": "chronoshard._submit_stream",
     **dict.fromkeys(
         (
             "AbortedError",
@@ -183,6 +185,7 @@ __all__ = [
     "ScheduleWatch",
     "StaleFencingTokenError",
     "SubmitResult",
+    "SubmitStream",
     "SyncClient",
     "TLSConfig",
     "Task",

@@ -332,14 +332,18 @@ def submit_result_from_pb(msg: task_service_pb2.SubmitTaskResponse) -> SubmitRes
     return SubmitResult.decoded_later(functools.partial(task_from_pb, msg.task), msg.created)
 
 
-def error_from_info(info: common_pb2.ErrorInfo) -> ChronoshardError:
-    """The exception (not raised) for an ErrorInfo carried inside a response."""
+def error_from_info(
+    info: common_pb2.ErrorInfo, *, retry_after_s: float | None = None
+) -> ChronoshardError:
+    """The exception (not raised) for an ErrorInfo carried inside a response (with the
+    wait a quota refusal asks, where the response carries one)."""
     return error_for(
         status_code_from_name(info.code),
         info.message or info.reason or info.code,
         reason=info.reason or None,
         field=info.field or None,
         retryable=info.retryable,
+        retry_after_s=retry_after_s,
     )
 
 

@@ -103,15 +103,23 @@ async def serve(name: str, context: Context, call: Callable[[], Awaitable[_Resp]
     """``await call()`` inside the boundary; ``name`` ("TaskService.SubmitTask") is for logs."""
     try:
         return await call()
-    except SchedulerError as exc:
+    except Exception as exc:
+        info, retry_after_s = refusal_of(name, exc)
+        await abort(context, info, retry_after_s=retry_after_s)
+
+
+def refusal_of(name: str, exc: Exception) -> tuple[common_pb2.ErrorInfo, float | None]:
+    """What a call (or one request of a stream) answers for ``exc``, and the RetryInfo
+    delay it carries: a :class:`SchedulerError`'s own ErrorInfo (logged when retryable),
+    anything else ``INTERNAL`` with nothing of it shown (logged with its traceback)."""
+    if isinstance(exc, SchedulerError):
         if exc.retryable:
             log.warning(
                 "%s: %s", name, clip(str(exc), MAX_MESSAGE_BYTES), extra={"reason": exc.reason}
             )
-        await abort(context, error_info(exc), retry_after_s=getattr(exc, "retry_after_s", None))
-    except Exception:
-        log.exception("%s failed", name)
-        await abort(context, internal_error())
+        return error_info(exc), getattr(exc, "retry_after_s", None)
+    log.error("%s failed", name, exc_info=exc)
+    return internal_error(), None
 
 
 class Authenticates(Protocol):

@@ -17,6 +17,12 @@ a transaction holds several tenants' rows, so it runs as the node's role instead
 under row-level security: each request's tenant is the one its key authenticated
 (:mod:`chronoshard.scheduler.store.submits`).
 
+``SubmitStream`` carries single submits on one open stream: each request is a
+``SubmitTask`` of its own (the same validation and group commit), answered in the order
+sent, and a refused request is answered with its ``ErrorInfo`` rather than ending the
+stream (:meth:`TaskServiceServicer._streamed_submit`, through
+:func:`.boundary.refusal_of`, the same translation the unary calls get).
+
 Errors leave in exactly one place, :meth:`TaskServiceServicer._serve`, through the
 node's one error boundary (:func:`.boundary.serve`): a :class:`~.errors.SchedulerError`
 becomes the gRPC status its class names plus an ``ErrorInfo`` (reason, field,
@@ -38,6 +44,7 @@ the write has happened and the client must hear so.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -77,6 +84,10 @@ from chronoshard.scheduler.turns import in_turns
 from chronoshard.v1 import task_service_pb2, task_service_pb2_grpc
 
 log = logging.getLogger(__name__)
+
+STREAM_IN_FLIGHT = 256
+"""Requests of one ``SubmitStream`` read ahead of their answers: past it the stream is
+not read until an answer goes out."""
 
 SUBMIT_CHUNK = 250
 """Items of a keyless ``SubmitBatch`` validated and sent to PostgreSQL at a time: one
@@ -171,6 +182,46 @@ class TaskServiceServicer(task_service_pb2_grpc.TaskServiceServicer):
     ) -> task_service_pb2.SubmitBatchResponse:
         return await self._serve("SubmitBatch", self._submit_batch, request, context)
 
+    async def SubmitStream(
+        self, requests: AsyncIterator[task_service_pb2.SubmitStreamRequest], context: Context
+    ) -> AsyncIterator[task_service_pb2.SubmitStreamReply]:
+        # The caller is authenticated once, for the whole stream; a refusal ends the call
+        # as it would a unary one.
+        tenant = await boundary.serve_tenant(
+            "TaskService.SubmitStream", context, self._auth, _the_tenant
+        )
+        # Requests are read ahead of their answers (each is a submit of its own, sharing
+        # the group commit with every other caller) and answered in the order they came.
+        # At most STREAM_IN_FLIGHT wait at once: then the stream is not read, and gRPC's
+        # flow control holds the caller back.
+        in_flight = asyncio.Semaphore(STREAM_IN_FLIGHT)
+        answers: asyncio.Queue[asyncio.Future[task_service_pb2.SubmitStreamReply] | None] = (
+            asyncio.Queue()
+        )
+
+        async def read() -> None:
+            try:
+                async for request in requests:
+                    await in_flight.acquire()
+                    answers.put_nowait(
+                        asyncio.ensure_future(self._streamed_submit(tenant, request))
+                    )
+            finally:
+                answers.put_nowait(None)
+
+        reader = asyncio.create_task(read(), name="SubmitStream reader")
+        try:
+            while (answer := await answers.get()) is not None:
+                reply = await answer
+                in_flight.release()
+                yield reply
+            await reader  # the request stream's own failure, if it had one
+        finally:
+            reader.cancel()
+            while not answers.empty():
+                if (pending := answers.get_nowait()) is not None:
+                    pending.cancel()
+
     async def GetTask(
         self, request: task_service_pb2.GetTaskRequest, context: Context
     ) -> task_service_pb2.GetTaskResponse:
@@ -214,15 +265,45 @@ class TaskServiceServicer(task_service_pb2_grpc.TaskServiceServicer):
         self, tenant: Tenant, request: task_service_pb2.SubmitTaskRequest, context: Context
     ) -> task_service_pb2.SubmitTaskResponse:
         trace = task_requests.trace_context_from_metadata(context.invocation_metadata())
-        prepared = self._prepare(tenant, request, trace, prefix="")
+        return _submit_response(await self._submit_one(tenant, request, trace, prefix=""))
+
+    async def _streamed_submit(
+        self, tenant: Tenant, request: task_service_pb2.SubmitStreamRequest
+    ) -> task_service_pb2.SubmitStreamReply:
+        """One request of a ``SubmitStream``: its answer, or its refusal as the reply (the
+        stream stays open)."""
+        reply = task_service_pb2.SubmitStreamReply()
+        try:
+            trace = task_requests.trace_context_from_metadata(request.trace_context.items())
+            result = await self._submit_one(tenant, request.task, trace, prefix="task.")
+        except Exception as exc:
+            info, retry_after_s = boundary.refusal_of("TaskService.SubmitStream", exc)
+            reply.error.CopyFrom(info)
+            if retry_after_s is not None:
+                reply.retry_after_s = retry_after_s
+            return reply
+        _write_submitted(reply.submitted, result)
+        return reply
+
+    async def _submit_one(
+        self,
+        tenant: Tenant,
+        request: task_service_pb2.SubmitTaskRequest,
+        trace: dict[str, str] | None,
+        *,
+        prefix: str,
+    ) -> SubmitResult:
+        """A single submit (``SubmitTask``, or one request of a ``SubmitStream``): validated,
+        checked against the submit rate, and written through the group commit."""
+        prepared = self._prepare(tenant, request, trace, prefix=prefix)
         self._check_submit_rate(tenant, 1)
         try:
             result = await self._submits.submit((tenant.id, prepared))
         except IdempotencyConflict as exc:
-            exc.field = "idempotency_key"  # type: ignore[attr-defined]
+            exc.field = f"{prefix}idempotency_key"  # type: ignore[attr-defined]
             raise
         self._notify_submitted([result])
-        return _submit_response(result)
+        return result
 
     async def _submit_batch(
         self, tenant: Tenant, request: task_service_pb2.SubmitBatchRequest, context: Context
@@ -443,6 +524,10 @@ class TaskServiceServicer(task_service_pb2_grpc.TaskServiceServicer):
             # The write committed; failing the RPC now would invite a duplicate submit.
             # The node's periodic passes (preload, heartbeat answers) catch up.
             log.exception("TaskService listener failed after commit")
+
+
+async def _the_tenant(tenant: Tenant) -> Tenant:
+    return tenant
 
 
 def _check_batch_keys(prepared: Sequence[PreparedTask]) -> None:

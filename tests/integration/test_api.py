@@ -447,6 +447,112 @@ async def test_a_batch_over_the_submit_rate_is_refused_before_it_reaches_postgre
     assert await api.counts() == (15, 0)
 
 
+# --- submit stream -----------------------------------------------------------------------
+
+
+def _streamed(req: Req, **trace: str) -> task_service_pb2.SubmitStreamRequest:
+    return task_service_pb2.SubmitStreamRequest(task=req, trace_context=trace)
+
+
+async def _stream(
+    stub: Stub, metadata: Sequence[tuple[str, str]], requests: Sequence[Any]
+) -> list[task_service_pb2.SubmitStreamReply]:
+    """Every request written before any answer is read (the node reads ahead), then the
+    answers."""
+    call = stub.SubmitStream(metadata=metadata, timeout=20)
+    for request in requests:
+        await call.write(request)
+    await call.done_writing()
+    return [reply async for reply in call]
+
+
+async def test_a_stream_answers_each_submit_in_order_and_a_refusal_leaves_it_open(
+    api: Api,
+) -> None:
+    requests = [
+        _streamed(Req(type="a", payload_json='{"s": "é", "n": 1.5}'.encode())),
+        _streamed(Req(type="b", timeout=_dur(-1))),
+        _streamed(Req(type="c", idempotency_key="k1")),
+        _streamed(Req(type="d", idempotency_key="k1")),
+        _streamed(Req(type="c", idempotency_key="k1")),
+        _streamed(Req(type="e"), traceparent=TRACEPARENT, tracestate="vendor=1"),
+        _streamed(Req(type="f"), traceparent="not a traceparent"),
+    ]
+    replies = await _stream(api.stub, api.auth, requests)
+    outcomes = [r.WhichOneof("outcome") for r in replies]
+    assert outcomes == ["submitted", "error", "submitted", "error", "submitted"] + ["submitted"] * 2
+    a, bad, c, clash, repeat, e, f = replies
+    assert [r.submitted.task.type for r in (a, c, repeat, e, f)] == ["a", "c", "c", "e", "f"]
+    assert bad.error.code == "INVALID_ARGUMENT"
+    assert bad.error.field == "task.timeout"
+    assert clash.error.code == "ALREADY_EXISTS"
+    assert clash.error.field == "task.idempotency_key"
+    assert not bad.error.retryable and not clash.error.retryable
+    assert (c.submitted.created, repeat.submitted.created) == (True, False)
+    assert repeat.submitted.task.id == c.submitted.task.id
+    assert dict(e.submitted.task.trace_context) == {
+        "traceparent": TRACEPARENT,
+        "tracestate": "vendor=1",
+    }
+    assert not f.submitted.task.trace_context
+    # Each answer is the committed row, exactly as sent.
+    for reply in (a, c, e, f):
+        got = await api.stub.GetTask(
+            task_service_pb2.GetTaskRequest(id=reply.submitted.task.id), metadata=api.auth
+        )
+        assert got.task == reply.submitted.task
+    # Stored as every payload is: compact, keys sorted, characters kept.
+    assert a.submitted.task.payload_json == '{"n":1.5,"s":"é"}'.encode()
+    assert await api.counts() == (4, 1)
+    assert len(api.listener.submitted) == 4
+
+
+async def test_a_stream_holds_more_requests_than_it_reads_ahead(
+    api: Api, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Past STREAM_IN_FLIGHT the node stops reading until an answer goes out; the caller
+    # that wrote everything first still gets every answer, in order.
+    monkeypatch.setattr(task_servicer, "STREAM_IN_FLIGHT", 2)
+    requests = [_streamed(Req(type=f"t{i}", payload_json=b'{"i": %d}' % i)) for i in range(25)]
+    replies = await _stream(api.stub, api.auth, requests)
+    assert [json.loads(r.submitted.task.payload_json) for r in replies] == [
+        {"i": i} for i in range(25)
+    ]
+    assert await api.counts() == (25, 0)
+
+
+async def test_a_stream_without_a_valid_key_is_refused_and_writes_nothing(api: Api) -> None:
+    with pytest.raises(grpc.aio.AioRpcError) as raised:
+        await _stream(api.stub, (("authorization", "Bearer nope"),), [_streamed(Req(type="a"))])
+    assert raised.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    info = error_info_from_metadata(raised.value.trailing_metadata())
+    assert info is not None and info.code == "UNAUTHENTICATED"
+    assert await api.counts() == (0, 0)
+
+
+async def test_a_stream_over_the_submit_rate_refuses_the_excess_with_its_delay(
+    api: Api,
+) -> None:
+    # A bucket of 3 on a clock that does not move: the fourth and fifth submits are
+    # refused with the wait they need, and the stream goes on.
+    quotas = SubmitQuotas("node-1", FakeClock(), lambda _: 3.0, lambda: ["node-1"])
+    server, port = await _serve(
+        api.store, Authenticator(TenantStore(api.store)), Recorder(), quotas
+    )
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            requests = [_streamed(Req(type=f"t{i}")) for i in range(5)]
+            replies = await _stream(Stub(channel), api.auth, requests)
+    finally:
+        await server.stop(grace=None)
+    assert [r.WhichOneof("outcome") for r in replies] == ["submitted"] * 3 + ["error"] * 2
+    for refused in replies[3:]:
+        assert refused.error.code == "RESOURCE_EXHAUSTED"
+        assert refused.error.retryable
+        assert refused.retry_after_s > 0
+    assert await api.counts() == (3, 0)
+
+
 async def test_batch_answers_in_order_and_dedupes_keys(api: Api) -> None:
     original = await api.submit(Req(type="first", idempotency_key="k-old"))
     items = [

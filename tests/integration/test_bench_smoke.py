@@ -69,6 +69,10 @@ def run(
 
 SIZES = [
     pytest.param(["submit-single", "--clients", "4", "--duration-s", "1"], id="submit-single"),
+    pytest.param(
+        ["submit-single", "--clients", "4", "--duration-s", "1", "--stream"],
+        id="submit-single-stream",
+    ),
     pytest.param(["submit-handler", "--submits", "50"], id="submit-handler"),
     pytest.param(["submit-handler", "--submits", "3", "--batch", "600"], id="submit-handler-batch"),
     pytest.param(["submit-batch", "--tasks", "1500", "--batch", "500"], id="submit-batch"),

@@ -140,7 +140,7 @@ def test_services_expose_their_rpcs() -> None:
             "RetryTask",
             "ResolveTask",
         )
-    }
+    } | {"SubmitStream": (True, True)}
     assert methods(worker_service_pb2, "WorkerService") == {
         "Connect": (True, True),
         "Complete": unary,

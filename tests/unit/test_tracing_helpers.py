@@ -110,6 +110,7 @@ def test_without_opentelemetry_a_submit_sends_the_metadata_it_always_sent(
     for _, metadata in absent["seen"]:
         assert _keys(metadata) == PLAIN_KEYS
     assert absent["calls"]["workflow_error"] == "InvalidArgumentError"
+    assert absent["streamed"] == [[]], "a streamed submit carries no trace context"
     assert absent["runs"] == {"async": "completed", "sync": "failed"}
 
 
@@ -201,6 +202,25 @@ def test_each_submit_call_is_a_producer_span_whose_context_the_call_carries(
     assert [e["exception.type"] for e in workflow["events"]] == [
         "chronoshard.errors.InvalidArgumentError"
     ]
+
+
+def test_a_streamed_submit_is_a_producer_span_whose_context_its_request_carries(
+    probes: dict[str, Any],
+) -> None:
+    sdk = probes["sdk"]
+    spans = sdk["spans"]
+    span = _span(spans, "submit probe.streamed")
+    assert (span["kind"], span["scope"]) == ("PRODUCER", "chronoshard.client")
+    assert span["parent"] == _span(spans, "probe.request")["ids"]
+    trace_id, span_id = span["ids"]
+    [carried] = sdk["streamed"]
+    assert [key for key, _ in carried] == ["traceparent"]
+    assert carried[0][1].startswith(f"00-{trace_id}-{span_id}-")
+    attributes = span["attributes"]
+    assert attributes["messaging.operation.name"] == "submit"
+    assert attributes["messaging.destination.name"] == "probe-q"
+    assert attributes["messaging.message.id"] == sdk["calls"]["streamed_id"]
+    assert attributes["chronoshard.tenant"] == TENANT
 
 
 def test_a_run_is_a_consumer_span_linked_to_the_submit_and_current_for_the_handler(

@@ -539,6 +539,9 @@ class _Channel:
     def unary_unary(self, path: str, **_: Any) -> str:
         return path
 
+    def stream_stream(self, path: str, **_: Any) -> str:
+        return path
+
 
 def test_the_client_reaches_every_workflow_call() -> None:
     endpoint = client_module._Endpoint("t:1", _Channel(), 1)  # type: ignore[arg-type]
@@ -547,6 +550,7 @@ def test_the_client_reaches_every_workflow_call() -> None:
     assert endpoint.methods["RetryWorkflow"].endswith("/RetryWorkflow")
     # The task calls are still there: RPC names are unique across the services.
     assert endpoint.methods["SubmitTask"].endswith("TaskService/SubmitTask")
+    assert endpoint.methods["SubmitStream"].endswith("TaskService/SubmitStream")
     assert endpoint.methods["ListIncidents"] == "/chronoshard.v1.WatchdogService/ListIncidents"
 
 

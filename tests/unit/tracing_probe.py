@@ -55,6 +55,8 @@ class Recorder:
     metadata is kept, by method, in arrival order."""
 
     seen: list[tuple[str, list[tuple[str, str]]]] = field(default_factory=list)
+    # SubmitStream: the trace context each request carried, in arrival order.
+    streamed: list[list[tuple[str, str]]] = field(default_factory=list)
 
     def handler(self) -> grpc.GenericRpcHandler:
         from chronoshard.v1 import task_service_pb2, workflow_service_pb2
@@ -69,6 +71,12 @@ class Recorder:
         class Handler(grpc.GenericRpcHandler):
             def service(self, details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
                 method = details.method.rsplit("/", 1)[-1]
+                if method == "SubmitStream":
+                    return grpc.stream_stream_rpc_method_handler(
+                        recorder.stream,
+                        request_deserializer=task_service_pb2.SubmitStreamRequest.FromString,
+                        response_serializer=lambda message: message.SerializeToString(),
+                    )
                 if method not in requests:
                     return None
 
@@ -85,21 +93,17 @@ class Recorder:
 
         return Handler()
 
+    async def stream(self, requests: Any, context: grpc.aio.ServicerContext) -> Any:
+        from chronoshard.v1 import task_service_pb2
+
+        async for request in requests:
+            self.streamed.append(sorted(request.trace_context.items()))
+            yield task_service_pb2.SubmitStreamReply(submitted=_submitted(request.task))
+
     async def answer(self, method: str, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        from chronoshard.v1 import common_pb2, task_service_pb2
+        from chronoshard.v1 import task_service_pb2
 
-        def submitted(item: Any) -> Any:
-            task = common_pb2.Task(
-                id=str(uuid.uuid4()),
-                tenant_id=TENANT,
-                type=item.type,
-                status=common_pb2.TASK_STATUS_SCHEDULED,
-                queue=item.queue or "default",
-            )
-            task.scheduled_at.GetCurrentTime()
-            task.due_at.GetCurrentTime()
-            return task_service_pb2.SubmitTaskResponse(task=task, created=True)
-
+        submitted = _submitted
         if method == "SubmitTask":
             return submitted(request)
         if method == "SubmitBatch":
@@ -112,6 +116,22 @@ class Recorder:
 
     def metadata(self, method: str) -> list[list[tuple[str, str]]]:
         return [metadata for name, metadata in self.seen if name == method]
+
+
+def _submitted(item: Any) -> Any:
+    """The answer to a SubmitTaskRequest: a task as the node would describe it."""
+    from chronoshard.v1 import common_pb2, task_service_pb2
+
+    task = common_pb2.Task(
+        id=str(uuid.uuid4()),
+        tenant_id=TENANT,
+        type=item.type,
+        status=common_pb2.TASK_STATUS_SCHEDULED,
+        queue=item.queue or "default",
+    )
+    task.scheduled_at.GetCurrentTime()
+    task.due_at.GetCurrentTime()
+    return task_service_pb2.SubmitTaskResponse(task=task, created=True)
 
 
 async def serve(recorder: Recorder) -> tuple[grpc.aio.Server, str]:
@@ -141,11 +161,21 @@ def _submit_all(target: str) -> dict[str, Any]:
     return out
 
 
+async def _submit_on_a_stream(target: str) -> str:
+    """One submit on a SubmitStream (Client.submit_stream); the task id answered."""
+    from chronoshard import Client, TaskSpec
+
+    async with Client(target, api_key=API_KEY) as client, client.submit_stream() as stream:
+        result = await stream.submit(TaskSpec("probe.streamed", {"n": 4}, queue="probe-q"))
+    return str(result.task.id)
+
+
 async def _client_calls() -> tuple[Recorder, dict[str, Any]]:
     recorder = Recorder()
     server, target = await serve(recorder)
     try:
         out = await asyncio.to_thread(_submit_all, target)
+        out["streamed_id"] = await _submit_on_a_stream(target)
     finally:
         await server.stop(grace=None)
     return recorder, out
@@ -243,6 +273,7 @@ def absent() -> dict[str, Any]:
     recorder, calls = asyncio.run(_client_calls())
     out["calls"] = calls
     out["seen"] = recorder.seen
+    out["streamed"] = recorder.streamed
     out["runs"] = asyncio.run(_handler_runs(None))
     out["logs"] = logs.lines
     out["opentelemetry_imported"] = any(m.startswith("opentelemetry") for m in sys.modules)
@@ -277,6 +308,7 @@ def sdk() -> dict[str, Any]:
     recorder, calls = asyncio.run(calls_in_a_request())
     out["calls"] = calls
     out["seen"] = recorder.seen
+    out["streamed"] = recorder.streamed
     submit = dict(recorder.metadata("SubmitTask")[0])
     out["runs"] = asyncio.run(_handler_runs(submit["traceparent"]))
     out["spans"] = _spans(exporter)

@@ -27,45 +27,53 @@ from google.protobuf import duration_pb2 as google_dot_protobuf_dot_duration__pb
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!chronoshard/v1/task_service.proto\x12\x0e\x63hronoshard.v1\x1a\x1b\x63hronoshard/v1/common.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x9c\x04\n\x11SubmitTaskRequest\x12\x0c\n\x04type\x18\x01 \x01(\t\x12\x14\n\x0cpayload_json\x18\x02 \x01(\x0c\x12\x32\n\x0cscheduled_at\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.TimestampH\x00\x12*\n\x05\x64\x65lay\x18\x04 \x01(\x0b\x32\x19.google.protobuf.DurationH\x00\x12*\n\x08priority\x18\x05 \x01(\x0e\x32\x18.chronoshard.v1.Priority\x12\r\n\x05queue\x18\x06 \x01(\t\x12\x18\n\x0bmax_retries\x18\x07 \x01(\rH\x01\x88\x01\x01\x12\x33\n\rretry_backoff\x18\x08 \x01(\x0b\x32\x1c.chronoshard.v1.RetryBackoff\x12*\n\x07timeout\x18\t \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x15\n\rstrict_timing\x18\n \x01(\x08\x12/\n\x0bjitter_mode\x18\x0b \x01(\x0e\x32\x1a.chronoshard.v1.JitterMode\x12\x30\n\rjitter_window\x18\x0c \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x12\n\nidempotent\x18\r \x01(\x08\x12\x17\n\x0fidempotency_key\x18\x0e \x01(\t\x12\x0e\n\x06job_id\x18\x0f \x01(\tB\x06\n\x04whenB\x0e\n\x0c_max_retries\"I\n\x12SubmitTaskResponse\x12\"\n\x04task\x18\x01 \x01(\x0b\x32\x14.chronoshard.v1.Task\x12\x0f\n\x07\x63reated\x18\x02 \x01(\x08\"F\n\x12SubmitBatchRequest\x12\x30\n\x05tasks\x18\x01 \x03(\x0b\x32!.chronoshard.v1.SubmitTaskRequest\"\x83\x01\n\x11SubmitBatchResult\x12\x37\n\tsubmitted\x18\x01 \x01(\x0b\x32\".chronoshard.v1.SubmitTaskResponseH\x00\x12*\n\x05\x65rror\x18\x02 \x01(\x0b\x32\x19.chronoshard.v1.ErrorInfoH\x00\x42\t\n\x07outcome\"I\n\x13SubmitBatchResponse\x12\x32\n\x07results\x18\x01 \x03(\x0b\x32!.chronoshard.v1.SubmitBatchResult\"6\n\x0eGetTaskRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12\x18\n\x10include_attempts\x18\x02 \x01(\x08\"d\n\x0fGetTaskResponse\x12\"\n\x04task\x18\x01 \x01(\x0b\x32\x14.chronoshard.v1.Task\x12-\n\x08\x61ttempts\x18\x02 \x03(\x0b\x32\x1b.chronoshard.v1.TaskAttempt\"_\n\tTimeRange\x12)\n\x05start\x18\x01 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\'\n\x03\x65nd\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\x8a\x02\n\x10ListTasksRequest\x12,\n\x08statuses\x18\x01 \x03(\x0e\x32\x1a.chronoshard.v1.TaskStatus\x12\x0c\n\x04type\x18\x02 \x01(\t\x12\r\n\x05queue\x18\x03 \x01(\t\x12\x0e\n\x06job_id\x18\x04 \x01(\t\x12/\n\x0cscheduled_at\x18\x05 \x01(\x0b\x32\x19.chronoshard.v1.TimeRange\x12)\n\x06\x64ue_at\x18\x06 \x01(\x0b\x32\x19.chronoshard.v1.TimeRange\x12\x11\n\tpage_size\x18\x07 \x01(\r\x12\x12\n\npage_token\x18\x08 \x01(\t\x12\x18\n\x10include_payloads\x18\t \x01(\x08\"Q\n\x11ListTasksResponse\x12#\n\x05tasks\x18\x01 \x03(\x0b\x32\x14.chronoshard.v1.Task\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"/\n\x11\x43\x61ncelTaskRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"8\n\x12\x43\x61ncelTaskResponse\x12\"\n\x04task\x18\x01 \x01(\x0b\x32\x14.chronoshard.v1.Task\"H\n\x10RetryTaskRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12(\n\x05\x64\x65lay\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\"7\n\x11RetryTaskResponse\x12\"\n\x04task\x18\x01 \x01(\x0b\x32\x14.chronoshard.v1.Task\"`\n\x12ResolveTaskRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12.\n\nresolution\x18\x02 \x01(\x0e\x32\x1a.chronoshard.v1.Resolution\x12\x0e\n\x06reason\x18\x03 \x01(\t\"9\n\x13ResolveTaskResponse\x12\"\n\x04task\x18\x01 \x01(\x0b\x32\x14.chronoshard.v1.Task2\xd7\x04\n\x0bTaskService\x12S\n\nSubmitTask\x12!.chronoshard.v1.SubmitTaskRequest\x1a\".chronoshard.v1.SubmitTaskResponse\x12V\n\x0bSubmitBatch\x12\".chronoshard.v1.SubmitBatchRequest\x1a#.chronoshard.v1.SubmitBatchResponse\x12J\n\x07GetTask\x12\x1e.chronoshard.v1.GetTaskRequest\x1a\x1f.chronoshard.v1.GetTaskResponse\x12P\n\tListTasks\x12 .chronoshard.v1.ListTasksRequest\x1a!.chronoshard.v1.ListTasksResponse\x12S\n\nCancelTask\x12!.chronoshard.v1.CancelTaskRequest\x1a\".chronoshard.v1.CancelTaskResponse\x12P\n\tRetryTask\x12 .chronoshard.v1.RetryTaskRequest\x1a!.chronoshard.v1.RetryTaskResponse\x12V\n\x0bResolveTask\x12\".chronoshard.v1.ResolveTaskRequest\x1a#.chronoshard.v1.ResolveTaskResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!chronoshard/v1/task_service.proto\x12\x0e\x63hronoshard.v1\x1a\x1b\x63hronoshard/v1/common.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x9c\x04\n\x11SubmitTaskRequest\x12\x0c\n\x04type\x18\x01 \x01(\t\x12\x14\n\x0cpayload_json\x18\x02 \x01(\x0c\x12\x32\n\x0cscheduled_at\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.TimestampH\x00\x12*\n\x05\x64\x65lay\x18\x04 \x01(\x0b\x32\x19.google.protobuf.DurationH\x00\x12*\n\x08priority\x18\x05 \x01(\x0e\x32\x18.chronoshard.v1.Priority\x12\r\n\x05queue\x18\x06 \x01(\t\x12\x18\n\x0bmax_retries\x18\x07 \x01(\rH\x01\x88\x01\x01\x12\x33\n\rretry_backoff\x18\x08 \x01(\x0b\x32\x1c.chronoshard.v1.RetryBackoff\x12*\n\x07timeout\x18\t \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x15\n\rstrict_timing\x18\n \x01(\x08\x12/\n\x0bjitter_mode\x18\x0b \x01(\x0e\x32\x1a.chronoshard.v1.JitterMode\x12\x30\n\rjitter_window\x18\x0c \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x12\n\nidempotent\x18\r \x01(\x08\x12\x17\n\x0fidempotency_key\x18\x0e \x01(\t\x12\x0e\n\x06job_id\x18\x0f \x01(\tB\x06\n\x04whenB\x0e\n\x0c_max_retries\"I\n\x12SubmitTaskResponse\x12\"\n\x04task\x18\x01 \x01(\x0b\x32\x14.chronoshard.v1.Task\x12\x0f\n\x07\x63reated\x18\x02 \x01(\x08\"\xc9\x01\n\x13SubmitStreamRequest\x12/\n\x04task\x18\x01 \x01(\x0b\x32!.chronoshard.v1.SubmitTaskRequest\x12L\n\rtrace_context\x18\x02 \x03(\x0b\x32\x35.chronoshard.v1.SubmitStreamRequest.TraceContextEntry\x1a\x33\n\x11TraceContextEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x9a\x01\n\x11SubmitStreamReply\x12\x37\n\tsubmitted\x18\x01 \x01(\x0b\x32\".chronoshard.v1.SubmitTaskResponseH\x00\x12*\n\x05\x65rror\x18\x02 \x01(\x0b\x32\x19.chronoshard.v1.ErrorInfoH\x00\x12\x15\n\rretry_after_s\x18\x03 \x01(\x01\x42\t\n\x07outcome\"F\n\x12SubmitBatchRequest\x12\x30\n\x05tasks\x18\x01 \x03(\x0b\x32!.chronoshard.v1.SubmitTaskRequest\"\x83\x01\n\x11SubmitBatchResult\x12\x37\n\tsubmitted\x18\x01 \x01(\x0b\x32\".chronoshard.v1.SubmitTaskResponseH\x00\x12*\n\x05\x65rror\x18\x02 \x01(\x0b\x32\x19.chronoshard.v1.ErrorInfoH\x00\x42\t\n\x07outcome\"I\n\x13SubmitBatchResponse\x12\x32\n\x07results\x18\x01 \x03(\x0b\x32!.chronoshard.v1.SubmitBatchResult\"6\n\x0eGetTaskRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12\x18\n\x10include_attempts\x18\x02 \x01(\x08\"d\n\x0fGetTaskResponse\x12\"\n\x04task\x18\x01 \x01(\x0b\x32\x14.chronoshard.v1.Task\x12-\n\x08\x61ttempts\x18\x02 \x03(\x0b\x32\x1b.chronoshard.v1.TaskAttempt\"_\n\tTimeRange\x12)\n\x05start\x18\x01 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\'\n\x03\x65nd\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\x8a\x02\n\x10ListTasksRequest\x12,\n\x08statuses\x18\x01 \x03(\x0e\x32\x1a.chronoshard.v1.TaskStatus\x12\x0c\n\x04type\x18\x02 \x01(\t\x12\r\n\x05queue\x18\x03 \x01(\t\x12\x0e\n\x06job_id\x18\x04 \x01(\t\x12/\n\x0cscheduled_at\x18\x05 \x01(\x0b\x32\x19.chronoshard.v1.TimeRange\x12)\n\x06\x64ue_at\x18\x06 \x01(\x0b\x32\x19.chronoshard.v1.TimeRange\x12\x11\n\tpage_size\x18\x07 \x01(\r\x12\x12\n\npage_token\x18\x08 \x01(\t\x12\x18\n\x10include_payloads\x18\t \x01(\x08\"Q\n\x11ListTasksResponse\x12#\n\x05tasks\x18\x01 \x03(\x0b\x32\x14.chronoshard.v1.Task\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"/\n\x11\x43\x61ncelTaskRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"8\n\x12\x43\x61ncelTaskResponse\x12\"\n\x04task\x18\x01 \x01(\x0b\x32\x14.chronoshard.v1.Task\"H\n\x10RetryTaskRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12(\n\x05\x64\x65lay\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\"7\n\x11RetryTaskResponse\x12\"\n\x04task\x18\x01 \x01(\x0b\x32\x14.chronoshard.v1.Task\"`\n\x12ResolveTaskRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12.\n\nresolution\x18\x02 \x01(\x0e\x32\x1a.chronoshard.v1.Resolution\x12\x0e\n\x06reason\x18\x03 \x01(\t\"9\n\x13ResolveTaskResponse\x12\"\n\x04task\x18\x01 \x01(\x0b\x32\x14.chronoshard.v1.Task2\xb3\x05\n\x0bTaskService\x12S\n\nSubmitTask\x12!.chronoshard.v1.SubmitTaskRequest\x1a\".chronoshard.v1.SubmitTaskResponse\x12V\n\x0bSubmitBatch\x12\".chronoshard.v1.SubmitBatchRequest\x1a#.chronoshard.v1.SubmitBatchResponse\x12Z\n\x0cSubmitStream\x12#.chronoshard.v1.SubmitStreamRequest\x1a!.chronoshard.v1.SubmitStreamReply(\x01\x30\x01\x12J\n\x07GetTask\x12\x1e.chronoshard.v1.GetTaskRequest\x1a\x1f.chronoshard.v1.GetTaskResponse\x12P\n\tListTasks\x12 .chronoshard.v1.ListTasksRequest\x1a!.chronoshard.v1.ListTasksResponse\x12S\n\nCancelTask\x12!.chronoshard.v1.CancelTaskRequest\x1a\".chronoshard.v1.CancelTaskResponse\x12P\n\tRetryTask\x12 .chronoshard.v1.RetryTaskRequest\x1a!.chronoshard.v1.RetryTaskResponse\x12V\n\x0bResolveTask\x12\".chronoshard.v1.ResolveTaskRequest\x1a#.chronoshard.v1.ResolveTaskResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'chronoshard.v1.task_service_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
+  _globals['_SUBMITSTREAMREQUEST_TRACECONTEXTENTRY']._loaded_options = None
+  _globals['_SUBMITSTREAMREQUEST_TRACECONTEXTENTRY']._serialized_options = b'8\001'
   _globals['_SUBMITTASKREQUEST']._serialized_start=148
   _globals['_SUBMITTASKREQUEST']._serialized_end=688
   _globals['_SUBMITTASKRESPONSE']._serialized_start=690
   _globals['_SUBMITTASKRESPONSE']._serialized_end=763
-  _globals['_SUBMITBATCHREQUEST']._serialized_start=765
-  _globals['_SUBMITBATCHREQUEST']._serialized_end=835
-  _globals['_SUBMITBATCHRESULT']._serialized_start=838
-  _globals['_SUBMITBATCHRESULT']._serialized_end=969
-  _globals['_SUBMITBATCHRESPONSE']._serialized_start=971
-  _globals['_SUBMITBATCHRESPONSE']._serialized_end=1044
-  _globals['_GETTASKREQUEST']._serialized_start=1046
-  _globals['_GETTASKREQUEST']._serialized_end=1100
-  _globals['_GETTASKRESPONSE']._serialized_start=1102
-  _globals['_GETTASKRESPONSE']._serialized_end=1202
-  _globals['_TIMERANGE']._serialized_start=1204
-  _globals['_TIMERANGE']._serialized_end=1299
-  _globals['_LISTTASKSREQUEST']._serialized_start=1302
-  _globals['_LISTTASKSREQUEST']._serialized_end=1568
-  _globals['_LISTTASKSRESPONSE']._serialized_start=1570
-  _globals['_LISTTASKSRESPONSE']._serialized_end=1651
-  _globals['_CANCELTASKREQUEST']._serialized_start=1653
-  _globals['_CANCELTASKREQUEST']._serialized_end=1700
-  _globals['_CANCELTASKRESPONSE']._serialized_start=1702
-  _globals['_CANCELTASKRESPONSE']._serialized_end=1758
-  _globals['_RETRYTASKREQUEST']._serialized_start=1760
-  _globals['_RETRYTASKREQUEST']._serialized_end=1832
-  _globals['_RETRYTASKRESPONSE']._serialized_start=1834
-  _globals['_RETRYTASKRESPONSE']._serialized_end=1889
-  _globals['_RESOLVETASKREQUEST']._serialized_start=1891
-  _globals['_RESOLVETASKREQUEST']._serialized_end=1987
-  _globals['_RESOLVETASKRESPONSE']._serialized_start=1989
-  _globals['_RESOLVETASKRESPONSE']._serialized_end=2046
-  _globals['_TASKSERVICE']._serialized_start=2049
-  _globals['_TASKSERVICE']._serialized_end=2648
+  _globals['_SUBMITSTREAMREQUEST']._serialized_start=766
+  _globals['_SUBMITSTREAMREQUEST']._serialized_end=967
+  _globals['_SUBMITSTREAMREQUEST_TRACECONTEXTENTRY']._serialized_start=916
+  _globals['_SUBMITSTREAMREQUEST_TRACECONTEXTENTRY']._serialized_end=967
+  _globals['_SUBMITSTREAMREPLY']._serialized_start=970
+  _globals['_SUBMITSTREAMREPLY']._serialized_end=1124
+  _globals['_SUBMITBATCHREQUEST']._serialized_start=1126
+  _globals['_SUBMITBATCHREQUEST']._serialized_end=1196
+  _globals['_SUBMITBATCHRESULT']._serialized_start=1199
+  _globals['_SUBMITBATCHRESULT']._serialized_end=1330
+  _globals['_SUBMITBATCHRESPONSE']._serialized_start=1332
+  _globals['_SUBMITBATCHRESPONSE']._serialized_end=1405
+  _globals['_GETTASKREQUEST']._serialized_start=1407
+  _globals['_GETTASKREQUEST']._serialized_end=1461
+  _globals['_GETTASKRESPONSE']._serialized_start=1463
+  _globals['_GETTASKRESPONSE']._serialized_end=1563
+  _globals['_TIMERANGE']._serialized_start=1565
+  _globals['_TIMERANGE']._serialized_end=1660
+  _globals['_LISTTASKSREQUEST']._serialized_start=1663
+  _globals['_LISTTASKSREQUEST']._serialized_end=1929
+  _globals['_LISTTASKSRESPONSE']._serialized_start=1931
+  _globals['_LISTTASKSRESPONSE']._serialized_end=2012
+  _globals['_CANCELTASKREQUEST']._serialized_start=2014
+  _globals['_CANCELTASKREQUEST']._serialized_end=2061
+  _globals['_CANCELTASKRESPONSE']._serialized_start=2063
+  _globals['_CANCELTASKRESPONSE']._serialized_end=2119
+  _globals['_RETRYTASKREQUEST']._serialized_start=2121
+  _globals['_RETRYTASKREQUEST']._serialized_end=2193
+  _globals['_RETRYTASKRESPONSE']._serialized_start=2195
+  _globals['_RETRYTASKRESPONSE']._serialized_end=2250
+  _globals['_RESOLVETASKREQUEST']._serialized_start=2252
+  _globals['_RESOLVETASKREQUEST']._serialized_end=2348
+  _globals['_RESOLVETASKRESPONSE']._serialized_start=2350
+  _globals['_RESOLVETASKRESPONSE']._serialized_end=2407
+  _globals['_TASKSERVICE']._serialized_start=2410
+  _globals['_TASKSERVICE']._serialized_end=3101
 # @@protoc_insertion_point(module_scope)

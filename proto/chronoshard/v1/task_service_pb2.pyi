@@ -53,6 +53,31 @@ class SubmitTaskResponse(_message.Message):
     created: bool
     def __init__(self, task: _Optional[_Union[_common_pb2.Task, _Mapping]] = ..., created: _Optional[bool] = ...) -> None: ...
 
+class SubmitStreamRequest(_message.Message):
+    __slots__ = ("task", "trace_context")
+    class TraceContextEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    TASK_FIELD_NUMBER: _ClassVar[int]
+    TRACE_CONTEXT_FIELD_NUMBER: _ClassVar[int]
+    task: SubmitTaskRequest
+    trace_context: _containers.ScalarMap[str, str]
+    def __init__(self, task: _Optional[_Union[SubmitTaskRequest, _Mapping]] = ..., trace_context: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class SubmitStreamReply(_message.Message):
+    __slots__ = ("submitted", "error", "retry_after_s")
+    SUBMITTED_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    RETRY_AFTER_S_FIELD_NUMBER: _ClassVar[int]
+    submitted: SubmitTaskResponse
+    error: _common_pb2.ErrorInfo
+    retry_after_s: float
+    def __init__(self, submitted: _Optional[_Union[SubmitTaskResponse, _Mapping]] = ..., error: _Optional[_Union[_common_pb2.ErrorInfo, _Mapping]] = ..., retry_after_s: _Optional[float] = ...) -> None: ...
+
 class SubmitBatchRequest(_message.Message):
     __slots__ = ("tasks",)
     TASKS_FIELD_NUMBER: _ClassVar[int]
