@@ -8,11 +8,13 @@ import asyncio
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 
+import grpc
 import psycopg
 import pytest
 from fixtures.etcd import EtcdProcess
 from fixtures.nodes import node_config, running_node
 from fixtures.stores import tenant_with_key
+from google.protobuf import duration_pb2
 
 from chronoshard import (
     AlreadyExistsError,
@@ -24,6 +26,8 @@ from chronoshard import (
     UnavailableError,
 )
 from chronoshard.scheduler.node import SchedulerNode
+from chronoshard.v1 import task_service_pb2
+from chronoshard.wire import error_info_from_metadata
 
 LATER = timedelta(hours=2)
 
@@ -102,3 +106,30 @@ async def test_a_stream_whose_node_stops_fails_the_submits_after_it_as_unavailab
                     await stream.submit(TaskSpec("after", {}, at=at))
     assert broken.value.retryable
     assert list(_stored(fresh_db_dsn)) == [first.task.id]
+
+
+async def test_a_message_that_does_not_decode_ends_the_stream_after_the_answers_before_it(
+    node: SchedulerNode, fresh_db_dsn: str
+) -> None:
+    _, key = await tenant_with_key(node.store, rate_limit_rps=10_000.0)
+    good = task_service_pb2.SubmitStreamRequest(
+        task=task_service_pb2.SubmitTaskRequest(
+            type="good", delay=duration_pb2.Duration(seconds=60)
+        )
+    )
+    async with grpc.aio.insecure_channel(_address(node)) as channel:
+        call = channel.stream_stream(
+            "/chronoshard.v1.TaskService/SubmitStream",
+            request_serializer=lambda raw: raw,
+            response_deserializer=task_service_pb2.SubmitStreamReply.FromString,
+        )(metadata=(("authorization", f"Bearer {key}"),), timeout=20)
+        await call.write(good.SerializeToString())
+        first = await call.read()
+        await call.write(b"\xff\xff\xff")  # not a protobuf message
+        with pytest.raises(grpc.aio.AioRpcError) as ended:
+            await call.read()
+    assert first.WhichOneof("outcome") == "submitted"
+    assert ended.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    info = error_info_from_metadata(ended.value.trailing_metadata())
+    assert info is not None and info.reason == "MALFORMED_REQUEST"
+    assert list(_stored(fresh_db_dsn)) == [first.submitted.task.id]
