@@ -23,10 +23,10 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import grpc
 import psycopg
@@ -73,6 +73,38 @@ def _task_count(dsn: str) -> int:
     return 0 if row is None else int(row[0])
 
 
+class _Window:
+    """Callers that each submit one task at a time until the window stops them, and the
+    latency of every submit answered inside the measured part (after a warm-up)."""
+
+    def __init__(self) -> None:
+        self.latencies: list[float] = []
+        self.measuring = False
+        self.stopped = False
+
+    def record(self, started: float) -> None:
+        if self.measuring:
+            self.latencies.append(time.perf_counter() - started)
+
+    async def run(
+        self,
+        callers: Iterable[Coroutine[Any, Any, None]],
+        duration_s: float,
+        cpu_now: Callable[[], Cpu],
+    ) -> tuple[int, list[float], float, Cpu]:
+        """(acknowledged, latencies of the measured window, window seconds, CPU s used)."""
+        runners = [asyncio.create_task(caller) for caller in callers]
+        try:
+            await asyncio.sleep(WARMUP_S)
+            self.measuring, cpu0, t0 = True, cpu_now(), time.perf_counter()
+            await asyncio.sleep(duration_s)
+            self.measuring, elapsed, cpu = False, time.perf_counter() - t0, cpu_now() - cpu0
+        finally:
+            self.stopped = True
+            await asyncio.gather(*runners)
+        return len(self.latencies), self.latencies, elapsed, cpu
+
+
 async def _single_clients(
     address: str,
     api_key: str,
@@ -82,13 +114,10 @@ async def _single_clients(
     *,
     stream: bool = False,
 ) -> tuple[int, list[float], float, Cpu]:
-    """(acknowledged, latencies of the measured window, window seconds, CPU s used). With
+    """``clients`` callers of the public client (:meth:`_Window.run`'s figures). With
     ``stream``, each caller sends its submits on a ``SubmitStream`` of its own."""
     channels = [Client(address, api_key=api_key, max_in_flight=clients) for _ in range(4)]
-    latencies: list[float] = []
-    acked = 0
-    measuring = False
-    stop = False
+    window = _Window()
     at = datetime.now(UTC) + FAR_OUT
 
     async def one_client(client: Client, index: int) -> None:
@@ -100,33 +129,22 @@ async def _single_clients(
     async def submits(
         client: Client, send: Callable[[TaskSpec], Awaitable[SubmitResult]] | None, index: int
     ) -> None:
-        nonlocal acked
         i = 0
-        while not stop:
+        while not window.stopped:
             started = time.perf_counter()
             if send is None:
                 await client.submit("bench.noop", {"c": index, "i": i}, at=at)
             else:
                 await send(TaskSpec("bench.noop", {"c": index, "i": i}, at=at))
-            if measuring:
-                latencies.append(time.perf_counter() - started)
-                acked += 1
+            window.record(started)
             i += 1
 
     try:
-        runners = [
-            asyncio.create_task(one_client(channels[i % len(channels)], i)) for i in range(clients)
-        ]
-        await asyncio.sleep(WARMUP_S)
-        measuring, cpu0, t0 = True, cpu_now(), time.perf_counter()
-        await asyncio.sleep(duration_s)
-        measuring, elapsed, cpu = False, time.perf_counter() - t0, cpu_now() - cpu0
-        stop = True
-        await asyncio.gather(*runners)
+        callers = (one_client(channels[i % len(channels)], i) for i in range(clients))
+        return await window.run(callers, duration_s, cpu_now)
     finally:
         for client in channels:
             await client.close()
-    return acked, latencies, elapsed, cpu
 
 
 async def _stream_callers(
@@ -137,47 +155,33 @@ async def _stream_callers(
     building the request and reading the answer as the client's ``submit`` does (the same
     conversions), so what differs from the unary callers is the hop alone."""
     channels = [grpc.aio.insecure_channel(address) for _ in range(4)]
-    latencies: list[float] = []
-    acked = 0
-    measuring = False
-    stop = False
+    window = _Window()
     at = datetime.now(UTC) + FAR_OUT
 
     async def one_caller(channel: grpc.aio.Channel, index: int) -> None:
-        nonlocal acked
         call = channel.stream_stream(
             _floor_server.STREAM_METHOD,
             request_serializer=task_service_pb2.SubmitTaskRequest.SerializeToString,
             response_deserializer=task_service_pb2.SubmitTaskResponse.FromString,
         )()
         i = 0
-        while not stop:
+        while not window.stopped:
             started = time.perf_counter()
             await call.write(submit_request(TaskSpec("bench.noop", {"c": index, "i": i}, at=at)))
             answer = await call.read()
             if not isinstance(answer, task_service_pb2.SubmitTaskResponse):
                 raise RuntimeError(f"the floor stream ended: {answer!r}")
             submit_result_from_pb(answer)
-            if measuring:
-                latencies.append(time.perf_counter() - started)
-                acked += 1
+            window.record(started)
             i += 1
         await call.done_writing()
 
     try:
-        runners = [
-            asyncio.create_task(one_caller(channels[i % len(channels)], i)) for i in range(clients)
-        ]
-        await asyncio.sleep(WARMUP_S)
-        measuring, cpu0, t0 = True, cpu_now(), time.perf_counter()
-        await asyncio.sleep(duration_s)
-        measuring, elapsed, cpu = False, time.perf_counter() - t0, cpu_now() - cpu0
-        stop = True
-        await asyncio.gather(*runners)
+        callers = (one_caller(channels[i % len(channels)], i) for i in range(clients))
+        return await window.run(callers, duration_s, cpu_now)
     finally:
         for channel in channels:
             await channel.close()
-    return acked, latencies, elapsed, cpu
 
 
 def _cpu_cell(cpu: Iterable[float], elapsed: float) -> str:

@@ -160,12 +160,21 @@ def test_the_users_own_provider_is_kept(probes: dict[str, Any]) -> None:
     assert sdk["inject_outside_spans"] == [["authorization", "Bearer x"]]
 
 
+def _submit_span(spans: list[dict[str, Any]], name: str) -> tuple[dict[str, Any], str, str]:
+    """The client's PRODUCER span ``name``, a child of the probe's request span; with its
+    trace and span ids."""
+    span = _span(spans, name)
+    assert (span["kind"], span["scope"]) == ("PRODUCER", "chronoshard.client")
+    assert span["parent"] == _span(spans, "probe.request")["ids"], "the caller's span is the parent"
+    trace_id, span_id = span["ids"]
+    return span, trace_id, span_id
+
+
 def test_each_submit_call_is_a_producer_span_whose_context_the_call_carries(
     probes: dict[str, Any],
 ) -> None:
     sdk = probes["sdk"]
     spans = sdk["spans"]
-    request = _span(spans, "probe.request")
     by_method = dict(zip(("SubmitTask", "SubmitBatch", "CreateWorkflow"), sdk["seen"], strict=True))
     names = {
         "SubmitTask": "submit probe.type",
@@ -173,10 +182,7 @@ def test_each_submit_call_is_a_producer_span_whose_context_the_call_carries(
         "CreateWorkflow": "create_workflow",
     }
     for method, name in names.items():
-        span = _span(spans, name)
-        assert (span["kind"], span["scope"]) == ("PRODUCER", "chronoshard.client")
-        assert span["parent"] == request["ids"], "the caller's span is the parent"
-        trace_id, span_id = span["ids"]
+        span, trace_id, span_id = _submit_span(spans, name)
         seen_method, metadata = by_method[method]
         assert seen_method == method
         # The same as without tracing, plus the span's own context; the flags are the
@@ -208,11 +214,7 @@ def test_a_streamed_submit_is_a_producer_span_whose_context_its_request_carries(
     probes: dict[str, Any],
 ) -> None:
     sdk = probes["sdk"]
-    spans = sdk["spans"]
-    span = _span(spans, "submit probe.streamed")
-    assert (span["kind"], span["scope"]) == ("PRODUCER", "chronoshard.client")
-    assert span["parent"] == _span(spans, "probe.request")["ids"]
-    trace_id, span_id = span["ids"]
+    span, trace_id, span_id = _submit_span(sdk["spans"], "submit probe.streamed")
     [carried] = sdk["streamed"]
     assert [key for key, _ in carried] == ["traceparent"]
     assert carried[0][1].startswith(f"00-{trace_id}-{span_id}-")
