@@ -38,6 +38,13 @@ async def node(fresh_db_dsn: str, etcd: EtcdProcess) -> AsyncIterator[SchedulerN
         yield n
 
 
+@pytest.fixture
+async def key(node: SchedulerNode) -> str:
+    """The API key of a new tenant whose submit rate no test reaches."""
+    _, api_key = await tenant_with_key(node.store, rate_limit_rps=10_000.0)
+    return api_key
+
+
 def _address(node: SchedulerNode) -> str:
     assert node.addresses is not None
     return node.addresses.grpc
@@ -51,9 +58,8 @@ def _stored(dsn: str) -> dict[str, tuple[str, object]]:
 
 
 async def test_submits_sharing_a_stream_are_each_answered_and_stored_once(
-    node: SchedulerNode, fresh_db_dsn: str
+    node: SchedulerNode, fresh_db_dsn: str, key: str
 ) -> None:
-    _, key = await tenant_with_key(node.store, rate_limit_rps=10_000.0)
     at = datetime.now(UTC) + LATER
     async with Client(_address(node), api_key=key) as client:
         async with client.submit_stream() as stream:
@@ -92,9 +98,8 @@ async def test_a_stream_with_a_bad_key_fails_its_submits_as_unauthenticated(
 
 
 async def test_a_stream_whose_node_stops_fails_the_submits_after_it_as_unavailable(
-    node: SchedulerNode, fresh_db_dsn: str
+    node: SchedulerNode, fresh_db_dsn: str, key: str
 ) -> None:
-    _, key = await tenant_with_key(node.store, rate_limit_rps=10_000.0)
     at = datetime.now(UTC) + LATER
     async with Client(_address(node), api_key=key) as client:
         with pytest.raises(UnavailableError) as broken:
@@ -109,9 +114,8 @@ async def test_a_stream_whose_node_stops_fails_the_submits_after_it_as_unavailab
 
 
 async def test_a_message_that_does_not_decode_ends_the_stream_after_the_answers_before_it(
-    node: SchedulerNode, fresh_db_dsn: str
+    node: SchedulerNode, fresh_db_dsn: str, key: str
 ) -> None:
-    _, key = await tenant_with_key(node.store, rate_limit_rps=10_000.0)
     good = task_service_pb2.SubmitStreamRequest(
         task=task_service_pb2.SubmitTaskRequest(
             type="good", delay=duration_pb2.Duration(seconds=60)
