@@ -29,7 +29,13 @@ import grpc
 
 from chronoshard import _convert as convert
 from chronoshard import tracing
-from chronoshard.errors import ChronoshardError, UnavailableError, error_for, from_rpc_error
+from chronoshard.errors import (
+    ChronoshardError,
+    DeadlineExceededError,
+    UnavailableError,
+    error_for,
+    from_rpc_error,
+)
 from chronoshard.types import SubmitResult, TaskSpec
 from chronoshard.v1 import task_service_pb2
 
@@ -117,11 +123,11 @@ class SubmitStream:
                 # reply would answer the wrong submit.
                 reply = await asyncio.shield(answer)
         except TimeoutError:
-            raise ChronoshardError(
+            # The class Client.submit raises for a call past its deadline.
+            raise DeadlineExceededError(
                 f"no answer on the stream to {self._target} within {self._timeout_s} s; "
                 "the submit may or may not have been applied",
                 code=grpc.StatusCode.DEADLINE_EXCEEDED,
-                reason="DEADLINE_EXCEEDED",
                 retryable=True,
             ) from None
         if reply.WhichOneof("outcome") == "error":

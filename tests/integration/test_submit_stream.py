@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import grpc
 import psycopg
@@ -19,6 +20,7 @@ from google.protobuf import duration_pb2
 from chronoshard import (
     AlreadyExistsError,
     Client,
+    DeadlineExceededError,
     InvalidArgumentError,
     SubmitResult,
     TaskSpec,
@@ -137,3 +139,37 @@ async def test_a_message_that_does_not_decode_ends_the_stream_after_the_answers_
     info = error_info_from_metadata(ended.value.trailing_metadata())
     assert info is not None and info.reason == "MALFORMED_REQUEST"
     assert list(_stored(fresh_db_dsn)) == [first.submitted.task.id]
+
+
+async def test_a_submit_unanswered_within_the_clients_deadline_raises_deadline_exceeded() -> None:
+    # A server that reads the stream and never answers: the submit must not wait for
+    # ever, and says it may have been applied (retryable, as a unary call's deadline).
+    async def silent(requests: Any, context: grpc.aio.ServicerContext) -> Any:
+        async for _ in requests:
+            pass
+        return
+        yield  # a generator: it answers nothing
+
+    handler = grpc.method_handlers_generic_handler(
+        "chronoshard.v1.TaskService",
+        {
+            "SubmitStream": grpc.stream_stream_rpc_method_handler(
+                silent,
+                request_deserializer=task_service_pb2.SubmitStreamRequest.FromString,
+                response_serializer=task_service_pb2.SubmitStreamReply.SerializeToString,
+            )
+        },
+    )
+    server = grpc.aio.server()
+    server.add_generic_rpc_handlers((handler,))
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        async with Client(f"127.0.0.1:{port}", api_key="k", timeout_s=0.5) as client:
+            with pytest.raises(DeadlineExceededError) as late:
+                async with client.submit_stream() as stream:
+                    await stream.submit(TaskSpec("t", {}))
+    finally:
+        await server.stop(grace=None)
+    assert late.value.retryable
+    assert "may or may not have been applied" in str(late.value)
